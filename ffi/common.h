@@ -1,0 +1,43 @@
+// Helpers shared by every FFI handler: thread-pool adapter, argument checks, error text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+// The library is built with -fvisibility=hidden; handlers are its only exported symbols.
+// Declare each one with this before XLA_FFI_DEFINE_HANDLER_SYMBOL.
+#define JAXCOMM_EXPORT_HANDLER(fn) \
+  extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* fn(XLA_FFI_CallFrame* call_frame)
+
+namespace jaxcomm::ffi_common {
+
+namespace ffi = xla::ffi;
+
+// Adapts XLA's intra-op thread pool to kernels::TaskRunner. The calling thread works on the
+// tasks too and never waits on a task nobody started, so the runner cannot deadlock when the
+// pool's threads are busy (e.g. all of them running shard_map device programs).
+kernels::TaskRunner PoolRunner(ffi::ThreadPool* pool);
+
+// Number of elements of a buffer, as int64.
+template <typename BufferT>
+int64_t NumElements(const BufferT& buffer) {
+  return static_cast<int64_t>(buffer.element_count());
+}
+
+// InvalidArgument error prefixed with the op's Python name, e.g. "jaxcomm.ops.topk_abs: ...".
+inline ffi::Error InvalidArgument(const char* op, const std::string& message) {
+  return ffi::Error::InvalidArgument(std::string(op) + ": " + message);
+}
+
+// Error when a non-finite value was found at `index` of the accumulated input.
+inline ffi::Error NonFinite(const char* op, int64_t index) {
+  return InvalidArgument(op, "x + residual holds a NaN or Inf at flat index " +
+                                 std::to_string(index) +
+                                 "; quantizers cannot encode it (check the gradients, e.g. "
+                                 "with jax.debug_nans, or lower the learning rate)");
+}
+
+}  // namespace jaxcomm::ffi_common

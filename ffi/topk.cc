@@ -1,0 +1,105 @@
+// XLA FFI handlers for magnitude top-k: plain selection and TopK compression with error
+// feedback. k is not an attribute: it is the length of the output buffers the caller asked for.
+#include "kernels/topk.h"
+
+#include <algorithm>
+#include <string>
+
+#include "ffi/common.h"
+#include "kernels/wire.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm {
+namespace {
+
+namespace ffi = xla::ffi;
+using ffi_common::InvalidArgument;
+using ffi_common::NumElements;
+
+constexpr char kTopKOp[] = "jaxcomm.ops.topk_abs";
+constexpr char kCompressOp[] = "jaxcomm.ops.compress(TopK)";
+constexpr char kDecompressOp[] = "jaxcomm.ops.decompress(TopK)";
+
+ffi::Error TopKAbsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                       ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::S32> indices) {
+  const int64_t n = NumElements(x);
+  const int64_t k = NumElements(*values);
+  if (k < 1 || k > n) return InvalidArgument(kTopKOp, "k must be in [1, x.size]");
+  if (NumElements(*indices) != k) return InvalidArgument(kTopKOp, "values/indices size mismatch");
+  kernels::TopKAbs(x.typed_data(), nullptr, n, k, indices->typed_data(), values->typed_data(),
+                   nullptr, ffi_common::PoolRunner(&pool));
+  return ffi::Error::Success();
+}
+
+// packed = [used][k indices][k value bits]; new_residual = (x + residual) with the selected
+// entries zeroed.
+ffi::Error TopKCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                            ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::U32> packed,
+                            ffi::ResultBuffer<ffi::F32> new_residual) {
+  const int64_t n = NumElements(x);
+  const int64_t words = NumElements(*packed);
+  const int64_t k = (words - 1) / 2;
+  if (NumElements(residual) != n || NumElements(*new_residual) != n) {
+    return InvalidArgument(kCompressOp, "residual must have x's shape");
+  }
+  if (words % 2 != 1 || k < 1 || k > n) return InvalidArgument(kCompressOp, "bad packed size");
+  uint32_t* out = packed->typed_data();
+  out[0] = static_cast<uint32_t>(words);
+  auto* out_indices = reinterpret_cast<int32_t*>(out + 1);
+  auto* out_values = reinterpret_cast<float*>(out + 1 + k);
+  kernels::TopKAbs(x.typed_data(), residual.typed_data(), n, k, out_indices, out_values,
+                   new_residual->typed_data(), ffi_common::PoolRunner(&pool));
+  return ffi::Error::Success();
+}
+
+ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ffi::F32> x_hat) {
+  const int64_t n = NumElements(*x_hat);
+  const int64_t words = NumElements(packed);
+  const int64_t k = (words - 1) / 2;
+  if (words % 2 != 1 || k < 1 || k > n) return InvalidArgument(kDecompressOp, "bad packed size");
+  const uint32_t* in = packed.typed_data();
+  if (in[0] != static_cast<uint32_t>(words)) {
+    return InvalidArgument(kDecompressOp, "packed[0] does not match the TopK packed length; "
+                                          "was it produced by compress with the same compressor?");
+  }
+  float* out = x_hat->typed_data();
+  std::fill(out, out + n, 0.0f);
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t index = static_cast<int32_t>(in[1 + j]);
+    if (index < 0 || index >= n) {
+      return InvalidArgument(kDecompressOp, "index " + std::to_string(index) + " out of range");
+    }
+    out[index] += kernels::wire::BitsFloat(in[1 + k + j]);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxcomm
+
+JAXCOMM_EXPORT_HANDLER(JaxcommTopKAbs);
+JAXCOMM_EXPORT_HANDLER(JaxcommTopKCompress);
+JAXCOMM_EXPORT_HANDLER(JaxcommTopKDecompress);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAbs, jaxcomm::TopKAbsImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()  // intra-op threads for the scan
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: n-vector
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // values: k, acc order
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // indices: k, ascending
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKCompress, jaxcomm::TopKCompressImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()  // intra-op threads for the scan
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: any shape
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual: x's shape
+                                  .Ret<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: 1 + 2k words
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKDecompress, jaxcomm::TopKDecompressImpl,
+                              xla::ffi::Ffi::Bind()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: 1 + 2k words
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // x_hat: n elements
+);

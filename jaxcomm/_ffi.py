@@ -1,0 +1,69 @@
+"""Loads libjaxcomm_ffi.so once and registers its XLA FFI targets on demand.
+
+Each op module calls :func:`register` for the handlers it uses at import time; registration
+is idempotent, so importing a module twice (or from several threads) registers once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pathlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+_LIBRARY_NAME = "libjaxcomm_ffi.so"
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_registered: set[tuple[str, str]] = set()
+
+
+def library() -> ctypes.CDLL:
+    """Returns the loaded jaxcomm FFI library, loading it (and UCX) on first use."""
+    global _library
+    with _lock:
+        if _library is None:
+            path = pathlib.Path(__file__).with_name(_LIBRARY_NAME)
+            if not path.exists():
+                raise ImportError(
+                    f"jaxcomm's compiled library {path} is missing: install the package with "
+                    "`python -m pip install .` from the repository root (it builds the C++ code)."
+                )
+            _preload_ucx()
+            _library = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+        return _library
+
+
+def _preload_ucx() -> None:
+    # The library links libucp/libucs from the libucx-cu12 wheel without an absolute rpath;
+    # loading them first satisfies the dependency from the loader's cache.
+    try:
+        import libucx
+    except ImportError:  # a system UCX (or a build without UCX) needs nothing here
+        return
+    libucx.load_library()
+
+
+def register(target: str, symbol: str, platform: str = "cpu") -> None:
+    """Registers handler `symbol` of the library as XLA FFI target `target` (once)."""
+    key = (target, platform)
+    if key in _registered:
+        return
+    lib = library()
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform=platform)
+    _registered.add(key)
+
+
+def result_like(x: Any, shape: Sequence[int], dtype: Any) -> Any:
+    """Result type for an ffi_call output that keeps `x`'s sharding-related typing.
+
+    Inside shard_map, plain ShapeDtypeStructs lose the varying-axes type of the operands;
+    deriving the result from ``jax.typeof(x)`` keeps it.
+    """
+    aval = jax.typeof(x)
+    try:
+        return aval.update(shape=tuple(shape), dtype=dtype, weak_type=False)
+    except TypeError:
+        return jax.ShapeDtypeStruct(tuple(shape), dtype)

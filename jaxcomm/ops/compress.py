@@ -1,0 +1,120 @@
+"""compress / decompress: one entry point for every compressor's C++ kernels."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxcomm import _validate
+from jaxcomm.compressors import Adaptive, Compressor, OneBit, Threshold, TopK
+
+# compressor type -> (compress(x, residual, c), decompress(packed, c, shape)); each op module
+# adds its pair on import (see _register_kernels below).
+_KERNELS: dict[type, tuple[Callable[..., Any], Callable[..., Any]]] = {}
+
+
+def _register_kernels() -> None:
+    from jaxcomm.ops import topk
+
+    _KERNELS[TopK] = (topk.compress_topk, topk.decompress_topk)
+    for module_name, cls in (("onebit", OneBit), ("threshold", Threshold), ("adaptive", Adaptive)):
+        try:
+            module = __import__(f"jaxcomm.ops.{module_name}", fromlist=["compress", "decompress"])
+        except ModuleNotFoundError:
+            continue
+        _KERNELS[cls] = (module.compress, module.decompress)
+
+
+def _check_compressor(compressor: Any) -> None:
+    if not isinstance(compressor, TopK | OneBit | Threshold | Adaptive):
+        raise TypeError(
+            "compressor must be one of jaxcomm.TopK, jaxcomm.OneBit, jaxcomm.Threshold, "
+            f"jaxcomm.Adaptive; got {type(compressor).__name__}"
+        )
+    if not _KERNELS:
+        _register_kernels()
+    if type(compressor) not in _KERNELS:
+        raise NotImplementedError(f"{type(compressor).__name__} has no kernel in this build")
+
+
+def compress(
+    x: jax.Array, residual: jax.Array, compressor: Compressor
+) -> tuple[jax.Array, jax.Array]:
+    """Compresses ``x + residual`` into the packed wire format, with error feedback.
+
+    The identity ``x + residual == decompress(packed) + new_residual`` holds up to float
+    rounding of the additions. See :mod:`jaxcomm.compressors` for the packed layout.
+
+    Non-finite values: ``TopK`` selects them first (they reach the result and leave the
+    residual clean); the quantizers raise an error naming the flat index, since a NaN would
+    poison its column's reconstruction values.
+
+    Args:
+      x: float32 array of any shape with at least one element.
+      residual: float32 array of ``x``'s shape (zeros at the first step).
+      compressor: ``jaxcomm.TopK``, ``OneBit``, ``Threshold`` or ``Adaptive``.
+
+    Returns:
+      ``(packed, new_residual)``: packed is uint32 of ``compressor.packed_words(x.size)``
+      words; new_residual has x's shape.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxcomm
+      >>> x = jnp.arange(8, dtype=jnp.float32)
+      >>> packed, r = jaxcomm.ops.compress(x, jnp.zeros_like(x), jaxcomm.TopK(0.25))
+      >>> packed.tolist()[:3]
+      [5, 6, 7]
+    """
+    _check_compressor(compressor)
+    x = _validate.float32_array(x, "x")
+    residual = _validate.float32_array(residual, "residual")
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}; "
+            "start with jnp.zeros_like(x)"
+        )
+    if x.size == 0:
+        raise ValueError("x is empty; compress needs at least one element")
+    return _KERNELS[type(compressor)][0](x, residual, compressor)
+
+
+def decompress(
+    packed: jax.Array, compressor: Compressor, size: int | Sequence[int]
+) -> jax.Array:
+    """Decodes a packed buffer produced by :func:`compress` with the same compressor.
+
+    Args:
+      packed: uint32 vector from :func:`compress`.
+      compressor: the compressor that produced it.
+      size: element count (returns a vector) or shape of the original ``x``.
+
+    Returns:
+      float32 array of that size/shape: the applied (reconstructed) values.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxcomm
+      >>> x = jnp.array([0.0, 5.0, -1.0, 2.0])
+      >>> c = jaxcomm.TopK(0.5)
+      >>> packed, _ = jaxcomm.ops.compress(x, jnp.zeros_like(x), c)
+      >>> jaxcomm.ops.decompress(packed, c, 4).tolist()
+      [0.0, 5.0, 0.0, 2.0]
+    """
+    _check_compressor(compressor)
+    shape = (size,) if isinstance(size, int) else tuple(size)
+    n = math.prod(shape)
+    _validate.positive_int(n, "size", low=1)
+    if not hasattr(packed, "dtype"):
+        packed = jnp.asarray(packed)
+    if packed.dtype != jnp.uint32 or packed.ndim != 1:
+        raise TypeError(f"packed must be a uint32 vector, got {packed.dtype}{list(packed.shape)}")
+    expected = compressor.packed_words(n)
+    if packed.shape[0] != expected:
+        raise ValueError(
+            f"packed has {packed.shape[0]} words but {compressor} packs {n} elements into "
+            f"{expected}; pass the compressor and size used by compress"
+        )
+    return _KERNELS[type(compressor)][1](packed, compressor, shape)
