@@ -65,7 +65,8 @@ __attribute__((target_clones("avx2", "default"))) void ScanRange(
     }
     if (block_max < t0) continue;
     for (int64_t j = i; j < i + kBlock; ++j) {
-      const float a = Acc(x, r, j);
+      // residual_out already holds acc (and may alias r, so x + r would add r twice).
+      const float a = residual_out ? residual_out[j] : Acc(x, r, j);
       const uint32_t key = MagnitudeKey(a);
       if (key >= t0) out->Push(key, j, a);
     }

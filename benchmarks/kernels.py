@@ -1,0 +1,116 @@
+"""Kernel benchmark: top-k selection and quantizer throughput against their baselines.
+
+Measures, in one run and on the same input (n float32, k = ceil(density * n)):
+  * jaxcomm.ops.topk_abs vs lax.top_k(jnp.abs(x), k) vs NumPy argpartition;
+  * jaxcomm.ops.compress for each compressor (with error feedback) vs a plain memory copy of
+    the same bytes (NumPy copyto), as GB/s of x read.
+
+Prints a table and writes JSON (default benchmarks/results/kernels.json).
+
+Usage:
+  python benchmarks/kernels.py                      # n = 25M, density = 0.001, 7 repeats
+  python benchmarks/kernels.py --n 1000000 --repeats 5 --out /tmp/k.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxcomm
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]]:
+    jax.block_until_ready(fn())  # compile + warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=25_000_000)
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/kernels.json"))
+    args = parser.parse_args()
+    if args.repeats < 5:
+        parser.error("--repeats must be >= 5 (medians of fewer runs are noise)")
+
+    n, k = args.n, max(1, int(np.ceil(args.density * args.n)))
+    x_np = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    x = jnp.asarray(x_np)
+    zeros = jnp.zeros_like(x)
+    rows: list[dict] = []
+
+    def record(group: str, name: str, fn: Callable[[], object], baseline: str | None = None) -> None:
+        median, times = median_seconds(fn, args.repeats)
+        rows.append({"group": group, "name": name, "median_s": median, "times_s": times,
+                     "gbps": 4 * n / median / 1e9, "baseline": baseline})
+        print(f"  {group:10s} {name:34s} {median * 1e3:9.2f} ms  {4 * n / median / 1e9:7.2f} GB/s", flush=True)
+
+    print(f"n = {n}, k = {k}, repeats = {args.repeats}, devices = {jax.devices()}")
+    topk_jaxcomm = jax.jit(jaxcomm.ops.topk_abs, static_argnums=1)
+    topk_lax = jax.jit(lambda v: jax.lax.top_k(jnp.abs(v), k))
+    record("topk", "jaxcomm.ops.topk_abs", lambda: topk_jaxcomm(x, k))
+    record("topk", "lax.top_k(jnp.abs(x), k)", lambda: topk_lax(x), baseline="lax")
+    record("topk", "numpy argpartition", lambda: np.argpartition(np.abs(x_np), n - k)[n - k :],
+           baseline="numpy")
+
+    copy_dst = np.empty_like(x_np)
+    record("quantize", "memcpy (np.copyto)", lambda: np.copyto(copy_dst, x_np), baseline="copy")
+    compressors = [
+        jaxcomm.TopK(args.density),
+        jaxcomm.OneBit(),
+        jaxcomm.OneBit(sample_size=64),
+        jaxcomm.Threshold(2.5),
+        jaxcomm.Adaptive(64),
+        jaxcomm.Adaptive(64, sample_size=256),
+    ]
+    compress = jax.jit(jaxcomm.ops.compress, static_argnums=2)
+    for c in compressors:
+        try:
+            record("quantize", f"compress {c}", lambda c=c: compress(x, zeros, c))
+        except NotImplementedError as error:
+            print(f"  skipped {c}: {error}")
+
+    lax_row = next(r for r in rows if r["baseline"] == "lax")
+    ours = next(r for r in rows if r["name"] == "jaxcomm.ops.topk_abs")
+    copy_row = next(r for r in rows if r["baseline"] == "copy")
+    summary = {
+        "topk_speedup_vs_lax": lax_row["median_s"] / ours["median_s"],
+        "quantizer_fraction_of_copy_bandwidth": {
+            r["name"]: r["gbps"] / copy_row["gbps"] for r in rows if r["name"].startswith("compress")
+        },
+    }
+    print()
+    print(f"{'kernel':44s} {'median ms':>10s} {'GB/s':>8s} {'vs baseline':>12s}")
+    for r in rows:
+        if r["group"] == "topk":
+            rel = f"{lax_row['median_s'] / r['median_s']:.1f}x lax"
+        else:
+            rel = f"{r['gbps'] / copy_row['gbps']:.2f} of copy"
+        print(f"{r['name']:44s} {r['median_s'] * 1e3:10.2f} {r['gbps']:8.2f} {rel:>12s}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "n": n, "k": k, "density": args.density, "repeats": args.repeats,
+        "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
+        "jax": jax.__version__, "rows": rows, "summary": summary,
+    }, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
