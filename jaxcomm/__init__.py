@@ -6,8 +6,32 @@ Example:
 """
 
 from jaxcomm import ops
-from jaxcomm.compressors import Adaptive, Compressor, OneBit, Threshold, TopK
+from jaxcomm.collectives import allreduce, compressed_allreduce
+from jaxcomm.compressors import (
+    Adaptive,
+    Compressor,
+    GTopK,
+    OneBit,
+    Threshold,
+    TopK,
+    TopKAllgather,
+)
+from jaxcomm.metrics import metrics, reset_metrics
 
 __version__ = "0.1.0"
 
-__all__ = ["Adaptive", "Compressor", "OneBit", "Threshold", "TopK", "ops", "__version__"]
+__all__ = [
+    "Adaptive",
+    "Compressor",
+    "GTopK",
+    "OneBit",
+    "Threshold",
+    "TopK",
+    "TopKAllgather",
+    "__version__",
+    "allreduce",
+    "compressed_allreduce",
+    "metrics",
+    "ops",
+    "reset_metrics",
+]

@@ -218,3 +218,55 @@ class Adaptive:
 
 
 Compressor = TopK | OneBit | Threshold | Adaptive
+
+
+@dataclasses.dataclass(frozen=True)
+class TopKAllgather:
+    """Sparse allreduce baseline: local top-k, allgather of (index, value), sum — O(kP).
+
+    Args:
+      density: fraction of elements each rank contributes, in (0, 1].
+
+    Example:
+      >>> import jaxcomm
+      >>> jaxcomm.TopKAllgather(0.001).k(1_000_000)
+      1000
+    """
+
+    density: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "density", TopK(self.density).density)
+
+    def k(self, n: int) -> int:
+        """Entries each rank contributes out of ``n``."""
+        return TopK(self.density).k(n)
+
+
+@dataclasses.dataclass(frozen=True)
+class GTopK:
+    """gTop-k sparse allreduce (Shi et al. 2019): a tree of ⊤ merges, O(k log P).
+
+    The result holds the k entries of largest magnitude of the (tree-merged) sum; local values
+    that did not make it stay in the residuals, so nothing is lost.
+
+    Args:
+      density: fraction of elements selected, in (0, 1].
+
+    Example:
+      >>> import jaxcomm
+      >>> jaxcomm.GTopK(0.01).k(1000)
+      10
+    """
+
+    density: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "density", TopK(self.density).density)
+
+    def k(self, n: int) -> int:
+        """Entries of the global result out of ``n``."""
+        return TopK(self.density).k(n)
+
+
+SparseAllreduce = TopKAllgather | GTopK

@@ -25,3 +25,35 @@ def pytest_configure(config: pytest.Config) -> None:
             "Install it (python -m pip install .) and run the `pytest` command, not "
             "`python -m pytest` (which puts the repository root on sys.path)."
         )
+
+
+# (processes, devices per process) of every world the collective suites run in.
+WORLD_CONFIGS = [(1, 2), (1, 3), (1, 4), (1, 5), (1, 8), (2, 1), (2, 2), (3, 1), (4, 1)]
+_world_runs: dict = {}
+
+
+@pytest.fixture(scope="session")
+def world_run(tmp_path_factory):
+    """Runs tests/collective_worker.py once per (processes, devices) and caches the result."""
+    from collectives_harness import run_world
+
+    def get(processes: int, devices: int):
+        key = (processes, devices)
+        if key not in _world_runs:
+            tmp = tmp_path_factory.mktemp(f"world-{processes}x{devices}")
+            _world_runs[key] = run_world(processes, devices, tmp)
+        run = _world_runs[key]
+        if any(code != 0 for code in run.returncodes):
+            pytest.fail(f"world {key} failed: return codes {run.returncodes}\n" + "\n".join(
+                f"--- process {i} ---\n{out[-4000:]}" for i, out in enumerate(run.outputs)))
+        return run
+
+    return get
+
+
+def make_inputs(world: int, n: int, seed: int, scale: float = 1.0):
+    """The worker's inputs: one float32 row per world rank."""
+    import numpy as np
+
+    rows = [np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)]
+    return np.stack(rows).astype(np.float32)

@@ -1,0 +1,39 @@
+// The bindings every collective handler shares, so each op file only adds its own buffers.
+#pragma once
+
+#include "ffi/group.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives {
+
+// Binds, in order: Ctx<ThreadPool>, Ctx<DeviceOrdinal>, Arg coordinates (S32[axes]), Arg token (S32[]),
+// Attr world, world_devices, mesh_axis_sizes, reduce_axes. Each handler then adds its data
+// arguments and results.
+inline auto BindCollective() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()                    // intra-op threads for local kernels
+      .Ctx<ffi::DeviceOrdinal>()                 // global device id (CPU): finds our world rank
+      .Arg<ffi::Buffer<ffi::S32, 1>>()           // coordinates: lax.axis_index of each mesh axis
+      .Arg<ffi::Buffer<ffi::S32, 0>>()           // token: orders collectives (jaxcomm/_ordering.py)
+      .Attr<int64_t>("world")                    // handle from jaxcomm/_world.py
+      .Attr<ffi::Span<const int64_t>>("world_devices")     // device ids in world-rank order
+      .Attr<ffi::Span<const int64_t>>("mesh_axis_sizes")   // sizes of the manual mesh axes
+      .Attr<ffi::Span<const int64_t>>("reduce_axes");      // 1 for each reduced axis
+}
+
+inline CallSite MakeCallSite(const char* name, int32_t device_id,
+                             ffi::Buffer<ffi::S32, 1> coordinates, int64_t world,
+                             ffi::Span<const int64_t> world_devices,
+                             ffi::Span<const int64_t> mesh_axis_sizes,
+                             ffi::Span<const int64_t> reduce_axes) {
+  return CallSite{name,
+                  world,
+                  device_id,
+                  world_devices,
+                  mesh_axis_sizes,
+                  reduce_axes,
+                  coordinates.typed_data(),
+                  static_cast<int64_t>(coordinates.element_count())};
+}
+
+}  // namespace jaxcomm::collectives

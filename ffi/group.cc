@@ -1,0 +1,286 @@
+#include "ffi/group.h"
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "ffi/transport/world_registry.h"
+
+namespace jaxcomm::collectives {
+namespace {
+
+using transport::MakeControlTag;
+using transport::MakeTag;
+using transport::Request;
+
+// State one world rank keeps across calls. Only that rank's device thread touches it while
+// a collective runs (calls of one device are serialized by the ordering chain).
+struct RankState {
+  uint32_t next_seq = 1;
+  uint32_t next_control_seq = 1;
+  // mesh axis sizes -> world rank at each row-major mesh position
+  std::map<std::vector<int64_t>, std::vector<int>> mesh_tables;
+};
+
+struct MetricsTotal {
+  uint64_t calls = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t elements = 0;
+  double seconds = 0;
+  int group_size = 0;
+};
+
+struct MetricsRecord {
+  int world_rank;
+  std::string name;
+  std::string algorithm;
+  uint32_t seq;
+  int group_size;
+  int64_t elements;
+  uint64_t bytes_sent;
+  uint64_t bytes_received;
+  double seconds;
+};
+
+constexpr size_t kMaxRecentRecords = 4096;
+
+std::mutex g_state_mu;
+std::map<std::pair<int64_t, int>, std::unique_ptr<RankState>> g_rank_states;
+
+std::mutex g_metrics_mu;
+std::map<std::tuple<int, std::string, std::string>, MetricsTotal> g_totals;
+std::deque<MetricsRecord> g_recent;
+
+RankState* StateOf(int64_t world_handle, int world_rank) {
+  std::lock_guard<std::mutex> lock(g_state_mu);
+  auto& slot = g_rank_states[{world_handle, world_rank}];
+  if (!slot) slot = std::make_unique<RankState>();
+  return slot.get();
+}
+
+ffi::Error Fail(const char* name, const std::string& message) {
+  return ffi::Error::InvalidArgument(std::string(name) + ": " + message);
+}
+
+ffi::Error FromStatus(const transport::Status& status) {
+  return ffi::Error::Internal(status.message());
+}
+
+// One-time exchange of mesh positions among all world ranks for mesh shape `sizes`.
+ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char* name,
+                        int self, int64_t position, const std::vector<int64_t>& sizes,
+                        std::vector<int>* table) {
+  const int world_size = world.world_size();
+  const uint32_t control_seq = state.next_control_seq++;
+  std::vector<int64_t> positions(world_size, -1);
+  positions[self] = position;
+  std::vector<Request> requests;
+  requests.reserve(2 * world_size);
+  for (int peer = 0; peer < world_size; ++peer) {
+    if (peer == self) continue;
+    requests.push_back(world.Irecv(self, peer, MakeControlTag(control_seq, 0, peer),
+                                   &positions[peer], sizeof(int64_t)));
+  }
+  for (int peer = 0; peer < world_size; ++peer) {
+    if (peer == self) continue;
+    requests.push_back(world.Isend(self, peer, MakeControlTag(control_seq, 0, self),
+                                   &positions[self], sizeof(int64_t)));
+  }
+  const std::string context = std::string(name) + " (mesh discovery; every device of the "
+                                                   "world must run this collective)";
+  transport::Status status = world.WaitAll(self, requests, transport::DefaultDeadline(), context);
+  if (!status.ok()) return FromStatus(status);
+  table->assign(world_size, -1);
+  for (int rank = 0; rank < world_size; ++rank) {
+    const int64_t p = positions[rank];
+    if (p < 0 || p >= world_size || (*table)[p] != -1) {
+      return Fail(name, "devices disagree about the mesh layout (world rank " +
+                            std::to_string(rank) + " claims mesh position " + std::to_string(p) +
+                            "); every rank must run the same program over the same mesh");
+    }
+    (*table)[p] = rank;
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
+  std::unique_ptr<Group> group(new Group());
+  group->start_ = std::chrono::steady_clock::now();
+  group->deadline_ = transport::DefaultDeadline();
+  group->name_ = site.name;
+  group->world_ = transport::GetWorld(site.world_handle);
+  if (!group->world_) {
+    return Fail(site.name, "the jaxcomm world " + std::to_string(site.world_handle) +
+                               " is not initialized in this process (was the function traced "
+                               "in another process? call it again after jaxcomm initializes)");
+  }
+  transport::UcxWorld& world = *group->world_;
+  const auto& devices = site.world_devices;
+  const auto found = std::find(devices.begin(), devices.end(), site.device_id);
+  if (found == devices.end()) {
+    return Fail(site.name, "device " + std::to_string(site.device_id) + " is not in the world");
+  }
+  const int self = static_cast<int>(found - devices.begin());
+  if (!world.IsLocal(self)) {
+    return Fail(site.name, "world rank " + std::to_string(self) + " is not hosted here");
+  }
+  group->self_world_rank_ = self;
+
+  const int64_t axes = static_cast<int64_t>(site.mesh_axis_sizes.size());
+  if (axes != site.num_coordinates || static_cast<int64_t>(site.reduce_axes.size()) != axes) {
+    return Fail(site.name, "mesh attributes and coordinates disagree in length");
+  }
+  std::vector<int64_t> sizes(site.mesh_axis_sizes.begin(), site.mesh_axis_sizes.end());
+  int64_t mesh_size = 1, position = 0;
+  for (int64_t a = 0; a < axes; ++a) {
+    if (site.coordinates[a] < 0 || site.coordinates[a] >= sizes[a]) {
+      return Fail(site.name, "mesh coordinate out of range");
+    }
+    mesh_size *= sizes[a];
+    position = position * sizes[a] + site.coordinates[a];
+  }
+  if (mesh_size != world.world_size()) {
+    return Fail(site.name, "the shard_map mesh has " + std::to_string(mesh_size) +
+                               " devices but the jaxcomm world has " +
+                               std::to_string(world.world_size()) +
+                               "; jaxcomm collectives need a mesh over all jax.devices()");
+  }
+
+  RankState* state = StateOf(site.world_handle, self);
+  auto table_it = state->mesh_tables.find(sizes);
+  if (table_it == state->mesh_tables.end()) {
+    std::vector<int> table;
+    if (ffi::Error error = DiscoverMesh(world, *state, site.name, self, position, sizes, &table);
+        !error.success()) {
+      return error;
+    }
+    table_it = state->mesh_tables.emplace(sizes, std::move(table)).first;
+  }
+  const std::vector<int>& table = table_it->second;
+
+  // Members: mesh positions that share this device's coordinates on every non-reduced axis,
+  // in row-major order of the reduced axes.
+  std::vector<int64_t> coordinate(axes);
+  for (int64_t p = 0; p < mesh_size; ++p) {
+    int64_t rest = p;
+    for (int64_t a = axes - 1; a >= 0; --a) {
+      coordinate[a] = rest % sizes[a];
+      rest /= sizes[a];
+    }
+    bool same_group = true;
+    for (int64_t a = 0; a < axes; ++a) {
+      if (!site.reduce_axes[a] && coordinate[a] != site.coordinates[a]) same_group = false;
+    }
+    if (!same_group) continue;
+    if (p == position) group->rank_ = static_cast<int>(group->members_.size());
+    group->members_.push_back(table[p]);
+  }
+  if (group->members_[group->rank_] != self) {
+    return Fail(site.name, "this device's mesh position maps to another world rank; meshes of "
+                           "the same shape must order their devices identically");
+  }
+  group->seq_ = state->next_seq++;
+  *out = std::move(group);
+  return ffi::Error::Success();
+}
+
+ffi::Error Group::SendRecv(int dst, const void* send, size_t send_bytes, int src, void* recv,
+                           size_t recv_capacity, size_t* received, uint32_t step) {
+  Request requests[2];
+  size_t count = 0;
+  if (src >= 0) {
+    requests[count++] = world_->Irecv(self_world_rank_, members_[src],
+                                      MakeTag(seq_, step, members_[src]), recv, recv_capacity);
+  }
+  if (dst >= 0) {
+    requests[count++] = world_->Isend(self_world_rank_, members_[dst],
+                                      MakeTag(seq_, step, self_world_rank_), send, send_bytes);
+  }
+  std::string context = std::string(name_) + " (group rank " + std::to_string(rank_) + " of " +
+                        std::to_string(size()) + ")";
+  transport::Status status = world_->WaitAll(self_world_rank_, requests, count, deadline_, context);
+  if (!status.ok()) return FromStatus(status);
+  if (dst >= 0) metrics_.bytes_sent += send_bytes;
+  if (src >= 0) {
+    const size_t got = requests[0].received_bytes();
+    metrics_.bytes_received += got;
+    if (received) *received = got;
+  }
+  return ffi::Error::Success();
+}
+
+void Group::Finish(const char* algorithm, int64_t elements) {
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  std::lock_guard<std::mutex> lock(g_metrics_mu);
+  MetricsTotal& total = g_totals[{self_world_rank_, name_, algorithm}];
+  total.calls += 1;
+  total.bytes_sent += metrics_.bytes_sent;
+  total.bytes_received += metrics_.bytes_received;
+  total.elements += static_cast<uint64_t>(elements);
+  total.seconds += seconds;
+  total.group_size = size();
+  g_recent.push_back({self_world_rank_, name_, algorithm, seq_, size(), elements,
+                      metrics_.bytes_sent, metrics_.bytes_received, seconds});
+  if (g_recent.size() > kMaxRecentRecords) g_recent.pop_front();
+}
+
+std::string MetricsJson() {
+  std::lock_guard<std::mutex> lock(g_metrics_mu);
+  std::ostringstream out;
+  out.precision(9);
+  out << "{\"totals\": [";
+  bool first = true;
+  for (const auto& [key, total] : g_totals) {
+    out << (first ? "" : ", ") << "{\"world_rank\": " << std::get<0>(key) << ", \"name\": \""
+        << std::get<1>(key) << "\", \"algorithm\": \"" << std::get<2>(key)
+        << "\", \"calls\": " << total.calls << ", \"group_size\": " << total.group_size
+        << ", \"elements\": " << total.elements << ", \"bytes_sent\": " << total.bytes_sent
+        << ", \"bytes_received\": " << total.bytes_received << ", \"seconds\": " << total.seconds
+        << "}";
+    first = false;
+  }
+  out << "], \"recent\": [";
+  first = true;
+  for (const MetricsRecord& r : g_recent) {
+    out << (first ? "" : ", ") << "{\"world_rank\": " << r.world_rank << ", \"name\": \"" << r.name
+        << "\", \"algorithm\": \"" << r.algorithm << "\", \"seq\": " << r.seq
+        << ", \"group_size\": " << r.group_size << ", \"elements\": " << r.elements
+        << ", \"bytes_sent\": " << r.bytes_sent << ", \"bytes_received\": " << r.bytes_received
+        << ", \"seconds\": " << r.seconds << "}";
+    first = false;
+  }
+  out << "]}";
+  return out.str();
+}
+
+void ResetMetrics() {
+  std::lock_guard<std::mutex> lock(g_metrics_mu);
+  g_totals.clear();
+  g_recent.clear();
+}
+
+}  // namespace jaxcomm::collectives
+
+// ctypes entry points for jaxcomm.metrics(): copy the JSON into `buffer` and return its full
+// length (call again with a larger buffer when the return value >= capacity).
+extern "C" __attribute__((visibility("default"))) int64_t jaxcomm_metrics_json(char* buffer,
+                                                                              int64_t capacity) {
+  const std::string json = jaxcomm::collectives::MetricsJson();
+  if (buffer && capacity > 0) {
+    const size_t n = std::min<size_t>(json.size(), static_cast<size_t>(capacity - 1));
+    std::copy(json.begin(), json.begin() + n, buffer);
+    buffer[n] = '\0';
+  }
+  return static_cast<int64_t>(json.size());
+}
+
+extern "C" __attribute__((visibility("default"))) void jaxcomm_metrics_reset() {
+  jaxcomm::collectives::ResetMetrics();
+}

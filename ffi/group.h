@@ -1,0 +1,85 @@
+// A rank's view of one collective call: who is in its group, in which order, and the tagged,
+// deadline-bounded point-to-point operations the algorithms use.
+//
+// Group discovery. Inside shard_map a device program knows only the abstract mesh (axis
+// sizes) and its own coordinates; the handler also knows its device id (DeviceOrdinal, the
+// global device id on CPU). The first collective over a mesh shape exchanges (world rank,
+// coordinates) among all world ranks once (control channel); afterwards every call maps its
+// coordinates to the world ranks of its group locally.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ffi/transport/ucx_world.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives {
+
+namespace ffi = xla::ffi;
+
+// Where the call sits: attributes and operands every collective handler binds.
+struct CallSite {
+  const char* name;                      // Python API name, for errors and metrics
+  int64_t world_handle;                  // jaxcomm/_world.py's world
+  int64_t device_id;                     // Ctx<DeviceOrdinal>
+  ffi::Span<const int64_t> world_devices;  // device ids in world-rank order
+  ffi::Span<const int64_t> mesh_axis_sizes;
+  ffi::Span<const int64_t> reduce_axes;  // 1 = reduced over
+  const int32_t* coordinates;            // this device's coordinate per mesh axis
+  int64_t num_coordinates;
+};
+
+// Per-call bytes and time, accumulated by Group and recorded by Finish().
+struct CallMetrics {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+};
+
+class Group {
+ public:
+  // Resolves the group of `site` and reserves the call's sequence number. On failure returns
+  // an error naming the collective.
+  static ffi::Error Begin(const CallSite& site, std::unique_ptr<Group>* group);
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  int world_rank(int group_rank) const { return members_[group_rank]; }
+  uint32_t seq() const { return seq_; }
+  const char* name() const { return name_; }
+
+  // Sends to group rank `dst` while receiving from group rank `src` (either may be -1 to skip
+  // that side). Messages of step `step` from `src` only; `received` gets the message length.
+  ffi::Error SendRecv(int dst, const void* send, size_t send_bytes, int src, void* recv,
+                      size_t recv_capacity, size_t* received, uint32_t step);
+  ffi::Error Send(int dst, const void* data, size_t bytes, uint32_t step) {
+    return SendRecv(dst, data, bytes, -1, nullptr, 0, nullptr, step);
+  }
+  ffi::Error Recv(int src, void* data, size_t capacity, size_t* received, uint32_t step) {
+    return SendRecv(-1, nullptr, 0, src, data, capacity, received, step);
+  }
+
+  // Records this call's metrics (algorithm label, element count, bytes, wall time).
+  void Finish(const char* algorithm, int64_t elements);
+
+ private:
+  Group() = default;
+  std::shared_ptr<transport::UcxWorld> world_;
+  const char* name_ = "";
+  int self_world_rank_ = -1;
+  int rank_ = -1;
+  std::vector<int> members_;  // group rank -> world rank
+  uint32_t seq_ = 0;
+  transport::Deadline deadline_;
+  std::chrono::steady_clock::time_point start_;
+  CallMetrics metrics_;
+};
+
+// Metrics of every collective this process ran, as JSON (see jaxcomm.metrics()).
+std::string MetricsJson();
+void ResetMetrics();
+
+}  // namespace jaxcomm::collectives

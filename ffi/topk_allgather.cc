@@ -1,0 +1,104 @@
+// TopKAllReduce (the O(kP) baseline of Shi et al.): local top-k with error feedback, ring
+// allgather of every rank's (indices, values), then a dense sum in rank order so all ranks
+// end bit-identical.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ffi/collective_handler.h"
+#include "ffi/common.h"
+#include "ffi/group.h"
+#include "kernels/reduce.h"
+#include "kernels/topk.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives {
+namespace {
+
+constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
+
+ffi::Error TopKAllgatherImpl(ffi::ThreadPool pool, int32_t device_id,
+                             ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
+                             int64_t world, ffi::Span<const int64_t> world_devices,
+                             ffi::Span<const int64_t> mesh_axis_sizes,
+                             ffi::Span<const int64_t> reduce_axes, int64_t k,
+                             ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                             ffi::ResultBuffer<ffi::F32> summed,
+                             ffi::ResultBuffer<ffi::F32> new_residual,
+                             ffi::ResultBuffer<ffi::S32, 0> token_out) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (static_cast<int64_t>(residual.element_count()) != n ||
+      static_cast<int64_t>(summed->element_count()) != n ||
+      static_cast<int64_t>(new_residual->element_count()) != n) {
+    return ffi_common::InvalidArgument(kOp, "x, residual and results must have one size");
+  }
+  if (k < 1 || k > n) return ffi_common::InvalidArgument(kOp, "k must be in [1, x.size]");
+  std::unique_ptr<Group> group;
+  if (ffi::Error e = Group::Begin(MakeCallSite(kOp, device_id, coordinates, world, world_devices,
+                                               mesh_axis_sizes, reduce_axes),
+                                  &group);
+      !e.success()) {
+    return e;
+  }
+  const int parts = group->size();
+  const int rank = group->rank();
+  // slots[q] = [k indices][k values] of group rank q
+  const int64_t slot_words = 2 * k;
+  thread_local std::vector<uint32_t> slots;
+  slots.resize(static_cast<size_t>(slot_words * parts));
+  uint32_t* mine = slots.data() + slot_words * rank;
+  kernels::TopKAbs(x.typed_data(), residual.typed_data(), n, k, reinterpret_cast<int32_t*>(mine),
+                   reinterpret_cast<float*>(mine + k), new_residual->typed_data(),
+                   ffi_common::PoolRunner(&pool));
+
+  const int right = (rank + 1) % parts;
+  const int left = (rank + parts - 1) % parts;
+  const size_t slot_bytes = sizeof(uint32_t) * slot_words;
+  for (int s = 0; s < parts - 1; ++s) {
+    const int send_slot = (rank - s + parts) % parts;
+    const int recv_slot = (rank - s - 1 + parts) % parts;
+    size_t got = 0;
+    if (ffi::Error e = group->SendRecv(right, slots.data() + slot_words * send_slot, slot_bytes,
+                                       left, slots.data() + slot_words * recv_slot, slot_bytes,
+                                       &got, static_cast<uint32_t>(s));
+        !e.success()) {
+      return e;
+    }
+    if (got != slot_bytes) {
+      return ffi_common::InvalidArgument(
+          kOp, "a peer sent " + std::to_string(got) + " bytes instead of " +
+                   std::to_string(slot_bytes) + "; every rank must pass the same shape and density");
+    }
+  }
+
+  float* out = summed->typed_data();
+  std::memset(out, 0, sizeof(float) * n);
+  for (int q = 0; q < parts; ++q) {
+    const uint32_t* slot = slots.data() + slot_words * q;
+    const auto* indices = reinterpret_cast<const int32_t*>(slot);
+    for (int64_t j = 0; j < k; ++j) {
+      if (indices[j] < 0 || indices[j] >= n) {
+        return ffi_common::InvalidArgument(kOp, "received an index out of range from rank " +
+                                                    std::to_string(q));
+      }
+    }
+    kernels::ScatterAdd(out, indices, reinterpret_cast<const float*>(slot + k), k);
+  }
+  group->Finish("topk_allgather", n);
+  token_out->typed_data()[0] = token.typed_data()[0] + 1;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxcomm::collectives
+
+JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgather);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAllgather, jaxcomm::collectives::TopKAllgatherImpl,
+                              jaxcomm::collectives::BindCollective()
+                                  .Attr<int64_t>("k")  // entries each rank contributes
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: local gradient
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual in
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // summed (all ranks)
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual
+                                  .Ret<xla::ffi::Buffer<xla::ffi::S32, 0>>()  // token out
+);

@@ -1,0 +1,63 @@
+"""Common plumbing of a collective ffi_call: world, mesh layout, ordering token."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcomm import _ffi, _ordering, _world
+from jaxcomm.collectives import _mesh
+
+_ffi.register("jaxcomm_allreduce", "JaxcommAllreduce")
+_ffi.register("jaxcomm_topk_allgather", "JaxcommTopKAllgather")
+_ffi.register("jaxcomm_gtopk", "JaxcommGTopK")
+
+
+def collective_call(
+    target: str,
+    api: str,
+    axis_name: str | Sequence[str],
+    operands: Sequence[jax.Array],
+    results: Sequence[tuple[tuple[int, ...], Any]],
+    **attributes: Any,
+) -> list[jax.Array]:
+    """Emits one ordered collective custom call and returns its data results.
+
+    Args:
+      target: registered FFI target name.
+      api: public API name, for errors.
+      axis_name: mesh axis (or axes) reduced over.
+      operands: data operands (after the common coordinate and token operands).
+      results: (shape, dtype) of each data result.
+      **attributes: extra FFI attributes.
+
+    Returns:
+      The data results (the output token is consumed by the ordering chain).
+    """
+    layout = _mesh.resolve(axis_name, api)
+    world = _world.world()
+    if int(np.prod(layout.axis_sizes)) != world.world_size:
+        raise ValueError(
+            f"{api}: the shard_map mesh has {int(np.prod(layout.axis_sizes))} devices but "
+            f"jax.devices() has {world.world_size}; jaxcomm collectives need a mesh over all "
+            "devices (a manual shard_map over every mesh axis)"
+        )
+    like = operands[0]
+    token = _ordering.token_in()
+    out_types = [_ffi.result_like(like, shape, dtype) for shape, dtype in results]
+    out_types.append(_ffi.result_like(like, (), jnp.int32))
+    outputs = jax.ffi.ffi_call(target, out_types, has_side_effect=True)(
+        layout.coordinates(),
+        token,
+        *operands,
+        world=np.int64(world.handle),
+        world_devices=np.asarray(world.device_ids, np.int64),
+        **layout.attributes(),
+        **attributes,
+    )
+    _ordering.token_out(outputs[-1])
+    return list(outputs[:-1])

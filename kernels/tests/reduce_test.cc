@@ -1,0 +1,31 @@
+#include "kernels/reduce.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace jaxcomm::kernels {
+namespace {
+
+TEST(AddInto, AddsElementwiseIncludingTails) {
+  for (int64_t n : {0, 1, 7, 8, 33, 1000}) {
+    std::vector<float> dst(n), src(n);
+    for (int64_t i = 0; i < n; ++i) {
+      dst[i] = static_cast<float>(i);
+      src[i] = 0.5f * static_cast<float>(i) - 3.0f;
+    }
+    AddInto(dst.data(), src.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(dst[i], 1.5f * static_cast<float>(i) - 3.0f);
+  }
+}
+
+TEST(ScatterAdd, AccumulatesRepeatedIndices) {
+  std::vector<float> dst(5, 1.0f);
+  const std::vector<int32_t> indices = {4, 0, 4};
+  const std::vector<float> values = {2.0f, -1.0f, 3.0f};
+  ScatterAdd(dst.data(), indices.data(), values.data(), 3);
+  EXPECT_EQ(dst, (std::vector<float>{0.0f, 1.0f, 1.0f, 1.0f, 6.0f}));
+}
+
+}  // namespace
+}  // namespace jaxcomm::kernels

@@ -1,0 +1,157 @@
+"""One rank-process of a collective test run (started by tests/collectives_harness.py).
+
+Each process builds the same global inputs from a seed, feeds its own devices' shards, runs
+every case inside jax.jit + jax.shard_map, and saves its devices' results to
+``<out>/process<i>.npz`` keyed "<case>/<world rank>/<output>".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--process-id", type=int, required=True)
+    parser.add_argument("--devices", type=int, required=True)
+    parser.add_argument("--coordinator", default="")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--mode", default="cases", choices=["cases", "die", "mismatch", "steps"])
+    args = parser.parse_args()
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices)
+    if args.processes > 1:
+        jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jaxcomm
+
+    world = jax.device_count()
+    mesh = jax.make_mesh((world,), ("dp",))
+    rank_of = {d.id: i for i, d in enumerate(mesh.devices.flat)}
+    results: dict[str, np.ndarray] = {}
+
+    def shard(global_rows: np.ndarray) -> jax.Array:
+        """Rows of a [world, ...] array become each device's (1, ...) shard."""
+        sharding = NamedSharding(mesh, P("dp"))
+        return jax.make_array_from_callback(global_rows.shape, sharding, lambda idx: global_rows[idx])
+
+    def save(case: str, name: str, value: jax.Array) -> None:
+        for s in value.addressable_shards:
+            results[f"{case}/{rank_of[s.device.id]}/{name}"] = np.asarray(s.data)[0]
+
+    def smap(fn, n_in: int, n_out: int):
+        spec = P("dp")
+        return jax.jit(
+            jax.shard_map(
+                fn,
+                mesh=mesh,
+                in_specs=(spec,) * n_in,
+                out_specs=(spec,) * n_out if n_out > 1 else spec,
+            )
+        )
+
+    def inputs(n: int, seed: int, scale: float = 1.0) -> np.ndarray:
+        rows = [np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)]
+        return np.stack(rows).astype(np.float32)
+
+    if args.mode == "die":
+        # Rank-process 1 dies right before the collective; the others must fail, not hang.
+        x = shard(inputs(1000, 1))
+        f = smap(lambda v: jaxcomm.allreduce(v[0], "dp")[None], 1, 1)
+        if args.process_id == 1:
+            time.sleep(1.0)
+            os.kill(os.getpid(), 9)
+        start = time.monotonic()
+        try:
+            jax.block_until_ready(f(x))
+        except Exception as error:  # noqa: BLE001 - the test reads the message
+            print(f"COLLECTIVE FAILED after {time.monotonic() - start:.1f}s: {error}", flush=True)
+            os._exit(3)
+        print("COLLECTIVE UNEXPECTEDLY SUCCEEDED", flush=True)
+        os._exit(0)
+
+    if args.mode == "mismatch":
+        n = 1000 + 24 * args.process_id  # every process believes in another size
+        x = shard(inputs(n, 2))
+        f = smap(lambda v: jaxcomm.allreduce(v[0], "dp")[None], 1, 1)
+        try:
+            jax.block_until_ready(f(x))
+        except Exception as error:  # noqa: BLE001
+            print(f"COLLECTIVE FAILED: {error}", flush=True)
+            os._exit(3)
+        os._exit(0)
+
+    sizes = [1, 7, 1000, 65537]
+    for n in sizes:
+        x = shard(inputs(n, n))
+        f = smap(lambda v: (jaxcomm.allreduce(v[0], "dp")[None], jax.lax.psum(v, "dp")), 1, 2)
+        ours, psum = f(x)
+        save(f"allreduce/{n}", "out", ours)
+        save(f"allreduce/{n}", "psum", psum)
+
+    # A 2-D array, reduced as a whole.
+    x2 = shard(inputs(6 * 35, 5).reshape(world, 6, 35))
+    f2 = smap(lambda v: jaxcomm.allreduce(v[0], "dp")[None], 1, 1)
+    save("allreduce/matrix", "out", f2(x2))
+
+    # Ordering: 20 independent collectives in one jitted function.
+    x20 = shard(inputs(257, 20))
+
+    def twenty(v):
+        outs = [jaxcomm.allreduce(v[0] * (i + 1), "dp") for i in range(20)]
+        return jnp.stack(outs)[None]
+
+    save("ordering", "out", smap(twenty, 1, 1)(x20))
+
+    algorithms = {"topk_allgather": jaxcomm.TopKAllgather, "gtopk": jaxcomm.GTopK}
+    for name, cls in algorithms.items():
+        for n in [1, 7, 1000, 65537]:
+            for density in [0.01, 0.3]:
+                case = f"{name}/{n}/{density}"
+                x = shard(inputs(n, 7 * n + 1))
+                r = shard(inputs(n, 7 * n + 2, scale=0.1))
+                algo = cls(density)
+                f = smap(
+                    lambda v, w, algo=algo: tuple(
+                        o[None] for o in jaxcomm.compressed_allreduce(v[0], w[0], "dp", algo)
+                    ),
+                    2,
+                    2,
+                )
+                summed, new_r = f(x, r)
+                save(case, "summed", summed)
+                save(case, "residual", new_r)
+    # Ties: every rank holds the same all-equal vector.
+    ties = shard(np.ones((world, 500), np.float32))
+    zeros = shard(np.zeros((world, 500), np.float32))
+    for name, cls in algorithms.items():
+        f = smap(
+            lambda v, w, cls=cls: tuple(
+                o[None] for o in jaxcomm.compressed_allreduce(v[0], w[0], "dp", cls(0.02))
+            ),
+            2,
+            2,
+        )
+        summed, new_r = f(ties, zeros)
+        save(f"{name}/ties", "summed", summed)
+        save(f"{name}/ties", "residual", new_r)
+
+    totals = jaxcomm.metrics()["totals"]
+    results["metrics/calls"] = np.asarray(sum(t["calls"] for t in totals))
+    results["metrics/bytes_sent"] = np.asarray(sum(t["bytes_sent"] for t in totals))
+    np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
+    print("WORKER DONE", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Starts P CPU rank-processes of tests/collective_worker.py and collects their results."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+WORKER = pathlib.Path(__file__).with_name("collective_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass
+class WorldRun:
+    returncodes: list[int]
+    outputs: list[str]
+    results: dict[str, np.ndarray]
+    seconds: float
+
+    def rank_values(self, case: str, name: str) -> list[np.ndarray]:
+        """One array per world rank (rank order)."""
+        found = {}
+        for key, value in self.results.items():
+            c, rank, n = key.rsplit("/", 2)
+            if c == case and n == name:
+                found[int(rank)] = value
+        return [found[r] for r in sorted(found)]
+
+
+def run_world(
+    processes: int, devices: int, tmp: pathlib.Path, *, mode: str = "cases", timeout: float = 240,
+    env: dict[str, str] | None = None,
+) -> WorldRun:
+    """Runs the worker in `processes` processes with `devices` CPU devices each.
+
+    Every child is killed (process group) when this returns, whatever happened.
+    """
+    coordinator = f"127.0.0.1:{free_port()}"
+    child_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    child_env.pop("XLA_FLAGS", None)
+    procs = []
+    logs = []
+    start = time.monotonic()
+    try:
+        for pid in range(processes):
+            log = open(tmp / f"process{pid}.log", "w+")
+            logs.append(log)
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(WORKER), "--processes", str(processes), "--process-id",
+                     str(pid), "--devices", str(devices), "--coordinator", coordinator,
+                     "--out", str(tmp), "--mode", mode],
+                    stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
+                )
+            )
+        deadline = start + timeout
+        for p in procs:
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                p.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                break
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    results: dict[str, np.ndarray] = {}
+    for pid in range(processes):
+        path = tmp / f"process{pid}.npz"
+        if path.exists():
+            with np.load(path) as data:
+                results.update({k: data[k] for k in data.files})
+    return WorldRun([p.returncode for p in procs], outputs, results, time.monotonic() - start)
