@@ -1,0 +1,285 @@
+"""Bootstrap of the UCX transport world that jaxcomm's collectives run on.
+
+The world has one rank per global JAX CPU device: world rank = position of the device in the
+list of all devices sorted by ``device.id``. This process hosts the ranks of its own devices
+(``device.process_index == jax.process_index()``), each with its own UCX worker. With several
+processes (``jax.distributed.initialize``), every process publishes its local ranks' worker
+addresses through the coordinator's key-value store, reads everybody's, connects, and meets the
+others at a barrier.
+
+FFI collective handlers find the world through its integer :attr:`World.handle` (pass it as an
+attribute of the ``ffi_call``) and the rank of a device through :meth:`World.rank_of_device`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from jaxcomm import _ffi
+
+# Status codes of ffi/world_api.cc.
+_ERRORS = {
+    -1: "invalid argument",
+    -2: "transport error",
+    -3: "deadline exceeded",
+    -4: "peer failed",
+}
+
+_lock = threading.Lock()
+_world: World | None = None
+_generation = 0  # distinguishes key-value keys of successive worlds in one job
+
+
+class WorldError(RuntimeError):
+    """A failure of the UCX transport bootstrap or of a transport call."""
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Traffic of one local rank since the world was created (completed operations)."""
+
+    bytes_sent: int
+    bytes_received: int
+    messages_sent: int
+    messages_received: int
+
+
+def _lib() -> ctypes.CDLL:
+    lib = _ffi.library()
+    if not getattr(lib, "_jaxcomm_world_typed", False):
+        i64, i32, u32 = ctypes.c_int64, ctypes.c_int, ctypes.c_uint32
+        vp, cp = ctypes.c_void_p, ctypes.c_char_p
+        lib.jaxcomm_world_last_error.restype = cp
+        lib.jaxcomm_world_last_error.argtypes = []
+        lib.jaxcomm_world_create.restype = i32
+        lib.jaxcomm_world_create.argtypes = [i32, ctypes.POINTER(i32), i32, ctypes.POINTER(i64)]
+        lib.jaxcomm_world_address.restype = i64
+        lib.jaxcomm_world_address.argtypes = [i64, i32, cp, i64]
+        lib.jaxcomm_world_connect.restype = i32
+        lib.jaxcomm_world_connect.argtypes = [i64, cp, ctypes.POINTER(i64), i32]
+        lib.jaxcomm_world_destroy.restype = i32
+        lib.jaxcomm_world_destroy.argtypes = [i64]
+        lib.jaxcomm_world_counters.restype = i32
+        lib.jaxcomm_world_counters.argtypes = [i64, i32, ctypes.POINTER(ctypes.c_uint64)]
+        lib.jaxcomm_world_default_timeout_s.restype = ctypes.c_double
+        lib.jaxcomm_world_default_timeout_s.argtypes = []
+        lib.jaxcomm_world_sendrecv.restype = i32
+        lib.jaxcomm_world_sendrecv.argtypes = [
+            i64,
+            i32,
+            i32,
+            vp,
+            i64,
+            i32,
+            vp,
+            i64,
+            ctypes.POINTER(i64),
+            u32,
+            ctypes.c_double,
+        ]
+        lib._jaxcomm_world_typed = True
+    return lib
+
+
+def _check(code: int, what: str) -> int:
+    if code < 0:
+        message = _lib().jaxcomm_world_last_error().decode(errors="replace")
+        raise WorldError(f"{what} failed ({_ERRORS.get(code, code)}): {message}")
+    return code
+
+
+def default_timeout_s() -> float:
+    """The transport's default timeout in seconds (env ``JAXCOMM_TIMEOUT_S``, default 120)."""
+    return float(_lib().jaxcomm_world_default_timeout_s())
+
+
+@dataclass
+class World:
+    """This process's part of the connected UCX world (see the module docstring)."""
+
+    handle: int
+    world_size: int
+    local_ranks: tuple[int, ...]
+    device_ids: tuple[int, ...]  # device id of each world rank
+    _rank_of_device: dict[int, int] = field(repr=False, default_factory=dict)
+
+    def rank_of_device(self, device: Any) -> int:
+        """World rank of a JAX device (or of a device id)."""
+        device_id = device if isinstance(device, int) else device.id
+        return self._rank_of_device[device_id]
+
+    @property
+    def device_to_rank(self) -> dict[int, int]:
+        """Mapping device id -> world rank (a copy)."""
+        return dict(self._rank_of_device)
+
+    def counters(self, rank: int) -> Counters:
+        """Traffic counters of local rank `rank`."""
+        out = (ctypes.c_uint64 * 4)()
+        _check(_lib().jaxcomm_world_counters(self.handle, rank, out), "jaxcomm_world_counters")
+        return Counters(*(int(v) for v in out))
+
+    def sendrecv(
+        self,
+        rank: int,
+        send_peer: int,
+        send: bytes,
+        recv_peer: int,
+        recv_capacity: int,
+        seq: int = 0,
+        timeout_s: float = 0.0,
+    ) -> bytes:
+        """Test/diagnostic exchange on the control tag channel (never mixes with collectives).
+
+        Local rank `rank` sends `send` to `send_peer` while receiving at most `recv_capacity`
+        bytes from `recv_peer` (-1 skips either half). Blocks the calling thread; ranks of one
+        process must call it from different threads. Returns the received bytes.
+        """
+        out = ctypes.create_string_buffer(max(recv_capacity, 1))
+        received = ctypes.c_int64(0)
+        _check(
+            _lib().jaxcomm_world_sendrecv(
+                self.handle,
+                rank,
+                send_peer,
+                send,
+                len(send),
+                recv_peer,
+                out,
+                recv_capacity,
+                ctypes.byref(received),
+                seq,
+                timeout_s,
+            ),
+            "jaxcomm_world_sendrecv",
+        )
+        return out.raw[: received.value]
+
+
+def _address(lib: ctypes.CDLL, handle: int, rank: int) -> bytes:
+    length = _check(lib.jaxcomm_world_address(handle, rank, None, 0), "jaxcomm_world_address")
+    buffer = ctypes.create_string_buffer(length)
+    _check(lib.jaxcomm_world_address(handle, rank, buffer, length), "jaxcomm_world_address")
+    return buffer.raw[:length]
+
+
+def _exchange_addresses(local: dict[int, bytes], world_size: int, prefix: str) -> list[bytes]:
+    """Publishes this process's addresses in the jax.distributed KV store; reads all."""
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    if client is None:
+        raise WorldError(
+            "jax.process_count() > 1 but jax.distributed has no client; call "
+            "jax.distributed.initialize(...) before using jaxcomm collectives"
+        )
+    timeout_ms = int(default_timeout_s() * 1000)
+    for rank, address in local.items():
+        client.key_value_set_bytes(f"{prefix}/addr/{rank}", address)
+    addresses = []
+    for rank in range(world_size):
+        if rank in local:
+            addresses.append(local[rank])
+            continue
+        try:
+            addresses.append(
+                client.blocking_key_value_get_bytes(f"{prefix}/addr/{rank}", timeout_ms)
+            )
+        except Exception as e:  # the runtime raises its own XlaRuntimeError types
+            raise WorldError(
+                f"jaxcomm world bootstrap: no UCX address from world rank {rank} within "
+                f"{timeout_ms / 1000:.0f} s (JAXCOMM_TIMEOUT_S): {e}"
+            ) from e
+    return addresses
+
+
+def create_world(devices: Sequence[Any] | None = None) -> World:
+    """Creates and connects a new world over `devices` (default: all JAX CPU devices).
+
+    Collective over all processes when ``jax.process_count() > 1``. Prefer :func:`world`,
+    which does this once per process.
+    """
+    global _generation
+    lib = _lib()
+    devices = sorted(devices if devices is not None else jax.devices("cpu"), key=lambda d: d.id)
+    me = jax.process_index()
+    local_ranks = [r for r, d in enumerate(devices) if d.process_index == me]
+    if not local_ranks:
+        raise WorldError(f"process {me} hosts none of the {len(devices)} world devices")
+    world_size = len(devices)
+    ranks = (ctypes.c_int * len(local_ranks))(*local_ranks)
+    handle = ctypes.c_int64(0)
+    _check(
+        lib.jaxcomm_world_create(world_size, ranks, len(local_ranks), ctypes.byref(handle)),
+        "jaxcomm_world_create",
+    )
+    try:
+        local = {r: _address(lib, handle.value, r) for r in local_ranks}
+        multi = jax.process_count() > 1
+        _generation += 1
+        prefix = f"jaxcomm/ucx/world{_generation}"
+        addresses = (
+            _exchange_addresses(local, world_size, prefix)
+            if multi
+            else [local[r] for r in range(world_size)]
+        )
+        lengths = (ctypes.c_int64 * world_size)(*(len(a) for a in addresses))
+        _check(
+            lib.jaxcomm_world_connect(handle.value, b"".join(addresses), lengths, world_size),
+            "jaxcomm_world_connect",
+        )
+        if multi:
+            from jax._src import distributed
+
+            # Nobody sends before every process has its endpoints (UCX would still buffer
+            # messages, but a process failing to connect should fail all of them here).
+            distributed.global_state.client.wait_at_barrier(
+                f"{prefix}/connected", int(default_timeout_s() * 1000)
+            )
+    except BaseException:
+        lib.jaxcomm_world_destroy(handle.value)
+        raise
+    return World(
+        handle=handle.value,
+        world_size=world_size,
+        local_ranks=tuple(local_ranks),
+        device_ids=tuple(d.id for d in devices),
+        _rank_of_device={d.id: r for r, d in enumerate(devices)},
+    )
+
+
+def world() -> World:
+    """The process's connected world, created on first use (thread-safe)."""
+    global _world
+    with _lock:
+        if _world is None:
+            _world = create_world()
+            atexit.register(_destroy_at_exit)
+        return _world
+
+
+def destroy_world() -> None:
+    """Tears down the process's world (if any); a later :func:`world` creates a new one.
+
+    Collective in spirit: call it in every process, after the last collective.
+    """
+    global _world
+    with _lock:
+        if _world is not None:
+            _check(_lib().jaxcomm_world_destroy(_world.handle), "jaxcomm_world_destroy")
+            _world = None
+
+
+def _destroy_at_exit() -> None:
+    # Flushes and closes the endpoints while the interpreter (and the peers) are still up.
+    try:
+        destroy_world()
+    except Exception:  # noqa: BLE001 - never fail interpreter shutdown
+        pass
