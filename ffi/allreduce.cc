@@ -111,5 +111,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllreduce, jaxcomm::collectives::AllreduceI
                               jaxcomm::collectives::BindCollective()
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: this rank's data
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // out: the group sum
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32, 0>>()  // token out
+                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );

@@ -100,5 +100,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAllgather, jaxcomm::collectives::TopKAl
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual in
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // summed (all ranks)
                                   .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32, 0>>()  // token out
+                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );

@@ -68,6 +68,7 @@ def main() -> None:
         # Rank-process 1 dies right before the collective; the others must fail, not hang.
         x = shard(inputs(1000, 1))
         f = smap(lambda v: jaxcomm.allreduce(v[0], "dp")[None], 1, 1)
+        jax.block_until_ready(f(x))  # world bootstrapped, program compiled, first call done
         if args.process_id == 1:
             time.sleep(1.0)
             os.kill(os.getpid(), 9)

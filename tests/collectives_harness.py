@@ -33,6 +33,8 @@ class WorldRun:
         """One array per world rank (rank order)."""
         found = {}
         for key, value in self.results.items():
+            if key.count("/") < 2:
+                continue
             c, rank, n = key.rsplit("/", 2)
             if c == case and n == name:
                 found[int(rank)] = value

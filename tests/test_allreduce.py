@@ -8,7 +8,7 @@ import pytest
 from conftest import WORLD_CONFIGS, make_inputs
 
 
-@pytest.mark.parametrize("processes,devices", WORLD_CONFIGS, ids=lambda v: str(v))
+@pytest.mark.parametrize("processes,devices", WORLD_CONFIGS, ids=str)
 @pytest.mark.parametrize("n", [1, 7, 1000, 65537])
 def test_allreduce_matches_psum(world_run, processes, devices, n):
     run = world_run(processes, devices)
