@@ -23,7 +23,8 @@ struct AdaptiveLayout {
   int64_t column_size;
   double proportion;
 
-  int64_t NumColumns() const { return (n + column_size - 1) / column_size; }
+  // Written so that no column_size up to INT64_MAX can overflow.
+  int64_t NumColumns() const { return (n - 1) / column_size + 1; }
   int64_t ColumnBegin(int64_t column) const { return column * column_size; }
   int64_t ColumnLength(int64_t column) const;
   // min(L, 2 * ceil(L / proportion) + 2): exact mode never exceeds it; sampled mode is cut
