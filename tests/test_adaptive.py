@@ -141,7 +141,9 @@ def test_column_tails(column_size, sample_size):
     check_against_reference(x, r, c)
 
 
-@pytest.mark.parametrize("kind", ["all_equal", "negative_only", "positive_only", "zeros", "ties"])
+@pytest.mark.parametrize(
+    "kind", ["all_equal", "negative_only", "positive_only", "zeros", "ties", "scales"]
+)
 @pytest.mark.parametrize("sample_size", [0, 256])
 def test_special_values(kind, sample_size):
     n = 5000
@@ -152,6 +154,10 @@ def test_special_values(kind, sample_size):
         "positive_only": np.abs(rng.standard_normal(n)).astype(np.float32) + 1e-3,
         "zeros": np.zeros(n, np.float32),
         "ties": rng.integers(-3, 4, n).astype(np.float32),
+        # Columns of very different magnitudes, as layers of a model have.
+        "scales": (rng.standard_normal(n) * 10.0 ** (np.arange(n) // 1024 % 3 * 3 - 3)).astype(
+            np.float32
+        ),
     }[kind]
     c = jaxcomm.Adaptive(proportion=64, column_size=1024, sample_size=sample_size)
     packed = check_against_reference(x, np.zeros_like(x), c)

@@ -146,11 +146,22 @@ TEST(AdaptiveTest, ProportionOneSendsEveryNonzero) {
 // Exact mode on random data: per column, the sent count of each sign is ceil(k/π), every sent
 // value is at least as large in magnitude as every unsent one of its sign, and the means are
 // the means of the sent values.
-void CheckExactSelection(int64_t n, int64_t column_size, double proportion, uint32_t seed) {
+void CheckExactSelection(int64_t n, int64_t column_size, double proportion, uint32_t seed,
+                         bool varying_scale = false) {
   SCOPED_TRACE(testing::Message() << "n=" << n << " col=" << column_size << " pi=" << proportion);
   std::vector<float> x = RandomVector(n, seed);
   std::vector<float> r = RandomVector(n, seed + 1);
   for (int64_t i = 0; i < n; i += 7) x[i] = -r[i];  // some exact zeros
+  if (varying_scale) {
+    // Columns alternate between tiny and huge values, so a bound learned from one column
+    // never fits the next one.
+    for (int64_t i = 0; i < n; ++i) {
+      const float scale =
+          (i / column_size) % 3 == 0 ? 1e-3f : ((i / column_size) % 3 == 1 ? 1e3f : 1.0f);
+      x[i] *= scale;
+      r[i] *= scale;
+    }
+  }
   const AdaptiveLayout layout{n, column_size, proportion};
   const Result res = Compress(x, r, layout, 0, ThreadedRunner(2));
   ASSERT_EQ(res.bad, -1);
@@ -193,6 +204,8 @@ TEST(AdaptiveTest, ExactCountsPerColumn) {
   CheckExactSelection(300001, 1024, 64.0, 4);
   CheckExactSelection(5000, 5000, 1000.0, 5);
   CheckExactSelection(1, 1, 1.0, 6);
+  CheckExactSelection(100000, 1024, 64.0, 7, true);
+  CheckExactSelection(100000, 512, 2.0, 8, true);
 }
 
 TEST(AdaptiveTest, SignOnlyColumns) {
