@@ -266,3 +266,31 @@ def test_corrupt_packed_is_rejected():
         bad[word] = value
         with pytest.raises(jax.errors.JaxRuntimeError, match=r"decompress\(Adaptive\).*" + message):
             jax.block_until_ready(jaxcomm.ops.decompress(jnp.asarray(bad), c, 64))
+
+
+@pytest.mark.parametrize(
+    "attrs, words, message",
+    [
+        ({"proportion": 0.5, "column_size": 16, "sample_size": 0}, 49, "proportion"),
+        ({"proportion": np.inf, "column_size": 16, "sample_size": 0}, 49, "proportion"),
+        ({"proportion": 4.0, "column_size": 0, "sample_size": 0}, 49, "column_size"),
+        ({"proportion": 4.0, "column_size": 16, "sample_size": -1}, 49, "sample_size"),
+        ({"proportion": 4.0, "column_size": 16, "sample_size": 0}, 50, "packs 64 elements into 49"),
+    ],
+)
+def test_ffi_handler_validates_what_python_would(attrs, words, message):
+    # Calls the FFI target directly, as a collective built on it would: the handler must turn
+    # bad parameters into an error naming the op instead of aborting the process.
+    assert jaxcomm.Adaptive(4, 16).packed_words(64) == 49
+    x = jnp.ones(64, jnp.float32)
+    call = jax.ffi.ffi_call(
+        "jaxcomm_adaptive_compress",
+        (jax.ShapeDtypeStruct((words,), jnp.uint32), jax.ShapeDtypeStruct((64,), jnp.float32)),
+    )
+    typed = {
+        "proportion": np.float64(attrs["proportion"]),
+        "column_size": np.int64(attrs["column_size"]),
+        "sample_size": np.int64(attrs["sample_size"]),
+    }
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"compress\(Adaptive\).*" + message):
+        jax.block_until_ready(call(x, x, **typed))
