@@ -322,21 +322,30 @@ int64_t AdaptiveCompress(const float* x, const float* residual_in, const Adaptiv
   const int num_tasks = static_cast<int>(
       std::min<int64_t>(ncols, NumTasksFor(layout.n, kMinElementsPerTask, kMaxTasks)));
   std::vector<TaskOutput> outputs(num_tasks);
+  std::vector<Scratch> scratches(num_tasks);
+  // Every allocation happens here, on the calling thread: an exception escaping a task would
+  // terminate the pool thread that runs it. Reserving each task's capacity keeps push_back
+  // from reallocating.
+  const int64_t scratch_size =
+      sample_size > 0 ? sample_size : std::min(layout.column_size, layout.n);
+  for (int t = 0; t < num_tasks; ++t) {
+    const Range columns = TaskRange(ncols, num_tasks, t);
+    int64_t capacity = 0;
+    if (columns.end > columns.begin) {
+      capacity = (columns.end - 1 - columns.begin) * layout.ColumnCapacity(columns.begin) +
+                 layout.ColumnCapacity(columns.end - 1);
+    }
+    outputs[t].entries.reserve(static_cast<size_t>(capacity));
+    scratches[t].positives.resize(scratch_size);
+    scratches[t].negatives.resize(scratch_size);
+    scratches[t].sample.resize(sample_size);
+  }
   uint32_t* means = packed + wire::kHeaderWords;
 
   run(num_tasks, [&](int task) {
     const Range columns = TaskRange(ncols, num_tasks, task);
     TaskOutput& out = outputs[task];
-    const int64_t elements =
-        std::min(layout.n, columns.end * layout.column_size) - columns.begin * layout.column_size;
-    out.entries.reserve(static_cast<size_t>(2 * AdaptiveKeep(elements, layout.proportion) +
-                                            2 * (columns.end - columns.begin)));
-    Scratch scratch;
-    const int64_t scratch_size =
-        sample_size > 0 ? sample_size : std::min(layout.column_size, layout.n);
-    scratch.positives.resize(scratch_size);
-    scratch.negatives.resize(scratch_size);
-    scratch.sample.resize(sample_size);
+    Scratch& scratch = scratches[task];
     for (int64_t c = columns.begin; c < columns.end; ++c) {
       const int64_t begin = layout.ColumnBegin(c);
       const int64_t len = layout.ColumnLength(c);

@@ -56,7 +56,8 @@ int64_t AdaptiveExactUsed(const AdaptiveLayout& layout, const float* x, const fl
 // positions drawn with wire::SamplePosition.
 //
 // Returns -1, or the lowest flat index whose acc is NaN or +-Inf; packed and residual_out are
-// then unspecified. The output never depends on how `run` schedules its tasks.
+// then unspecified. The output never depends on how `run` schedules its tasks. Allocates
+// (and may throw std::bad_alloc for absurd column_size/sample_size) only on the calling thread.
 int64_t AdaptiveCompress(const float* x, const float* residual_in, const AdaptiveLayout& layout,
                          int64_t sample_size, uint32_t* packed, float* residual_out,
                          const TaskRunner& run = RunTasksSerially);
