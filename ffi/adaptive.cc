@@ -1,0 +1,133 @@
+// XLA FFI handlers for adaptive quantization (jaxcomm.Adaptive): compress with error feedback
+// and decompress. The compressor's parameters arrive as attributes; the packed length must be
+// exactly Adaptive.packed_words(n), which the handlers recompute to catch a mismatched call.
+#include "kernels/adaptive.h"
+
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <string>
+
+#include "ffi/common.h"
+#include "kernels/wire.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm {
+namespace {
+
+namespace ffi = xla::ffi;
+using ffi_common::InvalidArgument;
+using ffi_common::NumElements;
+
+constexpr char kCompressOp[] = "jaxcomm.ops.compress(Adaptive)";
+constexpr char kDecompressOp[] = "jaxcomm.ops.decompress(Adaptive)";
+
+// Checks the parameters and the packed length shared by both directions; on success fills
+// `layout`. Indices travel in 31 bits and `used` in one word, which bounds n and the length.
+ffi::Error CheckLayout(const char* op, int64_t n, double proportion, int64_t column_size,
+                       int64_t packed_words, kernels::AdaptiveLayout* layout) {
+  if (n < 1 || n > int64_t{kernels::wire::kIndexMask}) {
+    return InvalidArgument(
+        op, "x must have between 1 and 2**31 - 1 elements, got " + std::to_string(n));
+  }
+  if (!std::isfinite(proportion) || proportion < 1.0) {
+    return InvalidArgument(op,
+                           "proportion must be finite and >= 1, got " + std::to_string(proportion));
+  }
+  if (column_size < 1) {
+    return InvalidArgument(op, "column_size must be >= 1, got " + std::to_string(column_size));
+  }
+  *layout = kernels::AdaptiveLayout{n, column_size, proportion};
+  const int64_t expected = layout->PackedWords();
+  if (expected > int64_t{std::numeric_limits<uint32_t>::max()}) {
+    return InvalidArgument(op, "the packed buffer would need " + std::to_string(expected) +
+                                   " words, more than word 0 can count; use a larger "
+                                   "column_size or proportion");
+  }
+  if (packed_words != expected) {
+    return InvalidArgument(
+        op, "packed has " + std::to_string(packed_words) + " words but Adaptive(proportion=" +
+                std::to_string(proportion) + ", column_size=" + std::to_string(column_size) +
+                ") packs " + std::to_string(n) + " elements into " + std::to_string(expected));
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error AdaptiveCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                                ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::U32> packed,
+                                ffi::ResultBuffer<ffi::F32> new_residual, double proportion,
+                                int64_t column_size, int64_t sample_size) {
+  const int64_t n = NumElements(x);
+  if (NumElements(residual) != n || NumElements(*new_residual) != n) {
+    return InvalidArgument(kCompressOp, "residual must have x's shape");
+  }
+  if (sample_size < 0) {
+    return InvalidArgument(kCompressOp,
+                           "sample_size must be >= 0, got " + std::to_string(sample_size));
+  }
+  kernels::AdaptiveLayout layout{};
+  if (ffi::Error error =
+          CheckLayout(kCompressOp, n, proportion, column_size, NumElements(*packed), &layout);
+      error.failure()) {
+    return error;
+  }
+  int64_t bad = -1;
+  try {
+    bad = kernels::AdaptiveCompress(x.typed_data(), residual.typed_data(), layout, sample_size,
+                                    packed->typed_data(), new_residual->typed_data(),
+                                    ffi_common::PoolRunner(&pool));
+  } catch (const std::exception&) {
+    // Scratch grows with column_size and sample_size; an absurd value must not abort XLA
+    // (bad_alloc or length_error).
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(kCompressOp) +
+                          ": out of memory for the per-column scratch "
+                          "(column_size/sample_size too large?)");
+  }
+  if (bad >= 0) return ffi_common::NonFinite(kCompressOp, bad);
+  return ffi::Error::Success();
+}
+
+ffi::Error AdaptiveDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ffi::F32> x_hat,
+                                  double proportion, int64_t column_size) {
+  const int64_t words = NumElements(packed);
+  kernels::AdaptiveLayout layout{};
+  if (ffi::Error error =
+          CheckLayout(kDecompressOp, NumElements(*x_hat), proportion, column_size, words, &layout);
+      error.failure()) {
+    return error;
+  }
+  const std::string problem =
+      kernels::AdaptiveDecompress(packed.typed_data(), words, layout, x_hat->typed_data());
+  if (!problem.empty()) return InvalidArgument(kDecompressOp, problem);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxcomm
+
+JAXCOMM_EXPORT_HANDLER(JaxcommAdaptiveCompress);
+JAXCOMM_EXPORT_HANDLER(JaxcommAdaptiveDecompress);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommAdaptiveCompress, jaxcomm::AdaptiveCompressImpl,
+    xla::ffi::Ffi::Bind()
+        .Ctx<xla::ffi::ThreadPool>()             // intra-op threads, one task per column range
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: any shape, n elements
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual: x's shape, aliased to new_residual
+        .Ret<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: Adaptive.packed_words(n) words
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual: x + residual - decoded
+        .Attr<double>("proportion")              // π >= 1, f64 so counts match Python's
+        .Attr<int64_t>("column_size")            // elements per column, >= 1
+        .Attr<int64_t>("sample_size")            // 0 = exact selection, > 0 = sampled thresholds
+);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommAdaptiveDecompress, jaxcomm::AdaptiveDecompressImpl,
+    xla::ffi::Ffi::Bind()
+        .Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: Adaptive.packed_words(n) words
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // x_hat: n elements, the decoded values
+        .Attr<double>("proportion")              // π that compress used (fixes packed length)
+        .Attr<int64_t>("column_size")            // column_size that compress used
+);

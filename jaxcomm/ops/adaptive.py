@@ -1,0 +1,127 @@
+"""Adaptive quantization (Dryden et al. 2016, §3.3): C++ kernels behind XLA FFI.
+
+The semantics and the packed layout are those documented in :mod:`jaxcomm.compressors`
+(class :class:`jaxcomm.Adaptive`). :func:`jaxcomm.ops.compress` and
+:func:`jaxcomm.ops.decompress` dispatch here for ``Adaptive`` compressors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcomm import _ffi, _validate
+from jaxcomm.compressors import Adaptive
+
+_ffi.register("jaxcomm_adaptive_compress", "JaxcommAdaptiveCompress")
+_ffi.register("jaxcomm_adaptive_decompress", "JaxcommAdaptiveDecompress")
+
+
+def _check(compressor: Adaptive) -> None:
+    if not isinstance(compressor, Adaptive):
+        raise TypeError(f"compressor must be jaxcomm.Adaptive, got {type(compressor).__name__}")
+
+
+def _layout_attrs(compressor: Adaptive) -> dict[str, np.generic]:
+    # float64 so that the kernel's ceil(k / proportion) is the very expression Python's
+    # Adaptive.packed_words evaluates; a float32 π could disagree for non-integer proportions.
+    return {
+        "proportion": np.float64(compressor.proportion),
+        "column_size": np.int64(compressor.column_size),
+    }
+
+
+def compress(
+    x: jax.Array, residual: jax.Array, compressor: Adaptive
+) -> tuple[jax.Array, jax.Array]:
+    """Quantizes ``acc = x + residual`` column by column, with error feedback.
+
+    Per column, about 1/π of the positive and 1/π of the negative values of largest magnitude
+    are sent as ``sign << 31 | index`` entries that decode to the mean of the values of their
+    sign that were sent. The residual keeps everything else, so
+    ``x + residual == decompress(packed) + new_residual`` up to float rounding.
+
+    Args:
+      x: float32 array of any shape with 1 to 2**31 - 1 elements.
+      residual: float32 array of ``x``'s shape (zeros at the first step). Its buffer is reused
+        for ``new_residual`` when the caller donates it.
+      compressor: a :class:`jaxcomm.Adaptive`.
+
+    Returns:
+      ``(packed, new_residual)``: ``packed`` is a uint32 vector of
+      ``compressor.packed_words(x.size)`` words; ``new_residual`` has ``x``'s shape.
+
+    Raises:
+      TypeError, ValueError: on a wrong dtype or shape (at trace time).
+      jax.errors.JaxRuntimeError: when ``x + residual`` holds a NaN or Inf; the message names
+        the first such flat index.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxcomm
+      >>> x = jnp.array([3.0, -1.0, 2.0, 0.0, -5.0, 4.0, 1.0, -2.0])
+      >>> c = jaxcomm.Adaptive(proportion=2, column_size=8)
+      >>> packed, r = jaxcomm.ops.adaptive.compress(x, jnp.zeros_like(x), c)
+      >>> int(packed[0]), r.tolist()
+      (7, [-0.5, -1.0, 2.0, 0.0, -1.5, 0.5, 1.0, 1.5])
+    """
+    _check(compressor)
+    x = _validate.float32_array(x, "x")
+    residual = _validate.float32_array(residual, "residual")
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}; "
+            "start with jnp.zeros_like(x)"
+        )
+    if x.size == 0:
+        raise ValueError("x is empty; compress needs at least one element")
+    words = compressor.packed_words(x.size)
+    packed, new_residual = jax.ffi.ffi_call(
+        "jaxcomm_adaptive_compress",
+        (_ffi.result_like(x, (words,), jnp.uint32), _ffi.result_like(x, x.shape, jnp.float32)),
+        input_output_aliases={1: 1},
+    )(x, residual, sample_size=np.int64(compressor.sample_size), **_layout_attrs(compressor))
+    return packed, new_residual
+
+
+def decompress(packed: jax.Array, compressor: Adaptive, shape: int | Sequence[int]) -> jax.Array:
+    """Decodes a packed buffer produced by :func:`compress` with the same compressor.
+
+    Args:
+      packed: uint32 vector of ``compressor.packed_words(n)`` words.
+      compressor: the :class:`jaxcomm.Adaptive` that produced it.
+      shape: element count or shape of the original ``x``.
+
+    Returns:
+      float32 array of that shape: each sent entry holds its column's mean of its sign, every
+      other element 0.
+
+    Raises:
+      jax.errors.JaxRuntimeError: when the packed buffer is malformed (bad ``used`` word,
+        index out of range or not ascending, a column over its capacity).
+
+    Example:
+      >>> import jax.numpy as jnp, jaxcomm
+      >>> x = jnp.array([3.0, -1.0, 2.0, 0.0, -5.0, 4.0, 1.0, -2.0])
+      >>> c = jaxcomm.Adaptive(proportion=2, column_size=8)
+      >>> packed, _ = jaxcomm.ops.adaptive.compress(x, jnp.zeros_like(x), c)
+      >>> jaxcomm.ops.adaptive.decompress(packed, c, 8).tolist()
+      [3.5, 0.0, 0.0, 0.0, -3.5, 3.5, 0.0, -3.5]
+    """
+    _check(compressor)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    n = _validate.positive_int(math.prod(shape), "size", low=1, high=_validate.MAX_ELEMENTS)
+    if not hasattr(packed, "dtype"):
+        packed = jnp.asarray(packed)
+    words = compressor.packed_words(n)
+    if packed.dtype != jnp.uint32 or packed.shape != (words,):
+        raise ValueError(
+            f"packed must be a uint32 vector of {words} words for {n} elements with "
+            f"{compressor}, got {packed.dtype}{list(packed.shape)}"
+        )
+    return jax.ffi.ffi_call(
+        "jaxcomm_adaptive_decompress", _ffi.result_like(packed, shape, jnp.float32)
+    )(packed, **_layout_attrs(compressor))
