@@ -183,12 +183,6 @@ __attribute__((target("avx2"))) void DecodeAvx2(const uint32_t* bits, int64_t le
   }
 }
 
-bool UseAvx2() {
-  static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  return has_avx2;
-}
-#else
-bool UseAvx2() { return false; }
 #endif
 
 template <bool kExactSums>
@@ -198,7 +192,7 @@ uint32_t AccumulateColumn(const float* x, const float* r, int64_t len, float* __
   LaneSums lanes;
   uint32_t max_key;
 #if JAXCOMM_ONEBIT_X86
-  if (UseAvx2()) {
+  if (QuantizersUseAvx2()) {
     max_key = AccumulateAvx2<kExactSums>(x, r, len8, acc, &lanes);
   } else {
     max_key = AccumulatePortable<kExactSums>(x, r, len8, acc, &lanes);
@@ -227,7 +221,7 @@ void EncodeColumn(const float* __restrict acc, int64_t len, float mean_nonneg, f
                   uint32_t* __restrict bits, float* __restrict residual_out) {
   const int64_t len32 = len - len % 32;
 #if JAXCOMM_ONEBIT_X86
-  if (UseAvx2()) {
+  if (QuantizersUseAvx2()) {
     EncodeAvx2(acc, len32, mean_nonneg, mean_neg, bits, residual_out);
   } else {
     EncodePortable(acc, len32, mean_nonneg, mean_neg, bits, residual_out);
@@ -251,7 +245,7 @@ void DecodeColumn(const uint32_t* bits, int64_t len, float mean_nonneg, float me
                   float* __restrict x_hat) {
   const int64_t len32 = len - len % 32;
 #if JAXCOMM_ONEBIT_X86
-  if (UseAvx2()) {
+  if (QuantizersUseAvx2()) {
     DecodeAvx2(bits, len32, mean_nonneg, mean_neg, x_hat);
   } else {
     DecodePortable(bits, len32, mean_nonneg, mean_neg, x_hat);

@@ -18,4 +18,10 @@ struct QuantizeStatus {
 // above kNonFiniteKey (Inf exactly, NaN above), so one integer max detects both.
 constexpr uint32_t kNonFiniteKey = 0x7f800000u;
 
+// Whether the quantizers may take their AVX2 loops (the CPU has AVX2 and no test forced the
+// portable ones). Both paths perform the same float operations in the same order, so the bytes
+// they produce are equal; the switch exists so that tests can check exactly that.
+bool QuantizersUseAvx2();
+void ForcePortableQuantizersForTesting(bool portable);
+
 }  // namespace jaxcomm::kernels

@@ -50,8 +50,7 @@ __attribute__((target("avx2"))) uint32_t BlockAccAvx2(const float* x, const floa
 }
 
 uint32_t BlockAcc(const float* x, const float* r, float* __restrict acc) {
-  static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  return has_avx2 ? BlockAccAvx2(x, r, acc) : BlockAccPortable(x, r, acc);
+  return QuantizersUseAvx2() ? BlockAccAvx2(x, r, acc) : BlockAccPortable(x, r, acc);
 }
 #else
 uint32_t BlockAcc(const float* x, const float* r, float* __restrict acc) {
@@ -87,8 +86,7 @@ __attribute__((target("avx2"))) uint64_t PassMaskAvx2(const float* acc, uint32_t
 
 uint64_t PassMask(const float* acc, int64_t len, uint32_t tau_key) {
 #if JAXCOMM_THRESHOLD_X86
-  static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  if (has_avx2 && len == kBlock) return PassMaskAvx2(acc, tau_key);
+  if (len == kBlock && QuantizersUseAvx2()) return PassMaskAvx2(acc, tau_key);
 #endif
   return PassMaskPortable(acc, len, tau_key);
 }

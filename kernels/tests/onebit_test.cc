@@ -233,5 +233,27 @@ TEST(OneBit, ReportsFirstNonFiniteIndex) {
   EXPECT_TRUE(Compress({1.0f, -1.0f}, {0.0f, 0.0f}, {32, 0}).status.ok());
 }
 
+TEST(OneBit, PortableAndAvx2LoopsGiveSameBytes) {
+  if (!QuantizersUseAvx2()) GTEST_SKIP() << "this CPU has no AVX2: only the portable loops run";
+  for (int64_t n : {1, 37, 1000, 300001}) {
+    auto x = RandomVector(n, 51 + n);
+    const auto r = RandomVector(n, 52 + n, 0.5f);
+    for (int64_t i = 0; i < n; i += 7) x[i] = (i % 14) ? -r[i] : -0.0f;  // exact zeros, -0.0
+    for (int64_t sample_size : {0, 16}) {
+      const OneBitParams params{96, sample_size};
+      const Output fast = Compress(x, r, params);
+      std::vector<float> fast_hat(n), portable_hat(n);
+      OneBitDecompress(fast.packed.data(), n, params, fast_hat.data());
+      ForcePortableQuantizersForTesting(true);
+      const Output portable = Compress(x, r, params);
+      OneBitDecompress(fast.packed.data(), n, params, portable_hat.data());
+      ForcePortableQuantizersForTesting(false);
+      EXPECT_EQ(fast.packed, portable.packed) << n;
+      EXPECT_EQ(std::memcmp(fast.residual.data(), portable.residual.data(), n * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(fast_hat.data(), portable_hat.data(), n * sizeof(float)), 0);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace jaxcomm::kernels

@@ -167,5 +167,22 @@ TEST(Threshold, DecompressRejectsBadEntries) {
   EXPECT_EQ(ThresholdDecompress(not_ascending.data(), 10, 0.5f, x_hat.data()), 1);
 }
 
+TEST(Threshold, PortableLoopsMatchReference) {
+  // The AVX2 loops are checked against Reference above; the portable ones (taken on CPUs
+  // without AVX2) must give the same bytes.
+  ForcePortableQuantizersForTesting(true);
+  for (int64_t n : {1, 65, 100003}) {
+    const auto x = RandomVector(n, 61 + n);
+    const auto r = RandomVector(n, 62 + n, 0.5f);
+    for (int64_t capacity : {int64_t{3}, n}) {
+      const Output out = Compress(x, r, 1.0f, capacity);
+      const Output ref = Reference(x, r, 1.0f, capacity);
+      EXPECT_EQ(out.packed, ref.packed) << n << " " << capacity;
+      EXPECT_EQ(std::memcmp(out.residual.data(), ref.residual.data(), n * sizeof(float)), 0);
+    }
+  }
+  ForcePortableQuantizersForTesting(false);
+}
+
 }  // namespace
 }  // namespace jaxcomm::kernels
