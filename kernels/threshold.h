@@ -23,10 +23,12 @@ struct ThresholdParams {
 // residual_out = acc - decoded(acc): acc -/+ tau for sent entries, acc itself for the rest.
 // residual_out may alias residual_in.
 //
-// Work is split into index ranges that are scanned in parallel, each keeping its own entries
-// (at most `capacity`, since more can never be sent); the ranges are then concatenated in
-// order up to capacity. On a non-finite acc the status names its flat index; packed and
-// residual_out are then unspecified. Requires 1 <= n < 2^31 (the caller validates).
+// Two passes over index ranges run in parallel: the first writes acc to residual_out and counts
+// the entries of each 64-element block; the second revisits only blocks with entries and
+// writes them at the range's prefix offset (no per-entry allocation, so high densities stay
+// cheap). The split depends on n only, so the bytes never depend on the runner. On a
+// non-finite acc the status names its flat index; packed and residual_out are then
+// unspecified. Requires 1 <= n < 2^31 (the caller validates).
 QuantizeStatus ThresholdCompress(const float* x, const float* residual_in, int64_t n,
                                  const ThresholdParams& params, uint32_t* packed,
                                  float* residual_out, const TaskRunner& run = RunTasksSerially);
