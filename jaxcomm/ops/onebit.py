@@ -1,0 +1,105 @@
+"""OneBit compression: one-bit quantization with error feedback (C++ kernel behind XLA FFI).
+
+Seide et al.'s scheme as described by Dryden et al. (2016, §3.1): every element of
+``acc = x + residual`` becomes one bit (``acc >= 0``), decoded to the mean of its column's
+non-negative or negative values. See :mod:`jaxcomm.compressors` for the packed layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcomm import _ffi, _validate
+from jaxcomm.compressors import OneBit
+
+_ffi.register("jaxcomm_onebit_compress", "JaxcommOneBitCompress")
+_ffi.register("jaxcomm_onebit_decompress", "JaxcommOneBitDecompress")
+
+
+def _check(compressor: OneBit) -> None:
+    if not isinstance(compressor, OneBit):
+        raise TypeError(f"compressor must be jaxcomm.OneBit, got {type(compressor).__name__}")
+
+
+def _attrs(compressor: OneBit) -> dict[str, np.int64]:
+    return {
+        "column_size": np.int64(compressor.column_size),
+        "sample_size": np.int64(compressor.sample_size),
+    }
+
+
+def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax.Array, jax.Array]:
+    """Quantizes ``x + residual`` to one bit per element plus two means per column.
+
+    Usually reached through :func:`jaxcomm.ops.compress`. Column means are exact
+    (``sample_size=0``) or estimated from ``sample_size`` deterministic samples per column; a
+    sign with no values in the column (or its sample) has mean 0.0.
+
+    Args:
+      x: float32 array of any shape, 1 to 2**31 - 1 elements.
+      residual: float32 array of ``x``'s shape (the previous call's ``new_residual``).
+      compressor: the :class:`jaxcomm.OneBit` spec.
+
+    Returns:
+      ``(packed, new_residual)``: ``packed`` is uint32 of ``compressor.packed_words(x.size)``
+      words; ``new_residual = (x + residual) - decompress(packed)``, of ``x``'s shape. The
+      call fails at run time, naming the flat index, if ``x + residual`` is not finite.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxcomm
+      >>> from jaxcomm.ops import onebit
+      >>> x = jnp.array([1.0, -2.0, 3.0, -4.0])
+      >>> packed, r = onebit.compress(x, jnp.zeros_like(x), jaxcomm.OneBit(32))
+      >>> packed.tolist()[0], packed.tolist()[-1]  # used words, bits 0b0101
+      (4, 5)
+      >>> r.tolist()
+      [-1.0, 1.0, 1.0, -1.0]
+    """
+    _check(compressor)
+    x = _validate.float32_array(x, "x")
+    residual = _validate.float32_array(residual, "residual")
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+        )
+    words = compressor.packed_words(x.size)
+    packed, new_residual = jax.ffi.ffi_call(
+        "jaxcomm_onebit_compress",
+        (_ffi.result_like(x, (words,), jnp.uint32), _ffi.result_like(x, x.shape, jnp.float32)),
+        input_output_aliases={1: 1},
+    )(x, residual, **_attrs(compressor))
+    return packed, new_residual
+
+
+def decompress(packed: jax.Array, compressor: OneBit, shape: Sequence[int]) -> jax.Array:
+    """Decodes a OneBit packed buffer: each element becomes its column's mean of its sign.
+
+    Usually reached through :func:`jaxcomm.ops.decompress`.
+
+    Args:
+      packed: uint32 vector of ``compressor.packed_words(prod(shape))`` words from
+        :func:`compress`.
+      compressor: the :class:`jaxcomm.OneBit` spec that produced it.
+      shape: shape of the original ``x``.
+
+    Returns:
+      float32 array of ``shape``. A header that does not match the compressor fails at run
+      time.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxcomm
+      >>> from jaxcomm.ops import onebit
+      >>> c = jaxcomm.OneBit(32)
+      >>> x = jnp.array([1.0, -2.0, 3.0, -4.0])
+      >>> packed, _ = onebit.compress(x, jnp.zeros_like(x), c)
+      >>> onebit.decompress(packed, c, (4,)).tolist()
+      [2.0, -3.0, 2.0, -3.0]
+    """
+    _check(compressor)
+    return jax.ffi.ffi_call(
+        "jaxcomm_onebit_decompress", _ffi.result_like(packed, tuple(shape), jnp.float32)
+    )(packed, **_attrs(compressor))

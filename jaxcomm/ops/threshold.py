@@ -1,0 +1,100 @@
+"""Threshold compression: Strom's threshold quantization with error feedback (C++ kernel).
+
+As described by Dryden et al. (2016, §3.2): entries of ``acc = x + residual`` above ``tau``
+are sent as ``+tau``, below ``-tau`` as ``-tau``, each as one 32-bit word (sign bit + 31-bit
+index); the rest stay in the residual. See :mod:`jaxcomm.compressors` for the packed layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcomm import _ffi, _validate
+from jaxcomm.compressors import Threshold
+
+_ffi.register("jaxcomm_threshold_compress", "JaxcommThresholdCompress")
+_ffi.register("jaxcomm_threshold_decompress", "JaxcommThresholdDecompress")
+
+
+def _check(compressor: Threshold) -> None:
+    if not isinstance(compressor, Threshold):
+        raise TypeError(f"compressor must be jaxcomm.Threshold, got {type(compressor).__name__}")
+
+
+def compress(
+    x: jax.Array, residual: jax.Array, compressor: Threshold
+) -> tuple[jax.Array, jax.Array]:
+    """Sends the entries of ``x + residual`` beyond ``±tau`` as ``±tau``.
+
+    Usually reached through :func:`jaxcomm.ops.compress`. At most
+    ``compressor.capacity(x.size)`` entries are sent; when more pass, the lowest indices win
+    and the others stay whole in the residual.
+
+    Args:
+      x: float32 array of any shape, 1 to 2**31 - 1 elements.
+      residual: float32 array of ``x``'s shape (the previous call's ``new_residual``).
+      compressor: the :class:`jaxcomm.Threshold` spec (``tau`` is used as float32).
+
+    Returns:
+      ``(packed, new_residual)``: ``packed`` is uint32 of ``compressor.packed_words(x.size)``
+      words; ``new_residual = (x + residual) - decompress(packed)``, of ``x``'s shape. The
+      call fails at run time, naming the flat index, if ``x + residual`` is not finite.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxcomm
+      >>> from jaxcomm.ops import threshold
+      >>> x = jnp.array([0.5, 2.0, -3.0, 1.0])
+      >>> packed, r = threshold.compress(x, jnp.zeros_like(x), jaxcomm.Threshold(1.0))
+      >>> [hex(w) for w in packed.tolist()]
+      ['0x3', '0x80000001', '0x2', '0x0', '0x0']
+      >>> r.tolist()
+      [0.5, 1.0, -2.0, 1.0]
+    """
+    _check(compressor)
+    x = _validate.float32_array(x, "x")
+    residual = _validate.float32_array(residual, "residual")
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
+        )
+    words = compressor.packed_words(x.size)
+    packed, new_residual = jax.ffi.ffi_call(
+        "jaxcomm_threshold_compress",
+        (_ffi.result_like(x, (words,), jnp.uint32), _ffi.result_like(x, x.shape, jnp.float32)),
+        input_output_aliases={1: 1},
+    )(x, residual, tau=np.float32(compressor.tau))
+    return packed, new_residual
+
+
+def decompress(packed: jax.Array, compressor: Threshold, shape: Sequence[int]) -> jax.Array:
+    """Decodes a Threshold packed buffer: ``±tau`` at the sent indices, 0 elsewhere.
+
+    Usually reached through :func:`jaxcomm.ops.decompress`.
+
+    Args:
+      packed: uint32 vector of ``compressor.packed_words(prod(shape))`` words from
+        :func:`compress`.
+      compressor: the :class:`jaxcomm.Threshold` spec that produced it.
+      shape: shape of the original ``x``.
+
+    Returns:
+      float32 array of ``shape``. A header out of range, or an entry whose index is out of
+      range or not ascending, fails at run time.
+
+    Example:
+      >>> import jax.numpy as jnp, jaxcomm
+      >>> from jaxcomm.ops import threshold
+      >>> c = jaxcomm.Threshold(1.0)
+      >>> x = jnp.array([0.5, 2.0, -3.0, 1.0])
+      >>> packed, _ = threshold.compress(x, jnp.zeros_like(x), c)
+      >>> threshold.decompress(packed, c, (4,)).tolist()
+      [0.0, 1.0, -1.0, 0.0]
+    """
+    _check(compressor)
+    return jax.ffi.ffi_call(
+        "jaxcomm_threshold_decompress", _ffi.result_like(packed, tuple(shape), jnp.float32)
+    )(packed, tau=np.float32(compressor.tau))

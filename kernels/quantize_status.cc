@@ -1,0 +1,27 @@
+#include "kernels/quantize_status.h"
+
+#include <atomic>
+
+namespace jaxcomm::kernels {
+namespace {
+
+std::atomic<bool> force_portable{false};
+
+bool CpuHasAvx2() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool has_avx2 = __builtin_cpu_supports("avx2");
+  return has_avx2;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool QuantizersUseAvx2() { return CpuHasAvx2() && !force_portable.load(std::memory_order_relaxed); }
+
+void ForcePortableQuantizersForTesting(bool portable) {
+  force_portable.store(portable, std::memory_order_relaxed);
+}
+
+}  // namespace jaxcomm::kernels
