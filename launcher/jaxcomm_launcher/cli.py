@@ -106,32 +106,32 @@ def launch(
     try:
         rec = load_recipe(path, set_ or [])
     except RecipeError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     run_dir = out or default_run_dir(rec)
     try:
         if rec.backend.kind == "slurm":
             backend = make_backend(rec, run_dir)
             if dry_run:
-                console.print(backend.render(), highlight=False, markup=False, end="")
+                typer.echo(backend.render(), nl=False)  # verbatim: no wrapping, no markup
                 return
             backend.submit(console)
             return
         if dry_run:
             backend = make_backend(rec, run_dir)
-            console.print(f"# recipe {rec.name}: {rec.backend.kind}, run dir {run_dir}")
+            typer.echo(f"# recipe {rec.name}: {rec.backend.kind}, run dir {run_dir}")
             for settings in rec.variants():
                 spec = run_dir / settings.display_label() / "spec.json"
-                console.print(f"# {settings.display_label()}", highlight=False)
+                typer.echo(f"# {settings.display_label()}")
                 for line in backend.describe(spec):
-                    console.print(line, highlight=False, markup=False)
+                    typer.echo(line)
             return
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)
     except BackendError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except LaunchFailed as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=False)
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -168,12 +168,12 @@ def report(
     try:
         summary = metrics.write_summary(run_dir)
     except FileNotFoundError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     plots = metrics.draw_plots(run_dir)
     metrics.print_table(summary, console)
     for p in plots:
-        console.print(f"plot: {p}", highlight=False)
+        console.print(f"plot: {p}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

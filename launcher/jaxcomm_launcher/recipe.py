@@ -271,7 +271,7 @@ class Recipe(_Strict):
             return [self.jaxcomm]
         base = self.jaxcomm.model_dump()
         return [
-            JaxcommSettings(**{**base, **entry.model_dump(exclude_unset=True)})
+            JaxcommSettings(**{**base, **entry.model_dump(exclude_none=True)})
             for entry in self.sweep
         ]
 
@@ -365,6 +365,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
             line = f"  {field}: unknown key"
         elif etype == "missing":
             line = f"  {field}: required field is missing"
+        elif etype == "union_tag_invalid":
+            tag = (e.get("ctx") or {}).get("tag")
+            line = f"  {field}.kind: {tag!r} is not a backend"
         else:
             value = e.get("input")
             line = f"  {field}: {value!r} is not allowed ({msg})"

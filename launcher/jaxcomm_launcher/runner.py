@@ -90,6 +90,30 @@ def unavailable_reason(recipe: Recipe, settings: JaxcommSettings) -> str | None:
     )
 
 
+def run_description(recipe: Recipe) -> dict[str, Any]:
+    """Returns the skeleton of ``run.json`` (variants are appended as they run).
+
+    Args:
+        recipe: The recipe.
+
+    Returns:
+        recipe name, backend, world, job, warm-up steps, start time, empty variant list.
+
+    Example:
+        >>> run_description(Recipe(name="x", job="smoke"))["backend"]
+        'local'
+    """
+    return {
+        "recipe": recipe.name,
+        "backend": recipe.backend.kind,
+        "world": recipe.world.model_dump(),
+        "job": recipe.job_target(),
+        "warmup_steps": recipe.metrics.warmup_steps,
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "variants": [],
+    }
+
+
 def _spec(recipe: Recipe, settings: JaxcommSettings, variant_dir: pathlib.Path) -> dict[str, Any]:
     return {
         "recipe": recipe.model_dump(mode="json"),
@@ -168,15 +192,7 @@ def run_recipe(
     timeout = timeout if timeout is not None else recipe.timeout
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json"), indent=2))
-    run: dict[str, Any] = {
-        "recipe": recipe.name,
-        "backend": recipe.backend.kind,
-        "world": recipe.world.model_dump(),
-        "job": recipe.job_target(),
-        "warmup_steps": recipe.metrics.warmup_steps,
-        "started": datetime.datetime.now().isoformat(timespec="seconds"),
-        "variants": [],
-    }
+    run = run_description(recipe)
 
     def save_run() -> None:
         (run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
