@@ -63,6 +63,7 @@ def compressed_allreduce(
         axis_name,
         [x, residual],
         [(x.shape, jnp.float32), (x.shape, jnp.float32)],
+        aliases={1: 1},  # residual -> new_residual, in place when the caller donates it
         k=np.int64(algorithm.k(n)),
     )
     return summed, new_residual
