@@ -32,8 +32,13 @@ ALGORITHMS = ["psum", "ring", "topk_allgather", "gtopk", "adaptive", "onebit", "
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
     backend: dict | str
     if args.backend == "emulated":
-        backend = {"kind": "emulated", "bandwidth": args.bandwidth, "burst": "128kb",
-                   "ipc_isolation": True, "ucx_tls": "tcp"}
+        backend = {
+            "kind": "emulated",
+            "bandwidth": args.bandwidth,
+            "burst": "128kb",
+            "ipc_isolation": True,
+            "ucx_tls": "tcp",
+        }
     else:
         backend = "local"
     recipe = {
@@ -42,8 +47,14 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
         "job": "allreduce",
         "world": {"processes": args.processes, "devices_per_process": 1},
         "backend": backend,
-        "args": {"sizes": args.sizes, "repeats": args.repeats, "density": args.density,
-                 "algorithms": args.algorithms, "tau": args.tau, "proportion": args.proportion},
+        "args": {
+            "sizes": args.sizes,
+            "repeats": args.repeats,
+            "density": args.density,
+            "algorithms": args.algorithms,
+            "tau": args.tau,
+            "proportion": args.proportion,
+        },
         "timeout": args.timeout,
     }
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -89,25 +100,42 @@ def main() -> None:
     for r in records:
         grouped[(r["algorithm"], r["size_bytes"])].append(r)
     rows = []
-    for (algorithm, size_bytes), rs in sorted(grouped.items(), key=lambda kv: (kv[0][1], ALGORITHMS.index(kv[0][0]))):
+    for (algorithm, size_bytes), rs in sorted(
+        grouped.items(), key=lambda kv: (kv[0][1], ALGORITHMS.index(kv[0][0]))
+    ):
         times = [r["step_time_s"] for r in rs]
-        rows.append({
-            "algorithm": algorithm, "size_bytes": size_bytes, "elements": size_bytes // 4,
-            "median_s": statistics.median(times), "times_s": times,
-            "bytes_sent": statistics.median(r["bytes_sent"] for r in rs),
-            "bytes_received": statistics.median(r["bytes_received"] for r in rs),
-        })
+        rows.append(
+            {
+                "algorithm": algorithm,
+                "size_bytes": size_bytes,
+                "elements": size_bytes // 4,
+                "median_s": statistics.median(times),
+                "times_s": times,
+                "bytes_sent": statistics.median(r["bytes_sent"] for r in rs),
+                "bytes_received": statistics.median(r["bytes_received"] for r in rs),
+            }
+        )
     psum = {r["size_bytes"]: r["median_s"] for r in rows if r["algorithm"] == "psum"}
     print(f"\n{tag}: P={args.processes}, density={args.density}, repeats={args.repeats}")
-    print(f"{'elements':>10s} {'algorithm':16s} {'median ms':>10s} {'sent MB/rank':>13s} {'vs psum':>9s}")
+    print(
+        f"{'elements':>10s} {'algorithm':16s} {'median ms':>10s} {'sent MB/rank':>13s} {'vs psum':>9s}"
+    )
     for r in rows:
         speedup = psum.get(r["size_bytes"], float("nan")) / r["median_s"]
         r["speedup_vs_psum"] = speedup
-        print(f"{r['elements']:10d} {r['algorithm']:16s} {r['median_s'] * 1e3:10.2f} "
-              f"{r['bytes_sent'] / 1e6:13.3f} {speedup:8.2f}x")
-    result = {"backend": args.backend, "bandwidth": args.bandwidth if args.backend == "emulated" else None,
-              "processes": args.processes, "density": args.density, "repeats": args.repeats,
-              "wall_s": wall, "rows": rows}
+        print(
+            f"{r['elements']:10d} {r['algorithm']:16s} {r['median_s'] * 1e3:10.2f} "
+            f"{r['bytes_sent'] / 1e6:13.3f} {speedup:8.2f}x"
+        )
+    result = {
+        "backend": args.backend,
+        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
+        "processes": args.processes,
+        "density": args.density,
+        "repeats": args.repeats,
+        "wall_s": wall,
+        "rows": rows,
+    }
     json_path = args.out / f"{tag}.json"
     json_path.write_text(json.dumps(result, indent=2))
     try:
@@ -118,9 +146,11 @@ def main() -> None:
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for algorithm in ALGORITHMS:
-            pts = [(r["elements"], r["median_s"] * 1e3) for r in rows if r["algorithm"] == algorithm]
+            pts = [
+                (r["elements"], r["median_s"] * 1e3) for r in rows if r["algorithm"] == algorithm
+            ]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=algorithm)
+                ax.plot(*zip(*pts, strict=True), marker="o", label=algorithm)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("float32 elements per rank")

@@ -128,7 +128,10 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(
         [*jaxcomm_cmd(), "launch", str(recipe), "--out", str(out)],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (out / "dense" / "rank1.jsonl").exists():
@@ -173,8 +176,16 @@ def test_digits_dense_short(tmp_path):
     pytest.importorskip("sklearn")
     out = tmp_path / "run"
     res = run_cli(
-        "launch", str(ROOT / "recipes" / "digits-dense.yaml"), "--out", str(out), "-q",
-        "--set", "train.steps=60", "--set", "train.eval_every=20", cwd=tmp_path,
+        "launch",
+        str(ROOT / "recipes" / "digits-dense.yaml"),
+        "--out",
+        str(out),
+        "-q",
+        "--set",
+        "train.steps=60",
+        "--set",
+        "train.eval_every=20",
+        cwd=tmp_path,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((out / "summary.json").read_text())
@@ -187,11 +198,19 @@ def test_compare_sweep_skips_unavailable_with_warning(tmp_path):
     pytest.importorskip("sklearn")
     out = tmp_path / "run"
     res = run_cli(
-        "launch", str(ROOT / "recipes" / "digits-compare.yaml"), "--out", str(out), "-q",
-        "--set", "train.steps=10", cwd=tmp_path,
+        "launch",
+        str(ROOT / "recipes" / "digits-compare.yaml"),
+        "--out",
+        str(out),
+        "-q",
+        "--set",
+        "train.steps=10",
+        cwd=tmp_path,
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    statuses = {v["label"]: v["status"] for v in json.loads((out / "summary.json").read_text())["variants"]}
+    statuses = {
+        v["label"]: v["status"] for v in json.loads((out / "summary.json").read_text())["variants"]
+    }
     assert statuses["dense"] == "ok"
     if os.environ.get("JAXCOMM_HAS_OPTAX") is None:
         try:

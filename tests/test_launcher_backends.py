@@ -14,8 +14,10 @@ from launcher_helpers import ROOT, run_cli, worker_pids, write_recipe
 GOLDEN = pathlib.Path(__file__).with_name("golden") / "slurm_digits_compare.sbatch"
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None,
-                    reason="mpirun not installed (Debian: apt-get install openmpi-bin)")
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None,
+    reason="mpirun not installed (Debian: apt-get install openmpi-bin)",
+)
 def test_mpirun_backend_two_ranks(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", backend={"kind": "mpirun"})
     out = tmp_path / "run"
@@ -29,11 +31,15 @@ def test_mpirun_backend_two_ranks(tmp_path):
     assert not worker_pids(str(out))
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None,
-                    reason="mpirun not installed (Debian: apt-get install openmpi-bin)")
+@pytest.mark.skipif(
+    shutil.which("mpirun") is None,
+    reason="mpirun not installed (Debian: apt-get install openmpi-bin)",
+)
 def test_mpirun_failing_rank_is_named(tmp_path):
     recipe = write_recipe(
-        tmp_path / "r.yaml", backend={"kind": "mpirun"}, train={"steps": 400},
+        tmp_path / "r.yaml",
+        backend={"kind": "mpirun"},
+        train={"steps": 400},
         args={"fail_rank": 1, "fail_at_step": 1, "sleep_s": 0.05},
     )
     out = tmp_path / "run"
@@ -49,9 +55,14 @@ def render_golden_recipe() -> str:
 
     recipe = load_recipe(
         ROOT / "recipes" / "digits-compare.yaml",
-        ["backend.kind=slurm", "backend.nodes=2", "backend.partition=cpu",
-         "backend.setup=['module load python/3.11', 'source ~/venv/bin/activate']",
-         "world.processes=4", "env.XLA_FLAGS=--xla_cpu_multi_thread_eigen=false"],
+        [
+            "backend.kind=slurm",
+            "backend.nodes=2",
+            "backend.partition=cpu",
+            "backend.setup=['module load python/3.11', 'source ~/venv/bin/activate']",
+            "world.processes=4",
+            "env.XLA_FLAGS=--xla_cpu_multi_thread_eigen=false",
+        ],
     )
     return SlurmBackendRunner(recipe, pathlib.Path("/scratch/runs/cmp")).render()
 
@@ -79,7 +90,9 @@ def test_slurm_dry_run_prints_script_and_launch_needs_sbatch(tmp_path):
 def test_dry_run_of_other_backends_starts_nothing(tmp_path):
     for backend in ("local", "mpirun", "emulated"):
         recipe = write_recipe(tmp_path / "r.yaml", backend=backend)
-        res = run_cli("launch", str(recipe), "--dry-run", "--out", str(tmp_path / "x"), cwd=tmp_path)
+        res = run_cli(
+            "launch", str(recipe), "--dry-run", "--out", str(tmp_path / "x"), cwd=tmp_path
+        )
         assert res.returncode == 0, res.stderr
         assert "jaxcomm_launcher.worker" in res.stdout
         assert not (tmp_path / "x").exists()
@@ -103,12 +116,15 @@ def _namespaces() -> set[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
-                    reason="the emulated backend needs root and iproute2")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None,
+    reason="the emulated backend needs root and iproute2",
+)
 def test_emulated_backend_creates_and_removes_two_namespaces(tmp_path):
     before = _namespaces()
     recipe = write_recipe(
-        tmp_path / "r.yaml", backend={"kind": "emulated", "bandwidth": "1gbit"},
+        tmp_path / "r.yaml",
+        backend={"kind": "emulated", "bandwidth": "1gbit"},
         args={"size": 262144},
     )
     out = tmp_path / "run"
@@ -122,7 +138,9 @@ def test_emulated_backend_creates_and_removes_two_namespaces(tmp_path):
 
     # A failing rank must also leave nothing behind.
     recipe = write_recipe(
-        tmp_path / "r2.yaml", backend="emulated", train={"steps": 100},
+        tmp_path / "r2.yaml",
+        backend="emulated",
+        train={"steps": 100},
         args={"fail_rank": 0, "fail_at_step": 1},
     )
     res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run2"), cwd=tmp_path)

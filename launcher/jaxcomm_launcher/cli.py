@@ -83,7 +83,9 @@ def launch(
     ] = False,
     set_: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a recipe field: --set world.processes=4 (repeatable)."),
+        typer.Option(
+            "--set", help="Override a recipe field: --set world.processes=4 (repeatable)."
+        ),
     ] = None,
     out: Annotated[
         pathlib.Path | None, typer.Option("--out", help="Run directory (default runs/NAME-TIME).")
@@ -131,7 +133,9 @@ def launch(
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except LaunchFailed as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {exc}", highlight=False, markup=False, soft_wrap=True
+        )
         raise typer.Exit(exc.exit_code) from None
 
 

@@ -67,8 +67,12 @@ class MetricsLogger:
             raise RuntimeError("MetricsLogger is closed")
         if not force and step % self.log_every:
             return
-        record = {"step": int(step), "rank": self.rank, "variant": self.variant,
-                  "time": time.time()}
+        record = {
+            "step": int(step),
+            "rank": self.rank,
+            "variant": self.variant,
+            "time": time.time(),
+        }
         record.update({k: _jsonable(v) for k, v in fields.items()})
         self._file.write(json.dumps(record) + "\n")
 

@@ -160,8 +160,18 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
         title=f"{summary.get('recipe')} · {summary.get('backend')} · "
         f"{world.get('processes', '?')} processes × {world.get('devices_per_process', '?')} devices"
     )
-    for col in ("run", "status", "steps", "loss", "acc", "test acc", "step ms",
-                "coll ms", "MB/step", "wall s"):
+    for col in (
+        "run",
+        "status",
+        "steps",
+        "loss",
+        "acc",
+        "test acc",
+        "step ms",
+        "coll ms",
+        "MB/step",
+        "wall s",
+    ):
         table.add_column(col, justify="left" if col in ("run", "status") else "right")
     for v in summary.get("variants", []):
         status = v.get("status", "?")
@@ -174,9 +184,16 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
             _fmt(v.get("final_loss"), ".4f"),
             _fmt(v.get("final_accuracy"), ".3f"),
             _fmt(v.get("final_test_accuracy"), ".3f"),
-            _fmt(None if v.get("median_step_time_s") is None else v["median_step_time_s"] * 1e3, ".2f"),
-            _fmt(None if v.get("median_collective_time_s") is None
-                 else v["median_collective_time_s"] * 1e3, ".2f"),
+            _fmt(
+                None if v.get("median_step_time_s") is None else v["median_step_time_s"] * 1e3,
+                ".2f",
+            ),
+            _fmt(
+                None
+                if v.get("median_collective_time_s") is None
+                else v["median_collective_time_s"] * 1e3,
+                ".2f",
+            ),
             _fmt(None if mb is None else mb / 1e6, ".3f"),
             _fmt(v.get("wall_s"), ".1f"),
         )
@@ -260,8 +277,11 @@ def draw_plots(run_dir: pathlib.Path) -> list[pathlib.Path]:
                     by_size.setdefault(r["size_bytes"], []).append(r["algbw_gbps"])
             sizes = sorted(by_size)
             ax.plot(sizes, [statistics.median(by_size[s]) for s in sizes], marker="o", label=label)
-        ax.set(xlabel="message size (bytes)", ylabel="algorithm bandwidth (Gbit/s)",
-               title=f"{title}: allreduce")
+        ax.set(
+            xlabel="message size (bytes)",
+            ylabel="algorithm bandwidth (Gbit/s)",
+            title=f"{title}: allreduce",
+        )
         ax.set_xscale("log")
         ax.grid(alpha=0.3)
         ax.legend()

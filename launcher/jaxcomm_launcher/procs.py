@@ -292,7 +292,9 @@ class Supervisor:
                 if timeout is not None and elapsed > timeout:
                     self.stop_all()
                     return Outcome(
-                        ok=False, reason="timeout", detail=f"the run exceeded its {timeout:g} s timeout"
+                        ok=False,
+                        reason="timeout",
+                        detail=f"the run exceeded its {timeout:g} s timeout",
                     )
                 if on_tick and elapsed - last_tick >= 1.0:
                     last_tick = elapsed

@@ -65,7 +65,9 @@ class EmulatedBackend(_Strict):
     kind: Literal["emulated"] = "emulated"
     bandwidth: str = Field("1gbit", description="tc rate per link, e.g. 1gbit, 500mbit")
     burst: str = Field("128kb", description="tbf burst; below 128kb the CPU becomes the bottleneck")
-    subnet: str = Field("10.77.0.0/24", description="private IPv4 subnet used inside the namespaces")
+    subnet: str = Field(
+        "10.77.0.0/24", description="private IPv4 subnet used inside the namespaces"
+    )
     ipc_isolation: bool = Field(True, description="run each rank under `unshare --ipc`")
     ucx_tls: str | None = Field("tcp", description="UCX_TLS for the ranks (None: leave unset)")
 

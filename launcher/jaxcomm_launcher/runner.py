@@ -136,7 +136,10 @@ def _failed_rank(outcome: Outcome, variant_dir: pathlib.Path) -> int | None:
             continue
         if not status.get("ok"):
             errors.append((path.stat().st_mtime, int(status["rank"])))
-    if outcome.failed_rank is not None and not (variant_dir / f"rank{outcome.failed_rank}.status.json").exists():
+    if (
+        outcome.failed_rank is not None
+        and not (variant_dir / f"rank{outcome.failed_rank}.status.json").exists()
+    ):
         return outcome.failed_rank
     if errors:
         return min(errors)[1]
@@ -224,8 +227,10 @@ def run_recipe(
                 variant_dir.mkdir(exist_ok=True)
                 spec_path = variant_dir / "spec.json"
                 spec_path.write_text(json.dumps(_spec(recipe, settings, variant_dir), indent=2))
-                console.rule(f"[bold]{recipe.name}[/] · {label} · {recipe.backend.kind} · "
-                             f"{recipe.world.processes} processes")
+                console.rule(
+                    f"[bold]{recipe.name}[/] · {label} · {recipe.backend.kind} · "
+                    f"{recipe.world.processes} processes"
+                )
                 sup = Supervisor(console, variant_dir, quiet=quiet)
                 t0 = time.monotonic()
                 remaining = None if deadline is None else max(0.0, deadline - t0)
@@ -247,8 +252,11 @@ def run_recipe(
                     save_run()
                     continue
                 failure = _failure(outcome, variant_dir, label, sup, recipe)
-                entry.update(status=outcome.reason, reason=str(failure).splitlines()[0],
-                             failed_rank=_failed_rank(outcome, variant_dir))
+                entry.update(
+                    status=outcome.reason,
+                    reason=str(failure).splitlines()[0],
+                    failed_rank=_failed_rank(outcome, variant_dir),
+                )
                 save_run()
                 break
     except Interrupted:

@@ -92,9 +92,16 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()
         sys.stdout.flush()
         try:
-            _write_status(run_dir, rank, {"rank": rank, "ok": False,
-                                          "error": f"{type(exc).__name__}: {exc}",
-                                          "traceback": tb})
+            _write_status(
+                run_dir,
+                rank,
+                {
+                    "rank": rank,
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": tb,
+                },
+            )
         except OSError:
             pass
         # os._exit skips jax.distributed's atexit shutdown, whose barrier would wait for the
@@ -133,8 +140,9 @@ def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> N
             initialization_timeout=int(os.environ.get("JAXCOMM_INIT_TIMEOUT", "120")),
         )
     job = resolve_job(spec["job"])
-    metrics = MetricsLogger(run_dir / f"rank{rank}.jsonl", rank, spec["variant"],
-                            recipe.metrics.log_every)
+    metrics = MetricsLogger(
+        run_dir / f"rank{rank}.jsonl", rank, spec["variant"], recipe.metrics.log_every
+    )
     ctx = JobContext(
         rank=rank,
         world_size=size,

@@ -209,8 +209,9 @@ class EmulatedBackendRunner:
         """
         env = base_env(self.recipe)
         for rank in range(self.recipe.world.processes):
-            supervisor.start(self.rank_command(rank, spec_path), {**env, **self._rank_env(rank)},
-                             rank=rank)
+            supervisor.start(
+                self.rank_command(rank, spec_path), {**env, **self._rank_env(rank)}, rank=rank
+            )
 
     def describe(self, spec_path: pathlib.Path) -> list[str]:
         """Returns set-up commands and rank commands (for ``--dry-run``)."""
@@ -219,6 +220,7 @@ class EmulatedBackendRunner:
             shell_join(self.rank_command(r, spec_path), self._rank_env(r)) + " &"
             for r in range(self.recipe.world.processes)
         ]
-        lines.append(f"# tear-down: ip netns del {' '.join(self.namespaces)}; "
-                     f"ip link del {self.bridge}")
+        lines.append(
+            f"# tear-down: ip netns del {' '.join(self.namespaces)}; ip link del {self.bridge}"
+        )
         return lines

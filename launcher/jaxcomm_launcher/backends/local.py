@@ -68,6 +68,5 @@ class LocalBackendRunner:
     def describe(self, spec_path: pathlib.Path) -> list[str]:
         """Returns the shell lines that ``start`` would run (for ``--dry-run``)."""
         return [
-            shell_join(worker_command(spec_path), extra) + " &"
-            for extra in self._rank_envs(29500)
+            shell_join(worker_command(spec_path), extra) + " &" for extra in self._rank_envs(29500)
         ]

@@ -128,11 +128,15 @@ class MpirunBackendRunner:
         env_names = ["JAXCOMM_COORDINATOR", "PYTHONUNBUFFERED", "PYTHONPATH", *self.recipe.env]
         cmd = [
             mpirun,
-            "--hostfile", str(self.hostfile(write)),
-            "-np", str(self.recipe.world.processes),
+            "--hostfile",
+            str(self.hostfile(write)),
+            "-np",
+            str(self.recipe.world.processes),
             # Ranks wait for each other inside collectives; yielding leaves the 2 cores to
             # whichever rank has work (DESIGN.md §5).
-            "--mca", "mpi_yield_when_idle", "1",
+            "--mca",
+            "mpi_yield_when_idle",
+            "1",
             "--tag-output",
         ]
         if os.geteuid() == 0:

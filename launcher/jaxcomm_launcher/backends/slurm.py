@@ -89,7 +89,9 @@ class SlurmBackendRunner:
         for k, v in r.env.items():
             lines.append(f"export {k}={shlex.quote(v)}")
         if r.pythonpath:
-            lines.append(f'export PYTHONPATH={shlex.quote(":".join(r.pythonpath))}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+            lines.append(
+                f'export PYTHONPATH={shlex.quote(":".join(r.pythonpath))}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+            )
         lines += [
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
             f'export JAXCOMM_COORDINATOR="${{head_node}}:{o.port}"',
@@ -125,9 +127,16 @@ class SlurmBackendRunner:
         for settings in self.recipe.variants():
             vdir = self.run_dir / settings.display_label()
             vdir.mkdir(exist_ok=True)
-            (vdir / "spec.json").write_text(json.dumps(_spec(self.recipe, settings, vdir), indent=2))
-            run["variants"].append({"label": settings.display_label(), "status": "submitted",
-                                    "jaxcomm": settings.model_dump()})
+            (vdir / "spec.json").write_text(
+                json.dumps(_spec(self.recipe, settings, vdir), indent=2)
+            )
+            run["variants"].append(
+                {
+                    "label": settings.display_label(),
+                    "status": "submitted",
+                    "jaxcomm": settings.model_dump(),
+                }
+            )
         (self.run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
         path = self.run_dir / "job.sbatch"
         path.write_text(self.render())

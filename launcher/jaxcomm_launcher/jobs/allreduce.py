@@ -26,7 +26,12 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm_launcher.context import JobContext
-from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh, ring_allreduce_bytes, shard_batch
+from jaxcomm_launcher.jobs._common import (
+    AXIS,
+    data_parallel_mesh,
+    ring_allreduce_bytes,
+    shard_batch,
+)
 
 DEFAULT_SIZES = [1 << 20, 1 << 22, 25_000_000]
 ALL_ALGORITHMS = ["psum", "ring", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
