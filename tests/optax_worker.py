@@ -166,7 +166,7 @@ def convergence(devices: int, out: str, epochs: int) -> tuple[dict, dict]:
         "dense": {"algorithm": "dense"},
         "gtopk": {"algorithm": "gtopk", "density": 0.01, "warmup": True},
         "topk_allgather": {"algorithm": "topk_allgather", "density": 0.01, "warmup": True},
-        "adaptive": {"algorithm": "adaptive"},
+        "adaptive": {"algorithm": "adaptive", "proportion": 16.0},
     }
     info: dict = {}
     for name, cfg in runs.items():

@@ -61,7 +61,9 @@ class DigitsConfig:
       hidden: MLP hidden width (CNN: channels of the second conv layer).
       seed: parameter initialization and batch order (identical on every process).
       eval_every: steps between test-accuracy evaluations (the last step is always one).
-      proportion: π of ``adaptive`` (about 1/π of each sign's values sent per column).
+      proportion: π of ``adaptive`` (about 1/π of each sign's values sent per column); 16
+        keeps the 4810-parameter MLP within 0.4 points of dense in 20 epochs, 64 does not
+        (91 %: too few entries per step for so small a model).
       tau: threshold of ``threshold``.
       bucket_size: most elements per collective call.
     """
@@ -78,7 +80,7 @@ class DigitsConfig:
     hidden: int = 64
     seed: int = 0
     eval_every: int = 25
-    proportion: float = 64.0
+    proportion: float = 16.0
     tau: float = 0.001
     bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
 
