@@ -5,7 +5,7 @@ Example:
   >>> values, indices = jaxcomm.ops.topk_abs(jnp.array([1.0, -4.0, 2.0]), 1)
 """
 
-from jaxcomm import ops
+from jaxcomm import ops, optax
 from jaxcomm.collectives import allreduce, compressed_allreduce
 from jaxcomm.compressors import (
     Adaptive,
@@ -33,5 +33,6 @@ __all__ = [
     "compressed_allreduce",
     "metrics",
     "ops",
+    "optax",
     "reset_metrics",
 ]

@@ -1,0 +1,1 @@
+"""Runnable examples of jaxcomm (importable, e.g. as launcher jobs)."""

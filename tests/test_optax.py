@@ -1,0 +1,189 @@
+"""jaxcomm.optax.allreduce_gradients and the digits example, over 4 CPU devices.
+
+Multi-device cases run in a subprocess (tests/optax_worker.py), because the device count must
+be set before JAX initializes; each worker mode runs once per session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+WORKER = pathlib.Path(__file__).with_name("optax_worker.py")
+DEVICES = 4
+CONVERGENCE_EPOCHS = 20
+ACCURACY_BOUND = 0.015  # compressed runs must end within 1.5 points of dense
+_runs: dict = {}
+
+
+@pytest.fixture(scope="session")
+def worker(tmp_path_factory):
+    def run(mode: str) -> tuple[dict, dict]:
+        if mode not in _runs:
+            out = tmp_path_factory.mktemp(f"optax-{mode}")
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env.pop("XLA_FLAGS", None)
+            proc = subprocess.run(
+                [sys.executable, str(WORKER), "--mode", mode, "--devices", str(DEVICES),
+                 "--epochs", str(CONVERGENCE_EPOCHS), "--out", str(out)],
+                capture_output=True, text=True, timeout=280, env=env,
+            )
+            if proc.returncode != 0:
+                _runs[mode] = proc.stdout[-4000:] + proc.stderr[-6000:]
+            else:
+                with np.load(out / f"{mode}.npz") as data:
+                    arrays = {k: data[k] for k in data.files}
+                _runs[mode] = (arrays, json.loads((out / f"{mode}.json").read_text()))
+        if isinstance(_runs[mode], str):
+            pytest.fail(f"optax worker ({mode}) failed:\n{_runs[mode]}")
+        return _runs[mode]
+
+    return run
+
+
+@pytest.mark.parametrize("mean", [True, False], ids=["mean", "sum"])
+def test_dense_equals_pmean(worker, mean):
+    arrays, info = worker("unit")
+    keys = [k for k in arrays if k.startswith(f"dense/{mean}/") and k.endswith("/ours")]
+    assert len(keys) == 3 * 4  # 3 steps x 4 leaves (one a scalar), over several buckets
+    for key in keys:
+        ours, ref = arrays[key], arrays[key[: -len("ours")] + "ref"]
+        assert ours.shape == ref.shape and ours.dtype == np.float32
+        np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-7, err_msg=key)
+    assert info[f"dense/{mean}/traces"] == 1
+    assert info[f"dense/{mean}/count"] == 3
+
+
+@pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather"])
+def test_residuals_have_the_gradient_structure_and_no_retracing(worker, algorithm):
+    _, info = worker("unit")
+    assert info[f"{algorithm}/residual_tree_equal"]
+    for leaf, d in info[f"{algorithm}/local_residual_shapes"].items():
+        # Inside shard_map a rank's residual has the gradient's shape (scalars: (1,)).
+        assert d["local_shape"] == (d["param_shape"] or [1]), leaf
+        assert d["dtype"] == d["param_dtype"] == "float32", leaf
+        assert d["spec"].startswith("P('dp'"), leaf  # per rank, never replicated
+    # Five steps with fresh batches and evolving residuals: traced and compiled once.
+    assert info[f"{algorithm}/traces"] == 1
+    assert info[f"{algorithm}/cache_size"] == 1
+
+
+@pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather"])
+def test_error_feedback_conserves_the_gradient_sum(worker, algorithm):
+    arrays, _ = worker("unit")
+    for step in range(5):
+        for leaf in ("w1", "b1", "w2", "scale"):
+            k = f"{algorithm}/{step}/{leaf}"
+            grads = arrays[f"{k}/grads"].astype(np.float64)  # (ranks, *shape)
+            shape = grads.shape
+            r_in = arrays[f"{k}/r_in"].reshape(shape).astype(np.float64)
+            r_out = arrays[f"{k}/r_out"].reshape(shape).astype(np.float64)
+            update = arrays[f"{k}/update"].reshape(shape[1:]).astype(np.float64)
+            np.testing.assert_allclose(
+                (grads + r_in).sum(0), update + r_out.sum(0), rtol=1e-5, atol=1e-6, err_msg=k
+            )
+            if step:  # something was held back and is carried to the next step
+                assert np.any(arrays[f"{k}/r_in"]) or leaf == "scale"
+        # w1 is a bucket of its own: k = ceil(0.05 * 1200) = 60 entries per rank at most.
+        assert np.count_nonzero(arrays[f"{algorithm}/{step}/w1/update"]) <= DEVICES * 60
+
+
+def test_density_schedule_switches_without_recompiling(worker):
+    _, info = worker("unit")
+    s = info["schedule"]
+    assert s["traces"] == 1 and s["cache_size"] == 1
+    n = s["n"]
+    ks = [max(1, int(np.ceil(d * n))) for d in s["densities"]]
+    # gTop-k keeps exactly the phase's k entries of the summed gradient.
+    assert s["nnz"] == ks
+    sent = s["bytes_sent"]
+    assert sent[0] == sent[1] > sent[2] == sent[3] > sent[4] == sent[5] > 0
+
+
+def test_checkpoint_round_trip_continues_bit_identically(worker):
+    _, info = worker("unit")
+    assert info["restored_count"] == 6
+    assert info["checkpoint_residual_nonzero"]  # the residuals were really restored
+    assert info["checkpoint_leaves"] > 4
+    assert info["checkpoint_identical"]
+
+
+@pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather", "adaptive"])
+def test_digits_mlp_compressed_accuracy_is_close_to_dense(worker, algorithm):
+    _, info = worker("convergence")
+    dense = info["dense"]
+    assert dense["test_accuracy"] > 0.93, dense
+    run = info[algorithm]
+    if "unsupported" in run:
+        pytest.skip(f"{algorithm}: jaxcomm.compressed_allreduce does not accept it in this "
+                    f"build ({run['unsupported']})")
+    assert run["test_accuracy"] >= dense["test_accuracy"] - ACCURACY_BOUND, (run, dense)
+    assert run["compilations"] == 1
+    assert 0 < run["bytes_sent_per_step"] < dense["bytes_sent_per_step"], (run, dense)
+
+
+def test_hierarchical_is_passed_on_or_refused_clearly():
+    import inspect
+
+    import jaxcomm
+    from jaxcomm.optax import allreduce_gradients
+
+    for compressor, fn in ((None, jaxcomm.allreduce),
+                           (jaxcomm.GTopK(0.01), jaxcomm.compressed_allreduce)):
+        if "hierarchical" in inspect.signature(fn).parameters:
+            tx = allreduce_gradients(("node", "local"), compressor, hierarchical=True)
+            assert callable(tx.update)
+        else:
+            with pytest.raises(NotImplementedError, match="hierarchical"):
+                allreduce_gradients("dp", compressor, hierarchical=True)
+
+
+def test_bad_schedules_are_refused():
+    import jaxcomm
+    from jaxcomm.optax import allreduce_gradients
+
+    with pytest.raises(ValueError, match="needs a compressor"):
+        allreduce_gradients("dp", None, density_schedule={0: 0.1})
+    with pytest.raises(ValueError, match="with a density"):
+        allreduce_gradients("dp", jaxcomm.Adaptive(), density_schedule={0: 0.1})
+    with pytest.raises(ValueError, match="distinct"):
+        allreduce_gradients("dp", jaxcomm.GTopK(0.01), density_schedule=[(0, 0.1), (0, 0.2)])
+    with pytest.raises(ValueError, match="density must be in"):
+        allreduce_gradients("dp", jaxcomm.GTopK(0.01), density_schedule={0: 1.5})
+    with pytest.raises(ValueError, match="bucket_size"):
+        allreduce_gradients("dp", None, bucket_size=0)
+
+
+def test_warmup_schedule_and_buckets():
+    from jaxcomm.optax import _buckets, gtopk_warmup_schedule
+
+    assert gtopk_warmup_schedule(23, 0.001) == {
+        0: 0.25, 23: 0.0725, 46: 0.015, 69: 0.004, 92: 0.001}
+    assert gtopk_warmup_schedule(10, 0.01) == {0: 0.25, 10: 0.0725, 20: 0.015, 30: 0.01}
+    # Consecutive leaves fill a bucket; a leaf larger than a bucket stands alone; empty
+    # leaves need no collective.
+    assert _buckets([3, 4, 0, 10, 2, 2], 8) == [[0, 1], [3], [4, 5]]
+
+
+def test_digits_config_from_a_launcher_context():
+    from jaxcomm.examples.digits import _config_from
+
+    ctx = types.SimpleNamespace(
+        train=types.SimpleNamespace(steps=40, batch_size=32, learning_rate=0.1, momentum=0.0,
+                                    hidden=16, eval_every=5, seed=3),
+        jaxcomm=types.SimpleNamespace(algorithm="topk", density=0.005, hierarchical=False),
+        args={"model": "cnn"},
+    )
+    cfg = _config_from(ctx, {"warmup": False})
+    assert (cfg.algorithm, cfg.density, cfg.model, cfg.steps, cfg.batch_size) == (
+        "topk_allgather", 0.005, "cnn", 40, 32)
+    assert cfg.warmup is False and cfg.seed == 3
+    with pytest.raises(TypeError, match="unknown digits settings"):
+        _config_from(None, {"epoch": 3})
