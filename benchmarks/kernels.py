@@ -44,7 +44,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=25_000_000)
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/kernels.json"))
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/kernels.json")
+    )
     args = parser.parse_args()
     if args.repeats < 5:
         parser.error("--repeats must be >= 5 (medians of fewer runs are noise)")
@@ -55,19 +57,36 @@ def main() -> None:
     zeros = jnp.zeros_like(x)
     rows: list[dict] = []
 
-    def record(group: str, name: str, fn: Callable[[], object], baseline: str | None = None) -> None:
+    def record(
+        group: str, name: str, fn: Callable[[], object], baseline: str | None = None
+    ) -> None:
         median, times = median_seconds(fn, args.repeats)
-        rows.append({"group": group, "name": name, "median_s": median, "times_s": times,
-                     "gbps": 4 * n / median / 1e9, "baseline": baseline})
-        print(f"  {group:10s} {name:34s} {median * 1e3:9.2f} ms  {4 * n / median / 1e9:7.2f} GB/s", flush=True)
+        rows.append(
+            {
+                "group": group,
+                "name": name,
+                "median_s": median,
+                "times_s": times,
+                "gbps": 4 * n / median / 1e9,
+                "baseline": baseline,
+            }
+        )
+        print(
+            f"  {group:10s} {name:34s} {median * 1e3:9.2f} ms  {4 * n / median / 1e9:7.2f} GB/s",
+            flush=True,
+        )
 
     print(f"n = {n}, k = {k}, repeats = {args.repeats}, devices = {jax.devices()}")
     topk_jaxcomm = jax.jit(jaxcomm.ops.topk_abs, static_argnums=1)
     topk_lax = jax.jit(lambda v: jax.lax.top_k(jnp.abs(v), k))
     record("topk", "jaxcomm.ops.topk_abs", lambda: topk_jaxcomm(x, k))
     record("topk", "lax.top_k(jnp.abs(x), k)", lambda: topk_lax(x), baseline="lax")
-    record("topk", "numpy argpartition", lambda: np.argpartition(np.abs(x_np), n - k)[n - k :],
-           baseline="numpy")
+    record(
+        "topk",
+        "numpy argpartition",
+        lambda: np.argpartition(np.abs(x_np), n - k)[n - k :],
+        baseline="numpy",
+    )
 
     copy_dst = np.empty_like(x_np)
     record("quantize", "memcpy (np.copyto)", lambda: np.copyto(copy_dst, x_np), baseline="copy")
@@ -92,7 +111,9 @@ def main() -> None:
     summary = {
         "topk_speedup_vs_lax": lax_row["median_s"] / ours["median_s"],
         "quantizer_fraction_of_copy_bandwidth": {
-            r["name"]: r["gbps"] / copy_row["gbps"] for r in rows if r["name"].startswith("compress")
+            r["name"]: r["gbps"] / copy_row["gbps"]
+            for r in rows
+            if r["name"].startswith("compress")
         },
     }
     print()
@@ -104,11 +125,21 @@ def main() -> None:
             rel = f"{r['gbps'] / copy_row['gbps']:.2f} of copy"
         print(f"{r['name']:44s} {r['median_s'] * 1e3:10.2f} {r['gbps']:8.2f} {rel:>12s}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "n": n, "k": k, "density": args.density, "repeats": args.repeats,
-        "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
-        "jax": jax.__version__, "rows": rows, "summary": summary,
-    }, indent=2))
+    args.out.write_text(
+        json.dumps(
+            {
+                "n": n,
+                "k": k,
+                "density": args.density,
+                "repeats": args.repeats,
+                "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
+                "jax": jax.__version__,
+                "rows": rows,
+                "summary": summary,
+            },
+            indent=2,
+        )
+    )
     print(f"\nwrote {args.out}")
 
 

@@ -15,6 +15,9 @@ namespace jaxcomm::collectives {
 namespace {
 
 constexpr char kAllreduceOp[] = "jaxcomm.allreduce";
+// Chunks travel in up to kMaxSegments segments of at least kMinSegmentElements floats.
+constexpr int64_t kMaxSegments = 16;
+constexpr int64_t kMinSegmentElements = 1 << 17;
 
 int64_t ChunkBegin(int64_t n, int parts, int chunk) {
   return chunk * (n / parts) + std::min<int64_t>(chunk, n % parts);
@@ -32,46 +35,82 @@ ffi::Error CheckReceived(const Group& group, size_t got, size_t expected, int fr
 
 // In-place ring allreduce of data[0, n) across the group. Every rank ends with bit-identical
 // sums: each chunk is reduced in one fixed order, then copied around the ring.
+//
+// Pipelined: the chunk a rank sends at step s + 1 is the chunk it received (and reduced) at
+// step s, so each chunk travels in segments and a segment is forwarded as soon as it has been
+// reduced, instead of waiting for the whole chunk. That keeps both directions of every link
+// busy across step boundaries.
 ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float>* scratch) {
   const int parts = group.size();
   const int rank = group.rank();
   if (parts == 1) return ffi::Error::Success();
   const int right = (rank + 1) % parts;
   const int left = (rank + parts - 1) % parts;
-  auto chunk_size = [&](int c) { return ChunkBegin(n, parts, c + 1) - ChunkBegin(n, parts, c); };
-  scratch->resize(static_cast<size_t>(std::max<int64_t>(1, chunk_size(0))));
+  auto begin = [&](int c) { return ChunkBegin(n, parts, c); };
+  auto size = [&](int c) { return ChunkBegin(n, parts, c + 1) - ChunkBegin(n, parts, c); };
+  const int64_t max_chunk = size(0);
+  // Tags carry step * kMaxSegments + segment in 16 bits.
+  const int64_t max_segments = (2 * (parts - 1) * kMaxSegments <= 0xffff) ? kMaxSegments : 1;
+  const int64_t segment =
+      std::max<int64_t>(kMinSegmentElements, (max_chunk + max_segments - 1) / max_segments);
+  auto segments_of = [&](int c) { return (size(c) + segment - 1) / segment; };
+  auto segment_length = [&](int c, int64_t j) { return std::min(segment, size(c) - j * segment); };
+  auto tag = [&](int step, int64_t j) { return static_cast<uint32_t>(step * max_segments + j); };
+  scratch->resize(static_cast<size_t>(std::max<int64_t>(1, max_chunk)));
 
-  uint32_t step = 0;
-  for (int s = 0; s < parts - 1; ++s, ++step) {
-    const int send_chunk = (rank - s + parts) % parts;
-    const int recv_chunk = (rank - s - 1 + parts) % parts;
-    const size_t recv_bytes = sizeof(float) * chunk_size(recv_chunk);
-    size_t got = 0;
-    if (ffi::Error e = group.SendRecv(right, data + ChunkBegin(n, parts, send_chunk),
-                                      sizeof(float) * chunk_size(send_chunk), left,
-                                      scratch->data(), sizeof(float) * scratch->size(), &got, step);
-        !e.success()) {
-      return e;
+  std::vector<transport::Request> sends;
+  std::vector<transport::Request> recvs;
+  auto send_chunk = [&](int c, int step) {
+    for (int64_t j = 0; j < segments_of(c); ++j) {
+      sends.push_back(group.PostSend(right, data + begin(c) + j * segment,
+                                     sizeof(float) * segment_length(c, j), tag(step, j)));
     }
-    if (ffi::Error e = CheckReceived(group, got, recv_bytes, left); !e.success()) return e;
-    kernels::AddInto(data + ChunkBegin(n, parts, recv_chunk), scratch->data(),
-                     chunk_size(recv_chunk));
-  }
-  for (int s = 0; s < parts - 1; ++s, ++step) {
-    const int send_chunk = (rank + 1 - s + parts) % parts;
-    const int recv_chunk = (rank - s + parts) % parts;
-    const size_t recv_bytes = sizeof(float) * chunk_size(recv_chunk);
-    size_t got = 0;
-    if (ffi::Error e = group.SendRecv(right, data + ChunkBegin(n, parts, send_chunk),
-                                      sizeof(float) * chunk_size(send_chunk), left,
-                                      data + ChunkBegin(n, parts, recv_chunk), recv_bytes, &got,
-                                      step);
-        !e.success()) {
-      return e;
+  };
+  auto wait_sends = [&]() -> ffi::Error {
+    ffi::Error e = group.Wait(sends.data(), sends.size());
+    sends.clear();
+    return e;
+  };
+  // One phase: `steps` ring steps; at step s this rank receives chunk recv_chunk(s) into `into`
+  // (scratch to reduce, or data to copy) and forwards it at step s + 1.
+  auto phase = [&](int first_step, int first_send, auto recv_chunk, bool reduce) -> ffi::Error {
+    send_chunk(first_send, first_step);
+    for (int s = 0; s < parts - 1; ++s) {
+      const int c = recv_chunk(s);
+      const int64_t count = segments_of(c);
+      recvs.clear();
+      for (int64_t j = 0; j < count; ++j) {
+        float* into = reduce ? scratch->data() + j * segment : data + begin(c) + j * segment;
+        recvs.push_back(group.PostRecv(left, into, sizeof(float) * segment_length(c, j),
+                                       tag(first_step + s, j)));
+      }
+      for (int64_t j = 0; j < count; ++j) {
+        size_t got = 0;
+        if (ffi::Error e = group.Wait(&recvs[j], 1, &got); !e.success()) return e;
+        const size_t expected = sizeof(float) * segment_length(c, j);
+        if (ffi::Error e = CheckReceived(group, got, expected, left); !e.success()) return e;
+        if (reduce) {
+          kernels::AddInto(data + begin(c) + j * segment, scratch->data() + j * segment,
+                           segment_length(c, j));
+        }
+        if (s + 1 < parts - 1) {
+          sends.push_back(group.PostSend(right, data + begin(c) + j * segment, expected,
+                                         tag(first_step + s + 1, j)));
+        }
+      }
     }
-    if (ffi::Error e = CheckReceived(group, got, recv_bytes, left); !e.success()) return e;
+    return wait_sends();
+  };
+
+  // Reduce-scatter: after it, this rank holds the full sum of chunk (rank + 1) % P.
+  if (ffi::Error e = phase(
+          0, rank, [&](int s) { return (rank - s - 1 + parts) % parts; }, true);
+      !e.success()) {
+    return e;
   }
-  return ffi::Error::Success();
+  // Allgather of the reduced chunks.
+  return phase(
+      parts - 1, (rank + 1) % parts, [&](int s) { return (rank - s + parts) % parts; }, false);
 }
 
 namespace {

@@ -217,6 +217,29 @@ ffi::Error Group::SendRecv(int dst, const void* send, size_t send_bytes, int src
   return ffi::Error::Success();
 }
 
+transport::Request Group::PostSend(int dst, const void* data, size_t bytes, uint32_t step) {
+  metrics_.bytes_sent += bytes;
+  return world_->Isend(self_world_rank_, members_[dst], MakeTag(seq_, step, self_world_rank_),
+                       data, bytes);
+}
+
+transport::Request Group::PostRecv(int src, void* data, size_t capacity, uint32_t step) {
+  return world_->Irecv(self_world_rank_, members_[src], MakeTag(seq_, step, members_[src]), data,
+                       capacity);
+}
+
+ffi::Error Group::Wait(transport::Request* requests, size_t count, size_t* received) {
+  std::string context = std::string(name_) + " (group rank " + std::to_string(rank_) + " of " +
+                        std::to_string(size()) + ")";
+  transport::Status status = world_->WaitAll(self_world_rank_, requests, count, deadline_, context);
+  if (!status.ok()) return FromStatus(status);
+  for (size_t i = 0; i < count; ++i) {
+    if (requests[i].is_recv()) metrics_.bytes_received += requests[i].received_bytes();
+  }
+  if (received && count > 0) *received = requests[0].received_bytes();
+  return ffi::Error::Success();
+}
+
 void Group::Finish(const char* algorithm, int64_t elements) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();

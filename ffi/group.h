@@ -80,6 +80,13 @@ class Group {
                                                            : sub.metrics_.bytes_sent);
   }
 
+  // Nonblocking halves of SendRecv for pipelined algorithms: post, then Wait() on each
+  // request (any order). Every posted request must be waited on before its buffer is reused.
+  transport::Request PostSend(int dst, const void* data, size_t bytes, uint32_t step);
+  transport::Request PostRecv(int src, void* data, size_t capacity, uint32_t step);
+  // Waits for `count` requests; `received` (optional) gets the first request's length.
+  ffi::Error Wait(transport::Request* requests, size_t count, size_t* received = nullptr);
+
   // Records this call's metrics (algorithm label, element count, bytes, wall time).
   void Finish(const char* algorithm, int64_t elements);
 

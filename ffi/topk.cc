@@ -59,8 +59,9 @@ ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ff
   if (words % 2 != 1 || k < 1 || k > n) return InvalidArgument(kDecompressOp, "bad packed size");
   const uint32_t* in = packed.typed_data();
   if (in[0] != static_cast<uint32_t>(words)) {
-    return InvalidArgument(kDecompressOp, "packed[0] does not match the TopK packed length; "
-                                          "was it produced by compress with the same compressor?");
+    return InvalidArgument(kDecompressOp,
+                           "packed[0] does not match the TopK packed length; "
+                           "was it produced by compress with the same compressor?");
   }
   float* out = x_hat->typed_data();
   std::fill(out, out + n, 0.0f);

@@ -36,7 +36,9 @@ def int_array(x: Any, name: str, *, ndim: int = 1) -> jnp.ndarray:
     if not hasattr(x, "dtype"):
         x = jnp.asarray(x)
     if x.dtype != jnp.int32:
-        raise TypeError(f"{name} must be int32, got {x.dtype}; cast it with {name}.astype(jnp.int32)")
+        raise TypeError(
+            f"{name} must be int32, got {x.dtype}; cast it with {name}.astype(jnp.int32)"
+        )
     if x.ndim != ndim:
         raise ValueError(f"{name} must have rank {ndim}, got shape {tuple(x.shape)}")
     return x

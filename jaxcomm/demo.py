@@ -30,13 +30,19 @@ def main() -> None:
     jax.block_until_ready(topk(x, k))
     start = time.perf_counter()
     values, indices = jax.block_until_ready(topk(x, k))
-    print(f"topk_abs: {k} of {n} in {1e3 * (time.perf_counter() - start):.2f} ms; "
-          f"largest |x| = {float(jnp.max(jnp.abs(values))):.3f} at index "
-          f"{int(indices[jnp.argmax(jnp.abs(values))])}")
+    print(
+        f"topk_abs: {k} of {n} in {1e3 * (time.perf_counter() - start):.2f} ms; "
+        f"largest |x| = {float(jnp.max(jnp.abs(values))):.3f} at index "
+        f"{int(indices[jnp.argmax(jnp.abs(values))])}"
+    )
 
     compress = jax.jit(jaxcomm.ops.compress, static_argnums=2)
-    for compressor in (jaxcomm.TopK(0.001), jaxcomm.OneBit(), jaxcomm.Threshold(2.5),
-                       jaxcomm.Adaptive(64)):
+    for compressor in (
+        jaxcomm.TopK(0.001),
+        jaxcomm.OneBit(),
+        jaxcomm.Threshold(2.5),
+        jaxcomm.Adaptive(64),
+    ):
         try:
             packed, new_residual = compress(x, residual, compressor)
         except NotImplementedError as error:
@@ -45,8 +51,10 @@ def main() -> None:
         x_hat = jaxcomm.ops.decompress(packed, compressor, n)
         used_bytes = 4 * int(packed[0])
         error = float(jnp.max(jnp.abs(x + residual - x_hat - new_residual)))
-        print(f"{compressor}: {used_bytes} bytes on the wire ({4 * n / used_bytes:.1f}x smaller), "
-              f"error-feedback identity off by {error:.2e}")
+        print(
+            f"{compressor}: {used_bytes} bytes on the wire ({4 * n / used_bytes:.1f}x smaller), "
+            f"error-feedback identity off by {error:.2e}"
+        )
 
 
 if __name__ == "__main__":

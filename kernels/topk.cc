@@ -20,12 +20,14 @@ inline float Acc(const float* x, const float* r, int64_t i) { return r ? x[i] + 
 uint32_t EstimateThreshold(const float* x, const float* r, int64_t n, int64_t k) {
   const int64_t s = std::min(n, kSampleSize);
   const double expected = static_cast<double>(s) * static_cast<double>(k) / static_cast<double>(n);
-  const int64_t rank = static_cast<int64_t>(std::ceil(1.5 * expected + 4.0 * std::sqrt(expected) + 8));
+  const int64_t rank =
+      static_cast<int64_t>(std::ceil(1.5 * expected + 4.0 * std::sqrt(expected) + 8));
   if (rank >= s) return 0;
   std::vector<uint32_t> keys(s);
   const int64_t stride = n / s;
   for (int64_t j = 0; j < s; ++j) {
-    const int64_t pos = j * stride + static_cast<int64_t>(wire::Mix(j) % static_cast<uint64_t>(stride));
+    const int64_t pos =
+        j * stride + static_cast<int64_t>(wire::Mix(j) % static_cast<uint64_t>(stride));
     keys[j] = MagnitudeKey(Acc(x, r, pos));
   }
   std::nth_element(keys.begin(), keys.begin() + (rank - 1), keys.end(), std::greater<uint32_t>());
@@ -46,9 +48,10 @@ struct Candidates {
 // One pass over [begin, end): writes acc into residual_out and keeps entries with key >= t0.
 // Blocks whose largest key is below t0 (almost all of them) take the branch-free path that
 // the compiler vectorizes.
-__attribute__((target_clones("avx2", "default"))) void ScanRange(
-    const float* x, const float* r, float* residual_out, int64_t begin, int64_t end, uint32_t t0,
-    Candidates* out) {
+__attribute__((target_clones("avx2", "default"))) void ScanRange(const float* x, const float* r,
+                                                                 float* residual_out, int64_t begin,
+                                                                 int64_t end, uint32_t t0,
+                                                                 Candidates* out) {
   int64_t i = begin;
   for (; i + kBlock <= end; i += kBlock) {
     uint32_t block_max = 0;
@@ -59,7 +62,8 @@ __attribute__((target_clones("avx2", "default"))) void ScanRange(
         block_max = std::max(block_max, MagnitudeKey(a));
       }
     } else if (r) {
-      for (int64_t j = i; j < i + kBlock; ++j) block_max = std::max(block_max, MagnitudeKey(x[j] + r[j]));
+      for (int64_t j = i; j < i + kBlock; ++j)
+        block_max = std::max(block_max, MagnitudeKey(x[j] + r[j]));
     } else {
       for (int64_t j = i; j < i + kBlock; ++j) block_max = std::max(block_max, MagnitudeKey(x[j]));
     }

@@ -43,8 +43,9 @@ inline uint64_t Mix(uint64_t z) {
 
 // Position of the j-th sample (with replacement) inside column `column` of `length` elements.
 inline int64_t SamplePosition(int64_t column, int64_t j, int64_t length) {
-  return static_cast<int64_t>(Mix((static_cast<uint64_t>(column) << 32) | static_cast<uint64_t>(j)) %
-                              static_cast<uint64_t>(length));
+  return static_cast<int64_t>(
+      Mix((static_cast<uint64_t>(column) << 32) | static_cast<uint64_t>(j)) %
+      static_cast<uint64_t>(length));
 }
 
 }  // namespace jaxcomm::kernels::wire

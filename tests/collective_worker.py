@@ -45,7 +45,9 @@ def main() -> None:
     def shard(global_rows: np.ndarray) -> jax.Array:
         """Rows of a [world, ...] array become each device's (1, ...) shard."""
         sharding = NamedSharding(mesh, P("dp"))
-        return jax.make_array_from_callback(global_rows.shape, sharding, lambda idx: global_rows[idx])
+        return jax.make_array_from_callback(
+            global_rows.shape, sharding, lambda idx: global_rows[idx]
+        )
 
     def save(case: str, name: str, value: jax.Array) -> None:
         for s in value.addressable_shards:
@@ -63,7 +65,9 @@ def main() -> None:
         )
 
     def inputs(n: int, seed: int, scale: float = 1.0) -> np.ndarray:
-        rows = [np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)]
+        rows = [
+            np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)
+        ]
         return np.stack(rows).astype(np.float32)
 
     if args.mode == "die":

@@ -42,7 +42,12 @@ class WorldRun:
 
 
 def run_world(
-    processes: int, devices: int, tmp: pathlib.Path, *, mode: str = "cases", timeout: float = 240,
+    processes: int,
+    devices: int,
+    tmp: pathlib.Path,
+    *,
+    mode: str = "cases",
+    timeout: float = 240,
     env: dict[str, str] | None = None,
 ) -> WorldRun:
     """Runs the worker in `processes` processes with `devices` CPU devices each.
@@ -61,10 +66,26 @@ def run_world(
             logs.append(log)
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, str(WORKER), "--processes", str(processes), "--process-id",
-                     str(pid), "--devices", str(devices), "--coordinator", coordinator,
-                     "--out", str(tmp), "--mode", mode],
-                    stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
+                    [
+                        sys.executable,
+                        str(WORKER),
+                        "--processes",
+                        str(processes),
+                        "--process-id",
+                        str(pid),
+                        "--devices",
+                        str(devices),
+                        "--coordinator",
+                        coordinator,
+                        "--out",
+                        str(tmp),
+                        "--mode",
+                        mode,
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=child_env,
+                    start_new_session=True,
                 )
             )
         deadline = start + timeout

@@ -17,9 +17,10 @@ def repo_root() -> pathlib.Path:
 def pytest_configure(config: pytest.Config) -> None:
     import jaxcomm
 
-    if pathlib.Path(jaxcomm.__file__).resolve().parent == REPO_ROOT / "jaxcomm" and not (
-        REPO_ROOT / "jaxcomm" / "libjaxcomm_ffi.so"
-    ).exists():
+    if (
+        pathlib.Path(jaxcomm.__file__).resolve().parent == REPO_ROOT / "jaxcomm"
+        and not (REPO_ROOT / "jaxcomm" / "libjaxcomm_ffi.so").exists()
+    ):
         raise pytest.UsageError(
             "pytest imported jaxcomm from the source tree, which has no compiled library. "
             "Install it (python -m pip install .) and run the `pytest` command, not "
@@ -44,8 +45,12 @@ def world_run(tmp_path_factory):
             _world_runs[key] = run_world(processes, devices, tmp, mode=mode)
         run = _world_runs[key]
         if any(code != 0 for code in run.returncodes):
-            pytest.fail(f"world {key} failed: return codes {run.returncodes}\n" + "\n".join(
-                f"--- process {i} ---\n{out[-4000:]}" for i, out in enumerate(run.outputs)))
+            pytest.fail(
+                f"world {key} failed: return codes {run.returncodes}\n"
+                + "\n".join(
+                    f"--- process {i} ---\n{out[-4000:]}" for i, out in enumerate(run.outputs)
+                )
+            )
         return run
 
     return get

@@ -30,7 +30,7 @@ def topk_allgather(xs: list[np.ndarray], residuals: list[np.ndarray], k: int):
     n = xs[0].size
     summed = np.zeros(n, np.float32)
     new_residuals = []
-    for x, r in zip(xs, residuals):
+    for x, r in zip(xs, residuals, strict=True):
         idx, val, new_r = local_topk(x, r, k)
         np.add.at(summed, idx, val)
         new_residuals.append(new_r)
@@ -61,7 +61,7 @@ def gtopk(xs: list[np.ndarray], residuals: list[np.ndarray], k: int):
     """gTop-k allreduce with exact conservation (see ffi/gtopk.cc)."""
     p = len(xs)
     n = xs[0].size
-    local = [local_topk(x, r, k) for x, r in zip(xs, residuals)]
+    local = [local_topk(x, r, k) for x, r in zip(xs, residuals, strict=True)]
     sets = {rank: (local[rank][0], local[rank][1]) for rank in range(p)}
     drops: dict[int, list] = {rank: [] for rank in range(p)}
     p2 = 1

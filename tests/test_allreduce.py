@@ -68,11 +68,20 @@ def test_allreduce_rejects_unknown_axis_and_dtype():
 
     mesh = jax.make_mesh((1,), ("dp",))
     x = jax.device_put(jnp.ones((1, 4)), jax.sharding.NamedSharding(mesh, P("dp")))
-    f = jax.jit(jax.shard_map(lambda v: jaxcomm.allreduce(v, "model"), mesh=mesh,
-                              in_specs=P("dp"), out_specs=P("dp")))
+    f = jax.jit(
+        jax.shard_map(
+            lambda v: jaxcomm.allreduce(v, "model"), mesh=mesh, in_specs=P("dp"), out_specs=P("dp")
+        )
+    )
     with pytest.raises(ValueError, match="unknown axis_name 'model'.*'dp'"):
         f(x)
-    g = jax.jit(jax.shard_map(lambda v: jaxcomm.allreduce(v.astype(jnp.bfloat16), "dp"),
-                              mesh=mesh, in_specs=P("dp"), out_specs=P("dp")))
+    g = jax.jit(
+        jax.shard_map(
+            lambda v: jaxcomm.allreduce(v.astype(jnp.bfloat16), "dp"),
+            mesh=mesh,
+            in_specs=P("dp"),
+            out_specs=P("dp"),
+        )
+    )
     with pytest.raises(TypeError, match="x must be float32"):
         g(x)

@@ -22,11 +22,17 @@ def test_gtest_suites_pass(repo_root, tmp_path_factory):
     build = tmp_path_factory.mktemp("gtest-build")
     configure = subprocess.run(
         [
-            _cmake(), "-S", str(repo_root), "-B", str(build),
-            "-DJAXCOMM_BUILD_TESTS=ON", "-DJAXCOMM_BUILD_FFI=OFF",
+            _cmake(),
+            "-S",
+            str(repo_root),
+            "-B",
+            str(build),
+            "-DJAXCOMM_BUILD_TESTS=ON",
+            "-DJAXCOMM_BUILD_FFI=OFF",
             f"-DPython_EXECUTABLE={sys.executable}",
         ],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if "Could NOT find GTest" in configure.stderr + configure.stdout:
         pytest.fail("GoogleTest is missing: install Debian's libgtest-dev (.ci/run does)")
@@ -45,9 +51,10 @@ def test_gtest_suites_pass(repo_root, tmp_path_factory):
     except ImportError:
         pass
     ctest = subprocess.run(
-        ["ctest", "--test-dir", str(build), "--output-on-failure", "-j", jobs,
-         "--timeout", "300"],
-        capture_output=True, text=True, env=env,
+        ["ctest", "--test-dir", str(build), "--output-on-failure", "-j", jobs, "--timeout", "300"],
+        capture_output=True,
+        text=True,
+        env=env,
     )
     print(ctest.stdout[-3000:])
     assert ctest.returncode == 0, ctest.stdout[-8000:] + ctest.stderr[-2000:]

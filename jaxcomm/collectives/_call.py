@@ -23,6 +23,7 @@ def collective_call(
     axis_name: str | Sequence[str],
     operands: Sequence[jax.Array],
     results: Sequence[tuple[tuple[int, ...], Any]],
+    aliases: dict[int, int] | None = None,
     **attributes: Any,
 ) -> list[jax.Array]:
     """Emits one ordered collective custom call and returns its data results.
@@ -33,6 +34,8 @@ def collective_call(
       axis_name: mesh axis (or axes) reduced over.
       operands: data operands (after the common coordinate and token operands).
       results: (shape, dtype) of each data result.
+      aliases: data operand index -> data result index that may reuse its buffer (a donated
+        residual is then updated in place instead of allocating a new array).
       **attributes: extra FFI attributes.
 
     Returns:
@@ -50,7 +53,11 @@ def collective_call(
     token = _ordering.token_in()
     out_types = [_ffi.result_like(like, shape, dtype) for shape, dtype in results]
     out_types.append(_ffi.result_like(like, (), jnp.int32))
-    outputs = jax.ffi.ffi_call(target, out_types, has_side_effect=True)(
+    # Data operands follow the two common operands (coordinates, token).
+    io_aliases = {2 + i: o for i, o in (aliases or {}).items()}
+    outputs = jax.ffi.ffi_call(
+        target, out_types, has_side_effect=True, input_output_aliases=io_aliases
+    )(
         layout.coordinates(),
         token,
         *operands,

@@ -35,7 +35,7 @@ class AxisLayout:
 
     @property
     def group_size(self) -> int:
-        return int(np.prod([s for s, m in zip(self.axis_sizes, self.reduce_mask) if m]))
+        return int(np.prod([s for s, m in zip(self.axis_sizes, self.reduce_mask, strict=True) if m]))
 
     def attributes(self) -> dict[str, np.ndarray]:
         """FFI attributes describing the layout (int64 arrays)."""
@@ -64,7 +64,9 @@ def resolve(axis_name: str | Sequence[str], api: str) -> AxisLayout:
     """
     names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
     if not names or not all(isinstance(n, str) for n in names):
-        raise TypeError(f"{api}: axis_name must be a mesh axis name or a tuple of names, got {axis_name!r}")
+        raise TypeError(
+            f"{api}: axis_name must be a mesh axis name or a tuple of names, got {axis_name!r}"
+        )
     if len(set(names)) != len(names):
         raise ValueError(f"{api}: axis_name {names} repeats an axis")
     mesh = jax.sharding.get_abstract_mesh()
@@ -81,7 +83,9 @@ def resolve(axis_name: str | Sequence[str], api: str) -> AxisLayout:
                 f"{api}: unknown axis_name {name!r}; the enclosing mesh has axes {mesh_axes}"
             )
         if name not in manual:
-            raise ValueError(f"{api}: axis {name!r} is not a manual axis of the enclosing shard_map")
+            raise ValueError(
+                f"{api}: axis {name!r} is not a manual axis of the enclosing shard_map"
+            )
     # Coordinates are only available for manual axes; a partially-manual shard_map reduces
     # within the manual sub-mesh.
     names_in_order = tuple(a for a in mesh_axes if a in manual)

@@ -99,6 +99,8 @@ def compressed_allreduce(
             axis_name,
             [x, residual],
             [(x.shape, jnp.float32), (x.shape, jnp.float32)],
+            # The handlers read each residual element before writing it (kernels may alias).
+            aliases={1: 1},
             **attrs,
         )
         return summed, new_residual
@@ -111,6 +113,7 @@ def compressed_allreduce(
         axis_name,
         [x, residual],
         [(x.shape, jnp.float32), (x.shape, jnp.float32)],
+        aliases={1: 1},  # residual -> new_residual, in place when the caller donates it
         k=np.int64(algorithm.k(n)),
     )
     return summed, new_residual

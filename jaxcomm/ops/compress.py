@@ -82,9 +82,7 @@ def compress(
     return _KERNELS[type(compressor)][0](x, residual, compressor)
 
 
-def decompress(
-    packed: jax.Array, compressor: Compressor, size: int | Sequence[int]
-) -> jax.Array:
+def decompress(packed: jax.Array, compressor: Compressor, size: int | Sequence[int]) -> jax.Array:
     """Decodes a packed buffer produced by :func:`compress` with the same compressor.
 
     Args:

@@ -32,7 +32,7 @@ struct Selection {
 };
 
 Selection Select(const std::vector<float>& x, const std::vector<float>* residual, int64_t k,
-              const TaskRunner& run = RunTasksSerially) {
+                 const TaskRunner& run = RunTasksSerially) {
   Selection out{std::vector<int32_t>(k), std::vector<float>(k), {}};
   const int64_t n = static_cast<int64_t>(x.size());
   float* residual_out = nullptr;
@@ -82,7 +82,8 @@ TEST(TopKAbs, SingleElementAndKEqualsN) {
 TEST(TopKAbs, MatchesReferenceOnRandomInputs) {
   for (int64_t n : {1, 7, 64, 65, 1000, 100003, (1 << 20) + 3}) {
     const std::vector<float> x = RandomVector(n, static_cast<uint32_t>(n));
-    for (int64_t k : {int64_t{1}, std::max<int64_t>(1, n / 1000), std::max<int64_t>(1, n / 10), n}) {
+    for (int64_t k :
+         {int64_t{1}, std::max<int64_t>(1, n / 1000), std::max<int64_t>(1, n / 10), n}) {
       const Selection s = Select(x, nullptr, k);
       EXPECT_EQ(s.indices, ReferenceTopK(x, k)) << "n=" << n << " k=" << k;
       for (int64_t j = 0; j < k; ++j) EXPECT_EQ(s.values[j], x[s.indices[j]]);
@@ -114,11 +115,13 @@ TEST(TopKAbs, ErrorFeedbackIdentityIsExact) {
   const std::vector<float> x = RandomVector(n, 5);
   const std::vector<float> r = RandomVector(n, 6, 0.1f);
   const Selection s = Select(x, &r, 301);
-  EXPECT_EQ(s.indices, ReferenceTopK([&] {
-              std::vector<float> acc(n);
-              for (int64_t i = 0; i < n; ++i) acc[i] = x[i] + r[i];
-              return acc;
-            }(), 301));
+  EXPECT_EQ(s.indices, ReferenceTopK(
+                           [&] {
+                             std::vector<float> acc(n);
+                             for (int64_t i = 0; i < n; ++i) acc[i] = x[i] + r[i];
+                             return acc;
+                           }(),
+                           301));
   std::vector<float> applied(n, 0.0f);
   for (size_t j = 0; j < s.indices.size(); ++j) applied[s.indices[j]] = s.values[j];
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(x[i] + r[i], applied[i] + s.residual[i]) << i;

@@ -1,0 +1,169 @@
+"""Allreduce benchmark: lax.psum vs jaxcomm's ring, TopK-allgather and gTop-k (and quantized).
+
+Starts P rank-processes through the launcher (``jaxcomm launch``, job ``allreduce``) on this
+machine (``--backend local``) or on the emulated cluster of DESIGN.md §5 (``--backend
+emulated``: network namespaces on a bridge with tbf-shaped links, root needed). Every
+algorithm is measured in the same run, per size, median of ``--repeats`` calls. Prints a
+table, writes JSON and a PNG (median time vs size per algorithm).
+
+Usage:
+  python benchmarks/allreduce.py                                  # P=4 local, 1M..25M floats
+  python benchmarks/allreduce.py --backend emulated --bandwidth 1gbit
+  python benchmarks/allreduce.py --sizes 1000000 --repeats 5 --algorithms psum ring gtopk
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+ALGORITHMS = ["psum", "ring", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
+
+
+def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
+    backend: dict | str
+    if args.backend == "emulated":
+        backend = {
+            "kind": "emulated",
+            "bandwidth": args.bandwidth,
+            "burst": "128kb",
+            "ipc_isolation": True,
+            "ucx_tls": "tcp",
+        }
+    else:
+        backend = "local"
+    recipe = {
+        "name": f"allreduce-bench-{args.backend}",
+        "description": "benchmarks/allreduce.py",
+        "job": "allreduce",
+        "world": {"processes": args.processes, "devices_per_process": 1},
+        "backend": backend,
+        "args": {
+            "sizes": args.sizes,
+            "repeats": args.repeats,
+            "density": args.density,
+            "algorithms": args.algorithms,
+            "tau": args.tau,
+            "proportion": args.proportion,
+        },
+        "timeout": args.timeout,
+    }
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["local", "emulated"], default="local")
+    parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 25_000_000])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--tau", type=float, default=3.0)
+    parser.add_argument("--proportion", type=float, default=64.0)
+    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    args = parser.parse_args()
+    if args.repeats < 5:
+        parser.error("--repeats must be >= 5")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe = pathlib.Path(tmp) / "recipe.yaml"
+        write_recipe(args, recipe)
+        run_dir = pathlib.Path(tmp) / "run"
+        start = time.monotonic()
+        launched = subprocess.run(
+            ["jaxcomm", "launch", str(recipe), "--out", str(run_dir), "-q"], text=True
+        )
+        if launched.returncode != 0:
+            sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")
+        records = [
+            json.loads(line)
+            for path in sorted(run_dir.rglob("rank0.jsonl"))
+            for line in path.read_text().splitlines()
+        ]
+    wall = time.monotonic() - start
+
+    grouped: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
+    for r in records:
+        grouped[(r["algorithm"], r["size_bytes"])].append(r)
+    rows = []
+    for (algorithm, size_bytes), rs in sorted(
+        grouped.items(), key=lambda kv: (kv[0][1], ALGORITHMS.index(kv[0][0]))
+    ):
+        times = [r["step_time_s"] for r in rs]
+        rows.append(
+            {
+                "algorithm": algorithm,
+                "size_bytes": size_bytes,
+                "elements": size_bytes // 4,
+                "median_s": statistics.median(times),
+                "times_s": times,
+                "bytes_sent": statistics.median(r["bytes_sent"] for r in rs),
+                "bytes_received": statistics.median(r["bytes_received"] for r in rs),
+            }
+        )
+    psum = {r["size_bytes"]: r["median_s"] for r in rows if r["algorithm"] == "psum"}
+    print(f"\n{tag}: P={args.processes}, density={args.density}, repeats={args.repeats}")
+    print(
+        f"{'elements':>10s} {'algorithm':16s} {'median ms':>10s} {'sent MB/rank':>13s} {'vs psum':>9s}"
+    )
+    for r in rows:
+        speedup = psum.get(r["size_bytes"], float("nan")) / r["median_s"]
+        r["speedup_vs_psum"] = speedup
+        print(
+            f"{r['elements']:10d} {r['algorithm']:16s} {r['median_s'] * 1e3:10.2f} "
+            f"{r['bytes_sent'] / 1e6:13.3f} {speedup:8.2f}x"
+        )
+    result = {
+        "backend": args.backend,
+        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
+        "processes": args.processes,
+        "density": args.density,
+        "repeats": args.repeats,
+        "wall_s": wall,
+        "rows": rows,
+    }
+    json_path = args.out / f"{tag}.json"
+    json_path.write_text(json.dumps(result, indent=2))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for algorithm in ALGORITHMS:
+            pts = [
+                (r["elements"], r["median_s"] * 1e3) for r in rows if r["algorithm"] == algorithm
+            ]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=algorithm)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("float32 elements per rank")
+        ax.set_ylabel("median time per allreduce (ms)")
+        ax.set_title(f"{tag}, P = {args.processes}, density {args.density}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.out / f"{tag}.png", dpi=120)
+    except ImportError:
+        print("matplotlib missing: no PNG")
+    print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
+
+
+if __name__ == "__main__":
+    main()

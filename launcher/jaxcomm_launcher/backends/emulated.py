@@ -1,0 +1,226 @@
+"""``emulated``: an N-node cluster on one machine (DESIGN.md §5; needs root).
+
+Each rank runs in its own network namespace, joined to a private bridge by a veth pair whose
+two ends are shaped with ``tc qdisc ... tbf rate <bandwidth> burst <burst>``. Addresses come
+from the recipe's private subnet (default 10.77.0.0/24) and exist only inside the namespaces
+(the bridge itself has no address), so no traffic can leave them. ``unshare --ipc`` gives each
+rank its own IPC namespace, so UCX cannot fall back to shared memory between "nodes".
+
+Names carry a random run id (``jcm<id>r<rank>``, bridge ``jcb<id>``) so concurrent runs do
+not collide; everything created is recorded and removed in ``__exit__``, also after a failure,
+a timeout or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import pathlib
+import secrets
+import shutil
+import socket
+import subprocess
+from types import TracebackType
+
+from jaxcomm_launcher.backends import BackendError, base_env, shell_join, worker_command
+from jaxcomm_launcher.procs import Supervisor
+from jaxcomm_launcher.recipe import EmulatedBackend, Recipe
+
+COORDINATOR_PORT = 29500  # any port works: the namespaces are fresh
+
+
+class EmulatedBackendRunner:
+    """Creates the namespaces on ``__enter__``, starts ranks in them, removes all on exit.
+
+    Args:
+        recipe: The recipe (``backend.kind == "emulated"``).
+        run_dir: The run directory (``emulated-setup.log`` records every command).
+
+    Example:
+        >>> with EmulatedBackendRunner(recipe, run_dir) as b:  # doctest: +SKIP
+        ...     b.start(supervisor, spec_path)
+    """
+
+    kind = "emulated"
+
+    def __init__(self, recipe: Recipe, run_dir: pathlib.Path, run_id: str | None = None) -> None:
+        assert isinstance(recipe.backend, EmulatedBackend)
+        self.recipe = recipe
+        self.opts: EmulatedBackend = recipe.backend
+        self.run_dir = run_dir
+        self.run_id = run_id or secrets.token_hex(2)
+        n = recipe.world.processes
+        net = ipaddress.ip_network(self.opts.subnet)
+        hosts = list(net.hosts()) if net.num_addresses <= 1 << 16 else None
+        if hosts is not None and len(hosts) < n:
+            raise BackendError(
+                f"backend.subnet {net} has {len(hosts)} addresses, world.processes={n} needs more"
+            )
+        self.prefix = net.prefixlen
+        self.addresses = [str(net.network_address + 1 + i) for i in range(n)]
+        self.bridge = f"jcb{self.run_id}"
+        self.namespaces = [f"jcm{self.run_id}r{i}" for i in range(n)]
+        self.veths = [f"jcv{self.run_id}r{i}" for i in range(n)]
+        self._created_ns: list[str] = []
+        self._created_links: list[str] = []
+        self._log: list[str] = []
+
+    # -- set-up and tear-down -------------------------------------------------------------
+
+    def _check(self) -> None:
+        if os.geteuid() != 0:
+            raise BackendError(
+                "the emulated backend needs root: it creates network namespaces, veth pairs, a "
+                "bridge and tc qdiscs. Run `jaxcomm launch` as root (e.g. sudo -E), or use "
+                "`--set backend.kind=local`."
+            )
+        for tool in ("ip", "tc", "unshare"):
+            if shutil.which(tool) is None:
+                raise BackendError(
+                    f"the emulated backend needs `{tool}` (Debian: apt-get install iproute2 "
+                    "util-linux)"
+                )
+
+    def _sh(self, *cmd: str) -> None:
+        self._log.append(" ".join(cmd))
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BackendError(
+                f"emulated cluster set-up failed at `{' '.join(cmd)}`: {result.stderr.strip()}"
+            )
+
+    def setup_commands(self) -> list[list[str]]:
+        """Returns the commands that build the emulated cluster (for logs and ``--dry-run``)."""
+        o = self.opts
+        tbf = ["root", "tbf", "rate", o.bandwidth, "burst", o.burst, "latency", "50ms"]
+        cmds = [
+            ["ip", "link", "add", self.bridge, "type", "bridge"],
+            ["ip", "link", "set", self.bridge, "up"],
+        ]
+        for ns, veth, addr in zip(self.namespaces, self.veths, self.addresses, strict=True):
+            peer = veth.replace("jcv", "jcp", 1)
+            cmds += [
+                ["ip", "netns", "add", ns],
+                ["ip", "link", "add", veth, "type", "veth", "peer", "name", peer],
+                ["ip", "link", "set", peer, "netns", ns],
+                ["ip", "-n", ns, "link", "set", peer, "name", "eth0"],
+                ["ip", "link", "set", veth, "master", self.bridge],
+                ["ip", "link", "set", veth, "up"],
+                ["ip", "-n", ns, "addr", "add", f"{addr}/{self.prefix}", "dev", "eth0"],
+                ["ip", "-n", ns, "link", "set", "eth0", "up"],
+                ["ip", "-n", ns, "link", "set", "lo", "up"],
+                # Shape both directions: each veth end only shapes what it sends.
+                ["tc", "qdisc", "add", "dev", veth, *tbf],
+                ["tc", "-n", ns, "qdisc", "add", "dev", "eth0", *tbf],
+            ]
+        return cmds
+
+    def __enter__(self) -> EmulatedBackendRunner:
+        self._check()
+        try:
+            for cmd in self.setup_commands():
+                if cmd[:3] == ["ip", "netns", "add"]:
+                    self._created_ns.append(cmd[3])
+                elif cmd[:3] == ["ip", "link", "add"]:
+                    self._created_links.append(cmd[3])
+                self._sh(*cmd)
+            for ns, addr in zip(self.namespaces, self.addresses, strict=True):
+                self._write_hosts(ns, addr)
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def _write_hosts(self, ns: str, addr: str) -> None:
+        # `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts. Gloo resolves
+        # the machine's hostname to pick the address it announces to peers; inside a
+        # namespace that must be the namespace's own address, not 127.0.0.1.
+        d = pathlib.Path("/etc/netns") / ns
+        d.mkdir(parents=True, exist_ok=True)
+        host = socket.gethostname()
+        (d / "hosts").write_text(
+            f"127.0.0.1 localhost\n{addr} {host} {ns}\n"
+            + "".join(f"{a} {n}\n" for a, n in zip(self.addresses, self.namespaces, strict=True))
+        )
+
+    def teardown(self) -> None:
+        """Removes every namespace, link and file this run created (errors are ignored)."""
+        for ns in reversed(self._created_ns):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(pathlib.Path("/etc/netns") / ns, ignore_errors=True)
+        # Deleting a namespace deletes its veth end and so the pair; the bridge (and any
+        # veth whose peer never reached a namespace) goes explicitly.
+        for link in reversed(self._created_links):
+            subprocess.run(["ip", "link", "del", link], capture_output=True)
+        self._created_ns.clear()
+        self._created_links.clear()
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "emulated-setup.log").write_text("\n".join(self._log) + "\n")
+        except OSError:
+            pass
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.teardown()
+
+    # -- ranks ----------------------------------------------------------------------------
+
+    def rank_command(self, rank: int, spec_path: pathlib.Path) -> list[str]:
+        """Returns the command running `rank` inside its namespace.
+
+        Args:
+            rank: The rank.
+            spec_path: The run's spec.json.
+
+        Returns:
+            ``ip netns exec <ns> [unshare --ipc] python -m jaxcomm_launcher.worker ...``.
+        """
+        cmd = ["ip", "netns", "exec", self.namespaces[rank]]
+        if self.opts.ipc_isolation:
+            cmd += ["unshare", "--ipc"]
+        return cmd + worker_command(spec_path)
+
+    def _rank_env(self, rank: int) -> dict[str, str]:
+        env = {
+            "JAXCOMM_PROCESS_ID": str(rank),
+            "JAXCOMM_NUM_PROCESSES": str(self.recipe.world.processes),
+            "JAXCOMM_COORDINATOR": f"{self.addresses[0]}:{COORDINATOR_PORT}",
+            "JAXCOMM_NODE_ADDRESS": self.addresses[rank],
+        }
+        if self.opts.ucx_tls:
+            env["UCX_TLS"] = self.opts.ucx_tls
+            env["UCX_NET_DEVICES"] = "eth0"
+        return env
+
+    def start(self, supervisor: Supervisor, spec_path: pathlib.Path) -> None:
+        """Starts every rank in its namespace under `supervisor`.
+
+        Args:
+            supervisor: Receives the processes.
+            spec_path: The run's spec.json.
+
+        Returns:
+            None.
+        """
+        env = base_env(self.recipe)
+        for rank in range(self.recipe.world.processes):
+            supervisor.start(
+                self.rank_command(rank, spec_path), {**env, **self._rank_env(rank)}, rank=rank
+            )
+
+    def describe(self, spec_path: pathlib.Path) -> list[str]:
+        """Returns set-up commands and rank commands (for ``--dry-run``)."""
+        lines = [shlex for shlex in (" ".join(c) for c in self.setup_commands())]
+        lines += [
+            shell_join(self.rank_command(r, spec_path), self._rank_env(r)) + " &"
+            for r in range(self.recipe.world.processes)
+        ]
+        lines.append(
+            f"# tear-down: ip netns del {' '.join(self.namespaces)}; ip link del {self.bridge}"
+        )
+        return lines

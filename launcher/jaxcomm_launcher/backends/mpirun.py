@@ -1,0 +1,179 @@
+"""``mpirun``: OpenMPI's mpirun starts the ranks from a hostfile.
+
+Ranks take their rank and size from OMPI_COMM_WORLD_RANK/SIZE and rank 0's coordinator
+address from JAXCOMM_COORDINATOR (exported with ``-x``). ``--tag-output`` prefixes every line
+with ``[job,rank]<stdout>:``, which the supervisor turns back into per-rank logs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import re
+import shutil
+from types import TracebackType
+
+from jaxcomm_launcher.backends import BackendError, base_env, free_port, shell_join, worker_command
+from jaxcomm_launcher.procs import Supervisor
+from jaxcomm_launcher.recipe import MpirunBackend, Recipe
+
+# OpenMPI 4: "[1,0]<stdout>:text"; OpenMPI 5 (PRRTE): "[1,0]<stdout>: text".
+_TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$")
+# A chunk without a newline gets its tag glued to the end of the previous line.
+_TRAILING_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:\s*$")
+
+
+def route_tagged_line(line: str) -> tuple[int | None, str]:
+    """Splits an mpirun ``--tag-output`` line into (rank, text); untagged lines get None.
+
+    Args:
+        line: One line of mpirun's output.
+
+    Returns:
+        The rank (or None for mpirun's own messages) and the line without the tag.
+
+    Example:
+        >>> route_tagged_line("[1,3]<stdout>:hello")
+        (3, 'hello')
+    """
+    m = _TAG.match(line)
+    if m:
+        return int(m.group(1)), _TRAILING_TAG.sub("", m.group(2))
+    return None, line
+
+
+class MpirunBackendRunner:
+    """Runs each sweep entry as one ``mpirun`` under the supervisor.
+
+    Args:
+        recipe: The recipe (``backend.kind == "mpirun"``).
+        run_dir: The run directory (the hostfile is written there).
+
+    Example:
+        >>> with MpirunBackendRunner(recipe, run_dir) as b:  # doctest: +SKIP
+        ...     b.start(supervisor, spec_path)
+    """
+
+    kind = "mpirun"
+
+    def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
+        assert isinstance(recipe.backend, MpirunBackend)
+        self.recipe = recipe
+        self.opts: MpirunBackend = recipe.backend
+        self.run_dir = run_dir
+
+    def __enter__(self) -> MpirunBackendRunner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    def _executable(self) -> str:
+        exe = shutil.which(self.opts.mpirun)
+        if exe is None:
+            raise BackendError(
+                f"the mpirun backend needs {self.opts.mpirun!r}, which is not on PATH: install "
+                "OpenMPI (Debian/Ubuntu: apt-get install openmpi-bin) or set backend.mpirun"
+            )
+        return exe
+
+    def hostfile(self, write: bool = True) -> pathlib.Path:
+        """Returns the hostfile to use, writing one from ``backend.hosts`` if needed.
+
+        Args:
+            write: Write the generated hostfile (False for ``--dry-run``).
+
+        Returns:
+            Its path.
+        """
+        if self.opts.hostfile:
+            return pathlib.Path(self.opts.hostfile)
+        hosts = self.opts.hosts
+        slots = self.opts.slots_per_host or math.ceil(self.recipe.world.processes / len(hosts))
+        path = self.run_dir / "hostfile"
+        if write:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(f"{h} slots={slots}\n" for h in hosts))
+        return path
+
+    def _coordinator(self, probe: bool = True) -> str:
+        if self.opts.coordinator:
+            return self.opts.coordinator
+        first = self.opts.hosts[0]
+        host = "127.0.0.1" if first in ("localhost", "127.0.0.1") else first
+        # The free-port probe is only meaningful for this machine; with remote hosts set
+        # backend.coordinator to a port known to be free on the first host.
+        return f"{host}:{free_port() if probe and host == '127.0.0.1' else 29500}"
+
+    def command(
+        self, spec_path: pathlib.Path, coordinator: str, mpirun: str, write: bool = True
+    ) -> list[str]:
+        """Returns the mpirun command line for one run.
+
+        Args:
+            spec_path: The run's spec.json.
+            coordinator: host:port of rank 0's jax.distributed coordinator.
+            mpirun: The mpirun executable.
+            write: Write the hostfile (False for ``--dry-run``).
+
+        Returns:
+            The argv list.
+        """
+        env_names = ["JAXCOMM_COORDINATOR", "PYTHONUNBUFFERED", "PYTHONPATH", *self.recipe.env]
+        cmd = [
+            mpirun,
+            "--hostfile",
+            str(self.hostfile(write)),
+            "-np",
+            str(self.recipe.world.processes),
+            # Ranks wait for each other inside collectives; yielding leaves the 2 cores to
+            # whichever rank has work (DESIGN.md §5).
+            "--mca",
+            "mpi_yield_when_idle",
+            "1",
+            "--tag-output",
+        ]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")  # containers and CI runners are often root
+        for name in dict.fromkeys(env_names):
+            cmd += ["-x", name]
+        cmd += list(self.opts.extra_args)
+        return cmd + worker_command(spec_path)
+
+    def start(self, supervisor: Supervisor, spec_path: pathlib.Path) -> None:
+        """Starts mpirun for one run under `supervisor`.
+
+        Args:
+            supervisor: Receives the mpirun process; its output is routed per rank.
+            spec_path: The run's spec.json.
+
+        Returns:
+            None.
+        """
+        mpirun = self._executable()
+        coordinator = self._coordinator()
+        env = base_env(self.recipe)
+        env["JAXCOMM_COORDINATOR"] = coordinator
+        env.setdefault("PYTHONPATH", "")
+        # Both variables are needed by OpenMPI >= 4 to accept root without the flag's prompt.
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        supervisor.start(
+            self.command(spec_path, coordinator, mpirun),
+            env,
+            rank=None,
+            name="mpirun",
+            router=route_tagged_line,
+        )
+
+    def describe(self, spec_path: pathlib.Path) -> list[str]:
+        """Returns the mpirun line that ``start`` would run (for ``--dry-run``)."""
+        coordinator = self._coordinator(probe=False)
+        cmd = self.command(spec_path, coordinator, self.opts.mpirun, write=False)
+        return [shell_join(cmd, {"JAXCOMM_COORDINATOR": coordinator})]

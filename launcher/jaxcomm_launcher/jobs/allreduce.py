@@ -1,0 +1,136 @@
+"""``allreduce``: time and bytes of every allreduce algorithm over message sizes, side by side.
+
+In each rank, for each size and each algorithm in ``args.algorithms`` (default: all), one
+warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
+
+* ``psum``            — ``lax.psum`` (XLA's own CPU collectives, Gloo across processes): baseline
+* ``ring``            — ``jaxcomm.allreduce`` (ring reduce-scatter + allgather over UCX)
+* ``topk_allgather``  — ``jaxcomm.compressed_allreduce`` with ``TopKAllgather(density)``
+* ``gtopk``           — ``jaxcomm.compressed_allreduce`` with ``GTopK(density)``
+* ``adaptive``/``onebit``/``threshold`` — quantized allreduce, when this build has it
+
+Recipe ``args``: sizes (float32 elements per device), repeats (>= 5), density (default
+0.001), algorithms, tau (threshold), proportion (adaptive). One metrics line per timed call:
+algorithm, size_bytes, step_time_s, bytes_sent/bytes_received (measured by jaxcomm's
+counters for jaxcomm algorithms; the ring-allreduce volume for psum).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm_launcher.context import JobContext
+from jaxcomm_launcher.jobs._common import (
+    AXIS,
+    data_parallel_mesh,
+    ring_allreduce_bytes,
+    shard_batch,
+)
+
+DEFAULT_SIZES = [1 << 20, 1 << 22, 25_000_000]
+ALL_ALGORITHMS = ["psum", "ring", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
+
+
+def _step(algorithm: str, args: dict) -> Callable | None:
+    """The per-device function of `algorithm`, or None when this build lacks it."""
+    import jaxcomm
+
+    density = float(args.get("density", 0.001))
+    if algorithm == "psum":
+        return lambda v, r: (lax.psum(v, AXIS), r)
+    if algorithm == "ring":
+        return lambda v, r: (jaxcomm.allreduce(v[0], AXIS)[None], r)
+    compressors = {
+        "topk_allgather": lambda: jaxcomm.TopKAllgather(density),
+        "gtopk": lambda: jaxcomm.GTopK(density),
+        "adaptive": lambda: jaxcomm.Adaptive(float(args.get("proportion", 64))),
+        "onebit": lambda: jaxcomm.OneBit(),
+        "threshold": lambda: jaxcomm.Threshold(float(args.get("tau", 3.0))),
+    }
+    algo = compressors[algorithm]()
+
+    def step(v: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
+        summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], AXIS, algo)
+        return summed[None], new_r[None]
+
+    return step
+
+
+def run(ctx: JobContext) -> None:
+    """Measures every requested algorithm at every size; rank 0 prints medians.
+
+    Args:
+        ctx: The job context of this rank.
+
+    Returns:
+        None; one metrics line per timed call.
+
+    Example:
+        >>> # jaxcomm launch recipes/allreduce-sweep.yaml
+    """
+    import jaxcomm
+
+    sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
+    repeats = int(ctx.args.get("repeats", 5))
+    algorithms = list(ctx.args.get("algorithms", ALL_ALGORITHMS))
+    unknown = sorted(set(algorithms) - set(ALL_ALGORITHMS))
+    if unknown:
+        raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {ALL_ALGORITHMS}")
+    mesh = data_parallel_mesh()
+    spec = P(AXIS)
+    step_index = 0
+    for size in sizes:
+        rng = np.random.default_rng(ctx.rank)
+        local = rng.standard_normal((ctx.devices_per_process, size)).astype(np.float32)
+        x = shard_batch(local, mesh)
+        for algorithm in algorithms:
+            zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh per algorithm
+            try:
+                fn = _step(algorithm, ctx.args)
+                # The residual is donated, as a training step does with its optimizer state.
+                compiled = jax.jit(
+                    jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
+                    donate_argnums=1,
+                )
+                _, residual = jax.block_until_ready(compiled(x, zeros))  # compile + warm up
+            except (TypeError, NotImplementedError, ValueError) as error:
+                if ctx.is_main:
+                    ctx.print(f"allreduce {algorithm}: not available in this build ({error})")
+                continue
+            times = []
+            for _ in range(repeats):
+                jaxcomm.reset_metrics()
+                t0 = time.perf_counter()
+                _, residual = jax.block_until_ready(compiled(x, residual))
+                dt = time.perf_counter() - t0
+                times.append(dt)
+                if algorithm == "psum":
+                    sent = received = ring_allreduce_bytes(size * 4, mesh.size)
+                else:
+                    totals = jaxcomm.metrics()["totals"]
+                    ranks = max(1, len({t["world_rank"] for t in totals}))
+                    sent = sum(t["bytes_sent"] for t in totals) / ranks
+                    received = sum(t["bytes_received"] for t in totals) / ranks
+                ctx.metrics.log(
+                    step_index,
+                    force=True,
+                    algorithm=algorithm,
+                    size_bytes=size * 4,
+                    step_time_s=dt,
+                    collective_time_s=dt,
+                    bytes_sent=sent,
+                    bytes_received=received,
+                    compression_ratio=ring_allreduce_bytes(size * 4, mesh.size) / max(sent, 1),
+                )
+                step_index += 1
+            if ctx.is_main:
+                ctx.print(
+                    f"allreduce {algorithm:15s} {size * 4:>11d} B: median "
+                    f"{np.median(times) * 1e3:9.3f} ms"
+                )

@@ -1,0 +1,479 @@
+"""Recipe schema: one YAML file describes a run (job, world layout, backend, jaxcomm settings).
+
+Validation is strict (unknown keys are errors) so a typo never silently falls back to a
+default. :func:`load_recipe` turns pydantic's errors into :class:`RecipeError`, whose message
+names each bad field, the value found and what is allowed; the CLI prints it and exits 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import pathlib
+import re
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+# Bundled jobs by short name; anything else must be written `module:function`.
+BUNDLED_JOBS: dict[str, str] = {
+    "smoke": "jaxcomm_launcher.jobs.smoke:run",
+    "digits": "jaxcomm_launcher.jobs.digits:run",
+    "allreduce": "jaxcomm_launcher.jobs.allreduce:run",
+}
+
+ALGORITHMS = ("dense", "topk", "gtopk", "adaptive", "onebit", "threshold")
+COMPRESSORS = ("none", "topk", "onebit", "threshold", "adaptive")
+
+_JOB_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_RATE_RE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\d+(b|kb|mb|k|m)?$", re.IGNORECASE)
+
+
+class RecipeError(Exception):
+    """A recipe that cannot be used; ``str(err)`` is a user-facing, multi-line message."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class World(_Strict):
+    """How many processes (ranks) and how many CPU devices each one owns."""
+
+    processes: int = Field(2, ge=1, le=1024, description="number of processes (ranks)")
+    devices_per_process: int = Field(1, ge=1, le=512, description="CPU devices per process")
+
+
+class LocalBackend(_Strict):
+    """N processes on this machine, joined by jax.distributed over loopback."""
+
+    kind: Literal["local"] = "local"
+
+
+class EmulatedBackend(_Strict):
+    """Each rank in its own network namespace on a private bridge with tbf-shaped links."""
+
+    kind: Literal["emulated"] = "emulated"
+    bandwidth: str = Field("1gbit", description="tc rate per link, e.g. 1gbit, 500mbit")
+    burst: str = Field("128kb", description="tbf burst; below 128kb the CPU becomes the bottleneck")
+    subnet: str = Field(
+        "10.77.0.0/24", description="private IPv4 subnet used inside the namespaces"
+    )
+    ipc_isolation: bool = Field(True, description="run each rank under `unshare --ipc`")
+    ucx_tls: str | None = Field("tcp", description="UCX_TLS for the ranks (None: leave unset)")
+
+    @field_validator("bandwidth")
+    @classmethod
+    def _rate(cls, v: str) -> str:
+        if not _RATE_RE.match(v):
+            raise ValueError("must be a tc rate such as 1gbit, 500mbit, 100kbit")
+        return v.lower()
+
+    @field_validator("burst")
+    @classmethod
+    def _burst(cls, v: str) -> str:
+        if not _SIZE_RE.match(v):
+            raise ValueError("must be a size such as 128kb, 1mb, 131072")
+        return v.lower()
+
+    @field_validator("subnet")
+    @classmethod
+    def _subnet(cls, v: str) -> str:
+        net = ipaddress.ip_network(v, strict=True)
+        if not isinstance(net, ipaddress.IPv4Network) or not net.is_private:
+            raise ValueError("must be a private IPv4 subnet such as 10.77.0.0/24")
+        return str(net)
+
+
+class MpirunBackend(_Strict):
+    """OpenMPI ``mpirun`` with a hostfile; ranks read OMPI_COMM_WORLD_RANK/SIZE."""
+
+    kind: Literal["mpirun"] = "mpirun"
+    hosts: list[str] = Field(
+        default_factory=lambda: ["localhost"], description="hosts, written to a hostfile"
+    )
+    hostfile: str | None = Field(None, description="existing hostfile (overrides `hosts`)")
+    slots_per_host: int | None = Field(None, ge=1, description="slots per host in the hostfile")
+    coordinator: str | None = Field(
+        None, description="host:port of rank 0's coordinator (default: first host, free port)"
+    )
+    mpirun: str = Field("mpirun", description="mpirun executable")
+    extra_args: list[str] = Field(default_factory=list, description="more mpirun arguments")
+
+
+class SlurmBackend(_Strict):
+    """An sbatch script with one ``srun`` step per sweep entry."""
+
+    kind: Literal["slurm"] = "slurm"
+    nodes: int = Field(1, ge=1)
+    tasks_per_node: int | None = Field(None, ge=1)
+    cpus_per_task: int | None = Field(None, ge=1)
+    partition: str | None = None
+    account: str | None = None
+    time: str = Field("00:30:00", description="wall-clock limit, HH:MM:SS")
+    port: int = Field(29500, ge=1024, le=65535, description="coordinator port on the first node")
+    python: str = Field("python3", description="interpreter on the compute nodes")
+    setup: list[str] = Field(default_factory=list, description="shell lines run before srun")
+    sbatch_args: list[str] = Field(default_factory=list, description="extra #SBATCH lines")
+
+    @field_validator("time")
+    @classmethod
+    def _time(cls, v: str) -> str:
+        if not re.match(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$", v):
+            raise ValueError("must be HH:MM:SS or D-HH:MM:SS")
+        return v
+
+
+Backend = Annotated[
+    LocalBackend | EmulatedBackend | MpirunBackend | SlurmBackend, Field(discriminator="kind")
+]
+BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
+
+
+class JaxcommSettings(_Strict):
+    """How gradients are reduced; passed to the job (the digits job uses them)."""
+
+    algorithm: Literal["dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] = "dense"
+    compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
+    density: float = Field(0.01, gt=0.0, le=1.0, description="fraction of gradient entries sent")
+    hierarchical: bool = False
+    label: str | None = Field(None, description="name of this entry in tables and plots")
+
+    def display_label(self) -> str:
+        """Returns the name used for this setting in run directories, tables and plots.
+
+        Returns:
+            ``label`` if set, else the algorithm (with density for sparse algorithms).
+
+        Example:
+            >>> JaxcommSettings(algorithm="gtopk", density=0.01).display_label()
+            'gtopk-d0.01'
+        """
+        if self.label:
+            return self.label
+        name = self.algorithm
+        if self.algorithm in ("topk", "gtopk"):
+            name += f"-d{self.density:g}"
+        if self.hierarchical:
+            name += "-hier"
+        return name
+
+
+class JaxcommOverride(_Strict):
+    """One sweep entry: any subset of :class:`JaxcommSettings` fields."""
+
+    algorithm: Literal["dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] | None = None
+    compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
+    density: float | None = Field(None, gt=0.0, le=1.0)
+    hierarchical: bool | None = None
+    label: str | None = None
+
+
+class Train(_Strict):
+    """Training settings shared by the bundled jobs."""
+
+    steps: int = Field(200, ge=1)
+    batch_size: int = Field(64, ge=1, description="global batch, split across all devices")
+    learning_rate: float = Field(0.1, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0)
+    hidden: int = Field(64, ge=1)
+    eval_every: int = Field(25, ge=1)
+    seed: int = 0
+
+
+class Metrics(_Strict):
+    """What the run records and draws."""
+
+    log_every: int = Field(1, ge=1, description="write a JSON line every N steps")
+    plots: bool = True
+    warmup_steps: int = Field(2, ge=0, description="steps excluded from step-time summaries")
+
+
+class Recipe(_Strict):
+    """A complete run description. See ``recipes/*.yaml`` for examples."""
+
+    name: str = Field(..., min_length=1, pattern=r"^[\w.\-]+$")
+    description: str = ""
+    job: str = Field(..., description="bundled job name or module:function")
+    world: World = Field(default_factory=World)
+    backend: Backend = Field(default_factory=LocalBackend)
+    jaxcomm: JaxcommSettings = Field(default_factory=JaxcommSettings)
+    sweep: list[JaxcommOverride] = Field(
+        default_factory=list, description="jaxcomm overrides, one run per entry"
+    )
+    train: Train = Field(default_factory=Train)
+    metrics: Metrics = Field(default_factory=Metrics)
+    args: dict[str, Any] = Field(default_factory=dict, description="free-form job arguments")
+    pythonpath: list[str] = Field(
+        default_factory=list, description="directories added to the ranks' PYTHONPATH"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for ranks")
+    timeout: float | None = Field(None, gt=0, description="seconds for the whole run")
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_shorthand(cls, v: Any) -> Any:
+        # `backend: mpirun` is accepted as shorthand for `backend: {kind: mpirun}`.
+        if isinstance(v, str):
+            return {"kind": v}
+        if isinstance(v, dict) and "kind" not in v:
+            return {**v, "kind": "local"}
+        return v
+
+    @field_validator("job")
+    @classmethod
+    def _job(cls, v: str) -> str:
+        if v in BUNDLED_JOBS or _JOB_RE.match(v):
+            return v
+        raise ValueError(
+            f"must be a bundled job ({', '.join(sorted(BUNDLED_JOBS))}) or 'module:function'"
+        )
+
+    @model_validator(mode="after")
+    def _check_sweep(self) -> Recipe:
+        labels = [v.display_label() for v in self.variants()]
+        dup = {x for x in labels if labels.count(x) > 1}
+        if dup:
+            raise ValueError(f"sweep entries must have distinct labels, repeated: {sorted(dup)}")
+        return self
+
+    def job_target(self) -> str:
+        """Returns the ``module:function`` the ranks call.
+
+        Returns:
+            The resolved job target.
+
+        Example:
+            >>> Recipe(name="x", job="digits").job_target()
+            'jaxcomm_launcher.jobs.digits:run'
+        """
+        return BUNDLED_JOBS.get(self.job, self.job)
+
+    def variants(self) -> list[JaxcommSettings]:
+        """Returns the jaxcomm settings of each run: the sweep entries, or the base settings.
+
+        Returns:
+            One validated :class:`JaxcommSettings` per run, in recipe order.
+
+        Example:
+            >>> r = Recipe(name="x", job="digits", sweep=[{"algorithm": "dense"}])
+            >>> [v.algorithm for v in r.variants()]
+            ['dense']
+        """
+        if not self.sweep:
+            return [self.jaxcomm]
+        base = self.jaxcomm.model_dump()
+        return [
+            JaxcommSettings(**{**base, **entry.model_dump(exclude_none=True)})
+            for entry in self.sweep
+        ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and error formatting
+
+
+def _allowed_for(loc: tuple[Any, ...], err: dict[str, Any]) -> str | None:
+    ctx = err.get("ctx") or {}
+    etype = err.get("type", "")
+    if etype == "literal_error" and "expected" in ctx:
+        return str(ctx["expected"])
+    if etype == "union_tag_invalid" or (etype == "union_tag_not_found"):
+        return ", ".join(BACKEND_KINDS)
+    if etype == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        if model is not None:
+            return ", ".join(model.model_fields)
+    for key, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if key in ctx:
+            return f"{word} {ctx[key]}"
+    if "pattern" in ctx:
+        return f"matching {ctx['pattern']}"
+    return None
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    # Walk the schema along an error location to list the keys valid at that level.
+    model: type[BaseModel] = Recipe
+    for part in loc:
+        if isinstance(part, int):  # a list index (sweep[1]) keeps the element's model
+            continue
+        if part in ("local", "emulated", "mpirun", "slurm"):
+            model = {
+                "local": LocalBackend,
+                "emulated": EmulatedBackend,
+                "mpirun": MpirunBackend,
+                "slurm": SlurmBackend,
+            }[part]
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        elif str(part) == "sweep":
+            model = JaxcommOverride
+        else:
+            return None
+    return model
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    # pydantic puts the discriminator tag into the path (backend.mpirun.hosts); keep it, it
+    # tells the user which backend's options were checked. Sweep entries show as sweep[1].
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(recipe)"
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """Renders a pydantic error as lines naming field, bad value and allowed values.
+
+    Args:
+        err: The validation error raised for a recipe.
+        source: Where the recipe came from (a path), for the first line.
+
+    Returns:
+        A multi-line message without a traceback.
+
+    Example:
+        >>> try:
+        ...     Recipe(name="x", job="digits", world={"processes": -1})
+        ... except ValidationError as e:
+        ...     print(format_validation_error(e, "r.yaml").splitlines()[1])
+          world.processes: -1 is not allowed (Input should be greater than or equal to 1); allowed: >= 1
+    """
+    lines = [f"invalid recipe {source}:"]
+    for e in err.errors():
+        loc = tuple(e.get("loc", ()))
+        field = _format_loc(loc)
+        etype = e.get("type", "")
+        msg = e.get("msg", "")
+        if etype == "extra_forbidden":
+            line = f"  {field}: unknown key"
+        elif etype == "missing":
+            line = f"  {field}: required field is missing"
+        elif etype == "union_tag_invalid":
+            tag = (e.get("ctx") or {}).get("tag")
+            line = f"  {field}.kind: {tag!r} is not a backend"
+        else:
+            value = e.get("input")
+            line = f"  {field}: {value!r} is not allowed ({msg})"
+        allowed = _allowed_for(loc, e)
+        if allowed:
+            line += f"; allowed: {allowed}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def parse_set(items: list[str]) -> list[tuple[list[str], Any]]:
+    """Parses ``--set a.b=value`` overrides; values are YAML scalars (``4``, ``true``, ``1gbit``).
+
+    Args:
+        items: Strings of the form ``dotted.key=value``.
+
+    Returns:
+        (key path, parsed value) pairs.
+
+    Example:
+        >>> parse_set(["world.processes=4"])
+        [(['world', 'processes'], 4)]
+    """
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip() or any(not p for p in key.split(".")):
+            raise RecipeError(f"--set {item!r}: expected dotted.key=value, e.g. world.processes=4")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"--set {item!r}: value is not valid YAML: {exc}") from None
+        out.append((key.strip().split("."), value))
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]) -> dict[str, Any]:
+    """Returns a copy of the raw recipe mapping with ``--set`` overrides applied.
+
+    Args:
+        data: The recipe as loaded from YAML.
+        overrides: Output of :func:`parse_set`.
+
+    Returns:
+        The updated mapping (validation happens afterwards, so overrides are checked too).
+
+    Example:
+        >>> apply_overrides({"world": {"processes": 2}}, [(["world", "processes"], 4)])
+        {'world': {'processes': 4}}
+    """
+    data = copy.deepcopy(data)
+    for path, value in overrides:
+        node = data
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if isinstance(nxt, str) and part == "backend":
+                nxt = {"kind": nxt}  # expand the shorthand so backend.x=y works
+            if not isinstance(nxt, dict):
+                nxt = {}
+            node[part] = nxt
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def load_recipe(path: str | pathlib.Path, overrides: list[str] | None = None) -> Recipe:
+    """Reads, overrides and validates a recipe file.
+
+    Args:
+        path: The YAML file.
+        overrides: ``--set`` strings applied before validation.
+
+    Returns:
+        The validated recipe; relative ``pythonpath`` entries are resolved against the file.
+
+    Raises:
+        RecipeError: With a user-facing message for unreadable YAML or invalid fields.
+
+    Example:
+        >>> recipe = load_recipe("recipes/digits-dense.yaml", ["train.steps=10"])  # doctest: +SKIP
+    """
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe {path} is not valid YAML:\n{exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"recipe {path} must be a mapping of keys (name, job, world, ...), "
+            f"got {type(data).__name__}"
+        )
+    data = apply_overrides(data, parse_set(overrides or []))
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(format_validation_error(exc, str(path))) from None
+    except ValueError as exc:  # raised by sweep expansion outside pydantic's wrapper
+        raise RecipeError(f"invalid recipe {path}: {exc}") from None
+    base = path.resolve().parent
+    recipe.pythonpath = [str((base / p).resolve()) for p in recipe.pythonpath]
+    return recipe

@@ -1,0 +1,320 @@
+"""Runs a recipe end to end: run directory, one supervised launch per sweep entry, results."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import pathlib
+import signal
+import time
+from types import FrameType
+from typing import Any
+
+from rich.console import Console
+
+from jaxcomm_launcher import metrics
+from jaxcomm_launcher.backends import make_backend
+from jaxcomm_launcher.procs import Interrupted, Outcome, Supervisor
+from jaxcomm_launcher.recipe import JaxcommSettings, Recipe
+
+# Bundled jobs and the jaxcomm module a non-dense algorithm needs in each.
+_NEEDS = {
+    "jaxcomm_launcher.jobs.digits:run": ("jaxcomm.optax", "allreduce_gradients"),
+    "jaxcomm_launcher.jobs.allreduce:run": ("jaxcomm.allreduce", "allreduce"),
+}
+
+
+class LaunchFailed(Exception):
+    """The run did not succeed; ``exit_code`` is what the CLI should return."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def default_run_dir(recipe: Recipe, base: pathlib.Path | None = None) -> pathlib.Path:
+    """Returns ``runs/<recipe name>-<timestamp>`` (under `base`, default the cwd).
+
+    Args:
+        recipe: The recipe.
+        base: Parent directory.
+
+    Returns:
+        A path that does not exist yet.
+
+    Example:
+        >>> default_run_dir(Recipe(name="x", job="smoke")).parent.name
+        'runs'
+    """
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    root = (base or pathlib.Path.cwd()) / "runs"
+    path = root / f"{recipe.name}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = root / f"{recipe.name}-{stamp}-{n}"
+    return path
+
+
+def unavailable_reason(recipe: Recipe, settings: JaxcommSettings) -> str | None:
+    """Says why a bundled job cannot run `settings` in this build (None if it can).
+
+    Args:
+        recipe: The recipe (its job).
+        settings: One jaxcomm setting of the recipe.
+
+    Returns:
+        A sentence, or None. User jobs are never pre-checked: they decide themselves.
+
+    Example:
+        >>> unavailable_reason(Recipe(name="x", job="digits"), JaxcommSettings())
+    """
+    need = _NEEDS.get(recipe.job_target())
+    if settings.algorithm == "dense" or need is None:
+        return None
+    module, attr = need
+    found = False
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        found = False
+    if found:
+        mod = importlib.import_module(module)
+        found = hasattr(mod, attr)
+    if found:
+        return None
+    return (
+        f"algorithm {settings.algorithm!r} is not available in this build "
+        f"({module}.{attr} does not exist yet)"
+    )
+
+
+def run_description(recipe: Recipe) -> dict[str, Any]:
+    """Returns the skeleton of ``run.json`` (variants are appended as they run).
+
+    Args:
+        recipe: The recipe.
+
+    Returns:
+        recipe name, backend, world, job, warm-up steps, start time, empty variant list.
+
+    Example:
+        >>> run_description(Recipe(name="x", job="smoke"))["backend"]
+        'local'
+    """
+    return {
+        "recipe": recipe.name,
+        "backend": recipe.backend.kind,
+        "world": recipe.world.model_dump(),
+        "job": recipe.job_target(),
+        "warmup_steps": recipe.metrics.warmup_steps,
+        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "variants": [],
+    }
+
+
+def _spec(recipe: Recipe, settings: JaxcommSettings, variant_dir: pathlib.Path) -> dict[str, Any]:
+    return {
+        "recipe": recipe.model_dump(mode="json"),
+        "jaxcomm": settings.model_dump(mode="json"),
+        "job": recipe.job_target(),
+        "variant": settings.display_label(),
+        "run_dir": str(variant_dir.resolve()),
+    }
+
+
+def _failed_rank(outcome: Outcome, variant_dir: pathlib.Path) -> int | None:
+    # The rank that raised first wrote the oldest error status; ranks that merely lost
+    # their peer fail a moment later. A rank killed by a signal writes nothing, then the
+    # supervisor's first-exit observation stands.
+    errors = []
+    for path in variant_dir.glob("rank*.status.json"):
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not status.get("ok"):
+            errors.append((path.stat().st_mtime, int(status["rank"])))
+    if (
+        outcome.failed_rank is not None
+        and not (variant_dir / f"rank{outcome.failed_rank}.status.json").exists()
+    ):
+        return outcome.failed_rank
+    if errors:
+        return min(errors)[1]
+    return outcome.failed_rank
+
+
+def _status_error(variant_dir: pathlib.Path, rank: int | None) -> str | None:
+    if rank is None:
+        return None
+    path = variant_dir / f"rank{rank}.status.json"
+    try:
+        return json.loads(path.read_text()).get("error")
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _install_sigterm() -> Any:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted()
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (e.g. embedded use): Ctrl-C handling only
+        return None
+
+
+def run_recipe(
+    recipe: Recipe,
+    run_dir: pathlib.Path,
+    console: Console,
+    timeout: float | None = None,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Runs every jaxcomm setting of `recipe` and writes summary, table and plots.
+
+    Args:
+        recipe: The validated recipe (backend local, emulated or mpirun).
+        run_dir: Output directory (created).
+        console: For logs, warnings and the table.
+        timeout: Seconds for the whole run (overrides ``recipe.timeout``).
+        quiet: Do not echo rank logs (they are still written to files).
+
+    Returns:
+        The summary (also in ``run_dir/summary.json``).
+
+    Raises:
+        LaunchFailed: A rank failed, the run timed out or was interrupted; the message names
+            the rank and shows its last log lines.
+
+    Example:
+        >>> run_recipe(load_recipe("recipes/digits-dense.yaml"), pathlib.Path("runs/a"), Console())  # doctest: +SKIP
+    """
+    timeout = timeout if timeout is not None else recipe.timeout
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json"), indent=2))
+    run = run_description(recipe)
+
+    def save_run() -> None:
+        (run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+
+    variants = recipe.variants()
+    reasons = [unavailable_reason(recipe, v) for v in variants]
+    if len(variants) == 1 and reasons[0]:
+        raise LaunchFailed(
+            f"{reasons[0]}.\nUse `--set jaxcomm.algorithm=dense` (the dense lax.pmean baseline) "
+            "until the compressed collectives land.",
+            exit_code=1,
+        )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failure: LaunchFailed | None = None
+    old_term = _install_sigterm()
+    try:
+        with make_backend(recipe, run_dir) as backend:
+            for settings, reason in zip(variants, reasons, strict=True):
+                label = settings.display_label()
+                entry: dict[str, Any] = {"label": label, "jaxcomm": settings.model_dump()}
+                run["variants"].append(entry)
+                if reason:
+                    # Sweeps skip what this build lacks, visibly, so the rest still compares.
+                    console.print(f"[bold yellow]warning:[/] skipping {label}: {reason}")
+                    entry.update(status="skipped", reason=reason)
+                    save_run()
+                    continue
+                variant_dir = run_dir / label
+                variant_dir.mkdir(exist_ok=True)
+                spec_path = variant_dir / "spec.json"
+                spec_path.write_text(json.dumps(_spec(recipe, settings, variant_dir), indent=2))
+                console.rule(
+                    f"[bold]{recipe.name}[/] · {label} · {recipe.backend.kind} · "
+                    f"{recipe.world.processes} processes"
+                )
+                sup = Supervisor(console, variant_dir, quiet=quiet)
+                t0 = time.monotonic()
+                remaining = None if deadline is None else max(0.0, deadline - t0)
+                try:
+                    backend.start(sup, spec_path)
+                    status_line = console.status(f"{label}: running")
+                    with status_line:
+                        outcome = sup.wait(
+                            remaining,
+                            on_tick=lambda s, lab=label, st=status_line, d=variant_dir: st.update(
+                                f"{lab}: running {s:.0f} s{_progress(d)}"
+                            ),
+                        )
+                finally:
+                    sup.close()
+                entry["wall_s"] = round(time.monotonic() - t0, 2)
+                if outcome.ok:
+                    entry["status"] = "ok"
+                    save_run()
+                    continue
+                failure = _failure(outcome, variant_dir, label, sup, recipe)
+                entry.update(
+                    status=outcome.reason,
+                    reason=str(failure).splitlines()[0],
+                    failed_rank=_failed_rank(outcome, variant_dir),
+                )
+                save_run()
+                break
+    except Interrupted:
+        failure = LaunchFailed("interrupted (SIGTERM): every rank was stopped", exit_code=130)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        save_run()
+    summary = metrics.write_summary(run_dir)
+    if recipe.metrics.plots:
+        metrics.draw_plots(run_dir)
+    metrics.print_table(summary, console)
+    if failure is not None:
+        raise failure
+    if not any(v.get("status") == "ok" for v in run["variants"]):
+        raise LaunchFailed("no entry of the recipe could run in this build", exit_code=1)
+    console.print(f"[bold green]done[/]: results in {run_dir}")
+    return summary
+
+
+def _progress(variant_dir: pathlib.Path) -> str:
+    # Show rank 0's latest step while the run goes on (cheap: reads the file's tail).
+    path = variant_dir / "rank0.jsonl"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+        last = json.loads(lines[-1]) if lines else None
+    except (OSError, json.JSONDecodeError, IndexError):
+        return ""
+    if not last:
+        return ""
+    loss = last.get("loss")
+    return f", step {last['step']}" + (f", loss {loss:.4f}" if isinstance(loss, float) else "")
+
+
+def _failure(
+    outcome: Outcome,
+    variant_dir: pathlib.Path,
+    label: str,
+    sup: Supervisor,
+    recipe: Recipe,
+) -> LaunchFailed:
+    if outcome.reason == "interrupted":
+        return LaunchFailed(f"{label}: interrupted; every rank was stopped", exit_code=130)
+    if outcome.reason == "timeout":
+        return LaunchFailed(f"{label}: {outcome.detail}; every rank was stopped", exit_code=124)
+    rank = _failed_rank(outcome, variant_dir)
+    error = _status_error(variant_dir, rank)
+    who = f"rank {rank}" if rank is not None else "a rank"
+    how = outcome.detail if rank == outcome.failed_rank else f"it raised first; {outcome.detail}"
+    lines = [f"{label}: {who} failed ({how}); the other ranks were stopped."]
+    if error:
+        lines.append(f"  error: {error}")
+    tail = list(sup.tails.get(rank, [])) or list(sup.tails.get(None, []))
+    if tail:
+        lines.append(f"  last lines of {who} (full log: {variant_dir}/rank{rank}.log):")
+        lines.extend("    " + t for t in tail[-15:])
+    return LaunchFailed("\n".join(lines), exit_code=1)

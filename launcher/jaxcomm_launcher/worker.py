@@ -1,0 +1,167 @@
+"""Rank entry point: ``python -m jaxcomm_launcher.worker --spec RUN_DIR/spec.json``.
+
+Every backend starts this module once per rank. It finds its rank and the world size in the
+environment of whichever launch engine started it, sets up JAX (CPU devices per process,
+``jax.distributed``), calls the job and records how it ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import pathlib
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+# (rank variable, size variable) of each launch engine, first match wins.
+RANK_ENV = (
+    ("JAXCOMM_PROCESS_ID", "JAXCOMM_NUM_PROCESSES"),  # local and emulated backends
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),  # OpenMPI mpirun
+    ("PMI_RANK", "PMI_SIZE"),  # MPICH / Hydra
+    ("SLURM_PROCID", "SLURM_NTASKS"),  # srun
+)
+
+
+def rank_and_size(env: Mapping[str, str]) -> tuple[int, int]:
+    """Returns (rank, world size) from the launch engine's environment variables.
+
+    Args:
+        env: The environment, usually ``os.environ``.
+
+    Returns:
+        The rank and the number of processes.
+
+    Raises:
+        RuntimeError: When no known pair of variables is set.
+
+    Example:
+        >>> rank_and_size({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
+        (1, 2)
+    """
+    for rank_var, size_var in RANK_ENV:
+        if rank_var in env and size_var in env:
+            return int(env[rank_var]), int(env[size_var])
+    names = ", ".join(f"{r}/{s}" for r, s in RANK_ENV)
+    raise RuntimeError(f"cannot tell this process's rank: none of {names} is set")
+
+
+def resolve_job(target: str) -> Callable[..., Any]:
+    """Imports ``module:function`` and returns the function.
+
+    Args:
+        target: ``package.module:function``.
+
+    Returns:
+        The callable.
+
+    Example:
+        >>> resolve_job("jaxcomm_launcher.jobs.smoke:run").__name__
+        'run'
+    """
+    module_name, _, func_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, func_name)
+    except AttributeError:
+        raise AttributeError(f"job {target!r}: module {module_name} has no {func_name!r}") from None
+
+
+def _write_status(run_dir: pathlib.Path, rank: int, payload: dict[str, Any]) -> None:
+    tmp = run_dir / f".rank{rank}.status.tmp"
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, run_dir / f"rank{rank}.status.json")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs one rank of a launched recipe (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="jaxcomm_launcher.worker")
+    parser.add_argument("--spec", required=True, help="spec.json written by the launcher")
+    ns = parser.parse_args(argv)
+    spec = json.loads(pathlib.Path(ns.spec).read_text())
+    run_dir = pathlib.Path(spec["run_dir"])
+    rank, size = rank_and_size(os.environ)
+    try:
+        _run(spec, run_dir, rank, size)
+    except BaseException as exc:  # noqa: BLE001 - any failure must be reported, then exit
+        tb = traceback.format_exc()
+        sys.stderr.write(tb)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        try:
+            _write_status(
+                run_dir,
+                rank,
+                {
+                    "rank": rank,
+                    "ok": False,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": tb,
+                },
+            )
+        except OSError:
+            pass
+        # os._exit skips jax.distributed's atexit shutdown, whose barrier would wait for the
+        # other ranks (possibly forever) instead of letting the launcher stop them now.
+        os._exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Same reason as above: peers may already be gone once every rank wrote its status.
+    os._exit(0)
+
+
+def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> None:
+    from jaxcomm_launcher.context import JobContext, MetricsLogger
+    from jaxcomm_launcher.recipe import JaxcommSettings, Recipe
+
+    recipe = Recipe.model_validate(spec["recipe"])
+    settings = JaxcommSettings.model_validate(spec["jaxcomm"])
+    if size != recipe.world.processes:
+        raise RuntimeError(
+            f"the launch engine started {size} processes but the recipe asks for "
+            f"world.processes={recipe.world.processes}"
+        )
+
+    import jax
+
+    # Must happen before any backend is initialized (the first jax.devices() call).
+    jax.config.update("jax_num_cpu_devices", recipe.world.devices_per_process)
+    if size > 1:
+        coordinator = os.environ.get("JAXCOMM_COORDINATOR")
+        if not coordinator:
+            raise RuntimeError("JAXCOMM_COORDINATOR (host:port of rank 0) is not set")
+        jax.distributed.initialize(
+            coordinator_address=coordinator,
+            num_processes=size,
+            process_id=rank,
+            initialization_timeout=int(os.environ.get("JAXCOMM_INIT_TIMEOUT", "120")),
+        )
+    job = resolve_job(spec["job"])
+    metrics = MetricsLogger(
+        run_dir / f"rank{rank}.jsonl", rank, spec["variant"], recipe.metrics.log_every
+    )
+    ctx = JobContext(
+        rank=rank,
+        world_size=size,
+        devices_per_process=recipe.world.devices_per_process,
+        run_dir=run_dir,
+        metrics=metrics,
+        recipe=recipe,
+        jaxcomm=settings,
+        variant=spec["variant"],
+    )
+    try:
+        job(ctx)
+    finally:
+        metrics.close()
+    _write_status(run_dir, rank, {"rank": rank, "ok": True})
+    if size > 1:
+        # A clean shutdown waits for every rank to finish its collectives.
+        jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

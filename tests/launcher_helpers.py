@@ -1,0 +1,49 @@
+"""Shared helpers for the launcher tests: run the installed `jaxcomm` CLI, find stray ranks."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def jaxcomm_cmd() -> list[str]:
+    exe = shutil.which("jaxcomm") or str(pathlib.Path(sys.executable).with_name("jaxcomm"))
+    return [exe]
+
+
+def write_recipe(path: pathlib.Path, **fields) -> pathlib.Path:
+    data = {"name": "t", "job": "smoke", "world": {"processes": 2}, "train": {"steps": 3}}
+    data.update(fields)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run_cli(*args: str, cwd: pathlib.Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    # Run outside the repository root so `jaxcomm` imports the installed package.
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run(
+        [*jaxcomm_cmd(), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def worker_pids(marker: str) -> list[int]:
+    """Pids of live processes whose command line mentions `marker` (e.g. the run dir)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = pathlib.Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            state = pathlib.Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            out.append(int(entry))
+    return out

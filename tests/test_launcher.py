@@ -1,0 +1,219 @@
+"""Launcher end to end with the local backend: runs, artifacts, bad recipes, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from launcher_helpers import ROOT, jaxcomm_cmd, run_cli, worker_pids, write_recipe
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_local_launch_writes_metrics_summary_and_plots(tmp_path, processes):
+    recipe = write_recipe(tmp_path / "r.yaml", world={"processes": processes})
+    out = tmp_path / "run"
+    res = run_cli("launch", str(recipe), "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for rank in range(processes):
+        lines = (out / "dense" / f"rank{rank}.jsonl").read_text().splitlines()
+        assert len(lines) == 3
+        rec = json.loads(lines[-1])
+        assert rec["rank"] == rank and rec["step"] == 2 and rec["bytes_sent"] > 0
+        assert f"[r{rank}]" in res.stdout  # rank-prefixed log streaming
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["variants"][0]["status"] == "ok"
+    assert summary["variants"][0]["ranks_reporting"] == processes
+    assert (out / "step_time.png").stat().st_size > 1000
+    assert not worker_pids(str(out))
+
+
+def test_report_redraws(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml")
+    out = tmp_path / "run"
+    assert run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path).returncode == 0
+    (out / "summary.json").unlink()
+    (out / "step_time.png").unlink()
+    res = run_cli("report", str(out), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (out / "summary.json").exists() and (out / "step_time.png").exists()
+    assert "dense" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"wrold": {"processes": 2}}, ["wrold", "unknown key", "allowed:", "world"]),
+        ({"world": {"processes": "two"}}, ["world.processes", "'two'"]),
+        ({"world": {"processes": -1}}, ["world.processes", "-1", ">= 1"]),
+        ({"job": None}, ["job"]),
+        ({"backend": "cloud"}, ["backend", "local, emulated, mpirun, slurm"]),
+        ({"jaxcomm": {"algorithm": "fast"}}, ["jaxcomm.algorithm", "'fast'", "'dense'"]),
+        ({"sweep": [{"algorithm": "dense", "densty": 0.1}]}, ["sweep[0].densty", "unknown key"]),
+    ],
+)
+def test_bad_recipe_exits_2_naming_the_field(tmp_path, fields, expected):
+    recipe = write_recipe(tmp_path / "r.yaml", **fields)
+    if fields.get("job", "x") is None:  # a missing job, not a null one
+        text = recipe.read_text().replace("job: null\n", "")
+        recipe.write_text(text)
+        expected = ["job", "required field is missing"]
+    res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    for word in expected:
+        assert word in res.stderr, (word, res.stderr)
+    assert "Traceback" not in res.stderr + res.stdout
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_set_override_exits_2(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml")
+    res = run_cli("launch", str(recipe), "--set", "world.processes=0", cwd=tmp_path)
+    assert res.returncode == 2 and "world.processes" in res.stderr
+    res = run_cli("launch", str(recipe), "--set", "novalue", cwd=tmp_path)
+    assert res.returncode == 2 and "dotted.key=value" in res.stderr
+
+
+@pytest.mark.parametrize("mode", ["raise", "kill"])
+def test_failing_rank_stops_the_others_and_is_named(tmp_path, mode):
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        world={"processes": 3},
+        train={"steps": 400},
+        args={"fail_rank": 1, "fail_at_step": 2, "fail_mode": mode, "sleep_s": 0.05},
+    )
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    res = run_cli("launch", str(recipe), "--out", str(out), cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "rank 1 failed" in res.stderr
+    assert time.monotonic() - t0 < 60  # the others were stopped, not waited for (400 steps)
+    if mode == "raise":
+        assert "failed on purpose" in res.stderr  # its last log lines are shown
+    else:
+        assert "SIGKILL" in res.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert run["variants"][0]["failed_rank"] == 1
+    assert not worker_pids(str(out))
+
+
+def test_user_job_module_function_that_raises(tmp_path):
+    (tmp_path / "myjobs").mkdir()
+    (tmp_path / "myjobs" / "boom.py").write_text(
+        "def train(ctx):\n"
+        "    ctx.metrics.log(0, loss=1.0)\n"
+        "    if ctx.rank == 1:\n"
+        "        raise ValueError('bad batch on rank one')\n"
+    )
+    recipe = write_recipe(tmp_path / "r.yaml", job="boom:train", pythonpath=["myjobs"])
+    res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert res.returncode == 1
+    assert "rank 1" in res.stderr and "ValueError: bad batch on rank one" in res.stderr
+
+
+def test_timeout_stops_every_rank(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", train={"steps": 10000}, args={"sleep_s": 0.1})
+    out = tmp_path / "run"
+    res = run_cli("launch", str(recipe), "--out", str(out), "--timeout", "8", cwd=tmp_path)
+    assert res.returncode == 124, res.stdout + res.stderr
+    assert "timeout" in res.stderr
+    assert not worker_pids(str(out))
+
+
+def test_ctrl_c_stops_every_rank(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", train={"steps": 10000}, args={"sleep_s": 0.1})
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [*jaxcomm_cmd(), "launch", str(recipe), "--out", str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out / "dense" / "rank1.jsonl").exists():
+        time.sleep(0.2)
+    assert len(worker_pids(str(out))) >= 2
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert not worker_pids(str(out))
+
+
+def test_non_dense_algorithm_is_refused_clearly_until_jaxcomm_optax_exists(tmp_path):
+    pytest.importorskip("sklearn")
+    recipe = write_recipe(tmp_path / "r.yaml", job="digits", jaxcomm={"algorithm": "gtopk"})
+    res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    try:
+        import jaxcomm.optax  # noqa: F401
+    except ImportError:
+        assert res.returncode == 1
+        assert "not available in this build" in res.stderr
+        assert "Traceback" not in res.stderr
+
+
+def test_recipes_and_version(tmp_path):
+    res = run_cli("recipes", cwd=tmp_path)
+    assert res.returncode == 0
+    for name in ("digits-dense", "digits-compare", "allreduce-sweep", "emulated-1gbit"):
+        assert name in res.stdout
+    res = run_cli("--version", cwd=tmp_path)
+    assert res.returncode == 0 and "jaxcomm" in res.stdout
+
+
+def test_bundled_recipes_validate():
+    from jaxcomm_launcher.recipe import load_recipe
+
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        recipe = load_recipe(path)
+        assert recipe.name == path.stem
+
+
+def test_digits_dense_short(tmp_path):
+    pytest.importorskip("sklearn")
+    out = tmp_path / "run"
+    res = run_cli(
+        "launch",
+        str(ROOT / "recipes" / "digits-dense.yaml"),
+        "--out",
+        str(out),
+        "-q",
+        "--set",
+        "train.steps=60",
+        "--set",
+        "train.eval_every=20",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    v = summary["variants"][0]
+    assert v["final_test_accuracy"] > 0.7 and v["final_loss"] < 1.0
+    assert (out / "loss.png").exists() and (out / "step_time.png").exists()
+
+
+def test_compare_sweep_skips_unavailable_with_warning(tmp_path):
+    pytest.importorskip("sklearn")
+    out = tmp_path / "run"
+    res = run_cli(
+        "launch",
+        str(ROOT / "recipes" / "digits-compare.yaml"),
+        "--out",
+        str(out),
+        "-q",
+        "--set",
+        "train.steps=10",
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    statuses = {
+        v["label"]: v["status"] for v in json.loads((out / "summary.json").read_text())["variants"]
+    }
+    assert statuses["dense"] == "ok"
+    if os.environ.get("JAXCOMM_HAS_OPTAX") is None:
+        try:
+            import jaxcomm.optax  # noqa: F401
+        except ImportError:
+            assert statuses["gtopk-d0.01"] == "skipped" and "warning" in res.stdout
