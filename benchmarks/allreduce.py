@@ -10,6 +10,9 @@ Usage:
   python benchmarks/allreduce.py                                  # P=4 local, 1M..25M floats
   python benchmarks/allreduce.py --backend emulated --bandwidth 1gbit
   python benchmarks/allreduce.py --sizes 1000000 --repeats 5 --algorithms psum ring gtopk
+  # flat vs hierarchical, 4 nodes x 2 local devices (8 ranks):
+  python benchmarks/allreduce.py --devices-per-process 2 --sizes 16777216 \
+      --algorithms psum ring hier_ring hier_ring_leader adaptive hier_adaptive
 """
 
 from __future__ import annotations
@@ -26,7 +29,18 @@ import time
 
 import yaml
 
-ALGORITHMS = ["psum", "ring", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
+ALGORITHMS = [
+    "psum",
+    "ring",
+    "topk_allgather",
+    "gtopk",
+    "adaptive",
+    "onebit",
+    "threshold",
+    "hier_ring",
+    "hier_ring_leader",
+    "hier_adaptive",
+]
 
 
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
@@ -45,7 +59,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
         "name": f"allreduce-bench-{args.backend}",
         "description": "benchmarks/allreduce.py",
         "job": "allreduce",
-        "world": {"processes": args.processes, "devices_per_process": 1},
+        "world": {"processes": args.processes, "devices_per_process": args.devices_per_process},
         "backend": backend,
         "args": {
             "sizes": args.sizes,
@@ -65,6 +79,9 @@ def main() -> None:
     parser.add_argument("--backend", choices=["local", "emulated"], default="local")
     parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
     parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument(
+        "--devices-per-process", type=int, default=1, help="local ranks per node (process)"
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 25_000_000])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--density", type=float, default=0.001)
@@ -79,6 +96,8 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
+    if args.devices_per_process > 1:
+        tag += f"-{args.processes}x{args.devices_per_process}"
     with tempfile.TemporaryDirectory() as tmp:
         recipe = pathlib.Path(tmp) / "recipe.yaml"
         write_recipe(args, recipe)
@@ -116,7 +135,10 @@ def main() -> None:
             }
         )
     psum = {r["size_bytes"]: r["median_s"] for r in rows if r["algorithm"] == "psum"}
-    print(f"\n{tag}: P={args.processes}, density={args.density}, repeats={args.repeats}")
+    print(
+        f"\n{tag}: P={args.processes} x {args.devices_per_process} devices, "
+        f"density={args.density}, repeats={args.repeats}"
+    )
     print(
         f"{'elements':>10s} {'algorithm':16s} {'median ms':>10s} {'sent MB/rank':>13s} {'vs psum':>9s}"
     )
@@ -131,6 +153,7 @@ def main() -> None:
         "backend": args.backend,
         "bandwidth": args.bandwidth if args.backend == "emulated" else None,
         "processes": args.processes,
+        "devices_per_process": args.devices_per_process,
         "density": args.density,
         "repeats": args.repeats,
         "wall_s": wall,

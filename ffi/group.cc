@@ -29,6 +29,7 @@ struct MetricsTotal {
   uint64_t calls = 0;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  uint64_t dense_bytes_sent = 0;
   uint64_t elements = 0;
   double seconds = 0;
   int group_size = 0;
@@ -43,6 +44,7 @@ struct MetricsRecord {
   int64_t elements;
   uint64_t bytes_sent;
   uint64_t bytes_received;
+  uint64_t dense_bytes_sent;
   double seconds;
 };
 
@@ -246,11 +248,14 @@ void Group::Finish(const char* algorithm, int64_t elements) {
   total.calls += 1;
   total.bytes_sent += metrics_.bytes_sent;
   total.bytes_received += metrics_.bytes_received;
+  const uint64_t dense =
+      metrics_.has_dense_equivalent ? metrics_.dense_bytes_sent : metrics_.bytes_sent;
+  total.dense_bytes_sent += dense;
   total.elements += static_cast<uint64_t>(elements);
   total.seconds += seconds;
   total.group_size = size();
   g_recent.push_back({self_world_rank_, name_, algorithm, seq_, size(), elements,
-                      metrics_.bytes_sent, metrics_.bytes_received, seconds});
+                      metrics_.bytes_sent, metrics_.bytes_received, dense, seconds});
   if (g_recent.size() > kMaxRecentRecords) g_recent.pop_front();
 }
 
@@ -265,7 +270,8 @@ std::string MetricsJson() {
         << std::get<1>(key) << "\", \"algorithm\": \"" << std::get<2>(key)
         << "\", \"calls\": " << total.calls << ", \"group_size\": " << total.group_size
         << ", \"elements\": " << total.elements << ", \"bytes_sent\": " << total.bytes_sent
-        << ", \"bytes_received\": " << total.bytes_received << ", \"seconds\": " << total.seconds
+        << ", \"bytes_received\": " << total.bytes_received
+        << ", \"dense_bytes_sent\": " << total.dense_bytes_sent << ", \"seconds\": " << total.seconds
         << "}";
     first = false;
   }
@@ -276,7 +282,7 @@ std::string MetricsJson() {
         << "\", \"algorithm\": \"" << r.algorithm << "\", \"seq\": " << r.seq
         << ", \"group_size\": " << r.group_size << ", \"elements\": " << r.elements
         << ", \"bytes_sent\": " << r.bytes_sent << ", \"bytes_received\": " << r.bytes_received
-        << ", \"seconds\": " << r.seconds << "}";
+        << ", \"dense_bytes_sent\": " << r.dense_bytes_sent << ", \"seconds\": " << r.seconds << "}";
     first = false;
   }
   out << "]}";

@@ -37,6 +37,10 @@ struct CallSite {
 struct CallMetrics {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  // What a dense float32 schedule would have sent, for compressed collectives (the compression
+  // ratio is dense_bytes_sent / bytes_sent); dense collectives leave it unset (= bytes_sent).
+  uint64_t dense_bytes_sent = 0;
+  bool has_dense_equivalent = false;
 };
 
 class Group {
@@ -60,6 +64,20 @@ class Group {
   }
   ffi::Error Recv(int src, void* data, size_t capacity, size_t* received, uint32_t step) {
     return SendRecv(-1, nullptr, 0, src, data, capacity, received, step);
+  }
+
+  // Adds `bytes` to what a dense schedule would have sent (see CallMetrics).
+  void CountDenseEquivalent(uint64_t bytes) {
+    metrics_.dense_bytes_sent += bytes;
+    metrics_.has_dense_equivalent = true;
+  }
+  // Adds the traffic of `sub` (a group this call also ran over, e.g. the intra-node group of a
+  // hierarchical allreduce) to this group's metrics, so the call records one line.
+  void Absorb(const Group& sub) {
+    metrics_.bytes_sent += sub.metrics_.bytes_sent;
+    metrics_.bytes_received += sub.metrics_.bytes_received;
+    CountDenseEquivalent(sub.metrics_.has_dense_equivalent ? sub.metrics_.dense_bytes_sent
+                                                           : sub.metrics_.bytes_sent);
   }
 
   // Nonblocking halves of SendRecv for pipelined algorithms: post, then Wait() on each

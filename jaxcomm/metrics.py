@@ -19,7 +19,10 @@ def metrics() -> dict[str, Any]:
     Returns:
       ``{"totals": [...], "recent": [...]}``. Each total aggregates one (world rank, API name,
       algorithm): ``calls``, ``group_size``, ``elements``, ``bytes_sent``, ``bytes_received``,
-      ``seconds``. ``recent`` lists the last 4096 calls individually (with ``seq``).
+      ``seconds``, ``dense_bytes_sent`` (what a dense float32 schedule would have sent; equal
+      to ``bytes_sent`` for dense collectives) and ``compression_ratio``
+      (``dense_bytes_sent / bytes_sent``, 1.0 when nothing was sent). ``recent`` lists the
+      last 4096 calls individually (with ``seq``).
 
     Example:
       >>> import jaxcomm
@@ -32,7 +35,11 @@ def metrics() -> dict[str, Any]:
     size = fn(None, 0)
     buffer = ctypes.create_string_buffer(size + 1)
     fn(buffer, size + 1)
-    return json.loads(buffer.value.decode())
+    result = json.loads(buffer.value.decode())
+    for record in result["totals"] + result["recent"]:
+        sent = record["bytes_sent"]
+        record["compression_ratio"] = record["dense_bytes_sent"] / sent if sent else 1.0
+    return result
 
 
 def reset_metrics() -> None:

@@ -20,7 +20,9 @@ def main() -> None:
     parser.add_argument("--devices", type=int, required=True)
     parser.add_argument("--coordinator", default="")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--mode", default="cases", choices=["cases", "die", "mismatch", "steps"])
+    parser.add_argument(
+        "--mode", default="cases", choices=["cases", "die", "mismatch", "steps", "quantized"]
+    )
     args = parser.parse_args()
 
     import jax
@@ -96,6 +98,12 @@ def main() -> None:
             os._exit(3)
         os._exit(0)
 
+    if args.mode == "quantized":
+        quantized_cases(args, mesh, shard, save, smap, inputs, results)
+        np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
+        print("WORKER DONE", flush=True)
+        return
+
     sizes = [1, 7, 1000, 65537]
     for n in sizes:
         x = shard(inputs(n, n))
@@ -156,6 +164,114 @@ def main() -> None:
     results["metrics/bytes_sent"] = np.asarray(sum(t["bytes_sent"] for t in totals))
     np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
     print("WORKER DONE", flush=True)
+
+
+# Quantizers of the quantized-allreduce cases (tests/test_quantized_allreduce.py mirrors them):
+# small columns so that a slice holds several, a threshold that sends a fraction.
+QUANTIZED_CASES = {
+    "onebit": ("OneBit", {"column_size": 64}),
+    "threshold": ("Threshold", {"tau": 0.5}),
+    "threshold_capped": ("Threshold", {"tau": 0.5, "max_density": 0.05}),
+    "adaptive": ("Adaptive", {"proportion": 4.0, "column_size": 100}),
+}
+QUANTIZED_SIZES = [1, 7, 1000, 65537]
+ADAPTIVE_BYTES_N = 1 << 17  # the byte-count case: Adaptive(proportion=64), 1024-element columns
+
+
+def quantized_cases(args, mesh, shard, save, smap, inputs, results) -> None:
+    """Quantized allreduce cases over ("dp",); with 4 devices also hierarchical ones on 2 x 2."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jaxcomm
+
+    def run_case(case, algo, x, r, axis="dp", **kw):
+        jaxcomm.reset_metrics()
+        f = smap(
+            lambda v, w: tuple(
+                o[None] for o in jaxcomm.compressed_allreduce(v[0], w[0], axis, algo, **kw)
+            ),
+            2,
+            2,
+        )
+        summed, new_r = f(x, r)
+        save(case, "summed", summed)
+        save(case, "residual", new_r)
+        for record in jaxcomm.metrics()["recent"]:
+            for key in ("bytes_sent", "dense_bytes_sent", "compression_ratio"):
+                results[f"{case}/{record['world_rank']}/{key}"] = np.asarray(record[key])
+
+    for name, (cls, params) in QUANTIZED_CASES.items():
+        algo = getattr(jaxcomm, cls)(**params)
+        for n in QUANTIZED_SIZES:
+            x = shard(inputs(n, 11 * n + 1))
+            r = shard(inputs(n, 11 * n + 2, scale=0.1))
+            run_case(f"quantized/{name}/{n}", algo, x, r)
+    x = shard(inputs(ADAPTIVE_BYTES_N, 3))
+    r = shard(np.zeros((jax.device_count(), ADAPTIVE_BYTES_N), np.float32))
+    run_case("quantized/adaptive_bytes", jaxcomm.Adaptive(proportion=64), x, r)
+
+    if jax.device_count() != 4:
+        return
+    # Hierarchical: a process is a node, its devices are its local ranks; one process with 4
+    # devices is viewed as 2 x 2. Rows must hold one process's devices, in world-rank order.
+    nodes = max(2, args.processes)
+    devices = np.array(jax.devices()).reshape(nodes, -1)
+    if args.processes > 1:
+        for row, node_devices in enumerate(devices):
+            assert all(d.process_index == row for d in node_devices), devices
+    mesh2 = jax.sharding.Mesh(devices, ("node", "local"))
+    spec = P(("node", "local"))
+    rank_of = {d.id: i for i, d in enumerate(mesh.devices.flat)}
+    assert [rank_of[d.id] for d in devices.flat] == list(range(devices.size))
+
+    def shard2(rows):
+        return jax.make_array_from_callback(
+            rows.shape, NamedSharding(mesh2, spec), lambda i: rows[i]
+        )
+
+    def smap2(fn, n_in, n_out):
+        return jax.jit(
+            jax.shard_map(fn, mesh=mesh2, in_specs=(spec,) * n_in, out_specs=(spec,) * n_out)
+        )
+
+    both = ("node", "local")
+    for scheme in ("multi_leader", "leader"):
+        for n in QUANTIZED_SIZES:
+            x = shard2(inputs(n, 13 * n + 1))
+            f = smap2(
+                lambda v, scheme=scheme: (
+                    jaxcomm.allreduce(v[0], both, hierarchical=True, hierarchical_scheme=scheme)[
+                        None
+                    ],
+                    jax.lax.psum(v, both),
+                ),
+                1,
+                2,
+            )
+            ours, psum = f(x)
+            save(f"hierarchical/{scheme}/{n}", "out", ours)
+            save(f"hierarchical/{scheme}/{n}", "psum", psum)
+        for name, (cls, params) in QUANTIZED_CASES.items():
+            algo = getattr(jaxcomm, cls)(**params)
+            for n in (7, 65537):
+                x = shard2(inputs(n, 17 * n + 1))
+                r = shard2(inputs(n, 17 * n + 2, scale=0.1))
+                f = smap2(
+                    lambda v, w, algo=algo, scheme=scheme: tuple(
+                        o[None]
+                        for o in jaxcomm.compressed_allreduce(
+                            v[0], w[0], both, algo, hierarchical=True, hierarchical_scheme=scheme
+                        )
+                    ),
+                    2,
+                    2,
+                )
+                summed, new_r = f(x, r)
+                save(f"hierarchical_q/{scheme}/{name}/{n}", "summed", summed)
+                save(f"hierarchical_q/{scheme}/{name}/{n}", "residual", new_r)
 
 
 if __name__ == "__main__":

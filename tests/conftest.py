@@ -35,14 +35,14 @@ _world_runs: dict = {}
 
 @pytest.fixture(scope="session")
 def world_run(tmp_path_factory):
-    """Runs tests/collective_worker.py once per (processes, devices) and caches the result."""
+    """Runs tests/collective_worker.py once per (processes, devices, mode) and caches the result."""
     from collectives_harness import run_world
 
-    def get(processes: int, devices: int):
-        key = (processes, devices)
+    def get(processes: int, devices: int, mode: str = "cases"):
+        key = (processes, devices) if mode == "cases" else (processes, devices, mode)
         if key not in _world_runs:
-            tmp = tmp_path_factory.mktemp(f"world-{processes}x{devices}")
-            _world_runs[key] = run_world(processes, devices, tmp)
+            tmp = tmp_path_factory.mktemp(f"world-{processes}x{devices}-{mode}")
+            _world_runs[key] = run_world(processes, devices, tmp, mode=mode)
         run = _world_runs[key]
         if any(code != 0 for code in run.returncodes):
             pytest.fail(

@@ -6,6 +6,8 @@ toward the lower index; P need not be a power of two (extra ranks fold into the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -88,3 +90,137 @@ def gtopk(xs: list[np.ndarray], residuals: list[np.ndarray], k: int):
             new_r[d_idx[inside]] += d_val[inside]
         new_residuals.append(new_r)
     return summed, new_residuals
+
+
+# ---- quantized allreduce (Dryden et al. 2016 §3.4) and hierarchical allreduce ------------
+
+
+def onebit_quantize(acc: np.ndarray, column_size: int) -> np.ndarray:
+    """Decoded one-bit encoding of float32 `acc` (exact column means of each sign)."""
+    out = np.zeros_like(acc)
+    for begin in range(0, acc.size, column_size):
+        col = acc[begin : begin + column_size]
+        nonneg, neg = col >= 0, col < 0
+        m_pos = np.float32(col[nonneg].astype(np.float64).mean()) if nonneg.any() else np.float32(0)
+        m_neg = np.float32(col[neg].astype(np.float64).mean()) if neg.any() else np.float32(0)
+        out[begin : begin + column_size] = np.where(nonneg, m_pos, m_neg)
+    return out
+
+
+def threshold_quantize(acc: np.ndarray, tau: float, max_density: float) -> np.ndarray:
+    """Decoded threshold encoding: +-tau where |acc| > tau, lowest indices up to capacity."""
+    tau = np.float32(tau)
+    capacity = min(acc.size, max(1, math.ceil(max_density * acc.size)))
+    sent = np.flatnonzero((acc > tau) | (acc < -tau))[:capacity]
+    out = np.zeros_like(acc)
+    out[sent] = np.where(acc[sent] > tau, tau, -tau)
+    return out
+
+
+def adaptive_quantize(acc: np.ndarray, proportion: float, column_size: int) -> np.ndarray:
+    """Decoded adaptive encoding (exact mode): per column, the ceil(k/π) largest of each sign,
+    each decoded to the mean of the sent values of its sign."""
+    out = np.zeros_like(acc)
+    for begin in range(0, acc.size, column_size):
+        col = acc[begin : begin + column_size]
+        pos = np.flatnonzero(col > 0)
+        neg = np.flatnonzero(col < 0)
+        pos = pos[np.argsort(-col[pos], kind="stable")[: math.ceil(pos.size / proportion)]]
+        neg = neg[np.argsort(col[neg], kind="stable")[: math.ceil(neg.size / proportion)]]
+        for chosen in (pos, neg):
+            if chosen.size:
+                out[begin + chosen] = np.float32(col[chosen].astype(np.float64).mean())
+    return out
+
+
+def quantizer(c) -> tuple:
+    """(decode function acc -> decoded, slice unit) of a jaxcomm quantizer spec."""
+    name = type(c).__name__
+    if name == "OneBit":
+        assert c.sample_size == 0
+        return (lambda a: onebit_quantize(a, c.column_size)), c.column_size
+    if name == "Threshold":
+        return (lambda a: threshold_quantize(a, c.tau, c.max_density)), 1
+    assert name == "Adaptive" and c.sample_size == 0
+    return (lambda a: adaptive_quantize(a, c.proportion, c.column_size)), c.column_size
+
+
+def slice_range(n: int, parts: int, s: int, unit: int) -> tuple[int, int]:
+    """kernels::SliceRange: unit-aligned slices, the first ones one unit longer."""
+    units = -(-n // unit)
+
+    def unit_begin(i: int) -> int:
+        return i * (units // parts) + min(i, units % parts)
+
+    return min(n, unit_begin(s) * unit), min(n, unit_begin(s + 1) * unit)
+
+
+def quantized_allreduce(xs: list[np.ndarray], residuals: list[np.ndarray] | None, c):
+    """The whole quantized allreduce over P ranks.
+
+    Returns (result, residuals_out, info): info["decoded"][q] is rank q's quantized acc
+    (every slice decoded in place) and info["sums"][s] the owner's float sum of slice s before
+    requantization, so callers can model the bytes each message carries.
+    """
+    quantize, unit = quantizer(c)
+    parts = len(xs)
+    n = xs[0].size
+    accs = [x + r for x, r in zip(xs, residuals, strict=True)] if residuals else list(xs)
+    accs = [a.astype(np.float32) for a in accs]
+    decoded = [quantize_slices(a, parts, unit, quantize) for a in accs]
+    res_out = [a - d for a, d in zip(accs, decoded, strict=True)]
+    result = np.zeros(n, np.float32)
+    sums = []
+    for s in range(parts):
+        b, e = slice_range(n, parts, s, unit)
+        total = np.zeros(e - b, np.float32)
+        for q in range(parts):
+            total += decoded[q][b:e]
+        sums.append(total)
+        if e > b:
+            requantized = quantize(total)
+            result[b:e] = requantized
+            res_out[s][b:e] += total - requantized
+    return result, res_out, {"decoded": decoded, "sums": sums}
+
+
+def quantize_slices(acc: np.ndarray, parts: int, unit: int, quantize) -> np.ndarray:
+    """Each slice of acc quantized as a vector of its own, decoded back into place."""
+    out = np.zeros_like(acc)
+    for s in range(parts):
+        b, e = slice_range(acc.size, parts, s, unit)
+        if e > b:
+            out[b:e] = quantize(acc[b:e])
+    return out
+
+
+def even_range(n: int, parts: int, c: int) -> tuple[int, int]:
+    def begin(i: int) -> int:
+        return i * (n // parts) + min(i, n % parts)
+
+    return begin(c), begin(c + 1)
+
+
+def hierarchical_quantized(xs, residuals, c, nodes: int, local: int, scheme: str):
+    """Hierarchical quantized allreduce of ranks ordered (node, local) row-major: dense sum
+    inside each node, quantized allreduce across nodes of the chunk (multi_leader: local rank
+    l owns chunk (l + 1) % L) or of the whole vector (leader: local rank 0)."""
+    n = xs[0].size
+    accs = [(x + r).astype(np.float32) for x, r in zip(xs, residuals, strict=True)]
+    node_sums = [
+        np.sum(accs[j * local : (j + 1) * local], axis=0, dtype=np.float32) for j in range(nodes)
+    ]
+    result = np.zeros(n, np.float32)
+    res_out = [np.zeros(n, np.float32) for _ in accs]
+    if scheme == "leader":
+        owners = [(0, 0, n)]
+    else:
+        owners = [(lr, *even_range(n, local, (lr + 1) % local)) for lr in range(local)]
+    for lr, b, e in owners:
+        if e == b:
+            continue
+        part, part_res, _ = quantized_allreduce([s[b:e] for s in node_sums], None, c)
+        result[b:e] = part
+        for j in range(nodes):
+            res_out[j * local + lr][b:e] = part_res[j]
+    return result, res_out

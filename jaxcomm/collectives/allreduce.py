@@ -1,4 +1,5 @@
-"""Dense allreduce over UCX: ring reduce-scatter + allgather (C++ in ffi/allreduce.cc)."""
+"""Dense allreduce over UCX: ring reduce-scatter + allgather (C++ in ffi/allreduce.cc), and the
+hierarchical variant over a (node, local) mesh (ffi/quantized_allreduce.cc)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomm import _validate
+from jaxcomm.collectives import _quantized
 from jaxcomm.collectives._call import collective_call
 
 
-def allreduce(x: jax.Array, axis_name: str | Sequence[str]) -> jax.Array:
+def allreduce(
+    x: jax.Array,
+    axis_name: str | Sequence[str],
+    hierarchical: bool = False,
+    hierarchical_scheme: str = "multi_leader",
+) -> jax.Array:
     """Sums ``x`` over the devices of ``axis_name``, like ``lax.psum``, over jaxcomm's UCX ring.
 
     Must be called inside ``jax.shard_map`` whose mesh spans all ``jax.devices()``. The sum
@@ -20,10 +27,21 @@ def allreduce(x: jax.Array, axis_name: str | Sequence[str]) -> jax.Array:
 
     Args:
       x: float32 array of any shape (the same on every rank).
-      axis_name: mesh axis name, or a tuple of names reduced jointly.
+      axis_name: mesh axis name, or a tuple of names reduced jointly. With
+        ``hierarchical=True``: ``(node_axis, local_axis)``, e.g. ``("node", "local")``.
+      hierarchical: reduce inside each node over ``local_axis`` first, allreduce across nodes
+        over ``node_axis``, then share the result inside the node (on CPU a process is a node
+        and its devices are its local ranks).
+      hierarchical_scheme: ``"multi_leader"`` (default: every local rank allreduces 1/L of the
+        vector across nodes, after an intra-node reduce-scatter) or ``"leader"`` (local rank 0
+        alone talks to the other nodes, then sends the sum to its node).
 
     Returns:
       The sum over the group, with ``x``'s shape.
+
+    Raises:
+      ValueError: an axis the mesh does not have, or ``hierarchical=True`` with other than two
+        axes.
 
     Example:
       >>> mesh = jax.make_mesh((jax.device_count(),), ("dp",))
@@ -31,6 +49,21 @@ def allreduce(x: jax.Array, axis_name: str | Sequence[str]) -> jax.Array:
       ...                           in_specs=P("dp"), out_specs=P("dp")))
     """
     x = _validate.float32_array(x, "x")
+    if hierarchical:
+        attrs = _quantized.hierarchical_attributes(
+            axis_name, hierarchical_scheme, "jaxcomm.allreduce"
+        )
+        if x.size == 0:
+            return x
+        (out,) = collective_call(
+            "jaxcomm_hierarchical_allreduce",
+            "jaxcomm.allreduce",
+            axis_name,
+            [x],
+            [(x.shape, jnp.float32)],
+            **attrs,
+        )
+        return out
     if x.size == 0:
         return x
     (out,) = collective_call(

@@ -1,4 +1,5 @@
-"""Compressed allreduce with error feedback: TopK-allgather and gTop-k (C++ in ffi/)."""
+"""Compressed allreduce with error feedback (C++ in ffi/): TopK-allgather and gTop-k, and the
+quantized allreduce of one-bit, threshold and adaptive quantization (flat or hierarchical)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomm import _validate
+from jaxcomm.collectives import _quantized
 from jaxcomm.collectives._call import collective_call
-from jaxcomm.compressors import GTopK, TopKAllgather
+from jaxcomm.compressors import Adaptive, GTopK, OneBit, Threshold, TopKAllgather
 
 _TARGETS = {TopKAllgather: "jaxcomm_topk_allgather", GTopK: "jaxcomm_gtopk"}
 
@@ -19,33 +21,61 @@ def compressed_allreduce(
     x: jax.Array,
     residual: jax.Array,
     axis_name: str | Sequence[str],
-    algorithm: TopKAllgather | GTopK,
+    algorithm: TopKAllgather | GTopK | OneBit | Threshold | Adaptive,
+    hierarchical: bool = False,
+    hierarchical_scheme: str = "multi_leader",
 ) -> tuple[jax.Array, jax.Array]:
-    """Sparse allreduce of ``x + residual`` with error feedback.
+    """Compressed allreduce of ``x + residual`` with error feedback.
 
     ``TopKAllgather(density)`` sums every rank's local top-k (O(kP) bytes per rank);
     ``GTopK(density)`` keeps the global top-k through a tree of merges (O(k log P)). Either way
     ``sum_ranks(x + residual) == summed + sum_ranks(new_residual)`` up to float rounding, and
     ``summed`` is bit-identical on every rank.
 
+    ``OneBit()``, ``Threshold(tau)`` and ``Adaptive(proportion)`` run the quantized allreduce of
+    Dryden et al. (2016, §3.4): the vector is cut into P slices at multiples of the compressor's
+    ``column_size`` (any element for Threshold) so no column straddles two slices; each rank
+    quantizes every slice and sends it to the slice's owner, which dequantizes the P
+    contributions in rank order, sums and requantizes them (its requantization error goes into
+    its own ``new_residual``); a ring allgather of the quantized sums (``used`` words only)
+    follows and every rank decodes them. With ``hierarchical=True`` and
+    ``axis_name=(node_axis, local_axis)`` the sum is reduced densely inside each node, only the
+    inter-node allreduce is quantized, and the result is shared inside the node.
+
     Args:
       x: float32 array of any shape (same shape on every rank).
       residual: float32 array of x's shape: this rank's error-feedback state.
-      axis_name: mesh axis name (or tuple) to reduce over, inside ``jax.shard_map``.
-      algorithm: ``jaxcomm.TopKAllgather(density)`` or ``jaxcomm.GTopK(density)``.
+      axis_name: mesh axis name (or tuple) to reduce over, inside ``jax.shard_map``; with
+        ``hierarchical=True``: ``(node_axis, local_axis)``.
+      algorithm: ``jaxcomm.TopKAllgather(density)``, ``jaxcomm.GTopK(density)``,
+        ``jaxcomm.OneBit()``, ``jaxcomm.Threshold(tau)`` or ``jaxcomm.Adaptive(proportion)``.
+      hierarchical: two-level allreduce over (node, local) axes (quantizers only).
+      hierarchical_scheme: ``"multi_leader"`` (default) or ``"leader"``; see
+        :func:`jaxcomm.allreduce`.
 
     Returns:
       ``(summed, new_residual)``, both with x's shape.
+
+    Raises:
+      TypeError: an unknown algorithm.
+      ValueError: bad shapes, an axis the mesh does not have, or ``hierarchical=True`` with
+        other than two axes or with a sparse algorithm.
 
     Example:
       >>> step = jax.shard_map(
       ...     lambda g, r: jaxcomm.compressed_allreduce(g, r, "dp", jaxcomm.GTopK(0.01)),
       ...     mesh=mesh, in_specs=(P("dp"), P("dp")), out_specs=(P("dp"), P("dp")))
     """
-    if type(algorithm) not in _TARGETS:
+    quantized = isinstance(algorithm, _quantized.QUANTIZERS)
+    if type(algorithm) not in _TARGETS and not quantized:
         raise TypeError(
-            "algorithm must be jaxcomm.TopKAllgather(density) or jaxcomm.GTopK(density), got "
+            "algorithm must be jaxcomm.TopKAllgather(density), jaxcomm.GTopK(density), "
+            "jaxcomm.OneBit(), jaxcomm.Threshold(tau) or jaxcomm.Adaptive(proportion), got "
             f"{algorithm!r}"
+        )
+    if hierarchical and not quantized:
+        raise ValueError(
+            f"hierarchical=True supports OneBit, Threshold and Adaptive, not {algorithm!r}"
         )
     x = _validate.float32_array(x, "x")
     residual = _validate.float32_array(residual, "residual")
@@ -54,6 +84,26 @@ def compressed_allreduce(
             f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}; "
             "start from jnp.zeros_like(x)"
         )
+    api = "jaxcomm.compressed_allreduce"
+    if quantized:
+        attrs = _quantized.quantizer_attributes(algorithm)
+        target = "jaxcomm_quantized_allreduce"
+        if hierarchical:
+            attrs.update(_quantized.hierarchical_attributes(axis_name, hierarchical_scheme, api))
+            target = "jaxcomm_hierarchical_quantized"
+        if x.size == 0:
+            return x, residual
+        summed, new_residual = collective_call(
+            target,
+            api,
+            axis_name,
+            [x, residual],
+            [(x.shape, jnp.float32), (x.shape, jnp.float32)],
+            # The handlers read each residual element before writing it (kernels may alias).
+            aliases={1: 1},
+            **attrs,
+        )
+        return summed, new_residual
     if x.size == 0:
         return x, residual
     n = x.size

@@ -8,6 +8,10 @@ warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
 * ``topk_allgather``  — ``jaxcomm.compressed_allreduce`` with ``TopKAllgather(density)``
 * ``gtopk``           — ``jaxcomm.compressed_allreduce`` with ``GTopK(density)``
 * ``adaptive``/``onebit``/``threshold`` — quantized allreduce, when this build has it
+* ``hier_ring``/``hier_ring_leader``/``hier_adaptive`` — hierarchical allreduce over a
+  ("node", "local") mesh (a process is a node, its devices the local ranks): multi-leader
+  dense, single-leader dense, multi-leader with Adaptive(proportion) across nodes. Compare
+  them with ``ring``/``psum`` in a world with ``devices_per_process`` > 1 (flat over all ranks).
 
 Recipe ``args``: sizes (float32 elements per device), repeats (>= 5), density (default
 0.001), algorithms, tau (threshold), proportion (adaptive). One metrics line per timed call:
@@ -23,6 +27,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm_launcher.context import JobContext
@@ -34,7 +39,19 @@ from jaxcomm_launcher.jobs._common import (
 )
 
 DEFAULT_SIZES = [1 << 20, 1 << 22, 25_000_000]
-ALL_ALGORITHMS = ["psum", "ring", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
+ALL_ALGORITHMS = [
+    "psum",
+    "ring",
+    "topk_allgather",
+    "gtopk",
+    "adaptive",
+    "onebit",
+    "threshold",
+    "hier_ring",
+    "hier_ring_leader",
+    "hier_adaptive",
+]
+HIERARCHICAL = ("node", "local")
 
 
 def _step(algorithm: str, args: dict) -> Callable | None:
@@ -46,6 +63,24 @@ def _step(algorithm: str, args: dict) -> Callable | None:
         return lambda v, r: (lax.psum(v, AXIS), r)
     if algorithm == "ring":
         return lambda v, r: (jaxcomm.allreduce(v[0], AXIS)[None], r)
+    if algorithm in ("hier_ring", "hier_ring_leader"):
+        scheme = "leader" if algorithm == "hier_ring_leader" else "multi_leader"
+        return lambda v, r: (
+            jaxcomm.allreduce(v[0], HIERARCHICAL, hierarchical=True, hierarchical_scheme=scheme)[
+                None
+            ],
+            r,
+        )
+    if algorithm == "hier_adaptive":
+        adaptive = jaxcomm.Adaptive(float(args.get("proportion", 64)))
+
+        def hier(v: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
+            summed, new_r = jaxcomm.compressed_allreduce(
+                v[0], r[0], HIERARCHICAL, adaptive, hierarchical=True
+            )
+            return summed[None], new_r[None]
+
+        return hier
     compressors = {
         "topk_allgather": lambda: jaxcomm.TopKAllgather(density),
         "gtopk": lambda: jaxcomm.GTopK(density),
@@ -82,15 +117,23 @@ def run(ctx: JobContext) -> None:
     unknown = sorted(set(algorithms) - set(ALL_ALGORITHMS))
     if unknown:
         raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {ALL_ALGORITHMS}")
-    mesh = data_parallel_mesh()
-    spec = P(AXIS)
+    flat_mesh = data_parallel_mesh()
+    # Nodes x local ranks: jax.devices() lists each process's devices together, in order.
+    node_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), -1), HIERARCHICAL)
     step_index = 0
     for size in sizes:
         rng = np.random.default_rng(ctx.rank)
         local = rng.standard_normal((ctx.devices_per_process, size)).astype(np.float32)
-        x = shard_batch(local, mesh)
         for algorithm in algorithms:
-            zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh per algorithm
+            if algorithm.startswith("hier_"):
+                mesh, spec = node_mesh, P(HIERARCHICAL)
+                sharding = NamedSharding(mesh, spec)
+                x = jax.make_array_from_process_local_data(sharding, local)
+                zeros = jax.make_array_from_process_local_data(sharding, np.zeros_like(local))
+            else:
+                mesh, spec = flat_mesh, P(AXIS)
+                x = shard_batch(local, mesh)
+                zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
             try:
                 fn = _step(algorithm, ctx.args)
                 # The residual is donated, as a training step does with its optimizer state.

@@ -1,0 +1,558 @@
+// Quantized allreduce (Dryden et al. 2016, §3.4) and hierarchical allreduce (IBM slides).
+//
+// Quantized allreduce of acc = x + residual over P ranks, for one-bit, threshold and adaptive
+// quantization (kernels/quantized_slices.h):
+//   1. The vector is cut into P slices whose boundaries are multiples of the compressor's
+//      column size (kernels::SliceRange), so no column straddles two slices; rank s owns slice s.
+//   2. Every rank quantizes every slice of acc with error feedback (residual = acc - decoded).
+//   3. Reduce-scatter by pairwise exchange: at step k rank r sends its quantized slice r+k to
+//      its owner and receives the quantized slice r from rank r-k, `used` words only. A
+//      quantized slice cannot be summed in transit (a ring would requantize at every hop), so
+//      each message goes straight to its owner: the same (P-1)/P of the data a ring sends.
+//   4. The owner dequantizes the P contributions in rank order into a float sum, requantizes the
+//      sum with the same compressor and adds that requantization error to its own residual.
+//   5. Ring allgather of the quantized sums (variable length: `used` words).
+//   6. Every rank decodes the same P messages: bit-identical results everywhere.
+// Conservation: sum_ranks(x + residual_in) == result + sum_ranks(residual_out) up to rounding.
+//
+// Hierarchical allreduce over a ("node", "local") mesh: a process is a node, its devices are
+// its local ranks (in-process UCX: shared memory / self transport).
+//   multi-leader (default): ring reduce-scatter inside the node, so local rank l holds the node
+//     sum of chunk (l + 1) % L; every local rank allreduces its chunk across nodes (dense ring
+//     or quantized as above); ring allgather inside the node. Every local rank talks to the
+//     network with 1/L of the data, so the inter-node phase runs L transfers in parallel.
+//   single-leader (leaders=1): reduce-scatter inside the node and gather to local rank 0, the
+//     leader allreduces the whole vector across nodes, then sends it to every local rank.
+// With a compressor, acc = x + residual is reduced densely inside the node and only the
+// inter-node phase quantizes; its error lands in the residual of the rank that quantized it,
+// so conservation holds over all N * L ranks.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ffi/collective_handler.h"
+#include "ffi/common.h"
+#include "ffi/group.h"
+#include "kernels/quantized_slices.h"
+#include "kernels/reduce.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives {
+
+ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float>* scratch);
+
+namespace {
+
+using kernels::QuantizerKind;
+using kernels::QuantizerSpec;
+
+constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
+constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
+constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
+
+const char* KindLabel(QuantizerKind kind) {
+  switch (kind) {
+    case QuantizerKind::kOneBit:
+      return "onebit";
+    case QuantizerKind::kThreshold:
+      return "threshold";
+    case QuantizerKind::kAdaptive:
+      return "adaptive";
+  }
+  return "unknown";
+}
+
+int64_t EvenBegin(int64_t n, int parts, int chunk) {
+  return chunk * (n / parts) + std::min<int64_t>(chunk, n % parts);
+}
+
+// Bytes a dense float32 ring allreduce of n elements sends from `rank`: every chunk but
+// (rank + 1) in the reduce-scatter, every chunk but (rank + 2) in the allgather.
+uint64_t DenseRingBytes(int64_t n, int parts, int rank) {
+  if (parts == 1) return 0;
+  auto size = [&](int c) {
+    return EvenBegin(n, parts, c % parts + 1) - EvenBegin(n, parts, c % parts);
+  };
+  return sizeof(float) * static_cast<uint64_t>(2 * n - size(rank + 1) - size(rank + 2));
+}
+
+ffi::Error Invalid(const char* op, const std::string& message) {
+  return ffi_common::InvalidArgument(op, message);
+}
+
+// Reusable per-thread buffers (each device's calls run on one thread at a time).
+struct QuantizedScratch {
+  std::vector<uint32_t> mine;      // this rank's quantized slices, slice s at offsets[s]
+  std::vector<uint32_t> gathered;  // the quantized sums of every slice, same offsets
+  std::vector<uint32_t> incoming;  // P contributions to the owned slice
+  std::vector<int64_t> offsets;
+  std::vector<int64_t> words;  // received length (words) of each contribution / sum
+  std::vector<float> sum;
+  std::vector<float> error;
+  std::vector<float> decode;
+};
+
+// Quantized allreduce (see the file comment) of acc = x + residual_in (residual_in may be null)
+// over `group`. Writes the sum to `out` and the new residual to `residual_out` (n floats each).
+// `out` may alias `x`: x is only read (step 2) before out is first written (step 6).
+ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const float* x,
+                              const float* residual_in, int64_t n, float* out, float* residual_out,
+                              const kernels::TaskRunner& run) {
+  thread_local QuantizedScratch s;
+  const int parts = group.size();
+  const int rank = group.rank();
+  const int64_t unit = kernels::SliceUnit(spec);
+  auto slice = [&](int q) { return kernels::SliceRange(n, parts, q, unit); };
+  s.offsets.assign(parts + 1, 0);
+  for (int q = 0; q < parts; ++q) {
+    const kernels::Range r = slice(q);
+    s.offsets[q + 1] = s.offsets[q] + kernels::QuantizedPackedWords(spec, r.end - r.begin);
+  }
+  s.mine.resize(s.offsets[parts]);
+  s.gathered.resize(s.offsets[parts]);
+  s.words.assign(parts, 0);
+
+  // 2. Quantize every slice with error feedback.
+  for (int q = 0; q < parts; ++q) {
+    const kernels::Range r = slice(q);
+    const kernels::QuantizeStatus status = kernels::QuantizeSlice(
+        spec, x + r.begin, residual_in ? residual_in + r.begin : nullptr, r.end - r.begin,
+        s.mine.data() + s.offsets[q], residual_out + r.begin, run);
+    if (!status.ok()) return ffi_common::NonFinite(group.name(), r.begin + status.nonfinite_index);
+  }
+
+  // 3. Pairwise reduce-scatter: contributions to my slice, one per source rank.
+  const kernels::Range me = slice(rank);
+  const int64_t m = me.end - me.begin;
+  const int64_t my_words = s.offsets[rank + 1] - s.offsets[rank];
+  s.incoming.resize(static_cast<size_t>(my_words * parts));
+  uint32_t step = 0;
+  for (int k = 1; k < parts; ++k, ++step) {
+    const int dst = (rank + k) % parts;
+    const int src = (rank - k + parts) % parts;
+    const uint32_t* send = s.mine.data() + s.offsets[dst];
+    size_t got = 0;
+    if (ffi::Error e = group.SendRecv(dst, send, sizeof(uint32_t) * send[0], src,
+                                      s.incoming.data() + my_words * src,
+                                      sizeof(uint32_t) * my_words, &got, step);
+        !e.success()) {
+      return e;
+    }
+    if (got % sizeof(uint32_t) != 0) {
+      return Invalid(group.name(), "group rank " + std::to_string(src) + " sent " +
+                                       std::to_string(got) + " bytes, not whole words");
+    }
+    s.words[src] = static_cast<int64_t>(got / sizeof(uint32_t));
+  }
+  s.words[rank] = s.mine[s.offsets[rank]];
+
+  // 4. The owner sums the P contributions in rank order, requantizes, keeps the error.
+  s.sum.assign(static_cast<size_t>(m), 0.0f);
+  for (int q = 0; q < parts; ++q) {
+    const uint32_t* message =
+        q == rank ? s.mine.data() + s.offsets[rank] : s.incoming.data() + my_words * q;
+    const std::string bad =
+        kernels::DequantizeAccumulate(spec, message, s.words[q], m, s.sum.data(), &s.decode);
+    if (!bad.empty()) {
+      return Invalid(group.name(), "the quantized slice from group rank " + std::to_string(q) +
+                                       " is malformed (" + bad +
+                                       "); every rank must pass the same shape and compressor");
+    }
+  }
+  s.error.resize(static_cast<size_t>(m));
+  const kernels::QuantizeStatus status = kernels::QuantizeSlice(
+      spec, s.sum.data(), nullptr, m, s.gathered.data() + s.offsets[rank], s.error.data(), run);
+  if (!status.ok()) {
+    return Invalid(group.name(), "the sum over the group overflowed to Inf at flat index " +
+                                     std::to_string(me.begin + status.nonfinite_index));
+  }
+  kernels::AddInto(residual_out + me.begin, s.error.data(), m);
+  s.words[rank] = s.gathered[s.offsets[rank]];
+
+  // 5. Ring allgather of the quantized sums, `used` words each.
+  const int right = (rank + 1) % parts;
+  const int left = (rank + parts - 1) % parts;
+  for (int k = 0; k < parts - 1; ++k, ++step) {
+    const int send_slice = (rank - k + parts) % parts;
+    const int recv_slice = (rank - k - 1 + parts) % parts;
+    const uint32_t* send = s.gathered.data() + s.offsets[send_slice];
+    const int64_t capacity = s.offsets[recv_slice + 1] - s.offsets[recv_slice];
+    size_t got = 0;
+    if (ffi::Error e = group.SendRecv(right, send, sizeof(uint32_t) * s.words[send_slice], left,
+                                      s.gathered.data() + s.offsets[recv_slice],
+                                      sizeof(uint32_t) * capacity, &got, step);
+        !e.success()) {
+      return e;
+    }
+    if (got % sizeof(uint32_t) != 0) {
+      return Invalid(group.name(), "group rank " + std::to_string(left) + " sent " +
+                                       std::to_string(got) + " bytes, not whole words");
+    }
+    s.words[recv_slice] = static_cast<int64_t>(got / sizeof(uint32_t));
+  }
+
+  // 6. Decode every quantized sum.
+  std::fill(out, out + n, 0.0f);
+  for (int q = 0; q < parts; ++q) {
+    const kernels::Range r = slice(q);
+    const std::string bad =
+        kernels::DequantizeAccumulate(spec, s.gathered.data() + s.offsets[q], s.words[q],
+                                      r.end - r.begin, out + r.begin, &s.decode);
+    if (!bad.empty()) {
+      return Invalid(group.name(), "the quantized sum of slice " + std::to_string(q) +
+                                       " is malformed (" + bad + ")");
+    }
+  }
+  group.CountDenseEquivalent(DenseRingBytes(n, parts, rank));
+  return ffi::Error::Success();
+}
+
+ffi::Error ReadSpec(const char* op, int64_t kind, int64_t column_size, int64_t sample_size,
+                    double proportion, float tau, double max_density, QuantizerSpec* spec) {
+  if (kind < 0 || kind > 2) return Invalid(op, "unknown quantizer kind " + std::to_string(kind));
+  *spec = QuantizerSpec{
+      static_cast<QuantizerKind>(kind), column_size, sample_size, proportion, tau, max_density};
+  const std::string bad = kernels::CheckQuantizerSpec(*spec);
+  if (!bad.empty()) return Invalid(op, bad);
+  return ffi::Error::Success();
+}
+
+ffi::Error CheckSizes(const char* op, int64_t n, std::initializer_list<int64_t> others) {
+  for (int64_t other : others) {
+    if (other != n) return Invalid(op, "x, residual and results must have one size");
+  }
+  if (n > int64_t{0x7fffffff}) return Invalid(op, "x must have fewer than 2**31 elements");
+  return ffi::Error::Success();
+}
+
+ffi::Error QuantizedAllreduceImpl(
+    ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
+    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
+    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes, int64_t kind,
+    int64_t column_size, int64_t sample_size, double proportion, float tau, double max_density,
+    ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+  const int64_t n = ffi_common::NumElements(x);
+  if (ffi::Error e =
+          CheckSizes(kQuantizedOp, n,
+                     {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
+                      ffi_common::NumElements(*new_residual)});
+      !e.success()) {
+    return e;
+  }
+  QuantizerSpec spec;
+  if (ffi::Error e = ReadSpec(kQuantizedOp, kind, column_size, sample_size, proportion, tau,
+                              max_density, &spec);
+      !e.success()) {
+    return e;
+  }
+  std::unique_ptr<Group> group;
+  if (ffi::Error e = Group::Begin(MakeCallSite(kQuantizedOp, device_id, coordinates, world,
+                                               world_devices, mesh_axis_sizes, reduce_axes),
+                                  &group);
+      !e.success()) {
+    return e;
+  }
+  if (ffi::Error e = QuantizedAllreduce(*group, spec, x.typed_data(), residual.typed_data(), n,
+                                        summed->typed_data(), new_residual->typed_data(),
+                                        ffi_common::PoolRunner(&pool));
+      !e.success()) {
+    return e;
+  }
+  group->Finish(KindLabel(spec.kind), n);
+  token_out->typed_data()[0] = token.typed_data()[0] + 1;
+  return ffi::Error::Success();
+}
+
+// ---- hierarchical ------------------------------------------------------------------------
+
+// Ring reduce-scatter of data[0, n) in L = group.size() even chunks: afterwards group rank r
+// holds the full sum of chunk (r + 1) % L (other chunks hold partial sums).
+ffi::Error RingReduceScatter(Group& group, float* data, int64_t n, std::vector<float>* scratch,
+                             uint32_t* step) {
+  const int parts = group.size();
+  const int rank = group.rank();
+  auto begin = [&](int c) { return EvenBegin(n, parts, c); };
+  auto size = [&](int c) { return begin(c + 1) - begin(c); };
+  scratch->resize(static_cast<size_t>(std::max<int64_t>(1, size(0))));
+  for (int k = 0; k < parts - 1; ++k, ++*step) {
+    const int send_chunk = (rank - k + parts) % parts;
+    const int recv_chunk = (rank - k - 1 + parts) % parts;
+    size_t got = 0;
+    if (ffi::Error e =
+            group.SendRecv((rank + 1) % parts, data + begin(send_chunk),
+                           sizeof(float) * size(send_chunk), (rank + parts - 1) % parts,
+                           scratch->data(), sizeof(float) * scratch->size(), &got, *step);
+        !e.success()) {
+      return e;
+    }
+    if (got != sizeof(float) * size(recv_chunk)) {
+      return Invalid(group.name(),
+                     "a local rank sent a chunk of the wrong size; every rank must "
+                     "pass the same shape");
+    }
+    kernels::AddInto(data + begin(recv_chunk), scratch->data(), size(recv_chunk));
+  }
+  return ffi::Error::Success();
+}
+
+// Ring allgather matching RingReduceScatter: group rank r starts with chunk (r + 1) % L.
+ffi::Error RingAllgather(Group& group, float* data, int64_t n, uint32_t* step) {
+  const int parts = group.size();
+  const int rank = group.rank();
+  auto begin = [&](int c) { return EvenBegin(n, parts, c); };
+  auto size = [&](int c) { return begin(c + 1) - begin(c); };
+  for (int k = 0; k < parts - 1; ++k, ++*step) {
+    const int send_chunk = (rank + 1 - k + parts) % parts;
+    const int recv_chunk = (rank - k + parts) % parts;
+    size_t got = 0;
+    if (ffi::Error e =
+            group.SendRecv((rank + 1) % parts, data + begin(send_chunk),
+                           sizeof(float) * size(send_chunk), (rank + parts - 1) % parts,
+                           data + begin(recv_chunk), sizeof(float) * size(recv_chunk), &got, *step);
+        !e.success()) {
+      return e;
+    }
+    if (got != sizeof(float) * size(recv_chunk)) {
+      return Invalid(group.name(), "a local rank sent a chunk of the wrong size");
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// The three groups of one hierarchical call: the whole (node x local) group that records the
+// metrics, the ranks of this node, and the ranks with this local index on every node.
+struct HierarchicalGroups {
+  std::unique_ptr<Group> all, local, node;
+};
+
+ffi::Error BeginHierarchical(const char* op, int32_t device_id, ffi::Buffer<ffi::S32, 1> coords,
+                             int64_t world, ffi::Span<const int64_t> world_devices,
+                             ffi::Span<const int64_t> mesh_axis_sizes,
+                             ffi::Span<const int64_t> reduce_axes, int64_t node_axis,
+                             int64_t local_axis, HierarchicalGroups* groups) {
+  const int64_t axes = static_cast<int64_t>(mesh_axis_sizes.size());
+  if (node_axis < 0 || node_axis >= axes || local_axis < 0 || local_axis >= axes ||
+      node_axis == local_axis || !reduce_axes[node_axis] || !reduce_axes[local_axis]) {
+    return Invalid(op, "node_axis and local_axis must be two distinct reduced mesh axes");
+  }
+  // Every rank begins the same three groups in the same order, so sequence numbers agree.
+  thread_local std::vector<int64_t> local_mask, node_mask;
+  local_mask.assign(reduce_axes.begin(), reduce_axes.end());
+  node_mask = local_mask;
+  local_mask[node_axis] = 0;
+  node_mask[local_axis] = 0;
+  if (ffi::Error e = Group::Begin(
+          MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes, reduce_axes),
+          &groups->all);
+      !e.success()) {
+    return e;
+  }
+  if (ffi::Error e =
+          Group::Begin(MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes,
+                                    ffi::Span<const int64_t>(local_mask.data(), local_mask.size())),
+                       &groups->local);
+      !e.success()) {
+    return e;
+  }
+  return Group::Begin(MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes,
+                                   ffi::Span<const int64_t>(node_mask.data(), node_mask.size())),
+                      &groups->node);
+}
+
+// Allreduce of data[0, n) across nodes: dense ring, or quantized with the residual of the
+// quantized part in residual_out (zero elsewhere is the caller's job).
+ffi::Error InterNode(Group& node, const QuantizerSpec* spec, float* data, int64_t n,
+                     float* residual_out, const kernels::TaskRunner& run) {
+  thread_local std::vector<float> scratch;
+  if (spec == nullptr) return RingAllreduce(node, data, n, &scratch);
+  return QuantizedAllreduce(node, *spec, data, nullptr, n, data, residual_out, run);
+}
+
+// Hierarchical allreduce (see the file comment) of out[0, n), which holds this rank's
+// contribution on entry and the total on return.
+ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spec, int64_t leaders,
+                                 float* out, int64_t n, float* residual_out,
+                                 const kernels::TaskRunner& run) {
+  thread_local std::vector<float> scratch;
+  Group& local = *g.local;
+  const int parts = local.size();
+  const int rank = local.rank();
+  uint32_t step = 0;
+  if (ffi::Error e = RingReduceScatter(local, out, n, &scratch, &step); !e.success()) return e;
+  const int owned = (rank + 1) % parts;
+  const int64_t begin = EvenBegin(n, parts, owned);
+  const int64_t size = EvenBegin(n, parts, owned + 1) - begin;
+  if (leaders > 1 || parts == 1) {
+    if (ffi::Error e = InterNode(*g.node, spec, out + begin, size,
+                                 residual_out ? residual_out + begin : nullptr, run);
+        !e.success()) {
+      return e;
+    }
+    return RingAllgather(local, out, n, &step);
+  }
+  // Single leader: gather the reduced chunks on local rank 0, allreduce there, send back.
+  const uint32_t gather_step = step++;
+  const uint32_t bcast_step = step++;
+  if (rank != 0) {
+    if (ffi::Error e = local.Send(0, out + begin, sizeof(float) * size, gather_step);
+        !e.success()) {
+      return e;
+    }
+    size_t got = 0;
+    if (ffi::Error e = local.Recv(0, out, sizeof(float) * n, &got, bcast_step); !e.success()) {
+      return e;
+    }
+    if (got != sizeof(float) * n) return Invalid(local.name(), "the leader sent a short vector");
+    return ffi::Error::Success();
+  }
+  for (int q = 1; q < parts; ++q) {
+    const int c = (q + 1) % parts;
+    const int64_t b = EvenBegin(n, parts, c);
+    const int64_t len = EvenBegin(n, parts, c + 1) - b;
+    size_t got = 0;
+    if (ffi::Error e = local.Recv(q, out + b, sizeof(float) * len, &got, gather_step);
+        !e.success()) {
+      return e;
+    }
+    if (got != sizeof(float) * len) return Invalid(local.name(), "a local rank sent a short chunk");
+  }
+  if (ffi::Error e = InterNode(*g.node, spec, out, n, residual_out, run); !e.success()) return e;
+  for (int q = 1; q < parts; ++q) {
+    if (ffi::Error e = local.Send(q, out, sizeof(float) * n, bcast_step); !e.success()) return e;
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error HierarchicalDenseImpl(
+    ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
+    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
+    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
+    int64_t node_axis, int64_t local_axis, int64_t leaders, ffi::Buffer<ffi::F32> x,
+    ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+  const int64_t n = ffi_common::NumElements(x);
+  if (ffi::Error e = CheckSizes(kHierarchicalOp, n, {ffi_common::NumElements(*out)});
+      !e.success()) {
+    return e;
+  }
+  HierarchicalGroups g;
+  if (ffi::Error e =
+          BeginHierarchical(kHierarchicalOp, device_id, coordinates, world, world_devices,
+                            mesh_axis_sizes, reduce_axes, node_axis, local_axis, &g);
+      !e.success()) {
+    return e;
+  }
+  if (out->typed_data() != x.typed_data()) {
+    std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
+  }
+  if (ffi::Error e = HierarchicalAllreduce(g, nullptr, leaders, out->typed_data(), n, nullptr,
+                                           ffi_common::PoolRunner(&pool));
+      !e.success()) {
+    return e;
+  }
+  g.all->Absorb(*g.local);
+  g.all->Absorb(*g.node);
+  g.all->Finish(leaders > 1 ? "hierarchical_ring" : "hierarchical_ring_leader", n);
+  token_out->typed_data()[0] = token.typed_data()[0] + 1;
+  return ffi::Error::Success();
+}
+
+ffi::Error HierarchicalQuantizedImpl(
+    ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
+    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
+    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
+    int64_t node_axis, int64_t local_axis, int64_t leaders, int64_t kind, int64_t column_size,
+    int64_t sample_size, double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
+    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+  const int64_t n = ffi_common::NumElements(x);
+  if (ffi::Error e =
+          CheckSizes(kHierarchicalQuantizedOp, n,
+                     {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
+                      ffi_common::NumElements(*new_residual)});
+      !e.success()) {
+    return e;
+  }
+  QuantizerSpec spec;
+  if (ffi::Error e = ReadSpec(kHierarchicalQuantizedOp, kind, column_size, sample_size, proportion,
+                              tau, max_density, &spec);
+      !e.success()) {
+    return e;
+  }
+  HierarchicalGroups g;
+  if (ffi::Error e =
+          BeginHierarchical(kHierarchicalQuantizedOp, device_id, coordinates, world, world_devices,
+                            mesh_axis_sizes, reduce_axes, node_axis, local_axis, &g);
+      !e.success()) {
+    return e;
+  }
+  float* out = summed->typed_data();
+  const float* xs = x.typed_data();
+  const float* rs = residual.typed_data();
+  for (int64_t i = 0; i < n; ++i) out[i] = xs[i] + rs[i];
+  // Only the part this rank quantizes gets an error; the dense phases lose nothing.
+  std::fill(new_residual->typed_data(), new_residual->typed_data() + n, 0.0f);
+  if (ffi::Error e = HierarchicalAllreduce(g, &spec, leaders, out, n, new_residual->typed_data(),
+                                           ffi_common::PoolRunner(&pool));
+      !e.success()) {
+    return e;
+  }
+  g.all->Absorb(*g.local);
+  g.all->Absorb(*g.node);
+  const std::string label =
+      std::string("hierarchical_") + KindLabel(spec.kind) + (leaders > 1 ? "" : "_leader");
+  g.all->Finish(label.c_str(), n);
+  token_out->typed_data()[0] = token.typed_data()[0] + 1;
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace jaxcomm::collectives
+
+// Attributes shared by the quantized handlers, in this order.
+#define JAXCOMM_QUANTIZER_ATTRS(binding)                              \
+  binding                                                             \
+      .Attr<int64_t>("kind") /* 0 one-bit, 1 threshold, 2 adaptive */ \
+      .Attr<int64_t>("column_size")                                   \
+      .Attr<int64_t>("sample_size")                                   \
+      .Attr<double>("proportion")                                     \
+      .Attr<float>("tau")                                             \
+      .Attr<double>("max_density")
+
+JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduce);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommQuantizedAllreduce, jaxcomm::collectives::QuantizedAllreduceImpl,
+    JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective())
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (identical on all ranks)
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
+        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+);
+
+JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalAllreduce);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalAllreduce,
+                              jaxcomm::collectives::HierarchicalDenseImpl,
+                              jaxcomm::collectives::BindCollective()
+                                  .Attr<int64_t>("node_axis")   // index of the node axis
+                                  .Attr<int64_t>("local_axis")  // index of the local axis
+                                  .Attr<int64_t>("leaders")     // 1 = single leader, else L
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the sum
+                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+);
+
+JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalQuantized);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalQuantized,
+                              jaxcomm::collectives::HierarchicalQuantizedImpl,
+                              JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective()
+                                                          .Attr<int64_t>("node_axis")
+                                                          .Attr<int64_t>("local_axis")
+                                                          .Attr<int64_t>("leaders"))
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
+                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+);

@@ -1,0 +1,87 @@
+"""Attributes of the quantized and hierarchical collectives (C++ in ffi/quantized_allreduce.cc)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from jaxcomm import _ffi
+from jaxcomm.collectives import _mesh
+from jaxcomm.compressors import Adaptive, OneBit, Threshold
+
+_ffi.register("jaxcomm_quantized_allreduce", "JaxcommQuantizedAllreduce")
+_ffi.register("jaxcomm_hierarchical_allreduce", "JaxcommHierarchicalAllreduce")
+_ffi.register("jaxcomm_hierarchical_quantized", "JaxcommHierarchicalQuantized")
+
+Quantizer = OneBit | Threshold | Adaptive
+QUANTIZERS = (OneBit, Threshold, Adaptive)
+
+# Multi-leader (every local rank allreduces 1/L of the vector across nodes) measured faster
+# than a single leader per node (benchmarks/allreduce.py, 4 nodes x 2 local devices), so it is
+# the default; "leader" keeps the IBM slides' single-leader scheme for comparison.
+HIERARCHICAL_SCHEMES = {"multi_leader": 0, "leader": 1}
+
+
+def quantizer_attributes(c: Quantizer) -> dict[str, np.generic]:
+    """FFI attributes describing quantizer `c` (kernels/quantized_slices.h QuantizerSpec)."""
+    attrs = {
+        "kind": np.int64(0),
+        "column_size": np.int64(1024),
+        "sample_size": np.int64(0),
+        "proportion": np.float64(1.0),
+        "tau": np.float32(1.0),
+        "max_density": np.float64(1.0),
+    }
+    if isinstance(c, OneBit):
+        attrs.update(
+            kind=np.int64(0),
+            column_size=np.int64(c.column_size),
+            sample_size=np.int64(c.sample_size),
+        )
+    elif isinstance(c, Threshold):
+        attrs.update(kind=np.int64(1), tau=np.float32(c.tau), max_density=np.float64(c.max_density))
+    else:
+        attrs.update(
+            kind=np.int64(2),
+            column_size=np.int64(c.column_size),
+            sample_size=np.int64(c.sample_size),
+            proportion=np.float64(c.proportion),
+        )
+    return attrs
+
+
+def hierarchical_attributes(
+    axis_name: str | Sequence[str], scheme: str, api: str
+) -> dict[str, np.int64]:
+    """Checks a hierarchical call's axes and returns its FFI attributes.
+
+    Args:
+      axis_name: ``(node_axis, local_axis)``: the inter-node axis first, the intra-node one second.
+      scheme: ``"multi_leader"`` or ``"leader"``.
+      api: public function name, for errors.
+
+    Returns:
+      ``node_axis``, ``local_axis`` (indices among the manual mesh axes) and ``leaders``.
+
+    Raises:
+      ValueError: not exactly two distinct axes of the enclosing mesh, or an unknown scheme.
+    """
+    if isinstance(axis_name, str) or len(tuple(axis_name)) != 2:
+        raise ValueError(
+            f"{api}: hierarchical=True needs axis_name=(node_axis, local_axis), two mesh axes "
+            f"(e.g. ('node', 'local')); got axis_name={axis_name!r}"
+        )
+    if scheme not in HIERARCHICAL_SCHEMES:
+        raise ValueError(
+            f"{api}: hierarchical_scheme must be one of {sorted(HIERARCHICAL_SCHEMES)}, got {scheme!r}"
+        )
+    node, local = tuple(axis_name)
+    layout = _mesh.resolve(axis_name, api)  # raises ValueError for unknown axes
+    names = layout.axis_names
+    leaders = 1 if scheme == "leader" else max(2, layout.axis_sizes[names.index(local)])
+    return {
+        "node_axis": np.int64(names.index(node)),
+        "local_axis": np.int64(names.index(local)),
+        "leaders": np.int64(leaders),
+    }
