@@ -277,6 +277,7 @@ class Supervisor:
                     if p.popen.poll() is None:
                         continue
                     if p.popen.returncode != 0:
+                        p = self._culprit(p)
                         self.stop_all()
                         return Outcome(
                             ok=False,
@@ -303,6 +304,20 @@ class Supervisor:
         except (KeyboardInterrupt, Interrupted):
             self.stop_all()
             return Outcome(ok=False, reason="interrupted", detail="interrupted (Ctrl-C / SIGTERM)")
+
+    def _culprit(self, first: Proc, settle_s: float = 0.5) -> Proc:
+        # A rank killed by a signal takes its peers down a moment later (they see the
+        # connection close and exit with an error); the poll loop may reap a peer first.
+        # Let the exits settle briefly, then blame a signal death over a peer's error exit.
+        deadline = time.monotonic() + settle_s
+        while time.monotonic() < deadline:
+            if any((p.popen.poll() or 0) < 0 for p in self.procs):
+                break
+            time.sleep(0.02)
+        for p in self.procs:
+            if (p.popen.poll() or 0) < 0:
+                return p
+        return first
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """SIGTERM every process tree, then SIGKILL whatever is left after `grace_s`.

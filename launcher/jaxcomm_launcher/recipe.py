@@ -142,7 +142,9 @@ BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
 class JaxcommSettings(_Strict):
     """How gradients are reduced; passed to the job (the digits job uses them)."""
 
-    algorithm: Literal["dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] = "dense"
+    algorithm: Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] = (
+        "dense"
+    )
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float = Field(0.01, gt=0.0, le=1.0, description="fraction of gradient entries sent")
     hierarchical: bool = False
@@ -171,7 +173,9 @@ class JaxcommSettings(_Strict):
 class JaxcommOverride(_Strict):
     """One sweep entry: any subset of :class:`JaxcommSettings` fields."""
 
-    algorithm: Literal["dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] | None = None
+    algorithm: (
+        Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] | None
+    ) = None
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float | None = Field(None, gt=0.0, le=1.0)
     hierarchical: bool | None = None

@@ -71,7 +71,7 @@ def unavailable_reason(recipe: Recipe, settings: JaxcommSettings) -> str | None:
         >>> unavailable_reason(Recipe(name="x", job="digits"), JaxcommSettings())
     """
     need = _NEEDS.get(recipe.job_target())
-    if settings.algorithm == "dense" or need is None:
+    if settings.algorithm in ("psum", "dense") or need is None:
         return None
     module, attr = need
     found = False
@@ -136,9 +136,9 @@ def _failed_rank(outcome: Outcome, variant_dir: pathlib.Path) -> int | None:
             continue
         if not status.get("ok"):
             errors.append((path.stat().st_mtime, int(status["rank"])))
-    if (
-        outcome.failed_rank is not None
-        and not (variant_dir / f"rank{outcome.failed_rank}.status.json").exists()
+    if outcome.failed_rank is not None and (
+        (outcome.returncode or 0) < 0
+        or not (variant_dir / f"rank{outcome.failed_rank}.status.json").exists()
     ):
         return outcome.failed_rank
     if errors:
