@@ -137,7 +137,8 @@ __global__ void __launch_bounds__(kScanThreads)
     counts[j] = hist[pass * kBins + bins[j]];
   }
   uint32_t above[kPer];
-  Scan(temp).ExclusiveSum(counts, above);  // synchronizes: every thread has read state
+  Scan(temp).ExclusiveSum(counts, above);
+  __syncthreads();  // every thread has read state before one of them rewrites it
   for (int j = 0; j < kPer; ++j) {
     if (above[j] < remaining && remaining <= above[j] + counts[j]) {
       state->prefix = prefix | (static_cast<uint32_t>(bins[j]) << Shift(pass));
