@@ -10,6 +10,8 @@ Prints a table and writes JSON (default benchmarks/results/kernels.json).
 Usage:
   python benchmarks/kernels.py                      # n = 25M, density = 0.001, 7 repeats
   python benchmarks/kernels.py --n 1000000 --repeats 5 --out /tmp/k.json
+  python benchmarks/kernels.py --device gpu         # CUDA kernels vs lax.top_k on the GPU,
+                                                    # quantizers vs a device-to-device copy
 """
 
 from __future__ import annotations
@@ -39,6 +41,27 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> tuple[float, list[
     return statistics.median(times), times
 
 
+def select_device(parser: argparse.ArgumentParser, kind: str) -> jax.Device:
+    """The device to benchmark on; a clear error when --device gpu cannot run here."""
+    if kind == "cpu":
+        return jax.devices("cpu")[0]
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError as error:
+        parser.error(
+            f"--device gpu: no GPU visible to JAX ({error}); run on a CUDA machine "
+            "with jax[cuda] installed, or use --device cpu"
+        )
+    from jaxcomm import _ffi
+
+    if not _ffi.has_gpu_kernels():
+        parser.error(
+            "--device gpu: jaxcomm was built without its CUDA kernels; reinstall with "
+            "JAXCOMM_ENABLE_CUDA=ON python -m pip install ."
+        )
+    return gpus[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=25_000_000)
@@ -47,13 +70,20 @@ def main() -> None:
     parser.add_argument(
         "--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/kernels.json")
     )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "gpu"],
+        default="cpu",
+        help="where x lives and the kernels run (gpu needs a CUDA build)",
+    )
     args = parser.parse_args()
     if args.repeats < 5:
         parser.error("--repeats must be >= 5 (medians of fewer runs are noise)")
+    device = select_device(parser, args.device)
 
     n, k = args.n, max(1, int(np.ceil(args.density * args.n)))
     x_np = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    x = jnp.asarray(x_np)
+    x = jax.device_put(x_np, device)
     zeros = jnp.zeros_like(x)
     rows: list[dict] = []
 
@@ -76,20 +106,23 @@ def main() -> None:
             flush=True,
         )
 
-    print(f"n = {n}, k = {k}, repeats = {args.repeats}, devices = {jax.devices()}")
+    print(f"n = {n}, k = {k}, repeats = {args.repeats}, device = {device}")
     topk_jaxcomm = jax.jit(jaxcomm.ops.topk_abs, static_argnums=1)
     topk_lax = jax.jit(lambda v: jax.lax.top_k(jnp.abs(v), k))
     record("topk", "jaxcomm.ops.topk_abs", lambda: topk_jaxcomm(x, k))
     record("topk", "lax.top_k(jnp.abs(x), k)", lambda: topk_lax(x), baseline="lax")
-    record(
-        "topk",
-        "numpy argpartition",
-        lambda: np.argpartition(np.abs(x_np), n - k)[n - k :],
-        baseline="numpy",
-    )
-
-    copy_dst = np.empty_like(x_np)
-    record("quantize", "memcpy (np.copyto)", lambda: np.copyto(copy_dst, x_np), baseline="copy")
+    if args.device == "cpu":
+        record(
+            "topk",
+            "numpy argpartition",
+            lambda: np.argpartition(np.abs(x_np), n - k)[n - k :],
+            baseline="numpy",
+        )
+        copy_dst = np.empty_like(x_np)
+        record("quantize", "memcpy (np.copyto)", lambda: np.copyto(copy_dst, x_np), baseline="copy")
+    else:  # device memory bandwidth: a device-to-device copy of x (reads n, writes n floats)
+        device_copy = jax.jit(jnp.copy)
+        record("quantize", "device copy (jnp.copy)", lambda: device_copy(x), baseline="copy")
     compressors = [
         jaxcomm.TopK(args.density),
         jaxcomm.OneBit(),
@@ -102,7 +135,7 @@ def main() -> None:
     for c in compressors:
         try:
             record("quantize", f"compress {c}", lambda c=c: compress(x, zeros, c))
-        except NotImplementedError as error:
+        except (NotImplementedError, jax.errors.JaxRuntimeError) as error:  # no kernel here
             print(f"  skipped {c}: {error}")
 
     lax_row = next(r for r in rows if r["baseline"] == "lax")
@@ -134,6 +167,7 @@ def main() -> None:
                 "repeats": args.repeats,
                 "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
                 "jax": jax.__version__,
+                "device": str(device),
                 "rows": rows,
                 "summary": summary,
             },

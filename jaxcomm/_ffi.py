@@ -56,6 +56,21 @@ def register(target: str, symbol: str, platform: str = "cpu") -> None:
     _registered.add(key)
 
 
+def register_gpu(target: str, symbol: str) -> None:
+    """Registers GPU handler `symbol` as target `target` on platform "CUDA", when built.
+
+    Libraries built without CUDA (``JAXCOMM_ENABLE_CUDA=OFF``) lack the symbol; then nothing is
+    registered and the op runs on CPU only (XLA reports a missing custom call on a GPU).
+    """
+    if hasattr(library(), symbol):
+        register(target, symbol, platform="CUDA")
+
+
+def has_gpu_kernels() -> bool:
+    """Whether the loaded library was built with the CUDA kernels."""
+    return hasattr(library(), "JaxcommTopKAbsCuda")
+
+
 def result_like(x: Any, shape: Sequence[int], dtype: Any) -> Any:
     """Result type for an ffi_call output that keeps `x`'s sharding-related typing.
 

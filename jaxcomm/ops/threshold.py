@@ -18,6 +18,8 @@ from jaxcomm.compressors import Threshold
 
 _ffi.register("jaxcomm_threshold_compress", "JaxcommThresholdCompress")
 _ffi.register("jaxcomm_threshold_decompress", "JaxcommThresholdDecompress")
+_ffi.register_gpu("jaxcomm_threshold_compress", "JaxcommThresholdCompressCuda")
+_ffi.register_gpu("jaxcomm_threshold_decompress", "JaxcommThresholdDecompressCuda")
 
 
 def _check(compressor: Threshold) -> None:

@@ -1,0 +1,72 @@
+// CUDA versions of the compression kernels (plain CUDA over device pointers, no JAX).
+//
+// Every function enqueues its work on `stream` and returns at once: nothing here synchronizes
+// the stream or allocates device memory. Working memory comes from the caller (XLA's
+// ScratchAllocator in ffi/cuda/) and is sized by the matching *ScratchBytes function.
+//
+// Outputs are bit-identical to the CPU kernels of the same name (kernels/*.h): same wire format,
+// same tie-breaking toward the lower index, same float operations in the same order (the
+// OneBit exact means replay the CPU's 8-lane double summation).
+//
+// Data errors (a NaN/Inf that a quantizer cannot encode, a corrupt packed buffer) cannot be
+// reported to the host without synchronizing, so the GPU versions make them visible in the
+// data instead:
+// - compress: packed[0] = 0, a header no decompress accepts (the CPU decompress raises, the GPU
+//   one decodes it to all-NaN); residual_out is then unspecified, as on the CPU.
+// - decompress / sparse merge: the float outputs are filled with NaN.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace jaxcomm::kernels::cuda {
+
+// *dst = value, enqueued (for headers whose value the host knows).
+cudaError_t WriteWord(uint32_t* dst, uint32_t value, cudaStream_t stream);
+
+// ---- magnitude top-k (kernels/topk.h) ---------------------------------------------------
+// Same contract as kernels::TopKAbs: the k entries of largest MagnitudeKey(acc), acc = x +
+// residual_in (or x when residual_in is null), ties toward the lower index, indices ascending,
+// residual_out (may alias residual_in, may be null) = acc with the selected entries zeroed.
+// Exact radix select over the 31-bit keys (three histogram passes), then a stable compaction.
+// Requires 1 <= k <= n < 2^31.
+size_t TopKScratchBytes(int64_t n);
+cudaError_t TopKAbs(const float* x, const float* residual_in, int64_t n, int64_t k,
+                    int32_t* indices, float* values, float* residual_out, void* scratch,
+                    cudaStream_t stream);
+
+// x_hat = scatter-add of a TopK packed buffer of `words` = 1 + 2k words. All-NaN when
+// packed[0] != words or an index is outside [0, n).
+size_t TopKDecompressScratchBytes();
+cudaError_t TopKDecompress(const uint32_t* packed, int64_t words, int64_t n, float* x_hat,
+                           void* scratch, cudaStream_t stream);
+
+// ---- the ⊤ merge of gTop-k (kernels/sparse_merge.h) --------------------------------------
+// Same contract as kernels::SparseMergeTopK for valid inputs (the caller checks
+// 1 <= k <= max(ka, kb)). Inputs with a negative or non-ascending index give NaN values.
+// out_* may alias the inputs: everything is read into scratch first.
+size_t SparseMergeScratchBytes(int64_t ka, int64_t kb);
+cudaError_t SparseMergeTopK(const int32_t* idx_a, const float* val_a, int64_t ka,
+                            const int32_t* idx_b, const float* val_b, int64_t kb, int64_t k,
+                            int32_t* out_idx, float* out_val, void* scratch, cudaStream_t stream);
+
+// ---- one-bit quantization (kernels/onebit.h) ---------------------------------------------
+// No scratch: a failure is written into packed[0] by the column that finds it.
+cudaError_t OneBitCompress(const float* x, const float* residual_in, int64_t n, int64_t column_size,
+                           int64_t sample_size, uint32_t* packed, float* residual_out,
+                           cudaStream_t stream);
+cudaError_t OneBitDecompress(const uint32_t* packed, int64_t words, int64_t n, int64_t column_size,
+                             float* x_hat, cudaStream_t stream);
+
+// ---- threshold quantization (kernels/threshold.h) ----------------------------------------
+size_t ThresholdScratchBytes(int64_t n);
+cudaError_t ThresholdCompress(const float* x, const float* residual_in, int64_t n, float tau,
+                              int64_t capacity, uint32_t* packed, float* residual_out,
+                              void* scratch, cudaStream_t stream);
+size_t ThresholdDecompressScratchBytes();
+cudaError_t ThresholdDecompress(const uint32_t* packed, int64_t words, int64_t n, float tau,
+                                float* x_hat, void* scratch, cudaStream_t stream);
+
+}  // namespace jaxcomm::kernels::cuda
