@@ -338,15 +338,18 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
     jaxcomm.reset_metrics()
     start = time.perf_counter()
     loss = test_acc = float("nan")
+    window_start, window_first = time.perf_counter(), 0
     for i in range(steps):
         params, state, loss_d, acc_d = trainer.step(params, state, *trainer.batch(i))
         last = i == steps - 1
         if i % cfg.eval_every == 0 or last:
-            loss = _host(loss_d)
+            loss = _host(loss_d)  # waits for the step: the window's time is the steps' time
+            step_time = (time.perf_counter() - window_start) / (i + 1 - window_first)
             test_acc = _host(trainer.accuracy(params, x_test_d, y_test_d))
             if logger is not None:
                 logger.log(i, force=True, loss=loss, accuracy=_host(acc_d),
-                           test_accuracy=test_acc)
+                           test_accuracy=test_acc, step_time_s=step_time)
+            window_start, window_first = time.perf_counter(), i + 1
     seconds = time.perf_counter() - start
     totals = [t for t in jaxcomm.metrics()["totals"] if t["calls"]]
     ranks = {t["world_rank"] for t in totals}
