@@ -115,12 +115,13 @@ ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float
 
 namespace {
 
-ffi::Error AllreduceImpl(ffi::ThreadPool /*pool*/, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-                         ffi::Buffer<ffi::S32, 0> token, int64_t world,
-                         ffi::Span<const int64_t> world_devices,
+ffi::Error AllreduceImpl(ffi::ThreadPool /*pool*/, int32_t device_id,
+                         ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
+                         int64_t world, ffi::Span<const int64_t> world_devices,
                          ffi::Span<const int64_t> mesh_axis_sizes,
                          ffi::Span<const int64_t> reduce_axes, ffi::Buffer<ffi::F32> x,
-                         ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+                         ffi::ResultBuffer<ffi::F32> out,
+                         ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   if (static_cast<int64_t>(out->element_count()) != n) {
     return ffi::Error::InvalidArgument(std::string(kAllreduceOp) + ": output size mismatch");
@@ -148,7 +149,7 @@ ffi::Error AllreduceImpl(ffi::ThreadPool /*pool*/, int32_t device_id, ffi::Buffe
 JAXCOMM_EXPORT_HANDLER(JaxcommAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllreduce, jaxcomm::collectives::AllreduceImpl,
                               jaxcomm::collectives::BindCollective()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: this rank's data
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // out: the group sum
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: this rank's data
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the group sum
                                   .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );

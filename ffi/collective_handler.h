@@ -1,24 +1,27 @@
 // The bindings every collective handler shares, so each op file only adds its own buffers.
 #pragma once
 
+#include <memory>
+#include <string>
+
 #include "ffi/group.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
 
-// Binds, in order: Ctx<ThreadPool>, Ctx<DeviceOrdinal>, Arg coordinates (S32[axes]), Arg token (S32[]),
-// Attr world, world_devices, mesh_axis_sizes, reduce_axes. Each handler then adds its data
+// Binds, in order: Ctx<ThreadPool>, Ctx<DeviceOrdinal>, Arg coordinates (S32[axes]), Arg token
+// (S32[]), Attr world, world_devices, mesh_axis_sizes, reduce_axes. Each handler then adds its data
 // arguments and results.
 inline auto BindCollective() {
   return ffi::Ffi::Bind()
-      .Ctx<ffi::ThreadPool>()                    // intra-op threads for local kernels
-      .Ctx<ffi::DeviceOrdinal>()                 // global device id (CPU): finds our world rank
-      .Arg<ffi::Buffer<ffi::S32, 1>>()           // coordinates: lax.axis_index of each mesh axis
-      .Arg<ffi::Buffer<ffi::S32, 0>>()           // token: orders collectives (jaxcomm/_ordering.py)
-      .Attr<int64_t>("world")                    // handle from jaxcomm/_world.py
-      .Attr<ffi::Span<const int64_t>>("world_devices")     // device ids in world-rank order
-      .Attr<ffi::Span<const int64_t>>("mesh_axis_sizes")   // sizes of the manual mesh axes
-      .Attr<ffi::Span<const int64_t>>("reduce_axes");      // 1 for each reduced axis
+      .Ctx<ffi::ThreadPool>()           // intra-op threads for local kernels
+      .Ctx<ffi::DeviceOrdinal>()        // global device id (CPU): finds our world rank
+      .Arg<ffi::Buffer<ffi::S32, 1>>()  // coordinates: lax.axis_index of each mesh axis
+      .Arg<ffi::Buffer<ffi::S32, 0>>()  // token: orders collectives (jaxcomm/_ordering.py)
+      .Attr<int64_t>("world")           // handle from jaxcomm/_world.py
+      .Attr<ffi::Span<const int64_t>>("world_devices")    // device ids in world-rank order
+      .Attr<ffi::Span<const int64_t>>("mesh_axis_sizes")  // sizes of the manual mesh axes
+      .Attr<ffi::Span<const int64_t>>("reduce_axes");     // 1 for each reduced axis
 }
 
 inline CallSite MakeCallSite(const char* name, int32_t device_id,
@@ -34,6 +37,26 @@ inline CallSite MakeCallSite(const char* name, int32_t device_id,
                   reduce_axes,
                   coordinates.typed_data(),
                   static_cast<int64_t>(coordinates.element_count())};
+}
+
+// Shared opening of the sparse (top-k based) collectives: x, residual and both results hold n
+// elements, 1 <= k <= n, then the group of the call.
+inline ffi::Error BeginSparseCollective(const CallSite& site, int64_t k,
+                                        const ffi::Buffer<ffi::F32>& x,
+                                        const ffi::Buffer<ffi::F32>& residual,
+                                        ffi::ResultBuffer<ffi::F32>& summed,
+                                        ffi::ResultBuffer<ffi::F32>& new_residual,
+                                        std::unique_ptr<Group>* group) {
+  const size_t n = x.element_count();
+  if (residual.element_count() != n || summed->element_count() != n ||
+      new_residual->element_count() != n) {
+    return ffi::Error::InvalidArgument(std::string(site.name) +
+                                       ": x, residual and results must have one size");
+  }
+  if (k < 1 || k > static_cast<int64_t>(n)) {
+    return ffi::Error::InvalidArgument(std::string(site.name) + ": k must be in [1, x.size]");
+  }
+  return Group::Begin(site, group);
 }
 
 }  // namespace jaxcomm::collectives

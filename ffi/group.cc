@@ -73,8 +73,8 @@ ffi::Error FromStatus(const transport::Status& status) {
 }
 
 // One-time exchange of mesh positions among all world ranks for mesh shape `sizes`.
-ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char* name,
-                        int self, int64_t position, const std::vector<int64_t>& sizes,
+ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char* name, int self,
+                        int64_t position, const std::vector<int64_t>& sizes,
                         std::vector<int>* table) {
   const int world_size = world.world_size();
   const uint32_t control_seq = state.next_control_seq++;
@@ -92,8 +92,9 @@ ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char
     requests.push_back(world.Isend(self, peer, MakeControlTag(control_seq, 0, self),
                                    &positions[self], sizeof(int64_t)));
   }
-  const std::string context = std::string(name) + " (mesh discovery; every device of the "
-                                                   "world must run this collective)";
+  const std::string context = std::string(name) +
+                              " (mesh discovery; every device of the "
+                              "world must run this collective)";
   transport::Status status = world.WaitAll(self, requests, transport::DefaultDeadline(), context);
   if (!status.ok()) return FromStatus(status);
   table->assign(world_size, -1);
@@ -184,8 +185,9 @@ ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
     group->members_.push_back(table[p]);
   }
   if (group->members_[group->rank_] != self) {
-    return Fail(site.name, "this device's mesh position maps to another world rank; meshes of "
-                           "the same shape must order their devices identically");
+    return Fail(site.name,
+                "this device's mesh position maps to another world rank; meshes of "
+                "the same shape must order their devices identically");
   }
   group->seq_ = state->next_seq++;
   *out = std::move(group);
@@ -219,8 +221,8 @@ ffi::Error Group::SendRecv(int dst, const void* send, size_t send_bytes, int src
 
 transport::Request Group::PostSend(int dst, const void* data, size_t bytes, uint32_t step) {
   metrics_.bytes_sent += bytes;
-  return world_->Isend(self_world_rank_, members_[dst], MakeTag(seq_, step, self_world_rank_),
-                       data, bytes);
+  return world_->Isend(self_world_rank_, members_[dst], MakeTag(seq_, step, self_world_rank_), data,
+                       bytes);
 }
 
 transport::Request Group::PostRecv(int src, void* data, size_t capacity, uint32_t step) {
@@ -271,8 +273,8 @@ std::string MetricsJson() {
         << "\", \"calls\": " << total.calls << ", \"group_size\": " << total.group_size
         << ", \"elements\": " << total.elements << ", \"bytes_sent\": " << total.bytes_sent
         << ", \"bytes_received\": " << total.bytes_received
-        << ", \"dense_bytes_sent\": " << total.dense_bytes_sent << ", \"seconds\": " << total.seconds
-        << "}";
+        << ", \"dense_bytes_sent\": " << total.dense_bytes_sent
+        << ", \"seconds\": " << total.seconds << "}";
     first = false;
   }
   out << "], \"recent\": [";
@@ -282,7 +284,8 @@ std::string MetricsJson() {
         << "\", \"algorithm\": \"" << r.algorithm << "\", \"seq\": " << r.seq
         << ", \"group_size\": " << r.group_size << ", \"elements\": " << r.elements
         << ", \"bytes_sent\": " << r.bytes_sent << ", \"bytes_received\": " << r.bytes_received
-        << ", \"dense_bytes_sent\": " << r.dense_bytes_sent << ", \"seconds\": " << r.seconds << "}";
+        << ", \"dense_bytes_sent\": " << r.dense_bytes_sent << ", \"seconds\": " << r.seconds
+        << "}";
     first = false;
   }
   out << "]}";
@@ -300,7 +303,7 @@ void ResetMetrics() {
 // ctypes entry points for jaxcomm.metrics(): copy the JSON into `buffer` and return its full
 // length (call again with a larger buffer when the return value >= capacity).
 extern "C" __attribute__((visibility("default"))) int64_t jaxcomm_metrics_json(char* buffer,
-                                                                              int64_t capacity) {
+                                                                               int64_t capacity) {
   const std::string json = jaxcomm::collectives::MetricsJson();
   if (buffer && capacity > 0) {
     const size_t n = std::min<size_t>(json.size(), static_cast<size_t>(capacity - 1));

@@ -23,9 +23,9 @@ namespace ffi = xla::ffi;
 
 // Where the call sits: attributes and operands every collective handler binds.
 struct CallSite {
-  const char* name;                      // Python API name, for errors and metrics
-  int64_t world_handle;                  // jaxcomm/_world.py's world
-  int64_t device_id;                     // Ctx<DeviceOrdinal>
+  const char* name;                        // Python API name, for errors and metrics
+  int64_t world_handle;                    // jaxcomm/_world.py's world
+  int64_t device_id;                       // Ctx<DeviceOrdinal>
   ffi::Span<const int64_t> world_devices;  // device ids in world-rank order
   ffi::Span<const int64_t> mesh_axis_sizes;
   ffi::Span<const int64_t> reduce_axes;  // 1 = reduced over

@@ -169,9 +169,8 @@ class GTopKRun {
         current_->indices(), current_->values(), k_, received_.indices(), received_.values(), k_,
         k_, merged_.indices(), merged_.values(), scratch);
     if (!status.ok()) {
-      return ffi_common::InvalidArgument(
-          kOp, "invalid sparse set from group rank " + std::to_string(from) + ": " +
-                   status.message);
+      return ffi_common::InvalidArgument(kOp, "invalid sparse set from group rank " +
+                                                  std::to_string(from) + ": " + status.message);
     }
     CollectDropped(*current_, received_, merged_, &dropped_);
     std::swap(current_->words, merged_.words);
@@ -197,16 +196,11 @@ ffi::Error GTopKImpl(ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S
                      ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
                      ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (static_cast<int64_t>(residual.element_count()) != n ||
-      static_cast<int64_t>(summed->element_count()) != n ||
-      static_cast<int64_t>(new_residual->element_count()) != n) {
-    return ffi_common::InvalidArgument(kOp, "x, residual and results must have one size");
-  }
-  if (k < 1 || k > n) return ffi_common::InvalidArgument(kOp, "k must be in [1, x.size]");
   std::unique_ptr<Group> group;
-  if (ffi::Error e = Group::Begin(MakeCallSite(kOp, device_id, coordinates, world, world_devices,
-                                               mesh_axis_sizes, reduce_axes),
-                                  &group);
+  if (ffi::Error e =
+          BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, world, world_devices,
+                                             mesh_axis_sizes, reduce_axes),
+                                k, x, residual, summed, new_residual, &group);
       !e.success()) {
     return e;
   }
@@ -252,9 +246,9 @@ JAXCOMM_EXPORT_HANDLER(JaxcommGTopK);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGTopK, jaxcomm::collectives::GTopKImpl,
                               jaxcomm::collectives::BindCollective()
                                   .Attr<int64_t>("k")  // size of every sparse set
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: local gradient
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // summed (all ranks)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
                                   .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );

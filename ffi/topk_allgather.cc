@@ -17,26 +17,18 @@ namespace {
 
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
 
-ffi::Error TopKAllgatherImpl(ffi::ThreadPool pool, int32_t device_id,
-                             ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                             int64_t world, ffi::Span<const int64_t> world_devices,
-                             ffi::Span<const int64_t> mesh_axis_sizes,
-                             ffi::Span<const int64_t> reduce_axes, int64_t k,
-                             ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
-                             ffi::ResultBuffer<ffi::F32> summed,
-                             ffi::ResultBuffer<ffi::F32> new_residual,
-                             ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error TopKAllgatherImpl(
+    ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
+    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
+    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes, int64_t k,
+    ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (static_cast<int64_t>(residual.element_count()) != n ||
-      static_cast<int64_t>(summed->element_count()) != n ||
-      static_cast<int64_t>(new_residual->element_count()) != n) {
-    return ffi_common::InvalidArgument(kOp, "x, residual and results must have one size");
-  }
-  if (k < 1 || k > n) return ffi_common::InvalidArgument(kOp, "k must be in [1, x.size]");
   std::unique_ptr<Group> group;
-  if (ffi::Error e = Group::Begin(MakeCallSite(kOp, device_id, coordinates, world, world_devices,
-                                               mesh_axis_sizes, reduce_axes),
-                                  &group);
+  if (ffi::Error e =
+          BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, world, world_devices,
+                                             mesh_axis_sizes, reduce_axes),
+                                k, x, residual, summed, new_residual, &group);
       !e.success()) {
     return e;
   }
@@ -67,7 +59,8 @@ ffi::Error TopKAllgatherImpl(ffi::ThreadPool pool, int32_t device_id,
     if (got != slot_bytes) {
       return ffi_common::InvalidArgument(
           kOp, "a peer sent " + std::to_string(got) + " bytes instead of " +
-                   std::to_string(slot_bytes) + "; every rank must pass the same shape and density");
+                   std::to_string(slot_bytes) +
+                   "; every rank must pass the same shape and density");
     }
   }
 
@@ -78,8 +71,8 @@ ffi::Error TopKAllgatherImpl(ffi::ThreadPool pool, int32_t device_id,
     const auto* indices = reinterpret_cast<const int32_t*>(slot);
     for (int64_t j = 0; j < k; ++j) {
       if (indices[j] < 0 || indices[j] >= n) {
-        return ffi_common::InvalidArgument(kOp, "received an index out of range from rank " +
-                                                    std::to_string(q));
+        return ffi_common::InvalidArgument(
+            kOp, "received an index out of range from rank " + std::to_string(q));
       }
     }
     kernels::ScatterAdd(out, indices, reinterpret_cast<const float*>(slot + k), k);
@@ -96,9 +89,9 @@ JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgather);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAllgather, jaxcomm::collectives::TopKAllgatherImpl,
                               jaxcomm::collectives::BindCollective()
                                   .Attr<int64_t>("k")  // entries each rank contributes
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: local gradient
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // summed (all ranks)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
                                   .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );

@@ -82,3 +82,17 @@ def result_like(x: Any, shape: Sequence[int], dtype: Any) -> Any:
         return aval.update(shape=tuple(shape), dtype=dtype, weak_type=False)
     except TypeError:
         return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def compress_call(target: str, x: Any, residual: Any, words: int, **attributes: Any) -> Any:
+    """Calls a compress handler: (x, residual) -> (packed uint32[words], new_residual).
+
+    The residual is aliased to new_residual, so a donated residual is updated in place.
+    """
+    import jax.numpy as jnp
+
+    return jax.ffi.ffi_call(
+        target,
+        (result_like(x, (words,), jnp.uint32), result_like(x, x.shape, jnp.float32)),
+        input_output_aliases={1: 1},
+    )(x, residual, **attributes)

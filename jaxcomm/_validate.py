@@ -63,3 +63,19 @@ def finite_float(value: Any, name: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     return value
+
+
+def residual_like(x: Any, residual: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """Checks an (x, residual) pair of error feedback: both float32, same shape, non-empty.
+
+    Returns:
+      ``(x, residual)`` as JAX arrays.
+    """
+    x = float32_array(x, "x")
+    residual = float32_array(residual, "residual")
+    if residual.shape != x.shape:
+        raise ValueError(
+            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}; "
+            "start with jnp.zeros_like(x)"
+        )
+    return x, residual

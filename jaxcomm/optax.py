@@ -191,7 +191,9 @@ def allreduce_gradients(
         extra["hierarchical"] = True
     if density_schedule is not None:
         if compressor is None:
-            raise ValueError("density_schedule needs a compressor; the dense allreduce has no density")
+            raise ValueError(
+                "density_schedule needs a compressor; the dense allreduce has no density"
+            )
         starts, phases = _normalize_schedule(density_schedule, compressor)
     else:
         starts, phases = np.zeros(1, np.int32), [compressor]
@@ -199,9 +201,7 @@ def allreduce_gradients(
     def init_fn(params: Any) -> AllreduceGradientsState:
         residuals = None
         if compressor is not None:
-            residuals = jax.tree.map(
-                lambda p: jnp.zeros(jnp.shape(p) or (1,), jnp.float32), params
-            )
+            residuals = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p) or (1,), jnp.float32), params)
         return AllreduceGradientsState(count=jnp.zeros((), jnp.int32), residuals=residuals)
 
     def reduce_flat(algo: Any, xs: list[jax.Array], rs: list[jax.Array] | None) -> tuple:
@@ -284,6 +284,7 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
     Example:
       >>> specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
     """
+
     def visit(node: Any) -> Any:
         if isinstance(node, AllreduceGradientsState):
             return AllreduceGradientsState(
@@ -292,9 +293,7 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
             )
         return PartitionSpec()
 
-    return jax.tree.map(
-        visit, state, is_leaf=lambda x: isinstance(x, AllreduceGradientsState)
-    )
+    return jax.tree.map(visit, state, is_leaf=lambda x: isinstance(x, AllreduceGradientsState))
 
 
 def save_state(path: str, tree: Any) -> None:
@@ -339,6 +338,7 @@ def restore_state(path: str, like: Any) -> Any:
         saved = {k: data[k] for k in data.files}
     out = []
     for i, leaf in enumerate(leaves):
+
         def shard(index: tuple, i: int = i, leaf: Any = leaf) -> np.ndarray:
             return saved[f"{i}/{_index_key(index, leaf.shape)}"]
 

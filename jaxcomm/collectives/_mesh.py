@@ -35,7 +35,9 @@ class AxisLayout:
 
     @property
     def group_size(self) -> int:
-        return int(np.prod([s for s, m in zip(self.axis_sizes, self.reduce_mask, strict=True) if m]))
+        return int(
+            np.prod([s for s, m in zip(self.axis_sizes, self.reduce_mask, strict=True) if m])
+        )
 
     def attributes(self) -> dict[str, np.ndarray]:
         """FFI attributes describing the layout (int64 arrays)."""

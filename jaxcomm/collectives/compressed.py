@@ -77,13 +77,7 @@ def compressed_allreduce(
         raise ValueError(
             f"hierarchical=True supports OneBit, Threshold and Adaptive, not {algorithm!r}"
         )
-    x = _validate.float32_array(x, "x")
-    residual = _validate.float32_array(residual, "residual")
-    if residual.shape != x.shape:
-        raise ValueError(
-            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}; "
-            "start from jnp.zeros_like(x)"
-        )
+    x, residual = _validate.residual_like(x, residual)
     api = "jaxcomm.compressed_allreduce"
     if quantized:
         attrs = _quantized.quantizer_attributes(algorithm)

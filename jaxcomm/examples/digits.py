@@ -287,8 +287,15 @@ def _config_from(ctx: Any, overrides: dict[str, Any]) -> DigitsConfig:
     fields: dict[str, Any] = {}
     if ctx is not None:
         t = getattr(ctx, "train", None)
-        for name in ("steps", "batch_size", "learning_rate", "momentum", "hidden",
-                     "eval_every", "seed"):
+        for name in (
+            "steps",
+            "batch_size",
+            "learning_rate",
+            "momentum",
+            "hidden",
+            "eval_every",
+            "seed",
+        ):
             if t is not None and getattr(t, name, None) is not None:
                 fields[name] = getattr(t, name)
         s = getattr(ctx, "jaxcomm", None)
@@ -347,8 +354,14 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
             step_time = (time.perf_counter() - window_start) / (i + 1 - window_first)
             test_acc = _host(trainer.accuracy(params, x_test_d, y_test_d))
             if logger is not None:
-                logger.log(i, force=True, loss=loss, accuracy=_host(acc_d),
-                           test_accuracy=test_acc, step_time_s=step_time)
+                logger.log(
+                    i,
+                    force=True,
+                    loss=loss,
+                    accuracy=_host(acc_d),
+                    test_accuracy=test_acc,
+                    step_time_s=step_time,
+                )
             window_start, window_first = time.perf_counter(), i + 1
     seconds = time.perf_counter() - start
     totals = [t for t in jaxcomm.metrics()["totals"] if t["calls"]]
@@ -372,8 +385,12 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
         path = pathlib.Path(run_dir) / f"digits-{cfg.model}-{cfg.algorithm}.json"
         path.write_text(json.dumps(result, indent=2))
     if logger is not None:
-        logger.log(steps - 1, force=True, bytes_sent=result["bytes_sent_per_step"],
-                   compression_ratio=dense_bytes / max(1.0, result["bytes_sent_per_step"]))
+        logger.log(
+            steps - 1,
+            force=True,
+            bytes_sent=result["bytes_sent_per_step"],
+            compression_ratio=dense_bytes / max(1.0, result["bytes_sent_per_step"]),
+        )
     return result
 
 

@@ -69,22 +69,18 @@ def compress(
       (7, [-0.5, -1.0, 2.0, 0.0, -1.5, 0.5, 1.0, 1.5])
     """
     _check(compressor)
-    x = _validate.float32_array(x, "x")
-    residual = _validate.float32_array(residual, "residual")
-    if residual.shape != x.shape:
-        raise ValueError(
-            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}; "
-            "start with jnp.zeros_like(x)"
-        )
+    x, residual = _validate.residual_like(x, residual)
     if x.size == 0:
         raise ValueError("x is empty; compress needs at least one element")
     words = compressor.packed_words(x.size)
-    packed, new_residual = jax.ffi.ffi_call(
+    return _ffi.compress_call(
         "jaxcomm_adaptive_compress",
-        (_ffi.result_like(x, (words,), jnp.uint32), _ffi.result_like(x, x.shape, jnp.float32)),
-        input_output_aliases={1: 1},
-    )(x, residual, sample_size=np.int64(compressor.sample_size), **_layout_attrs(compressor))
-    return packed, new_residual
+        x,
+        residual,
+        words,
+        sample_size=np.int64(compressor.sample_size),
+        **_layout_attrs(compressor),
+    )
 
 
 def decompress(packed: jax.Array, compressor: Adaptive, shape: int | Sequence[int]) -> jax.Array:

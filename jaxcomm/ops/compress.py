@@ -70,13 +70,7 @@ def compress(
       [5, 6, 7]
     """
     _check_compressor(compressor)
-    x = _validate.float32_array(x, "x")
-    residual = _validate.float32_array(residual, "residual")
-    if residual.shape != x.shape:
-        raise ValueError(
-            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}; "
-            "start with jnp.zeros_like(x)"
-        )
+    x, residual = _validate.residual_like(x, residual)
     if x.size == 0:
         raise ValueError("x is empty; compress needs at least one element")
     return _KERNELS[type(compressor)][0](x, residual, compressor)

@@ -57,19 +57,11 @@ def compress(
       [0.5, 1.0, -2.0, 1.0]
     """
     _check(compressor)
-    x = _validate.float32_array(x, "x")
-    residual = _validate.float32_array(residual, "residual")
-    if residual.shape != x.shape:
-        raise ValueError(
-            f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}"
-        )
+    x, residual = _validate.residual_like(x, residual)
     words = compressor.packed_words(x.size)
-    packed, new_residual = jax.ffi.ffi_call(
-        "jaxcomm_threshold_compress",
-        (_ffi.result_like(x, (words,), jnp.uint32), _ffi.result_like(x, x.shape, jnp.float32)),
-        input_output_aliases={1: 1},
-    )(x, residual, tau=np.float32(compressor.tau))
-    return packed, new_residual
+    return _ffi.compress_call(
+        "jaxcomm_threshold_compress", x, residual, words, tau=np.float32(compressor.tau)
+    )
 
 
 def decompress(packed: jax.Array, compressor: Threshold, shape: Sequence[int]) -> jax.Array:

@@ -54,12 +54,7 @@ def compress_topk(
     """TopK compression with fused error feedback; see :func:`jaxcomm.ops.compress`."""
     n = x.size
     words = compressor.packed_words(n)
-    packed, new_residual = jax.ffi.ffi_call(
-        "jaxcomm_topk_compress",
-        (_ffi.result_like(x, (words,), jnp.uint32), _ffi.result_like(x, x.shape, jnp.float32)),
-        input_output_aliases={1: 1},
-    )(x, residual)
-    return packed, new_residual
+    return _ffi.compress_call("jaxcomm_topk_compress", x, residual, words)
 
 
 def decompress_topk(packed: jax.Array, compressor: TopK, shape: tuple[int, ...]) -> jax.Array:
