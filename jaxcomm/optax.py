@@ -28,7 +28,6 @@ Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``)
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -61,10 +60,6 @@ class AllreduceGradientsState(NamedTuple):
 
     count: jax.Array
     residuals: Any
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    return name in inspect.signature(fn).parameters
 
 
 def _axis_size(axis_name: AxisName) -> int:
@@ -157,8 +152,8 @@ def allreduce_gradients(
       compressor: ``None`` for the dense ring allreduce, or an algorithm that
         ``jaxcomm.compressed_allreduce`` accepts, e.g. ``jaxcomm.GTopK(0.01)`` or
         ``jaxcomm.TopKAllgather(0.01)`` (error feedback is kept in the state).
-      hierarchical: reduce within a node first (passed to the collectives; raises
-        ``NotImplementedError`` when this build's collectives do not offer it).
+      hierarchical: reduce within a node first, then across nodes (``axis_name`` must then
+        be a ("node", "local") pair of mesh axes; see ``jaxcomm.allreduce``).
       mean: divide the sum by the number of ranks (else return the sum).
       density_schedule: ``{start step: density}`` (or pairs); the compressor's density is
         replaced by the entry of the latest start step <= the update count. Each distinct
@@ -183,11 +178,6 @@ def allreduce_gradients(
     collective = allreduce if compressor is None else compressed_allreduce
     extra: dict[str, Any] = {}
     if hierarchical:
-        if not _accepts(collective, "hierarchical"):
-            raise NotImplementedError(
-                f"hierarchical=True: jaxcomm.{collective.__name__} in this build has no "
-                "hierarchical mode yet; use hierarchical=False"
-            )
         extra["hierarchical"] = True
     if density_schedule is not None:
         if compressor is None:

@@ -11,34 +11,24 @@ import jax.numpy as jnp
 
 from jaxcomm import _validate
 from jaxcomm.compressors import Adaptive, Compressor, OneBit, Threshold, TopK
+from jaxcomm.ops import adaptive, onebit, threshold, topk
 
-# compressor type -> (compress(x, residual, c), decompress(packed, c, shape)); each op module
-# adds its pair on import (see _register_kernels below).
-_KERNELS: dict[type, tuple[Callable[..., Any], Callable[..., Any]]] = {}
-
-
-def _register_kernels() -> None:
-    from jaxcomm.ops import topk
-
-    _KERNELS[TopK] = (topk.compress_topk, topk.decompress_topk)
-    for module_name, cls in (("onebit", OneBit), ("threshold", Threshold), ("adaptive", Adaptive)):
-        try:
-            module = __import__(f"jaxcomm.ops.{module_name}", fromlist=["compress", "decompress"])
-        except ModuleNotFoundError:
-            continue
-        _KERNELS[cls] = (module.compress, module.decompress)
+# compressor type -> (compress(x, residual, c), decompress(packed, c, shape)), one C++ kernel
+# pair (and op module) per compressor.
+_KERNELS: dict[type, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    TopK: (topk.compress_topk, topk.decompress_topk),
+    OneBit: (onebit.compress, onebit.decompress),
+    Threshold: (threshold.compress, threshold.decompress),
+    Adaptive: (adaptive.compress, adaptive.decompress),
+}
 
 
 def _check_compressor(compressor: Any) -> None:
-    if not isinstance(compressor, TopK | OneBit | Threshold | Adaptive):
+    if type(compressor) not in _KERNELS:
         raise TypeError(
             "compressor must be one of jaxcomm.TopK, jaxcomm.OneBit, jaxcomm.Threshold, "
             f"jaxcomm.Adaptive; got {type(compressor).__name__}"
         )
-    if not _KERNELS:
-        _register_kernels()
-    if type(compressor) not in _KERNELS:
-        raise NotImplementedError(f"{type(compressor).__name__} has no kernel in this build")
 
 
 def compress(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import pathlib
 import signal
@@ -17,12 +16,6 @@ from jaxcomm_launcher import metrics
 from jaxcomm_launcher.backends import make_backend
 from jaxcomm_launcher.procs import Interrupted, Outcome, Supervisor
 from jaxcomm_launcher.recipe import JaxcommSettings, Recipe
-
-# Bundled jobs and the jaxcomm module a non-dense algorithm needs in each.
-_NEEDS = {
-    "jaxcomm_launcher.jobs.digits:run": ("jaxcomm.optax", "allreduce_gradients"),
-    "jaxcomm_launcher.jobs.allreduce:run": ("jaxcomm.allreduce", "allreduce"),
-}
 
 
 class LaunchFailed(Exception):
@@ -55,39 +48,6 @@ def default_run_dir(recipe: Recipe, base: pathlib.Path | None = None) -> pathlib
         n += 1
         path = root / f"{recipe.name}-{stamp}-{n}"
     return path
-
-
-def unavailable_reason(recipe: Recipe, settings: JaxcommSettings) -> str | None:
-    """Says why a bundled job cannot run `settings` in this build (None if it can).
-
-    Args:
-        recipe: The recipe (its job).
-        settings: One jaxcomm setting of the recipe.
-
-    Returns:
-        A sentence, or None. User jobs are never pre-checked: they decide themselves.
-
-    Example:
-        >>> unavailable_reason(Recipe(name="x", job="digits"), JaxcommSettings())
-    """
-    need = _NEEDS.get(recipe.job_target())
-    if settings.algorithm in ("psum", "dense") or need is None:
-        return None
-    module, attr = need
-    found = False
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        found = False
-    if found:
-        mod = importlib.import_module(module)
-        found = hasattr(mod, attr)
-    if found:
-        return None
-    return (
-        f"algorithm {settings.algorithm!r} is not available in this build "
-        f"({module}.{attr} does not exist yet)"
-    )
 
 
 def run_description(recipe: Recipe) -> dict[str, Any]:
@@ -201,28 +161,15 @@ def run_recipe(
         (run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
 
     variants = recipe.variants()
-    reasons = [unavailable_reason(recipe, v) for v in variants]
-    if len(variants) == 1 and reasons[0]:
-        raise LaunchFailed(
-            f"{reasons[0]}.\nUse `--set jaxcomm.algorithm=dense` (the dense lax.pmean baseline) "
-            "until the compressed collectives land.",
-            exit_code=1,
-        )
     deadline = None if timeout is None else time.monotonic() + timeout
     failure: LaunchFailed | None = None
     old_term = _install_sigterm()
     try:
         with make_backend(recipe, run_dir) as backend:
-            for settings, reason in zip(variants, reasons, strict=True):
+            for settings in variants:
                 label = settings.display_label()
                 entry: dict[str, Any] = {"label": label, "jaxcomm": settings.model_dump()}
                 run["variants"].append(entry)
-                if reason:
-                    # Sweeps skip what this build lacks, visibly, so the rest still compares.
-                    console.print(f"[bold yellow]warning:[/] skipping {label}: {reason}")
-                    entry.update(status="skipped", reason=reason)
-                    save_run()
-                    continue
                 variant_dir = run_dir / label
                 variant_dir.mkdir(exist_ok=True)
                 spec_path = variant_dir / "spec.json"

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
 from typing import Any
 
 import jax
@@ -12,10 +10,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 AXIS = "dp"
-
-
-class NotAvailableError(RuntimeError):
-    """A jaxcomm feature asked for by the recipe is not part of this build."""
 
 
 def data_parallel_mesh() -> Mesh:
@@ -71,38 +65,6 @@ def shard_batch(local: np.ndarray, mesh: Mesh) -> jax.Array:
 def host_scalar(x: jax.Array) -> float:
     """Reads a replicated (or this process's first) value of a global array as a float."""
     return float(np.asarray(x.addressable_data(0)).reshape(-1)[0])
-
-
-def jaxcomm_module(name: str, attribute: str, algorithm: str) -> ModuleType:
-    """Imports ``jaxcomm.<name>`` and checks it offers `attribute`, or explains what is missing.
-
-    Args:
-        name: Submodule of jaxcomm, e.g. ``optax`` or ``allreduce``.
-        attribute: The function the job needs from it.
-        algorithm: The recipe's algorithm, for the message.
-
-    Returns:
-        The module.
-
-    Raises:
-        NotAvailableError: When the submodule or the attribute does not exist in this build.
-
-    Example:
-        >>> jaxcomm_module("optax", "allreduce_gradients", "gtopk")  # doctest: +SKIP
-    """
-    try:
-        module = importlib.import_module(f"jaxcomm.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name not in (f"jaxcomm.{name}", "jaxcomm"):
-            raise
-        module = None
-    if module is None or not hasattr(module, attribute):
-        raise NotAvailableError(
-            f"jaxcomm algorithm {algorithm!r} is not available in this build: "
-            f"jaxcomm.{name}.{attribute} does not exist yet. Use `jaxcomm: {{algorithm: dense}}` "
-            "(or --set jaxcomm.algorithm=dense) until it lands."
-        )
-    return module
 
 
 def ring_allreduce_bytes(payload_bytes: int, devices: int) -> int:

@@ -7,7 +7,7 @@ warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
 * ``ring``            — ``jaxcomm.allreduce`` (ring reduce-scatter + allgather over UCX)
 * ``topk_allgather``  — ``jaxcomm.compressed_allreduce`` with ``TopKAllgather(density)``
 * ``gtopk``           — ``jaxcomm.compressed_allreduce`` with ``GTopK(density)``
-* ``adaptive``/``onebit``/``threshold`` — quantized allreduce, when this build has it
+* ``adaptive``/``onebit``/``threshold`` — quantized allreduce
 * ``hier_ring``/``hier_ring_leader``/``hier_adaptive`` — hierarchical allreduce over a
   ("node", "local") mesh (a process is a node, its devices the local ranks): multi-leader
   dense, single-leader dense, multi-leader with Adaptive(proportion) across nodes. Compare
@@ -54,8 +54,8 @@ ALL_ALGORITHMS = [
 HIERARCHICAL = ("node", "local")
 
 
-def _step(algorithm: str, args: dict) -> Callable | None:
-    """The per-device function of `algorithm`, or None when this build lacks it."""
+def _step(algorithm: str, args: dict) -> Callable:
+    """The per-device function of `algorithm`."""
     import jaxcomm
 
     density = float(args.get("density", 0.001))
@@ -134,18 +134,13 @@ def run(ctx: JobContext) -> None:
                 mesh, spec = flat_mesh, P(AXIS)
                 x = shard_batch(local, mesh)
                 zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
-            try:
-                fn = _step(algorithm, ctx.args)
-                # The residual is donated, as a training step does with its optimizer state.
-                compiled = jax.jit(
-                    jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
-                    donate_argnums=1,
-                )
-                _, residual = jax.block_until_ready(compiled(x, zeros))  # compile + warm up
-            except (TypeError, NotImplementedError, ValueError) as error:
-                if ctx.is_main:
-                    ctx.print(f"allreduce {algorithm}: not available in this build ({error})")
-                continue
+            fn = _step(algorithm, ctx.args)
+            # The residual is donated, as a training step does with its optimizer state.
+            compiled = jax.jit(
+                jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
+                donate_argnums=1,
+            )
+            _, residual = jax.block_until_ready(compiled(x, zeros))  # compile + warm up
             times = []
             for _ in range(repeats):
                 jaxcomm.reset_metrics()
