@@ -196,27 +196,12 @@ ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
 
 ffi::Error Group::SendRecv(int dst, const void* send, size_t send_bytes, int src, void* recv,
                            size_t recv_capacity, size_t* received, uint32_t step) {
+  // The receive goes first so that Wait() reports its length.
   Request requests[2];
   size_t count = 0;
-  if (src >= 0) {
-    requests[count++] = world_->Irecv(self_world_rank_, members_[src],
-                                      MakeTag(seq_, step, members_[src]), recv, recv_capacity);
-  }
-  if (dst >= 0) {
-    requests[count++] = world_->Isend(self_world_rank_, members_[dst],
-                                      MakeTag(seq_, step, self_world_rank_), send, send_bytes);
-  }
-  std::string context = std::string(name_) + " (group rank " + std::to_string(rank_) + " of " +
-                        std::to_string(size()) + ")";
-  transport::Status status = world_->WaitAll(self_world_rank_, requests, count, deadline_, context);
-  if (!status.ok()) return FromStatus(status);
-  if (dst >= 0) metrics_.bytes_sent += send_bytes;
-  if (src >= 0) {
-    const size_t got = requests[0].received_bytes();
-    metrics_.bytes_received += got;
-    if (received) *received = got;
-  }
-  return ffi::Error::Success();
+  if (src >= 0) requests[count++] = PostRecv(src, recv, recv_capacity, step);
+  if (dst >= 0) requests[count++] = PostSend(dst, send, send_bytes, step);
+  return Wait(requests, count, src >= 0 ? received : nullptr);
 }
 
 transport::Request Group::PostSend(int dst, const void* data, size_t bytes, uint32_t step) {
