@@ -358,27 +358,36 @@ Counters UcxWorld::GetCounters(int self) const {
   return c;
 }
 
-Request UcxWorld::Isend(int self, int peer, uint64_t tag, const void* data, size_t bytes) {
-  Request r;
-  r.kind_ = Request::Kind::kSend;
+int UcxWorld::StartRequest(Request& r, int self, int peer, uint64_t tag, size_t bytes) const {
   r.self_ = self;
   r.peer_ = peer;
   r.tag_ = tag;
   r.bytes_ = bytes;
   r.done_ = true;
-  int index = LocalIndex(self);
+  const int index = LocalIndex(self);
   if (index < 0 || peer < 0 || peer >= world_size_ || !connected_) {
     r.ucs_status_ = UCS_ERR_INVALID_PARAM;
     r.error_ = !connected_ ? "world not connected"
                            : "invalid self " + std::to_string(self) + " (local?) or peer " +
                                  std::to_string(peer);
-    return r;
+    return -1;
   }
-  if (TagSource(tag) != static_cast<uint32_t>(self % kMaxWorldSize)) {
+  // A send is tagged with its own rank, a receive with the peer it expects.
+  const int source = r.is_send() ? self : peer;
+  if (TagSource(tag) != static_cast<uint32_t>(source % kMaxWorldSize)) {
     r.ucs_status_ = UCS_ERR_INVALID_PARAM;
-    r.error_ = "send tag source " + std::to_string(TagSource(tag)) + " is not self";
-    return r;
+    r.error_ = std::string(r.is_send() ? "send tag source " : "receive tag source ") +
+               std::to_string(TagSource(tag)) + (r.is_send() ? " is not self" : " is not the peer");
+    return -1;
   }
+  return index;
+}
+
+Request UcxWorld::Isend(int self, int peer, uint64_t tag, const void* data, size_t bytes) {
+  Request r;
+  r.kind_ = Request::Kind::kSend;
+  const int index = StartRequest(r, self, peer, tag, bytes);
+  if (index < 0) return r;
   LocalRank& l = *impl_->locals[index];
   PeerLink& link = l.links[peer];
   r.worker_ = l.worker;
@@ -406,24 +415,8 @@ Request UcxWorld::Isend(int self, int peer, uint64_t tag, const void* data, size
 Request UcxWorld::Irecv(int self, int peer, uint64_t tag, void* data, size_t capacity) {
   Request r;
   r.kind_ = Request::Kind::kRecv;
-  r.self_ = self;
-  r.peer_ = peer;
-  r.tag_ = tag;
-  r.bytes_ = capacity;
-  r.done_ = true;
-  int index = LocalIndex(self);
-  if (index < 0 || peer < 0 || peer >= world_size_ || !connected_) {
-    r.ucs_status_ = UCS_ERR_INVALID_PARAM;
-    r.error_ = !connected_ ? "world not connected"
-                           : "invalid self " + std::to_string(self) + " (local?) or peer " +
-                                 std::to_string(peer);
-    return r;
-  }
-  if (TagSource(tag) != static_cast<uint32_t>(peer % kMaxWorldSize)) {
-    r.ucs_status_ = UCS_ERR_INVALID_PARAM;
-    r.error_ = "receive tag source " + std::to_string(TagSource(tag)) + " is not the peer";
-    return r;
-  }
+  const int index = StartRequest(r, self, peer, tag, capacity);
+  if (index < 0) return r;
   LocalRank& l = *impl_->locals[index];
   r.worker_ = l.worker;
   ucp_tag_recv_info_t info{};

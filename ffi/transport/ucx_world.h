@@ -203,6 +203,9 @@ class UcxWorld {
  private:
   UcxWorld() = default;
   int LocalIndex(int rank) const;
+  // Fills `r` (whose kind is set) and checks self, peer, connection and the tag's source.
+  // Returns self's local index, or -1 with r completed as an invalid-argument failure.
+  int StartRequest(Request& r, int self, int peer, uint64_t tag, size_t bytes) const;
 
   int world_size_ = 0;
   std::vector<int> local_ranks_;
