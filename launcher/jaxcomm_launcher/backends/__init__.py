@@ -23,6 +23,26 @@ class BackendError(RuntimeError):
     """A backend cannot run here (missing tool, not root, ...); the message says what to do."""
 
 
+class BackendRunner:
+    """What every backend shares: its recipe, run directory, and a context manager that
+    sets nothing up. Backends that create something (``emulated``) override both halves.
+
+    Args:
+        recipe: The validated recipe.
+        run_dir: The run directory.
+    """
+
+    def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
+        self.recipe = recipe
+        self.run_dir = run_dir
+
+    def __enter__(self) -> BackendRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """Returns a TCP port that was free on `host` a moment ago.
 

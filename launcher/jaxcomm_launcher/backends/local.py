@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import pathlib
-from types import TracebackType
 
-from jaxcomm_launcher.backends import base_env, free_port, shell_join, worker_command
+from jaxcomm_launcher.backends import BackendRunner, base_env, free_port, shell_join, worker_command
 from jaxcomm_launcher.procs import Supervisor
-from jaxcomm_launcher.recipe import Recipe
 
 
-class LocalBackendRunner:
+class LocalBackendRunner(BackendRunner):
     """Starts ``world.processes`` workers with JAXCOMM_PROCESS_ID/NUM_PROCESSES/COORDINATOR.
 
     Args:
@@ -23,21 +21,6 @@ class LocalBackendRunner:
     """
 
     kind = "local"
-
-    def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
-        self.recipe = recipe
-        self.run_dir = run_dir
-
-    def __enter__(self) -> LocalBackendRunner:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     def _rank_envs(self, port: int) -> list[dict[str, str]]:
         n = self.recipe.world.processes

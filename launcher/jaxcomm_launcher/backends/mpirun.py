@@ -12,9 +12,15 @@ import os
 import pathlib
 import re
 import shutil
-from types import TracebackType
 
-from jaxcomm_launcher.backends import BackendError, base_env, free_port, shell_join, worker_command
+from jaxcomm_launcher.backends import (
+    BackendError,
+    BackendRunner,
+    base_env,
+    free_port,
+    shell_join,
+    worker_command,
+)
 from jaxcomm_launcher.procs import Supervisor
 from jaxcomm_launcher.recipe import MpirunBackend, Recipe
 
@@ -43,7 +49,7 @@ def route_tagged_line(line: str) -> tuple[int | None, str]:
     return None, line
 
 
-class MpirunBackendRunner:
+class MpirunBackendRunner(BackendRunner):
     """Runs each sweep entry as one ``mpirun`` under the supervisor.
 
     Args:
@@ -59,20 +65,8 @@ class MpirunBackendRunner:
 
     def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
         assert isinstance(recipe.backend, MpirunBackend)
-        self.recipe = recipe
+        super().__init__(recipe, run_dir)
         self.opts: MpirunBackend = recipe.backend
-        self.run_dir = run_dir
-
-    def __enter__(self) -> MpirunBackendRunner:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     def _executable(self) -> str:
         exe = shutil.which(self.opts.mpirun)

@@ -12,15 +12,14 @@ import shlex
 import shutil
 import subprocess
 import sys
-from types import TracebackType
 
 from rich.console import Console
 
-from jaxcomm_launcher.backends import BackendError
+from jaxcomm_launcher.backends import BackendError, BackendRunner
 from jaxcomm_launcher.recipe import Recipe, SlurmBackend
 
 
-class SlurmBackendRunner:
+class SlurmBackendRunner(BackendRunner):
     """Renders and submits the sbatch script of a recipe.
 
     Args:
@@ -35,20 +34,8 @@ class SlurmBackendRunner:
 
     def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
         assert isinstance(recipe.backend, SlurmBackend)
-        self.recipe = recipe
+        super().__init__(recipe, run_dir)
         self.opts: SlurmBackend = recipe.backend
-        self.run_dir = run_dir
-
-    def __enter__(self) -> SlurmBackendRunner:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None
 
     def render(self) -> str:
         """Returns the sbatch script.
