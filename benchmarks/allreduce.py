@@ -28,19 +28,10 @@ import tempfile
 import time
 
 import yaml
+from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
-ALGORITHMS = [
-    "psum",
-    "ring",
-    "topk_allgather",
-    "gtopk",
-    "adaptive",
-    "onebit",
-    "threshold",
-    "hier_ring",
-    "hier_ring_leader",
-    "hier_adaptive",
-]
+# The job that runs in every rank owns the list of algorithms it can measure.
+ALGORITHMS = ALL_ALGORITHMS
 
 
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
