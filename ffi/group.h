@@ -66,6 +66,12 @@ class Group {
     return SendRecv(-1, nullptr, 0, src, data, capacity, received, step);
   }
 
+  // Adds traffic that did not go through this Group's transport (NCCL on GPU, whose message
+  // sizes the algorithm knows on the host).
+  void CountTraffic(uint64_t sent, uint64_t received) {
+    metrics_.bytes_sent += sent;
+    metrics_.bytes_received += received;
+  }
   // Adds `bytes` to what a dense schedule would have sent (see CallMetrics).
   void CountDenseEquivalent(uint64_t bytes) {
     metrics_.dense_bytes_sent += bytes;

@@ -9,6 +9,11 @@ others at a barrier.
 
 FFI collective handlers find the world through its integer :attr:`World.handle` (pass it as an
 attribute of the ``ffi_call``) and the rank of a device through :meth:`World.rank_of_device`.
+
+There is one world per platform: ``world("cpu")`` over the CPU devices, and ``world("gpu")``
+over the GPUs, where UCX is only the control plane (group discovery, NCCL unique ids) and the
+data moves over NCCL (ffi/cuda/gpu_collective.h). A GPU world also tells the library each local
+rank's CUDA ordinal, because a GPU handler knows its device only by that ordinal.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ _ERRORS = {
 }
 
 _lock = threading.Lock()
-_world: World | None = None
+_worlds: dict[str, World] = {}
 _generation = 0  # distinguishes key-value keys of successive worlds in one job
 
 
@@ -255,26 +260,70 @@ def create_world(devices: Sequence[Any] | None = None) -> World:
     )
 
 
-def world() -> World:
-    """The process's connected world, created on first use (thread-safe)."""
-    global _world
+def world(platform: str = "cpu") -> World:
+    """The process's connected world for `platform`, created on first use (thread-safe).
+
+    Args:
+      platform: ``"cpu"`` (ranks = ``jax.devices("cpu")``) or ``"gpu"`` (ranks =
+        ``jax.devices("gpu")``).
+
+    Returns:
+      The :class:`World`.
+
+    Example:
+      >>> jaxcomm._world.world().world_size == len(jax.devices("cpu"))
+      True
+    """
+    if platform not in ("cpu", "gpu"):
+        raise ValueError(f"platform must be 'cpu' or 'gpu', got {platform!r}")
     with _lock:
-        if _world is None:
-            _world = create_world()
-            atexit.register(_destroy_at_exit)
-        return _world
+        if platform not in _worlds:
+            if not _worlds:
+                atexit.register(_destroy_at_exit)
+            if platform == "cpu":
+                _worlds[platform] = create_world()
+            else:
+                _worlds[platform] = _create_gpu_world()
+        return _worlds[platform]
+
+
+def _create_gpu_world() -> World:
+    lib = _ffi.library()
+    if not _ffi.has_gpu_kernels():
+        raise WorldError(
+            "jaxcomm was built without CUDA; reinstall with "
+            "CMAKE_ARGS=-DJAXCOMM_ENABLE_CUDA=ON to run collectives on GPUs"
+        )
+    from jaxcomm.collectives import nccl
+
+    nccl.configure_library()
+    devices = sorted(jax.devices("gpu"), key=lambda d: d.id)
+    created = create_world(devices)
+    me = jax.process_index()
+    ordinals = [d.local_hardware_id if d.process_index == me else -1 for d in devices]
+    array = (ctypes.c_int32 * len(ordinals))(*ordinals)
+    lib.jaxcomm_gpu_world_ordinals.restype = ctypes.c_int
+    lib.jaxcomm_gpu_world_ordinals.argtypes = [
+        ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.c_int,
+    ]
+    _check(
+        lib.jaxcomm_gpu_world_ordinals(created.handle, array, len(ordinals)),
+        "jaxcomm_gpu_world_ordinals",
+    )
+    return created
 
 
 def destroy_world() -> None:
-    """Tears down the process's world (if any); a later :func:`world` creates a new one.
+    """Tears down the process's worlds (if any); a later :func:`world` creates new ones.
 
     Collective in spirit: call it in every process, after the last collective.
     """
-    global _world
     with _lock:
-        if _world is not None:
-            _check(_lib().jaxcomm_world_destroy(_world.handle), "jaxcomm_world_destroy")
-            _world = None
+        while _worlds:
+            _, w = _worlds.popitem()
+            _check(_lib().jaxcomm_world_destroy(w.handle), "jaxcomm_world_destroy")
 
 
 def _destroy_at_exit() -> None:

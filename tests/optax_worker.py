@@ -61,9 +61,15 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
             per_rank = jax.tree.map(lambda a: jnp.reshape(a, (1,) + a.shape), g)
             return updates, lax.pmean(g, "dp"), lax.psum(g, "dp"), per_rank, s
 
-        return jax.jit(jax.shard_map(
-            local, mesh=mesh, in_specs=(P(), specs, P("dp")),
-            out_specs=(P(), P(), P(), P("dp"), specs), check_vma=False))
+        return jax.jit(
+            jax.shard_map(
+                local,
+                mesh=mesh,
+                in_specs=(P(), specs, P("dp")),
+                out_specs=(P(), P(), P(), P("dp"), specs),
+                check_vma=False,
+            )
+        )
 
     def init(tx: optax.GradientTransformation) -> tuple:
         specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
@@ -86,7 +92,10 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         info[f"dense/{mean}/count"] = int(np.asarray(state.count))
 
     # 2. Compressed: residual structure, conservation, no retracing.
-    for name, algo in (("gtopk", jaxcomm.GTopK(0.05)), ("topk_allgather", jaxcomm.TopKAllgather(0.05))):
+    for name, algo in (
+        ("gtopk", jaxcomm.GTopK(0.05)),
+        ("topk_allgather", jaxcomm.TopKAllgather(0.05)),
+    ):
         tx = allreduce_gradients("dp", algo, mean=False, bucket_size=1000)
         specs, state = init(tx)
         traces = []
@@ -102,20 +111,25 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
                 arrays[f"{name}/{step}/{k}/r_out"] = np.asarray(state.residuals[k])
         info[f"{name}/traces"] = len(traces)
         info[f"{name}/cache_size"] = f._cache_size()
-        info[f"{name}/residual_tree_equal"] = (
-            jax.tree.structure(state.residuals) == jax.tree.structure(params))
+        info[f"{name}/residual_tree_equal"] = jax.tree.structure(
+            state.residuals
+        ) == jax.tree.structure(params)
         for k, r in state.residuals.items():
             # The global residual stacks every rank's local one along axis 0.
             shard = r.addressable_shards[0].data
             info[f"{name}/local_residual_shapes"][k] = {
-                "local_shape": list(shard.shape), "dtype": str(shard.dtype),
-                "param_shape": list(params[k].shape), "param_dtype": str(params[k].dtype),
-                "spec": str(r.sharding.spec)}
+                "local_shape": list(shard.shape),
+                "dtype": str(shard.dtype),
+                "param_shape": list(params[k].shape),
+                "param_dtype": str(params[k].dtype),
+                "spec": str(r.sharding.spec),
+            }
 
     # 3. Density schedule: one compilation, and the phase's k bounds the update's nonzeros.
     schedule = {0: 0.5, 2: 0.1, 4: 0.01}
-    tx = allreduce_gradients("dp", jaxcomm.GTopK(0.01), density_schedule=schedule,
-                             bucket_size=10**6)
+    tx = allreduce_gradients(
+        "dp", jaxcomm.GTopK(0.01), density_schedule=schedule, bucket_size=10**6
+    )
     specs, state = init(tx)
     traces = []
     f = make_step(tx, specs, traces)
@@ -126,10 +140,14 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         jax.block_until_ready(updates)
         nnz.append(int(sum(np.count_nonzero(np.asarray(u)) for u in jax.tree.leaves(updates))))
         sent.append(int(sum(t["bytes_sent"] for t in jaxcomm.metrics()["totals"])))
-    info["schedule"] = {"nnz": nnz, "bytes_sent": sent, "traces": len(traces),
-                        "cache_size": f._cache_size(),
-                        "n": int(sum(np.size(p) for p in jax.tree.leaves(params))),
-                        "densities": [schedule[s] for s in (0, 0, 2, 2, 4, 4)]}
+    info["schedule"] = {
+        "nnz": nnz,
+        "bytes_sent": sent,
+        "traces": len(traces),
+        "cache_size": f._cache_size(),
+        "n": int(sum(np.size(p) for p in jax.tree.leaves(params))),
+        "densities": [schedule[s] for s in (0, 0, 2, 2, 4, 4)],
+    }
 
     # 4. Checkpoint round trip on the digits trainer (gTop-k with warm-up: the restored run
     # must also resume the density schedule at the right step).
@@ -151,9 +169,11 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
     info["checkpoint_leaves"] = len(jax.tree.leaves(straight))
     info["checkpoint_identical"] = all(
         a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-        for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed), strict=True))
+        for a, b in zip(jax.tree.leaves(straight), jax.tree.leaves(resumed), strict=True)
+    )
     info["checkpoint_residual_nonzero"] = bool(
-        any(np.any(r) for r in jax.tree.leaves(straight[1][0].residuals)))
+        any(np.any(r) for r in jax.tree.leaves(straight[1][0].residuals))
+    )
     return arrays, info
 
 

@@ -2,7 +2,7 @@
 
 CI machines have nvcc and the NCCL headers but no GPU, so the GPU tests (tests/test_gpu.py) skip
 there; this test at least keeps kernels/*.cu and ffi/cuda/*.cc compiling and linking. It builds
-one architecture (sm_90) and only libjaxcomm_ffi.so with its kernels (no UCX transport, no
+one architecture (sm_90) and only libjaxcomm_ffi.so with its kernels and the UCX transport (no
 tests) into a temporary directory: about a minute on two cores, so it is not marked slow. nvcc missing is a failure, not a skip: the CI image is
 supposed to have it.
 """
@@ -28,9 +28,9 @@ EXPECTED_SYMBOLS = [
     "JaxcommOneBitDecompressCuda",
     "JaxcommThresholdCompressCuda",
     "JaxcommThresholdDecompressCuda",
-    "JaxcommNcclAllreduceCuda",
-    "jaxcomm_nccl_unique_id",
-    "jaxcomm_nccl_comm_create",
+    "JaxcommAllreduceCuda",
+    "jaxcomm_gpu_world_ordinals",
+    "jaxcomm_nccl_set_library",
 ]
 
 
@@ -56,7 +56,7 @@ def test_cuda_targets_build(tmp_path):
         str(build),
         "-DCMAKE_BUILD_TYPE=Release",
         "-DJAXCOMM_ENABLE_CUDA=ON",
-        "-DJAXCOMM_ENABLE_UCX=OFF",
+        "-DJAXCOMM_ENABLE_UCX=ON",
         "-DCMAKE_CUDA_ARCHITECTURES=90",
         f"-DCMAKE_CUDA_COMPILER={nvcc}",
         f"-DPython_EXECUTABLE={sys.executable}",

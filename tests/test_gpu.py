@@ -15,7 +15,6 @@ import pytest
 
 import jaxcomm
 from jaxcomm import _ffi
-from jaxcomm.collectives.nccl import nccl_allreduce
 from jaxcomm.ops import compress, decompress, topk_abs
 from jaxcomm.ops.sparse_merge import sparse_merge
 
@@ -250,25 +249,3 @@ def test_non_finite_input_marks_packed_header(bad, compressor):
     assert packed[0] == 0
     out = on(GPUS[0], lambda p: decompress(p, compressor, (1000,)), packed)
     assert np.isnan(out).all()
-
-
-# ---- NCCL ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("n", [1, 1000, 2**20 + 3])
-def test_nccl_allreduce_matches_psum(n):
-    """Dense allreduce over every local GPU (one GPU: NCCL with one rank) against lax.psum."""
-    from jax.sharding import PartitionSpec as P
-
-    devices = GPUS
-    mesh = jax.sharding.Mesh(np.array(devices), ("d",))
-    x = data(n * len(devices), "normal", 10)
-
-    def run(fn):
-        f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("d"), out_specs=P("d")))
-        return np.asarray(f(jax.device_put(x, jax.sharding.NamedSharding(mesh, P("d")))))
-
-    got = run(nccl_allreduce)
-    want = run(lambda v: jax.lax.psum(v, "d"))
-    # Both sum in float32 over the same ranks; the summation order may differ for > 2 ranks.
-    np.testing.assert_allclose(got, want, rtol=1e-6 * len(devices), atol=1e-6)

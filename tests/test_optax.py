@@ -31,9 +31,22 @@ def worker(tmp_path_factory):
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             env.pop("XLA_FLAGS", None)
             proc = subprocess.run(
-                [sys.executable, str(WORKER), "--mode", mode, "--devices", str(DEVICES),
-                 "--epochs", str(CONVERGENCE_EPOCHS), "--out", str(out)],
-                capture_output=True, text=True, timeout=280, env=env,
+                [
+                    sys.executable,
+                    str(WORKER),
+                    "--mode",
+                    mode,
+                    "--devices",
+                    str(DEVICES),
+                    "--epochs",
+                    str(CONVERGENCE_EPOCHS),
+                    "--out",
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=280,
+                env=env,
             )
             if proc.returncode != 0:
                 _runs[mode] = proc.stdout[-4000:] + proc.stderr[-6000:]
@@ -122,8 +135,10 @@ def test_digits_mlp_compressed_accuracy_is_close_to_dense(worker, algorithm):
     assert dense["test_accuracy"] > 0.93, dense
     run = info[algorithm]
     if "unsupported" in run:
-        pytest.skip(f"{algorithm}: jaxcomm.compressed_allreduce does not accept it in this "
-                    f"build ({run['unsupported']})")
+        pytest.skip(
+            f"{algorithm}: jaxcomm.compressed_allreduce does not accept it in this "
+            f"build ({run['unsupported']})"
+        )
     assert run["test_accuracy"] >= dense["test_accuracy"] - ACCURACY_BOUND, (run, dense)
     assert run["compilations"] == 1
     assert 0 < run["bytes_sent_per_step"] < dense["bytes_sent_per_step"], (run, dense)
@@ -135,8 +150,10 @@ def test_hierarchical_is_passed_on_or_refused_clearly():
     import jaxcomm
     from jaxcomm.optax import allreduce_gradients
 
-    for compressor, fn in ((None, jaxcomm.allreduce),
-                           (jaxcomm.GTopK(0.01), jaxcomm.compressed_allreduce)):
+    for compressor, fn in (
+        (None, jaxcomm.allreduce),
+        (jaxcomm.GTopK(0.01), jaxcomm.compressed_allreduce),
+    ):
         if "hierarchical" in inspect.signature(fn).parameters:
             tx = allreduce_gradients(("node", "local"), compressor, hierarchical=True)
             assert callable(tx.update)
@@ -165,7 +182,12 @@ def test_warmup_schedule_and_buckets():
     from jaxcomm.optax import _buckets, gtopk_warmup_schedule
 
     assert gtopk_warmup_schedule(23, 0.001) == {
-        0: 0.25, 23: 0.0725, 46: 0.015, 69: 0.004, 92: 0.001}
+        0: 0.25,
+        23: 0.0725,
+        46: 0.015,
+        69: 0.004,
+        92: 0.001,
+    }
     assert gtopk_warmup_schedule(10, 0.01) == {0: 0.25, 10: 0.0725, 20: 0.015, 30: 0.01}
     # Consecutive leaves fill a bucket; a leaf larger than a bucket stands alone; empty
     # leaves need no collective.
@@ -176,14 +198,26 @@ def test_digits_config_from_a_launcher_context():
     from jaxcomm.examples.digits import _config_from
 
     ctx = types.SimpleNamespace(
-        train=types.SimpleNamespace(steps=40, batch_size=32, learning_rate=0.1, momentum=0.0,
-                                    hidden=16, eval_every=5, seed=3),
+        train=types.SimpleNamespace(
+            steps=40,
+            batch_size=32,
+            learning_rate=0.1,
+            momentum=0.0,
+            hidden=16,
+            eval_every=5,
+            seed=3,
+        ),
         jaxcomm=types.SimpleNamespace(algorithm="topk", density=0.005, hierarchical=False),
         args={"model": "cnn"},
     )
     cfg = _config_from(ctx, {"warmup": False})
     assert (cfg.algorithm, cfg.density, cfg.model, cfg.steps, cfg.batch_size) == (
-        "topk_allgather", 0.005, "cnn", 40, 32)
+        "topk_allgather",
+        0.005,
+        "cnn",
+        40,
+        32,
+    )
     assert cfg.warmup is False and cfg.seed == 3
     with pytest.raises(TypeError, match="unknown digits settings"):
         _config_from(None, {"epoch": 3})

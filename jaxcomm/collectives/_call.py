@@ -13,6 +13,7 @@ from jaxcomm import _ffi, _ordering, _world
 from jaxcomm.collectives import _mesh
 
 _ffi.register("jaxcomm_allreduce", "JaxcommAllreduce")
+_ffi.register_gpu("jaxcomm_allreduce", "JaxcommAllreduceCuda")
 _ffi.register("jaxcomm_topk_allgather", "JaxcommTopKAllgather")
 _ffi.register("jaxcomm_gtopk", "JaxcommGTopK")
 
@@ -42,7 +43,7 @@ def collective_call(
       The data results (the output token is consumed by the ordering chain).
     """
     layout = _mesh.resolve(axis_name, api)
-    world = _world.world()
+    world = _world.world(layout.platform)
     if int(np.prod(layout.axis_sizes)) != world.world_size:
         raise ValueError(
             f"{api}: the shard_map mesh has {int(np.prod(layout.axis_sizes))} devices but "

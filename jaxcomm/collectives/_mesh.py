@@ -27,11 +27,14 @@ class AxisLayout:
       axis_sizes: their sizes.
       reduce_mask: 1 for each axis the collective reduces over, else 0.
       group_size: product of the reduced axes' sizes (P).
+      platform: ``"cpu"`` or ``"gpu"``: the devices of the mesh, which pick the world (and
+        XLA picks the handler of the same platform).
     """
 
     axis_names: tuple[str, ...]
     axis_sizes: tuple[int, ...]
     reduce_mask: tuple[int, ...]
+    platform: str = "cpu"
 
     @property
     def group_size(self) -> int:
@@ -93,4 +96,11 @@ def resolve(axis_name: str | Sequence[str], api: str) -> AxisLayout:
     names_in_order = tuple(a for a in mesh_axes if a in manual)
     sizes = tuple(int(mesh.shape[a]) for a in names_in_order)
     mask = tuple(int(a in names) for a in names_in_order)
-    return AxisLayout(names_in_order, sizes, mask)
+    return AxisLayout(names_in_order, sizes, mask, _platform(mesh))
+
+
+def _platform(mesh: object) -> str:
+    """ "cpu" or "gpu" for the devices of `mesh` (the default backend when it does not say)."""
+    device = getattr(mesh, "abstract_device", None)
+    platform = getattr(device, "platform", None) or jax.default_backend()
+    return "cpu" if platform == "cpu" else "gpu"

@@ -1,0 +1,60 @@
+// Dense allreduce on the GPU (platform "CUDA" of target jaxcomm_allreduce): ncclAllReduce over
+// the group's communicator on XLA's stream. NCCL's ring/tree gives every rank the same bits,
+// as the CPU ring does.
+#include <cuda_runtime_api.h>
+
+#include "ffi/common.h"
+#include "ffi/cuda/gpu_collective.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives::gpu {
+namespace {
+
+constexpr char kOp[] = "jaxcomm.allreduce";
+
+ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
+                         int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
+                         ffi::Buffer<ffi::S32, 0> token, int64_t world,
+                         ffi::Span<const int64_t> world_devices,
+                         ffi::Span<const int64_t> mesh_axis_sizes,
+                         ffi::Span<const int64_t> reduce_axes, ffi::Buffer<ffi::F32> x,
+                         ffi::ResultBuffer<ffi::F32> out,
+                         ffi::ResultBuffer<ffi::S32, 0> token_out) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (static_cast<int64_t>(out->element_count()) != n) {
+    return ffi::Error::InvalidArgument(std::string(kOp) + ": output size mismatch");
+  }
+  GpuSite site;
+  if (ffi::Error e = ResolveGpuSite(kOp, stream, device_ordinal, coordinates, world, world_devices,
+                                    mesh_axis_sizes, reduce_axes, &site);
+      !e.success()) {
+    return e;
+  }
+  std::unique_ptr<GpuGroup> group;
+  if (ffi::Error e = GpuGroup::Begin(site, site.site, &group); !e.success()) return e;
+  if (ffi::Error e =
+          group->Check(group->nccl().all_reduce(x.typed_data(), out->typed_data(), n, ncclFloat32,
+                                                ncclSum, group->comm(), stream),
+                       "ncclAllReduce");
+      !e.success()) {
+    return e;
+  }
+  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+  // What a ring sends and receives per rank: 2 (P - 1) / P of the vector.
+  const int parts = group->size();
+  const uint64_t bytes = 2 * sizeof(float) * static_cast<uint64_t>(n) * (parts - 1) / parts;
+  group->CountTraffic(bytes, bytes);
+  group->Finish("nccl", n);
+  return ForwardToken(stream, token, token_out);
+}
+
+}  // namespace
+}  // namespace jaxcomm::collectives::gpu
+
+JAXCOMM_EXPORT_HANDLER(JaxcommAllreduceCuda);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllreduceCuda, jaxcomm::collectives::gpu::AllreduceCuda,
+                              jaxcomm::collectives::gpu::BindGpuCollective()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: this rank's data
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the group sum
+                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+);

@@ -1,0 +1,356 @@
+#include "ffi/cuda/gpu_collective.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "ffi/common.h"
+#include "ffi/transport/ucx_world.h"
+
+namespace jaxcomm::collectives::gpu {
+
+// A group's communicator and whether the watchdog gave up on it.
+struct CommState {
+  ncclComm_t comm = nullptr;
+  const nccl::NcclApi* nccl = nullptr;
+  std::vector<int> members;  // world ranks, in group-rank order
+  std::mutex mutex;
+  std::string failure;  // set once the communicator is aborted
+};
+
+namespace {
+
+constexpr uint32_t kSetupStep = 0xfffe;  // step of the unique-id message (algorithms use none)
+
+std::string Members(const std::vector<int>& members) {
+  std::string out = "[";
+  for (size_t i = 0; i < members.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(members[i]);
+  }
+  return out + "]";
+}
+
+// ---- process-wide tables (leaked on purpose: handlers may run during interpreter exit) ---
+
+struct Tables {
+  std::mutex mutex;
+  // world handle -> world rank -> local CUDA ordinal (-1 = another process)
+  std::map<int64_t, std::vector<int>> ordinals;
+  // (world, ordinal, mesh axis sizes) -> this device's mesh coordinates
+  std::map<std::tuple<int64_t, int, std::vector<int64_t>>, std::vector<int32_t>> coordinates;
+  // (world, self world rank, members) -> communicator
+  std::map<std::tuple<int64_t, int, std::vector<int>>, std::shared_ptr<CommState>> comms;
+};
+Tables& tables() {
+  static Tables* t = new Tables();
+  return *t;
+}
+
+// ---- watchdog ----------------------------------------------------------------------------
+
+struct Watched {
+  std::shared_ptr<CommState> state;
+  cudaEvent_t event;
+  int device_ordinal;
+  transport::Deadline deadline;
+  std::string what;  // "<collective> seq S"
+};
+
+class Watchdog {
+ public:
+  static Watchdog& Get() {
+    static Watchdog* w = new Watchdog();
+    return *w;
+  }
+  void Add(Watched item) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    items_.push_back(std::move(item));
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Loop(); }).detach();
+    }
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::vector<Watched> items;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        items.swap(items_);
+      }
+      std::vector<Watched> pending;
+      const auto now = transport::Clock::now();
+      for (Watched& item : items) {
+        cudaSetDevice(item.device_ordinal);
+        const cudaError_t query = cudaEventQuery(item.event);
+        if (query == cudaSuccess) {
+          cudaEventDestroy(item.event);
+          continue;
+        }
+        ncclResult_t async = ncclSuccess;
+        item.state->nccl->comm_get_async_error(item.state->comm, &async);
+        const bool failed = query != cudaErrorNotReady || async != ncclSuccess;
+        if (!failed && now < item.deadline) {
+          pending.push_back(std::move(item));
+          continue;
+        }
+        std::string reason;
+        if (query != cudaErrorNotReady) {
+          reason = std::string("CUDA error ") + cudaGetErrorString(query);
+        } else if (async != ncclSuccess) {
+          reason = nccl::NcclErrorString(*item.state->nccl, "NCCL", async);
+        } else {
+          reason = "did not complete within " +
+                   std::to_string(
+                       std::chrono::duration_cast<std::chrono::seconds>(transport::DefaultTimeout())
+                           .count()) +
+                   " s (JAXCOMM_TIMEOUT_S): a peer is gone or stuck";
+        }
+        std::lock_guard<std::mutex> lock(item.state->mutex);
+        if (item.state->failure.empty()) {
+          item.state->failure = item.what + " over world ranks " + Members(item.state->members) +
+                                ": " + reason + "; the NCCL communicator was aborted";
+          item.state->nccl->comm_abort(item.state->comm);
+        }
+        // The event may never complete now; leak it rather than destroy a pending event.
+      }
+      std::lock_guard<std::mutex> lock(mutex_);
+      items_.insert(items_.end(), std::make_move_iterator(pending.begin()),
+                    std::make_move_iterator(pending.end()));
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<Watched> items_;
+  bool started_ = false;
+};
+
+ffi::Error Fail(const char* name, const std::string& message) {
+  return ffi::Error::InvalidArgument(std::string(name) + ": " + message);
+}
+
+// Creates the NCCL communicator of `group` (collective over its members).
+ffi::Error CreateComm(Group& group, int device_ordinal, std::shared_ptr<CommState>* out) {
+  std::string message;
+  const nccl::NcclApi* api = nccl::LoadNccl(&message);
+  if (api == nullptr) return Fail(group.name(), message);
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof(id));
+  if (group.rank() == 0) {
+    const ncclResult_t result = api->get_unique_id(&id);
+    if (result != ncclSuccess) {
+      return ffi::Error::Internal(std::string(group.name()) + ": " +
+                                  nccl::NcclErrorString(*api, "ncclGetUniqueId", result));
+    }
+    for (int peer = 1; peer < group.size(); ++peer) {
+      if (ffi::Error e = group.Send(peer, &id, sizeof(id), kSetupStep); !e.success()) return e;
+    }
+  } else {
+    size_t got = 0;
+    if (ffi::Error e = group.Recv(0, &id, sizeof(id), &got, kSetupStep); !e.success()) return e;
+    if (got != sizeof(id)) return Fail(group.name(), "short NCCL unique id from group rank 0");
+  }
+  auto state = std::make_shared<CommState>();
+  state->nccl = api;
+  for (int r = 0; r < group.size(); ++r) state->members.push_back(group.world_rank(r));
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(device_ordinal);
+  const ncclResult_t result = api->comm_init_rank(&state->comm, group.size(), id, group.rank());
+  cudaSetDevice(previous);
+  if (result != ncclSuccess) {
+    return ffi::Error::Internal(std::string(group.name()) + ": " +
+                                nccl::NcclErrorString(*api, "ncclCommInitRank", result) +
+                                " (group of world ranks " + Members(state->members) + ")");
+  }
+  *out = std::move(state);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+ffi::Error CheckCuda(const char* name, cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(name) + ": " + what +
+                              " failed: " + cudaGetErrorString(error));
+}
+
+ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, const char* name, size_t bytes,
+                           void** out) {
+  std::optional<void*> memory = scratch.Allocate(std::max<size_t>(bytes, 1), 256);
+  if (!memory) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(name) + ": could not allocate " + std::to_string(bytes) +
+                          " bytes of GPU scratch memory");
+  }
+  *out = *memory;
+  return ffi::Error::Success();
+}
+
+ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& token,
+                        ffi::ResultBuffer<ffi::S32, 0>& token_out) {
+  return CheckCuda("jaxcomm collective",
+                   cudaMemcpyAsync(token_out->typed_data(), token.typed_data(), sizeof(int32_t),
+                                   cudaMemcpyDeviceToDevice, stream),
+                   "token copy");
+}
+
+ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_ordinal,
+                          const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
+                          ffi::Span<const int64_t> world_devices,
+                          ffi::Span<const int64_t> mesh_axis_sizes,
+                          ffi::Span<const int64_t> reduce_axes, GpuSite* out) {
+  Tables& t = tables();
+  int self = -1;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.ordinals.find(world);
+    if (it == t.ordinals.end()) {
+      return Fail(name, "the jaxcomm GPU world " + std::to_string(world) +
+                            " is not initialized in this process (was the function traced in "
+                            "another process?)");
+    }
+    const auto& ordinals = it->second;
+    const auto found = std::find(ordinals.begin(), ordinals.end(), device_ordinal);
+    if (found == ordinals.end()) {
+      return Fail(name, "CUDA device " + std::to_string(device_ordinal) +
+                            " of this process is not in the jaxcomm GPU world");
+    }
+    self = static_cast<int>(found - ordinals.begin());
+  }
+  if (self >= static_cast<int64_t>(world_devices.size())) {
+    return Fail(name, "world_devices is shorter than the GPU world");
+  }
+  const std::vector<int64_t> sizes(mesh_axis_sizes.begin(), mesh_axis_sizes.end());
+  const auto key = std::make_tuple(world, static_cast<int>(device_ordinal), sizes);
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.coordinates.find(key);
+    if (it != t.coordinates.end()) out->coordinates = it->second;
+  }
+  if (out->coordinates.empty()) {
+    // First call of this device over this mesh shape: the one blocking read (file comment).
+    const size_t count = coordinates.element_count();
+    if (count != sizes.size()) return Fail(name, "mesh attributes and coordinates disagree");
+    out->coordinates.assign(count, 0);
+    if (ffi::Error e =
+            CheckCuda(name,
+                      cudaMemcpyAsync(out->coordinates.data(), coordinates.typed_data(),
+                                      sizeof(int32_t) * count, cudaMemcpyDeviceToHost, stream),
+                      "reading the mesh coordinates");
+        !e.success()) {
+      return e;
+    }
+    if (ffi::Error e =
+            CheckCuda(name, cudaStreamSynchronize(stream), "reading the mesh coordinates");
+        !e.success()) {
+      return e;
+    }
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.coordinates[key] = out->coordinates;
+  }
+  out->device_ordinal = device_ordinal;
+  out->stream = stream;
+  out->site = CallSite{name,
+                       world,
+                       world_devices[self],
+                       world_devices,
+                       mesh_axis_sizes,
+                       reduce_axes,
+                       out->coordinates.data(),
+                       static_cast<int64_t>(out->coordinates.size())};
+  return ffi::Error::Success();
+}
+
+ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
+                           std::unique_ptr<GpuGroup>* out) {
+  auto result = std::make_unique<GpuGroup>();
+  if (ffi::Error e = Group::Begin(site, &result->group_); !e.success()) return e;
+  Group& group = *result->group_;
+  std::vector<int> members;
+  for (int r = 0; r < group.size(); ++r) members.push_back(group.world_rank(r));
+  const auto key = std::make_tuple(site.world_handle, group.world_rank(group.rank()), members);
+  Tables& t = tables();
+  std::shared_ptr<CommState> state;
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.comms.find(key);
+    if (it != t.comms.end()) state = it->second;
+  }
+  if (!state) {
+    if (ffi::Error e = CreateComm(group, gpu.device_ordinal, &state); !e.success()) return e;
+    std::lock_guard<std::mutex> lock(t.mutex);
+    t.comms[key] = state;
+  }
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    if (!state->failure.empty()) {
+      return ffi::Error::Internal(std::string(site.name) +
+                                  ": an earlier call failed: " + state->failure);
+    }
+  }
+  result->comm_ = state->comm;
+  result->nccl_ = state->nccl;
+  result->state_ = std::move(state);
+  *out = std::move(result);
+  return ffi::Error::Success();
+}
+
+ffi::Error GpuGroup::Check(ncclResult_t result, const char* what) const {
+  if (result == ncclSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string(group_->name()) + " seq " +
+                              std::to_string(group_->seq()) + ": " +
+                              nccl::NcclErrorString(*nccl_, what, result));
+}
+
+ffi::Error GpuGroup::Watch(cudaStream_t stream) {
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaEvent_t event;
+  if (ffi::Error e =
+          CheckCuda(group_->name(), cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                    "cudaEventCreate");
+      !e.success()) {
+    return e;
+  }
+  if (ffi::Error e = CheckCuda(group_->name(), cudaEventRecord(event, stream), "cudaEventRecord");
+      !e.success()) {
+    cudaEventDestroy(event);
+    return e;
+  }
+  Watchdog::Get().Add(
+      Watched{state_, event, device, transport::DefaultDeadline(),
+              std::string(group_->name()) + " seq " + std::to_string(group_->seq())});
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxcomm::collectives::gpu
+
+extern "C" {
+
+// Registers the local CUDA ordinal of each rank of GPU world `world` (ordinals[r] = the
+// local_hardware_id of world rank r's device, -1 for devices of other processes).
+__attribute__((visibility("default"))) int jaxcomm_gpu_world_ordinals(int64_t world,
+                                                                      const int32_t* ordinals,
+                                                                      int count) {
+  using namespace jaxcomm::collectives::gpu;
+  if (count < 1 || ordinals == nullptr) return -1;
+  Tables& t = tables();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.ordinals[world] = std::vector<int>(ordinals, ordinals + count);
+  return 0;
+}
+
+// Names the libnccl.so.2 to load (the nvidia-nccl wheel's, found by Python); "" = soname.
+__attribute__((visibility("default"))) void jaxcomm_nccl_set_library(const char* path) {
+  jaxcomm::nccl::SetNcclLibrary(path ? path : "");
+}
+
+}  // extern "C"

@@ -1,0 +1,121 @@
+// The GPU side of a collective call (platform "CUDA"): who is in the group, and the NCCL
+// communicator of exactly that group.
+//
+// Control plane = the CPU path's. A GPU world is a UCX world with one rank per JAX GPU
+// (jaxcomm/_world.py), used only for setup: Group::Begin discovers the group from the mesh
+// coordinates as on CPU (ffi/group.h), and group rank 0 sends the group's ncclUniqueId to the
+// other members over it. Data plane = NCCL on XLA's stream: handlers only enqueue, never
+// synchronize, so results are ready when XLA's later work on the stream runs.
+//
+// Two one-time costs per device and mesh shape, both at the first call: the mesh coordinates
+// operand lives in device memory and is read with one blocking copy (later calls reuse it:
+// meshes of one shape must order their devices alike, as on CPU), and ncclCommInitRank, which
+// blocks until every member of the group joins.
+//
+// Bounded failure. A peer that dies leaves NCCL kernels waiting forever, so a watchdog thread
+// follows an event recorded after each call's NCCL work; if one has not completed within
+// JAXCOMM_TIMEOUT_S, it aborts the communicator (the stuck kernels return) and the next call on
+// that group fails with an error naming the collective, its sequence number and the group's
+// world ranks.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ffi/collective_handler.h"
+#include "ffi/cuda/nccl_api.h"
+#include "ffi/group.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives::gpu {
+
+// Binds, in order: Ctx<PlatformStream>, Ctx<ScratchAllocator>, Ctx<DeviceOrdinal>, Arg
+// coordinates, Arg token, Attr world, world_devices, mesh_axis_sizes, reduce_axes: the same
+// operands and attributes as BindCollective (the CPU handlers), so one ffi_call lowers to
+// either platform.
+inline auto BindGpuCollective() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()           // XLA's stream: all work goes here
+      .Ctx<ffi::ScratchAllocator>()                       // device working memory
+      .Ctx<ffi::DeviceOrdinal>()                          // local CUDA ordinal
+      .Arg<ffi::Buffer<ffi::S32, 1>>()                    // coordinates (device memory)
+      .Arg<ffi::Buffer<ffi::S32, 0>>()                    // token: orders collectives
+      .Attr<int64_t>("world")                             // GPU world of jaxcomm/_world.py
+      .Attr<ffi::Span<const int64_t>>("world_devices")    // device ids in world-rank order
+      .Attr<ffi::Span<const int64_t>>("mesh_axis_sizes")  // sizes of the manual mesh axes
+      .Attr<ffi::Span<const int64_t>>("reduce_axes");     // 1 for each reduced axis
+}
+
+// A call's site resolved to host values: `site` is what Group::Begin takes on CPU (device_id =
+// the global JAX device id, coordinates in host memory owned by this struct).
+struct GpuSite {
+  CallSite site;
+  int device_ordinal = -1;
+  cudaStream_t stream = nullptr;
+  std::vector<int32_t> coordinates;
+
+  // The same site with another reduce mask (a sub-group of a hierarchical allreduce). `mask`
+  // must outlive the returned site.
+  CallSite WithReduceAxes(const std::vector<int64_t>& mask) const {
+    CallSite sub = site;
+    sub.reduce_axes = ffi::Span<const int64_t>(mask.data(), mask.size());
+    return sub;
+  }
+};
+
+// Resolves the handler's context and common operands into a GpuSite (see the file comment
+// for the one blocking read of the coordinates).
+ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_ordinal,
+                          const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
+                          ffi::Span<const int64_t> world_devices,
+                          ffi::Span<const int64_t> mesh_axis_sizes,
+                          ffi::Span<const int64_t> reduce_axes, GpuSite* out);
+
+// One group of a GPU call: membership, sequence number and metrics as on CPU, plus its NCCL
+// communicator (NCCL rank == group rank).
+class GpuGroup {
+ public:
+  // Group::Begin for `site`, then the group's communicator (created on first use).
+  static ffi::Error Begin(const GpuSite& gpu, const CallSite& site, std::unique_ptr<GpuGroup>* out);
+
+  Group& group() { return *group_; }
+  int rank() const { return group_->rank(); }
+  int size() const { return group_->size(); }
+  ncclComm_t comm() const { return comm_; }
+  const nccl::NcclApi& nccl() const { return *nccl_; }
+
+  // ffi::Error for a failed NCCL call ("<collective> seq S: <what> failed: ..."), or Success.
+  ffi::Error Check(ncclResult_t result, const char* what) const;
+  // Counts traffic for metrics: the algorithm knows its message sizes on the host.
+  void CountTraffic(uint64_t sent, uint64_t received) { group_->CountTraffic(sent, received); }
+  // Hands the call's NCCL work enqueued so far on `stream` to the watchdog (see the file
+  // comment); call once after the last NCCL operation.
+  ffi::Error Watch(cudaStream_t stream);
+  // Records the call's metrics (as Group::Finish; the time is the time to enqueue).
+  void Finish(const char* algorithm, int64_t elements) { group_->Finish(algorithm, elements); }
+
+ private:
+  std::unique_ptr<Group> group_;
+  ncclComm_t comm_ = nullptr;
+  const nccl::NcclApi* nccl_ = nullptr;
+  std::shared_ptr<struct CommState> state_;
+};
+
+// token_out = token (an enqueued device copy: the token orders calls through data flow only).
+ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& token,
+                        ffi::ResultBuffer<ffi::S32, 0>& token_out);
+
+// ffi::Error for a failed CUDA call, or Success.
+ffi::Error CheckCuda(const char* name, cudaError_t error, const char* what);
+
+// Device scratch of `bytes` (256-aligned), or a ResourceExhausted error naming the collective.
+ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, const char* name, size_t bytes,
+                           void** out);
+
+}  // namespace jaxcomm::collectives::gpu
