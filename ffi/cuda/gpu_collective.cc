@@ -296,6 +296,7 @@ ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
                                   ": an earlier call failed: " + state->failure);
     }
   }
+  result->device_ordinal_ = gpu.device_ordinal;
   result->comm_ = state->comm;
   result->nccl_ = state->nccl;
   result->state_ = std::move(state);
@@ -311,8 +312,6 @@ ffi::Error GpuGroup::Check(ncclResult_t result, const char* what) const {
 }
 
 ffi::Error GpuGroup::Watch(cudaStream_t stream) {
-  int device = 0;
-  cudaGetDevice(&device);
   cudaEvent_t event;
   if (ffi::Error e =
           CheckCuda(group_->name(), cudaEventCreateWithFlags(&event, cudaEventDisableTiming),

@@ -102,6 +102,7 @@ class GpuGroup {
 
  private:
   std::unique_ptr<Group> group_;
+  int device_ordinal_ = -1;
   ncclComm_t comm_ = nullptr;
   const nccl::NcclApi* nccl_ = nullptr;
   std::shared_ptr<struct CommState> state_;
