@@ -104,3 +104,36 @@ def test_two_processes_two_devices_each(tmp_path):
     outs = _run([["2", "2", str(i), address] for i in range(2)], tmp_path, timeout=50)
     assert "WORLD_OK 0 4 [0, 1]" in outs[0], outs[0]
     assert "WORLD_OK 1 4 [2, 3]" in outs[1], outs[1]
+
+
+def test_world_rejects_unknown_platform():
+    from jaxcomm import _world
+
+    with pytest.raises(ValueError, match="platform must be 'cpu' or 'gpu'"):
+        _world.world("tpu")
+
+
+def test_gpu_world_without_gpus_fails_clearly():
+    """A CPU-only jax (or a build without CUDA) gets a WorldError, not a crash."""
+    import jax
+
+    from jaxcomm import _ffi, _world
+
+    if _ffi.has_gpu_kernels():
+        try:
+            jax.devices("gpu")
+            pytest.skip("this machine has GPUs")
+        except RuntimeError:
+            pass
+    with pytest.raises((_world.WorldError, RuntimeError)):
+        _world.world("gpu")
+
+
+def test_nccl_library_override(monkeypatch):
+    from jaxcomm.collectives import nccl
+
+    monkeypatch.setenv("JAXCOMM_NCCL_LIBRARY", "/opt/nccl/lib/libnccl.so.2")
+    assert nccl.library_path() == "/opt/nccl/lib/libnccl.so.2"
+    monkeypatch.delenv("JAXCOMM_NCCL_LIBRARY")
+    found = nccl.library_path()
+    assert found == "" or found.endswith("libnccl.so.2")

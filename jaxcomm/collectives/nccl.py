@@ -17,8 +17,8 @@ from jaxcomm import _ffi
 def library_path() -> str:
     """Path of the NCCL library the GPU collectives will load.
 
-    ``JAXCOMM_NCCL_LIBRARY`` overrides it; otherwise the ``nvidia-nccl`` wheel's
-    ``libnccl.so.2`` when installed, else ``""`` (the loader's search for ``libnccl.so.2``).
+    ``JAXCOMM_NCCL_LIBRARY`` overrides it; otherwise the ``libnccl.so.2`` of an installed
+    ``nvidia-nccl-cu12`` / ``-cu13`` wheel, else ``""`` (the loader's search for ``libnccl.so.2``).
 
     Returns:
       A file path, or ``""``.
@@ -31,12 +31,12 @@ def library_path() -> str:
     if override:
         return override
     try:
-        import nvidia.nccl  # type: ignore[import-not-found]
+        import nvidia  # type: ignore[import-not-found]  # namespace of NVIDIA's wheels
     except ImportError:
         return ""
-    for root in getattr(nvidia.nccl, "__path__", []):
-        candidate = pathlib.Path(root) / "lib" / "libnccl.so.2"
-        if candidate.exists():
+    # nvidia-nccl-cu12 installs nvidia/nccl/lib/, the CUDA 13 wheels nvidia/cu13/lib/.
+    for root in getattr(nvidia, "__path__", []):
+        for candidate in sorted(pathlib.Path(root).glob("*/lib/libnccl.so.2")):
             return str(candidate)
     return ""
 
