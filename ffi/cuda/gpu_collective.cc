@@ -325,7 +325,7 @@ ffi::Error GpuGroup::Watch(cudaStream_t stream) {
     return e;
   }
   Watchdog::Get().Add(
-      Watched{state_, event, device, transport::DefaultDeadline(),
+      Watched{state_, event, device_ordinal_, transport::DefaultDeadline(),
               std::string(group_->name()) + " seq " + std::to_string(group_->seq())});
   return ffi::Error::Success();
 }
