@@ -69,7 +69,6 @@ size_t ThresholdDecompressScratchBytes();
 cudaError_t ThresholdDecompress(const uint32_t* packed, int64_t words, int64_t n, float tau,
                                 float* x_hat, void* scratch, cudaStream_t stream);
 
-
 // ---- sparse collectives (ffi/cuda/topk_allgather.cc, ffi/cuda/gtopk.cc) ------------------
 // The dense-side steps of TopK-allgather and gTop-k over sparse sets (k ascending indices, k
 // values). One thread per entry and plain (non-atomic) read-modify-writes: the indices of one
