@@ -4,7 +4,7 @@
 // top k) to rank 0 and a binomial broadcast of the final k entries: O(k log P) per rank
 // instead of TopKAllgather's O(kP). For P not a power of two, the ranks above the largest
 // power of two p2 first fold their sets into ranks [0, P - p2) (as recursive halving does),
-// and get the result back last.
+// and get the result back last (the schedule: ffi/gtopk_schedule.h).
 //
 // Conservation. The paper puts a rank's local values that are not in the global set back
 // into its residual (Alg. 4 line 10). That alone loses contributions dropped by an
@@ -20,6 +20,7 @@
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
 #include "ffi/group.h"
+#include "ffi/gtopk_schedule.h"
 #include "kernels/reduce.h"
 #include "kernels/sparse_merge.h"
 #include "kernels/topk.h"
@@ -84,61 +85,24 @@ class GTopKRun {
     scratch_keys_.resize(2 * k);
   }
 
-  // Reduces `current` (this rank's local set in, the global set out) across the group.
+  // Reduces `current` (this rank's local set in, the global set out) across the group, step by
+  // step as ffi/gtopk_schedule.h lays out (the GPU handler runs the same schedule).
   ffi::Error Run(SparseSet* current) {
     current_ = current;
-    const int parts = group_.size();
-    const int rank = group_.rank();
-    int p2 = 1;
-    while (p2 * 2 <= parts) p2 *= 2;
-    const int extra = parts - p2;
-    uint32_t step = 0;
-
-    // Fold: ranks >= p2 hand their set to rank - p2.
-    if (rank >= p2) {
-      if (ffi::Error e = group_.Send(rank - p2, current_->words.data(), current_->bytes(), step);
-          !e.success()) {
-        return e;
+    for (const gtopk::Step& step : gtopk::Schedule(group_.rank(), group_.size())) {
+      ffi::Error e = ffi::Error::Success();
+      switch (step.op) {
+        case gtopk::Op::kSend:
+          e = group_.Send(step.peer, current_->words.data(), current_->bytes(), step.tag);
+          break;
+        case gtopk::Op::kReceiveMerge:
+          e = ReceiveAndMerge(step.peer, step.tag);
+          break;
+        case gtopk::Op::kReceiveExact:
+          e = ReceiveExact(step.peer, current_, step.tag);
+          break;
       }
-    } else if (rank < extra) {
-      if (ffi::Error e = ReceiveAndMerge(rank + p2, step); !e.success()) return e;
-    }
-    ++step;
-
-    // Binomial tree to rank 0 among the first p2 ranks.
-    bool sent_up = rank >= p2;
-    for (int d = 1; d < p2; d *= 2, ++step) {
-      if (sent_up) continue;
-      if (rank % (2 * d) == d) {
-        if (ffi::Error e = group_.Send(rank - d, current_->words.data(), current_->bytes(), step);
-            !e.success()) {
-          return e;
-        }
-        sent_up = true;
-      } else if (rank % (2 * d) == 0) {
-        if (ffi::Error e = ReceiveAndMerge(rank + d, step); !e.success()) return e;
-      }
-    }
-
-    // Broadcast the global set from rank 0 down the same tree, then to the folded ranks.
-    for (int d = p2 / 2; d >= 1; d /= 2, ++step) {
-      if (rank >= p2) continue;
-      if (rank % (2 * d) == 0) {
-        if (ffi::Error e = group_.Send(rank + d, current_->words.data(), current_->bytes(), step);
-            !e.success()) {
-          return e;
-        }
-      } else if (rank % (2 * d) == d) {
-        if (ffi::Error e = ReceiveExact(rank - d, current_, step); !e.success()) return e;
-      }
-    }
-    if (rank < extra) {
-      if (ffi::Error e = group_.Send(rank + p2, current_->words.data(), current_->bytes(), step);
-          !e.success()) {
-        return e;
-      }
-    } else if (rank >= p2) {
-      if (ffi::Error e = ReceiveExact(rank - p2, current_, step); !e.success()) return e;
+      if (!e.success()) return e;
     }
     return ffi::Error::Success();
   }

@@ -69,4 +69,47 @@ size_t ThresholdDecompressScratchBytes();
 cudaError_t ThresholdDecompress(const uint32_t* packed, int64_t words, int64_t n, float tau,
                                 float* x_hat, void* scratch, cudaStream_t stream);
 
+// ---- sparse collectives (ffi/cuda/topk_allgather.cc, ffi/cuda/gtopk.cc) ------------------
+// The dense-side steps of TopK-allgather and gTop-k over sparse sets (k ascending indices, k
+// values). One thread per entry and plain (non-atomic) read-modify-writes: the indices of one
+// set are distinct, so each element is touched at most once per launch, and launches on one
+// stream run in order, so the float operations per element happen in the CPU's order.
+// Indices outside [0, n) are skipped (never written); the scatters also set *bad = 1 for them
+// (the caller zeroes *bad and later calls PoisonIfBad, the GPU form of the CPU's error).
+// Source: kernels/sparse_collectives.cu.
+
+// dense[idx[j]] += val[j] for j < k (kernels::ScatterAdd, the CPU TopKAllgather's sum).
+cudaError_t ScatterAddSparse(const int32_t* idx, const float* val, int64_t k, float* dense,
+                             int64_t n, uint32_t* bad, cudaStream_t stream);
+
+// dense[idx[j]] = val[j] for j < k (the CPU gTop-k's summed = global set).
+cudaError_t ScatterSetSparse(const int32_t* idx, const float* val, int64_t k, float* dense,
+                             int64_t n, uint32_t* bad, cudaStream_t stream);
+
+// dense[0, n) = NaN when *bad != 0.
+cudaError_t PoisonIfBad(const uint32_t* bad, float* dense, int64_t n, cudaStream_t stream);
+
+// The entries of (a + b) that a ⊤ merge did not keep in `out` (CollectDropped of ffi/gtopk.cc),
+// in ka + kb fixed slots: slot i < ka holds a[i] (value val_a[i] + val_b[j] when b has the
+// same index at j: the sum exactly as SparseMergeTopK forms it), slot ka + j holds b[j] when a
+// lacks its index. A slot gets index -1 when its entry is in `out` or is b's half of a shared
+// index. All three sets ascending by index.
+cudaError_t CollectDropped(const int32_t* idx_a, const float* val_a, int64_t ka,
+                           const int32_t* idx_b, const float* val_b, int64_t kb,
+                           const int32_t* out_idx, int64_t k_out, int32_t* dropped_idx,
+                           float* dropped_val, cudaStream_t stream);
+
+// dense[idx[j]] += val[j] for each j < count whose index is NOT in the ascending set
+// `set_idx[set_k]` (gTop-k, Alg. 4 line 10: local values outside the global set go back into
+// the residual). Negative indices are empty slots and skipped.
+cudaError_t AddOutsideSet(const int32_t* idx, const float* val, int64_t count,
+                          const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
+                          cudaStream_t stream);
+
+// Same for the entries whose index IS in the set (gTop-k: one merge step's dropped partial
+// sums at indices of the global set). Negative indices are empty slots and skipped.
+cudaError_t AddInsideSet(const int32_t* idx, const float* val, int64_t count,
+                         const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
+                         cudaStream_t stream);
+
 }  // namespace jaxcomm::kernels::cuda

@@ -29,6 +29,8 @@ EXPECTED_SYMBOLS = [
     "JaxcommThresholdCompressCuda",
     "JaxcommThresholdDecompressCuda",
     "JaxcommAllreduceCuda",
+    "JaxcommTopKAllgatherCuda",
+    "JaxcommGTopKCuda",
     "jaxcomm_gpu_world_ordinals",
     "jaxcomm_nccl_set_library",
 ]

@@ -1,0 +1,237 @@
+// gTop-k allreduce on the GPU (platform "CUDA" of target jaxcomm_gtopk), the same algorithm as
+// ffi/gtopk.cc with NCCL send/recv on XLA's stream instead of UCX:
+//
+//   local top-k with error feedback (CUDA TopKAbs)
+//   -> the fold / binomial-tree / broadcast schedule of ffi/gtopk_schedule.h (the CPU's), each
+//      receive-and-merge a CUDA SparseMergeTopK(current, received) plus CollectDropped into one
+//      fixed slot array per merge step
+//   -> summed = 0, then summed[global index] = global value (the CPU's assignment)
+//   -> the CPU's residual fix-ups, in the CPU's order: Alg. 4 line 10 (local values outside the
+//      global set return to the residual), then each merge step's dropped partial sums at global
+//      indices, one launch per step in merge order. Within a step the indices are distinct, so no
+//      element is touched twice by one launch and every element sees the CPU's additions in the
+//      CPU's order.
+//
+// Every buffer on the wire is one sparse set of exactly 2k words, so nothing is read back and
+// the stream is never synchronized. A received index outside [0, n) turns summed into NaN (the
+// CPU handler's error; kernels/cuda_kernels.h).
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "ffi/common.h"
+#include "ffi/cuda/gpu_collective.h"
+#include "ffi/gtopk_schedule.h"
+#include "kernels/cuda_kernels.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives::gpu {
+namespace {
+
+namespace cuda = kernels::cuda;
+
+constexpr char kOp[] = "jaxcomm.compressed_allreduce(GTopK)";
+constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUDA kernels)
+
+size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+
+ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
+
+// A sparse set in device memory, as on the wire: [k indices][k values].
+struct DeviceSet {
+  uint32_t* words = nullptr;
+  int64_t k = 0;
+  int32_t* idx() const { return reinterpret_cast<int32_t*>(words); }
+  float* val() const { return reinterpret_cast<float*>(words + k); }
+};
+
+ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
+                     ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
+                     int64_t world, ffi::Span<const int64_t> world_devices,
+                     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
+                     int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                     ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
+                     ffi::ResultBuffer<ffi::S32, 0> token_out) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (static_cast<int64_t>(residual.element_count()) != n ||
+      static_cast<int64_t>(summed->element_count()) != n ||
+      static_cast<int64_t>(new_residual->element_count()) != n) {
+    return ffi::Error::InvalidArgument(std::string(kOp) +
+                                       ": x, residual and results must have one size");
+  }
+  if (k < 1 || k > n) {
+    return ffi::Error::InvalidArgument(std::string(kOp) + ": k must be in [1, x.size]");
+  }
+  if (n > kMaxElements || 2 * k > kMaxElements) {
+    return ffi::Error::InvalidArgument(
+        std::string(kOp) + ": on the GPU x must have fewer than 2**31 elements and 2k < 2**31");
+  }
+  GpuSite site;
+  if (ffi::Error e = ResolveGpuSite(kOp, stream, device_ordinal, coordinates, world, world_devices,
+                                    mesh_axis_sizes, reduce_axes, &site);
+      !e.success()) {
+    return e;
+  }
+  std::unique_ptr<GpuGroup> group;
+  if (ffi::Error e = GpuGroup::Begin(site, site.site, &group); !e.success()) return e;
+  const std::vector<gtopk::Step> schedule = gtopk::Schedule(group->rank(), group->size());
+  const int merges = gtopk::CountMerges(schedule);
+
+  // Scratch, one allocation: [top-k memory][merge memory][local][global][merged x M]
+  // [received x M][dropped x M][bad flag]. A set is 2k words; a merge step's dropped slots are
+  // 2k indices + 2k values.
+  const size_t set_bytes = Align(sizeof(uint32_t) * 2 * k);
+  const size_t dropped_bytes = Align(sizeof(int32_t) * 2 * k) + Align(sizeof(float) * 2 * k);
+  const size_t topk_bytes = Align(cuda::TopKScratchBytes(n));
+  const size_t merge_bytes = Align(cuda::SparseMergeScratchBytes(k, k));
+  const size_t total = topk_bytes + merge_bytes + set_bytes * (2 + 2 * merges) +
+                       dropped_bytes * merges + sizeof(uint32_t);
+  void* memory = nullptr;
+  if (ffi::Error e = AllocateScratch(scratch, kOp, total, &memory); !e.success()) return e;
+  char* p = static_cast<char*>(memory);
+  auto carve = [&p](size_t bytes) {
+    char* at = p;
+    p += bytes;
+    return at;
+  };
+  void* topk_scratch = carve(topk_bytes);
+  void* merge_scratch = carve(merge_bytes);
+  auto new_set = [&](void) { return DeviceSet{reinterpret_cast<uint32_t*>(carve(set_bytes)), k}; };
+  const DeviceSet local = new_set();
+  const DeviceSet global = new_set();
+  std::vector<DeviceSet> merged, received;
+  std::vector<int32_t*> dropped_idx;
+  std::vector<float*> dropped_val;
+  for (int s = 0; s < merges; ++s) merged.push_back(new_set());
+  for (int s = 0; s < merges; ++s) received.push_back(new_set());
+  for (int s = 0; s < merges; ++s) {
+    dropped_idx.push_back(reinterpret_cast<int32_t*>(carve(Align(sizeof(int32_t) * 2 * k))));
+    dropped_val.push_back(reinterpret_cast<float*>(carve(Align(sizeof(float) * 2 * k))));
+  }
+  auto* bad = reinterpret_cast<uint32_t*>(carve(sizeof(uint32_t)));
+
+  float* r_out = new_residual->typed_data();
+  if (ffi::Error e = Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset");
+      !e.success()) {
+    return e;
+  }
+  if (ffi::Error e = Launched(cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
+                                            local.idx(), local.val(), r_out, topk_scratch, stream),
+                              "TopKAbs");
+      !e.success()) {
+    return e;
+  }
+
+  // The schedule. `current` is this rank's set so far: local, then each merge result, then the
+  // global set (ffi/gtopk.cc GTopKRun::Run).
+  const nccl::NcclApi& api = group->nccl();
+  const size_t words = static_cast<size_t>(2 * k);
+  const uint64_t message_bytes = sizeof(uint32_t) * words;
+  uint64_t sent = 0, got = 0;
+  DeviceSet current = local;
+  int merge = 0;
+  for (const gtopk::Step& step : schedule) {
+    switch (step.op) {
+      case gtopk::Op::kSend:
+        if (ffi::Error e = group->Check(
+                api.send(current.words, words, ncclUint32, step.peer, group->comm(), stream),
+                "ncclSend");
+            !e.success()) {
+          return e;
+        }
+        sent += message_bytes;
+        break;
+      case gtopk::Op::kReceiveMerge: {
+        const DeviceSet& in = received[merge];
+        const DeviceSet& out = merged[merge];
+        if (ffi::Error e = group->Check(
+                api.recv(in.words, words, ncclUint32, step.peer, group->comm(), stream),
+                "ncclRecv");
+            !e.success()) {
+          return e;
+        }
+        got += message_bytes;
+        if (ffi::Error e =
+                Launched(cuda::SparseMergeTopK(current.idx(), current.val(), k, in.idx(), in.val(),
+                                               k, k, out.idx(), out.val(), merge_scratch, stream),
+                         "SparseMergeTopK");
+            !e.success()) {
+          return e;
+        }
+        if (ffi::Error e = Launched(
+                cuda::CollectDropped(current.idx(), current.val(), k, in.idx(), in.val(), k,
+                                     out.idx(), k, dropped_idx[merge], dropped_val[merge], stream),
+                "CollectDropped");
+            !e.success()) {
+          return e;
+        }
+        current = out;
+        ++merge;
+        break;
+      }
+      case gtopk::Op::kReceiveExact:
+        if (ffi::Error e = group->Check(
+                api.recv(global.words, words, ncclUint32, step.peer, group->comm(), stream),
+                "ncclRecv");
+            !e.success()) {
+          return e;
+        }
+        got += message_bytes;
+        current = global;
+        break;
+    }
+  }
+  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+
+  // `current` is now the global set (ascending), on every rank.
+  float* out = summed->typed_data();
+  if (ffi::Error e = Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset");
+      !e.success()) {
+    return e;
+  }
+  if (ffi::Error e =
+          Launched(cuda::ScatterSetSparse(current.idx(), current.val(), k, out, n, bad, stream),
+                   "ScatterSetSparse");
+      !e.success()) {
+    return e;
+  }
+  // Alg. 4 line 10: local values outside the global set return to the residual (whose selected
+  // entries TopKAbs zeroed).
+  if (ffi::Error e = Launched(
+          cuda::AddOutsideSet(local.idx(), local.val(), k, current.idx(), k, r_out, n, stream),
+          "AddOutsideSet");
+      !e.success()) {
+    return e;
+  }
+  // Partial sums this rank dropped at indices that still made it into the global set.
+  for (int s = 0; s < merges; ++s) {
+    if (ffi::Error e = Launched(cuda::AddInsideSet(dropped_idx[s], dropped_val[s], 2 * k,
+                                                   current.idx(), k, r_out, n, stream),
+                                "AddInsideSet");
+        !e.success()) {
+      return e;
+    }
+  }
+  if (ffi::Error e = Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad");
+      !e.success()) {
+    return e;
+  }
+  group->CountTraffic(sent, got);
+  group->Finish("gtopk", n);
+  return ForwardToken(stream, token, token_out);
+}
+
+}  // namespace
+}  // namespace jaxcomm::collectives::gpu
+
+JAXCOMM_EXPORT_HANDLER(JaxcommGTopKCuda);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGTopKCuda, jaxcomm::collectives::gpu::GTopKCuda,
+                              jaxcomm::collectives::gpu::BindGpuCollective()
+                                  .Attr<int64_t>("k")  // size of every sparse set
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
+                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+);

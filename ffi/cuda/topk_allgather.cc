@@ -1,0 +1,140 @@
+// TopK-allgather on the GPU (platform "CUDA" of target jaxcomm_topk_allgather), the same
+// algorithm as ffi/topk_allgather.cc: local top-k with error feedback (CUDA TopKAbs), an
+// ncclAllGather of every rank's [k indices][k values] set, then summed = 0 plus a scatter-add of
+// the P sets in rank order, one launch per set. Indices are distinct within a set and the
+// launches run in stream order, so every element sees the CPU's additions in the CPU's order:
+// summed is bit-identical to the CPU handler's and across ranks.
+//
+// Everything is enqueued on XLA's stream; message sizes are fixed (2k words per rank), so
+// nothing is read back. A received index outside [0, n) (the CPU handler's error) turns summed
+// into NaN instead (kernels/cuda_kernels.h).
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "ffi/common.h"
+#include "ffi/cuda/gpu_collective.h"
+#include "kernels/cuda_kernels.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives::gpu {
+namespace {
+
+namespace cuda = kernels::cuda;
+
+constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
+constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUDA TopKAbs)
+
+size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+
+ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
+
+ffi::Error TopKAllgatherCuda(
+    cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
+    ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token, int64_t world,
+    ffi::Span<const int64_t> world_devices, ffi::Span<const int64_t> mesh_axis_sizes,
+    ffi::Span<const int64_t> reduce_axes, int64_t k, ffi::Buffer<ffi::F32> x,
+    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+  const int64_t n = static_cast<int64_t>(x.element_count());
+  if (static_cast<int64_t>(residual.element_count()) != n ||
+      static_cast<int64_t>(summed->element_count()) != n ||
+      static_cast<int64_t>(new_residual->element_count()) != n) {
+    return ffi::Error::InvalidArgument(std::string(kOp) +
+                                       ": x, residual and results must have one size");
+  }
+  if (k < 1 || k > n) {
+    return ffi::Error::InvalidArgument(std::string(kOp) + ": k must be in [1, x.size]");
+  }
+  if (n > kMaxElements) {
+    return ffi::Error::InvalidArgument(std::string(kOp) +
+                                       ": x must have fewer than 2**31 elements on the GPU");
+  }
+  GpuSite site;
+  if (ffi::Error e = ResolveGpuSite(kOp, stream, device_ordinal, coordinates, world, world_devices,
+                                    mesh_axis_sizes, reduce_axes, &site);
+      !e.success()) {
+    return e;
+  }
+  std::unique_ptr<GpuGroup> group;
+  if (ffi::Error e = GpuGroup::Begin(site, site.site, &group); !e.success()) return e;
+  const int parts = group->size();
+  const int rank = group->rank();
+
+  // Scratch: [top-k working memory][slots: P x (k indices, k values)][bad flag].
+  const size_t slot_words = static_cast<size_t>(2 * k);
+  const size_t topk_bytes = Align(cuda::TopKScratchBytes(n));
+  const size_t slots_bytes = Align(sizeof(uint32_t) * slot_words * parts);
+  void* memory = nullptr;
+  if (ffi::Error e =
+          AllocateScratch(scratch, kOp, topk_bytes + slots_bytes + sizeof(uint32_t), &memory);
+      !e.success()) {
+    return e;
+  }
+  char* base = static_cast<char*>(memory);
+  void* topk_scratch = base;
+  auto* slots = reinterpret_cast<uint32_t*>(base + topk_bytes);
+  auto* bad = reinterpret_cast<uint32_t*>(base + topk_bytes + slots_bytes);
+  uint32_t* mine = slots + slot_words * rank;
+
+  if (ffi::Error e = Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset");
+      !e.success()) {
+    return e;
+  }
+  if (ffi::Error e = Launched(
+          cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
+                        reinterpret_cast<int32_t*>(mine), reinterpret_cast<float*>(mine + k),
+                        new_residual->typed_data(), topk_scratch, stream),
+          "TopKAbs");
+      !e.success()) {
+    return e;
+  }
+  // In place (sendbuff == recvbuff + rank * sendcount): slot q ends up holding rank q's set.
+  if (ffi::Error e = group->Check(
+          group->nccl().all_gather(mine, slots, slot_words, ncclUint32, group->comm(), stream),
+          "ncclAllGather");
+      !e.success()) {
+    return e;
+  }
+  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+
+  float* out = summed->typed_data();
+  if (ffi::Error e = Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset");
+      !e.success()) {
+    return e;
+  }
+  for (int q = 0; q < parts; ++q) {
+    const uint32_t* slot = slots + slot_words * q;
+    if (ffi::Error e = Launched(cuda::ScatterAddSparse(reinterpret_cast<const int32_t*>(slot),
+                                                       reinterpret_cast<const float*>(slot + k), k,
+                                                       out, n, bad, stream),
+                                "ScatterAddSparse");
+        !e.success()) {
+      return e;
+    }
+  }
+  if (ffi::Error e = Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad");
+      !e.success()) {
+    return e;
+  }
+  // What a ring allgather sends and receives per rank: the P - 1 other slots.
+  const uint64_t bytes = sizeof(uint32_t) * slot_words * static_cast<uint64_t>(parts - 1);
+  group->CountTraffic(bytes, bytes);
+  group->Finish("topk_allgather", n);
+  return ForwardToken(stream, token, token_out);
+}
+
+}  // namespace
+}  // namespace jaxcomm::collectives::gpu
+
+JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgatherCuda);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAllgatherCuda,
+                              jaxcomm::collectives::gpu::TopKAllgatherCuda,
+                              jaxcomm::collectives::gpu::BindGpuCollective()
+                                  .Attr<int64_t>("k")  // entries each rank contributes
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
+                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
+                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+);
