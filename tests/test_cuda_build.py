@@ -28,6 +28,8 @@ EXPECTED_SYMBOLS = [
     "JaxcommOneBitDecompressCuda",
     "JaxcommThresholdCompressCuda",
     "JaxcommThresholdDecompressCuda",
+    "JaxcommAdaptiveCompressCuda",
+    "JaxcommAdaptiveDecompressCuda",
     "JaxcommNcclAllreduceCuda",
     "jaxcomm_nccl_unique_id",
     "jaxcomm_nccl_comm_create",
