@@ -238,8 +238,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t keep_pos = Keep(static_cast<uint32_t>(sh.signs), p.proportion);
     const int64_t keep_neg = Keep(static_cast<uint32_t>(sh.signs >> 32), p.proportion);
     if (keep_pos > 0 || keep_neg > 0) {
-      SelectBoth(at, samples, static_cast<uint32_t>(keep_pos), static_cast<uint32_t>(keep_neg),
-                 sh);
+      SelectBoth(at, samples, static_cast<uint32_t>(keep_pos), static_cast<uint32_t>(keep_neg), sh);
     }
     if (threadIdx.x == 0) {
       sh.tau[0] = keep_pos > 0 ? __uint_as_float(sh.prefix[0]) : __uint_as_float(kPositiveInf);
@@ -275,8 +274,8 @@ __global__ void __launch_bounds__(kThreads)
         .ExclusiveSum(uint64_t{pos_tie} | uint64_t{neg_tie} << 32, tie_rank, tie_total);
     const bool take_pos =
         a > pos_tau ||
-        (pos_tie && pos_ties_seen + static_cast<int64_t>(static_cast<uint32_t>(tie_rank)) <
-                        pos_ties);
+        (pos_tie &&
+         pos_ties_seen + static_cast<int64_t>(static_cast<uint32_t>(tie_rank)) < pos_ties);
     const bool take_neg =
         !take_pos && (a < neg_tau ||
                       (neg_tie && neg_ties_seen + static_cast<int64_t>(tie_rank >> 32) < neg_ties));
@@ -372,8 +371,8 @@ __global__ void AdaptivePlaceKernel(int64_t ncols, int64_t header, int64_t cap_f
 
 __global__ void AdaptiveZeroTailKernel(const CompressState* state, int64_t header, int64_t words,
                                        uint32_t* packed) {
-  for (int64_t j = header + state->total + blockIdx.x * static_cast<int64_t>(blockDim.x) +
-                   threadIdx.x;
+  for (int64_t j =
+           header + state->total + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        j < words; j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     packed[j] = 0u;
   }
@@ -516,8 +515,7 @@ cudaError_t AdaptiveDecompress(const uint32_t* packed, int64_t words, int64_t n,
   p.cap_full = layout.ColumnCapacity(0);
   p.cap_last = layout.ColumnCapacity(p.ncols - 1);
   auto* bad = static_cast<uint32_t*>(scratch);
-  if (cudaError_t error = cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream);
-      error != cudaSuccess) {
+  if (cudaError_t error = cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream); error != cudaSuccess) {
     return error;
   }
   if (!accumulate) {
@@ -527,8 +525,8 @@ cudaError_t AdaptiveDecompress(const uint32_t* packed, int64_t words, int64_t n,
     }
   }
   const int64_t max_entries = std::max<int64_t>(words - p.header, 1);
-  AdaptiveDecodeKernel<<<GridFor(max_entries, kThreads), kThreads, 0, stream>>>(
-      packed, p, x_hat, accumulate, bad);
+  AdaptiveDecodeKernel<<<GridFor(max_entries, kThreads), kThreads, 0, stream>>>(packed, p, x_hat,
+                                                                                accumulate, bad);
   AdaptivePoisonKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(bad, x_hat, n);
   return cudaGetLastError();
 }

@@ -49,8 +49,9 @@ ffi::Error TopKAbsCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::
                        ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::S32> indices) {
   const int64_t n = NumElements(x);
   const int64_t k = NumElements(*values);
-  if (ffi::Error error = checks::TopKAbs(n, k, NumElements(*indices)); error.failure())
+  if (ffi::Error error = checks::TopKAbs(n, k, NumElements(*indices)); error.failure()) {
     return error;
+  }
   const size_t bytes = gpu::TopKScratchBytes(n);
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kTopKAbsOp, bytes);
@@ -208,8 +209,9 @@ ffi::Error AdaptiveCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scrat
       error.failure()) {
     return error;
   }
-  if (ffi::Error error = checks::AdaptiveDeviceSampleLimit(sample_size); error.failure())
+  if (ffi::Error error = checks::AdaptiveDeviceSampleLimit(sample_size); error.failure()) {
     return error;
+  }
   const size_t bytes = gpu::AdaptiveCompressScratchBytes(n, column_size, proportion, sample_size);
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kAdaptiveCompressOp, bytes);
