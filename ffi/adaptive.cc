@@ -3,14 +3,12 @@
 // exactly Adaptive.packed_words(n), which the handlers recompute to catch a mismatched call.
 #include "kernels/adaptive.h"
 
-#include <cmath>
 #include <cstdint>
 #include <exception>
-#include <limits>
 #include <string>
 
 #include "ffi/common.h"
-#include "kernels/wire.h"
+#include "ffi/compress_checks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm {
@@ -20,55 +18,18 @@ namespace ffi = xla::ffi;
 using ffi_common::InvalidArgument;
 using ffi_common::NumElements;
 
-constexpr char kCompressOp[] = "jaxcomm.ops.compress(Adaptive)";
-constexpr char kDecompressOp[] = "jaxcomm.ops.decompress(Adaptive)";
-
-// Checks the parameters and the packed length shared by both directions; on success fills
-// `layout`. Indices travel in 31 bits and `used` in one word, which bounds n and the length.
-ffi::Error CheckLayout(const char* op, int64_t n, double proportion, int64_t column_size,
-                       int64_t packed_words, kernels::AdaptiveLayout* layout) {
-  if (n < 1 || n > int64_t{kernels::wire::kIndexMask}) {
-    return InvalidArgument(
-        op, "x must have between 1 and 2**31 - 1 elements, got " + std::to_string(n));
-  }
-  if (!std::isfinite(proportion) || proportion < 1.0) {
-    return InvalidArgument(op,
-                           "proportion must be finite and >= 1, got " + std::to_string(proportion));
-  }
-  if (column_size < 1) {
-    return InvalidArgument(op, "column_size must be >= 1, got " + std::to_string(column_size));
-  }
-  *layout = kernels::AdaptiveLayout{n, column_size, proportion};
-  const int64_t expected = layout->PackedWords();
-  if (expected > int64_t{std::numeric_limits<uint32_t>::max()}) {
-    return InvalidArgument(op, "the packed buffer would need " + std::to_string(expected) +
-                                   " words, more than word 0 can count; use a larger "
-                                   "column_size or proportion");
-  }
-  if (packed_words != expected) {
-    return InvalidArgument(
-        op, "packed has " + std::to_string(packed_words) + " words but Adaptive(proportion=" +
-                std::to_string(proportion) + ", column_size=" + std::to_string(column_size) +
-                ") packs " + std::to_string(n) + " elements into " + std::to_string(expected));
-  }
-  return ffi::Error::Success();
-}
+constexpr const char* kCompressOp = compress_checks::kAdaptiveCompressOp;
+constexpr const char* kDecompressOp = compress_checks::kAdaptiveDecompressOp;
 
 ffi::Error AdaptiveCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                 ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::U32> packed,
                                 ffi::ResultBuffer<ffi::F32> new_residual, double proportion,
                                 int64_t column_size, int64_t sample_size) {
   const int64_t n = NumElements(x);
-  if (NumElements(residual) != n || NumElements(*new_residual) != n) {
-    return InvalidArgument(kCompressOp, "residual must have x's shape");
-  }
-  if (sample_size < 0) {
-    return InvalidArgument(kCompressOp,
-                           "sample_size must be >= 0, got " + std::to_string(sample_size));
-  }
   kernels::AdaptiveLayout layout{};
-  if (ffi::Error error =
-          CheckLayout(kCompressOp, n, proportion, column_size, NumElements(*packed), &layout);
+  if (ffi::Error error = compress_checks::AdaptiveCompress(
+          n, NumElements(residual), NumElements(*new_residual), proportion, column_size,
+          sample_size, NumElements(*packed), &layout);
       error.failure()) {
     return error;
   }
@@ -93,8 +54,8 @@ ffi::Error AdaptiveDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffe
                                   double proportion, int64_t column_size) {
   const int64_t words = NumElements(packed);
   kernels::AdaptiveLayout layout{};
-  if (ffi::Error error =
-          CheckLayout(kDecompressOp, NumElements(*x_hat), proportion, column_size, words, &layout);
+  if (ffi::Error error = compress_checks::AdaptiveDecompress(NumElements(*x_hat), proportion,
+                                                             column_size, words, &layout);
       error.failure()) {
     return error;
   }

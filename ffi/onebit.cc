@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ffi/common.h"
+#include "ffi/compress_checks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm {
@@ -15,54 +16,21 @@ namespace ffi = xla::ffi;
 using ffi_common::InvalidArgument;
 using ffi_common::NumElements;
 
-constexpr char kCompressOp[] = "jaxcomm.ops.compress(OneBit)";
-constexpr char kDecompressOp[] = "jaxcomm.ops.decompress(OneBit)";
-constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices on the wire
-
-// Checks n and the attributes shared by both handlers; fills `params`.
-ffi::Error CheckParams(const char* op, int64_t n, int64_t column_size, int64_t sample_size,
-                       kernels::OneBitParams* params) {
-  if (n < 1 || n > kMaxElements) {
-    return InvalidArgument(op, "needs 1 to 2**31 - 1 elements, got " + std::to_string(n));
-  }
-  if (column_size < 32 || column_size % 32 != 0) {
-    return InvalidArgument(
-        op, "column_size must be a positive multiple of 32, got " + std::to_string(column_size));
-  }
-  if (sample_size < 0) {
-    return InvalidArgument(op, "sample_size must be >= 0, got " + std::to_string(sample_size));
-  }
-  *params = {column_size, sample_size};
-  return ffi::Error::Success();
-}
-
-ffi::Error CheckPackedSize(const char* op, int64_t words, int64_t n, int64_t column_size) {
-  const int64_t expected = kernels::OneBitPackedWords(n, column_size);
-  if (words != expected) {
-    return InvalidArgument(op, "packed has " + std::to_string(words) + " words, OneBit(" +
-                                   std::to_string(column_size) + ") packs " + std::to_string(n) +
-                                   " elements into " + std::to_string(expected));
-  }
-  return ffi::Error::Success();
-}
+constexpr const char* kCompressOp = compress_checks::kOneBitCompressOp;
+constexpr const char* kDecompressOp = compress_checks::kOneBitDecompressOp;
 
 ffi::Error OneBitCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                               ffi::Buffer<ffi::F32> residual, int64_t column_size,
                               int64_t sample_size, ffi::ResultBuffer<ffi::U32> packed,
                               ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = NumElements(x);
-  kernels::OneBitParams params;
-  if (ffi::Error error = CheckParams(kCompressOp, n, column_size, sample_size, &params);
+  if (ffi::Error error =
+          compress_checks::OneBitCompress(n, column_size, sample_size, NumElements(residual),
+                                          NumElements(*new_residual), NumElements(*packed));
       error.failure()) {
     return error;
   }
-  if (NumElements(residual) != n || NumElements(*new_residual) != n) {
-    return InvalidArgument(kCompressOp, "residual must have x's shape");
-  }
-  if (ffi::Error error = CheckPackedSize(kCompressOp, NumElements(*packed), n, column_size);
-      error.failure()) {
-    return error;
-  }
+  const kernels::OneBitParams params{column_size, sample_size};
   const kernels::QuantizeStatus status = kernels::OneBitCompress(
       x.typed_data(), residual.typed_data(), n, params, packed->typed_data(),
       new_residual->typed_data(), ffi_common::PoolRunner(&pool));
@@ -74,15 +42,12 @@ ffi::Error OneBitDecompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> pack
                                 int64_t column_size, int64_t sample_size,
                                 ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
-  kernels::OneBitParams params;
-  if (ffi::Error error = CheckParams(kDecompressOp, n, column_size, sample_size, &params);
+  const int64_t words = NumElements(packed);
+  if (ffi::Error error = compress_checks::OneBitDecompress(n, column_size, sample_size, words);
       error.failure()) {
     return error;
   }
-  const int64_t words = NumElements(packed);
-  if (ffi::Error error = CheckPackedSize(kDecompressOp, words, n, column_size); error.failure()) {
-    return error;
-  }
+  const kernels::OneBitParams params{column_size, sample_size};
   if (packed.typed_data()[0] != static_cast<uint32_t>(words)) {
     return InvalidArgument(kDecompressOp,
                            "packed[0] = " + std::to_string(packed.typed_data()[0]) +

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ffi/common.h"
+#include "ffi/compress_checks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm {
@@ -15,7 +16,7 @@ namespace ffi = xla::ffi;
 using ffi_common::InvalidArgument;
 using ffi_common::NumElements;
 
-constexpr char kSparseMergeOp[] = "jaxcomm.ops.sparse_merge";
+using compress_checks::kSparseMergeOp;
 
 // Scratch reused by every call on the same thread: a jitted training step calls the merge
 // every round, and keeping the buffers avoids an allocation of (ka + kb) * 12 bytes per call.
@@ -38,15 +39,11 @@ ffi::Error SparseMergeImpl(ffi::Buffer<ffi::S32> idx_a, ffi::Buffer<ffi::F32> va
   const int64_t ka = NumElements(idx_a);
   const int64_t kb = NumElements(idx_b);
   const int64_t k = NumElements(*idx);
-  if (NumElements(val_a) != ka) {
-    return InvalidArgument(kSparseMergeOp, "val_a has " + std::to_string(NumElements(val_a)) +
-                                               " elements but idx_a has " + std::to_string(ka));
+  if (ffi::Error error = compress_checks::SparseMerge(ka, NumElements(val_a), kb,
+                                                      NumElements(val_b), k, NumElements(*val));
+      error.failure()) {
+    return error;
   }
-  if (NumElements(val_b) != kb) {
-    return InvalidArgument(kSparseMergeOp, "val_b has " + std::to_string(NumElements(val_b)) +
-                                               " elements but idx_b has " + std::to_string(kb));
-  }
-  if (NumElements(*val) != k) return InvalidArgument(kSparseMergeOp, "idx/val size mismatch");
   const kernels::SparseMergeStatus status =
       kernels::SparseMergeTopK(idx_a.typed_data(), val_a.typed_data(), ka, idx_b.typed_data(),
                                val_b.typed_data(), kb, k, idx->typed_data(), val->typed_data(),

@@ -3,10 +3,10 @@
 // caller asked for, minus the header word.
 #include "kernels/threshold.h"
 
-#include <cmath>
 #include <string>
 
 #include "ffi/common.h"
+#include "ffi/compress_checks.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm {
@@ -16,24 +16,8 @@ namespace ffi = xla::ffi;
 using ffi_common::InvalidArgument;
 using ffi_common::NumElements;
 
-constexpr char kCompressOp[] = "jaxcomm.ops.compress(Threshold)";
-constexpr char kDecompressOp[] = "jaxcomm.ops.decompress(Threshold)";
-constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices on the wire
-
-// Checks n, tau and the packed length (1 + capacity, 1 <= capacity <= n) of both handlers.
-ffi::Error CheckShapes(const char* op, int64_t n, float tau, int64_t words) {
-  if (n < 1 || n > kMaxElements) {
-    return InvalidArgument(op, "needs 1 to 2**31 - 1 elements, got " + std::to_string(n));
-  }
-  if (!(std::isfinite(tau) && tau > 0.0f)) {
-    return InvalidArgument(op, "tau must be finite and > 0, got " + std::to_string(tau));
-  }
-  if (words < 2 || words - 1 > n) {
-    return InvalidArgument(op, "packed must hold 1 + capacity words with 1 <= capacity <= " +
-                                   std::to_string(n) + ", got " + std::to_string(words));
-  }
-  return ffi::Error::Success();
-}
+constexpr const char* kCompressOp = compress_checks::kThresholdCompressOp;
+constexpr const char* kDecompressOp = compress_checks::kThresholdDecompressOp;
 
 ffi::Error ThresholdCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                  ffi::Buffer<ffi::F32> residual, float tau,
@@ -41,9 +25,10 @@ ffi::Error ThresholdCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                  ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = NumElements(x);
   const int64_t words = NumElements(*packed);
-  if (ffi::Error error = CheckShapes(kCompressOp, n, tau, words); error.failure()) return error;
-  if (NumElements(residual) != n || NumElements(*new_residual) != n) {
-    return InvalidArgument(kCompressOp, "residual must have x's shape");
+  if (ffi::Error error = compress_checks::ThresholdCompress(n, tau, words, NumElements(residual),
+                                                            NumElements(*new_residual));
+      error.failure()) {
+    return error;
   }
   const kernels::QuantizeStatus status = kernels::ThresholdCompress(
       x.typed_data(), residual.typed_data(), n, {tau, words - 1}, packed->typed_data(),
@@ -56,7 +41,9 @@ ffi::Error ThresholdDecompressImpl(ffi::Buffer<ffi::U32> packed, float tau,
                                    ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  if (ffi::Error error = CheckShapes(kDecompressOp, n, tau, words); error.failure()) return error;
+  if (ffi::Error error = compress_checks::ThresholdDecompress(n, tau, words); error.failure()) {
+    return error;
+  }
   const uint32_t used = packed.typed_data()[0];
   if (used < 1 || used > words) {
     return InvalidArgument(kDecompressOp, "packed[0] = " + std::to_string(used) +

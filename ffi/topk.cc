@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ffi/common.h"
+#include "ffi/compress_checks.h"
 #include "kernels/wire.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -16,16 +17,15 @@ namespace ffi = xla::ffi;
 using ffi_common::InvalidArgument;
 using ffi_common::NumElements;
 
-constexpr char kTopKOp[] = "jaxcomm.ops.topk_abs";
-constexpr char kCompressOp[] = "jaxcomm.ops.compress(TopK)";
-constexpr char kDecompressOp[] = "jaxcomm.ops.decompress(TopK)";
+using compress_checks::kTopKDecompressOp;
 
 ffi::Error TopKAbsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                        ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::S32> indices) {
   const int64_t n = NumElements(x);
   const int64_t k = NumElements(*values);
-  if (k < 1 || k > n) return InvalidArgument(kTopKOp, "k must be in [1, x.size]");
-  if (NumElements(*indices) != k) return InvalidArgument(kTopKOp, "values/indices size mismatch");
+  if (ffi::Error error = compress_checks::TopKAbs(n, k, NumElements(*indices)); error.failure()) {
+    return error;
+  }
   kernels::TopKAbs(x.typed_data(), nullptr, n, k, indices->typed_data(), values->typed_data(),
                    nullptr, ffi_common::PoolRunner(&pool));
   return ffi::Error::Success();
@@ -39,10 +39,11 @@ ffi::Error TopKCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int64_t n = NumElements(x);
   const int64_t words = NumElements(*packed);
   const int64_t k = (words - 1) / 2;
-  if (NumElements(residual) != n || NumElements(*new_residual) != n) {
-    return InvalidArgument(kCompressOp, "residual must have x's shape");
+  if (ffi::Error error = compress_checks::TopKCompress(n, NumElements(residual),
+                                                       NumElements(*new_residual), words);
+      error.failure()) {
+    return error;
   }
-  if (words % 2 != 1 || k < 1 || k > n) return InvalidArgument(kCompressOp, "bad packed size");
   uint32_t* out = packed->typed_data();
   out[0] = static_cast<uint32_t>(words);
   auto* out_indices = reinterpret_cast<int32_t*>(out + 1);
@@ -56,10 +57,10 @@ ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ff
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
   const int64_t k = (words - 1) / 2;
-  if (words % 2 != 1 || k < 1 || k > n) return InvalidArgument(kDecompressOp, "bad packed size");
+  if (ffi::Error error = compress_checks::TopKDecompress(n, words); error.failure()) return error;
   const uint32_t* in = packed.typed_data();
   if (in[0] != static_cast<uint32_t>(words)) {
-    return InvalidArgument(kDecompressOp,
+    return InvalidArgument(kTopKDecompressOp,
                            "packed[0] does not match the TopK packed length; "
                            "was it produced by compress with the same compressor?");
   }
@@ -68,7 +69,7 @@ ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ff
   for (int64_t j = 0; j < k; ++j) {
     const int64_t index = static_cast<int32_t>(in[1 + j]);
     if (index < 0 || index >= n) {
-      return InvalidArgument(kDecompressOp, "index " + std::to_string(index) + " out of range");
+      return InvalidArgument(kTopKDecompressOp, "index " + std::to_string(index) + " out of range");
     }
     out[index] += kernels::wire::BitsFloat(in[1 + k + j]);
   }

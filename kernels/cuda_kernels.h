@@ -112,4 +112,31 @@ cudaError_t AddInsideSet(const int32_t* idx, const float* val, int64_t count,
                          const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
                          cudaStream_t stream);
 
+// ---- adaptive quantization (kernels/adaptive.h) ------------------------------------------
+// Same contract as kernels::AdaptiveCompress with layout {n, column_size, proportion}: packed
+// (AdaptiveLayout::PackedWords() words) and residual_out (may alias residual_in, not x) are
+// bit-identical to the CPU kernel's, in exact (sample_size == 0) and sampled mode. residual_in
+// may be null (acc = x). A NaN/Inf in acc gives packed[0] = 0 (the rest of packed and
+// residual_out unspecified). One block per column selects each sign's threshold with a radix
+// select over the column (or its sample), emits the entries in index order into scratch and
+// replays the CPU's sequential double sums for the means; a scan over the columns then places
+// the entries. Requires 1 <= n < 2^31, column_size >= 1, finite proportion >= 1,
+// 0 <= sample_size < 2^31 and PackedWords() < 2^32 (what the FFI handlers check).
+size_t AdaptiveCompressScratchBytes(int64_t n, int64_t column_size, double proportion,
+                                    int64_t sample_size);
+cudaError_t AdaptiveCompress(const float* x, const float* residual_in, int64_t n,
+                             int64_t column_size, double proportion, int64_t sample_size,
+                             uint32_t* packed, float* residual_out, void* scratch,
+                             cudaStream_t stream);
+
+// Decodes packed[0 .. used) of a buffer of `words` words into x_hat (n floats): entries get
+// their column's mean of their sign, other elements 0; with accumulate, x_hat += decoded
+// instead (the reduce step of a quantized allreduce). A message kernels::AdaptiveDecompress
+// rejects (used outside [HeaderWords(), words], an index >= n or not ascending, a column over
+// its capacity) makes all of x_hat NaN, with or without accumulate.
+size_t AdaptiveDecompressScratchBytes();
+cudaError_t AdaptiveDecompress(const uint32_t* packed, int64_t words, int64_t n,
+                               int64_t column_size, double proportion, float* x_hat,
+                               bool accumulate, void* scratch, cudaStream_t stream);
+
 }  // namespace jaxcomm::kernels::cuda

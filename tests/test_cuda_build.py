@@ -28,6 +28,8 @@ EXPECTED_SYMBOLS = [
     "JaxcommOneBitDecompressCuda",
     "JaxcommThresholdCompressCuda",
     "JaxcommThresholdDecompressCuda",
+    "JaxcommAdaptiveCompressCuda",
+    "JaxcommAdaptiveDecompressCuda",
     "JaxcommAllreduceCuda",
     "JaxcommTopKAllgatherCuda",
     "JaxcommGTopKCuda",

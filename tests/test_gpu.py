@@ -8,6 +8,11 @@ same way), plus the NumPy reference of the CPU suites. Without a GPU the module 
 
 from __future__ import annotations
 
+import os
+import pathlib
+import shutil
+import subprocess
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -237,9 +242,192 @@ def test_threshold_capacity_overflow_large():
     assert_same_bits(cpu, gpu)
 
 
+# ---- adaptive -----------------------------------------------------------------------------
+# XLA's CPU threads flush denormals to zero (a denormal acc is neither > 0 nor < 0 there), the
+# GPU kernels keep them like the plain C++ kernel: the data here holds none. The raw kernels,
+# denormals included, are compared in kernels/tests/adaptive_cuda_test.cc (test below).
+
+
+def adaptive_inputs(n: int, kind: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    x = data(n, kind, seed)
+    r = data(n, kind, seed + 1) * np.float32(0.25 if kind == "ties" else 0.1)
+    return x, r
+
+
+def assert_adaptive_matches_cpu(c: jaxcomm.Adaptive, x: np.ndarray, r: np.ndarray) -> None:
+    n = x.size
+    cpu, gpu = both(lambda a, b: compress(a, b, c), x, r)
+    assert_same_bits(cpu, gpu)
+    dec = [on(d, lambda p: decompress(p, c, (n,)), gpu[0]) for d in (CPU, GPUS[0])]
+    assert_same_bits(dec[0], dec[1])
+    # Error feedback, up to the rounding of (acc - mean) + mean at the data's scale.
+    acc = x + r
+    scale = float(np.abs(acc).max()) if n else 0.0
+    np.testing.assert_allclose(dec[1] + gpu[1], acc, rtol=1e-6, atol=1e-6 * scale)
+
+
+# 1000: a ragged last column for most n; 5000: columns above the 4096 elements the kernel
+# stages in shared memory (and a sample of 5000 is recomputed instead of staged).
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("column_size", [64, 1000, 5000])
+@pytest.mark.parametrize("proportion", [64, 3.5])
+@pytest.mark.parametrize("sample_size", [0, 48, 5000])
+def test_adaptive_matches_cpu(n, column_size, proportion, sample_size):
+    c = jaxcomm.Adaptive(proportion, column_size, sample_size)
+    assert_adaptive_matches_cpu(c, *adaptive_inputs(n, "normal", 11))
+
+
+@pytest.mark.parametrize("column_size", [7, 256, 1000, 4096, 10_000, 2**20])
+@pytest.mark.parametrize("sample_size", [0, 5, 300])
+def test_adaptive_ties_pick_the_lower_indices(column_size, sample_size):
+    """Few distinct values: exact mode takes the first ties by index, sampled mode all of them
+    up to the column capacity. 2**20 > n: one column, longer than the kernel's block."""
+    c = jaxcomm.Adaptive(3.5, column_size, sample_size)
+    assert_adaptive_matches_cpu(c, *adaptive_inputs(50_003, "ties", 13))
+
+
+@pytest.mark.parametrize("sample_size", [0, 256])
+@pytest.mark.parametrize("proportion", [1, 64, 1000])
+@pytest.mark.parametrize(
+    "kind", ["all_equal", "positive_only", "negative_only", "zeros", "signed_zeros", "scales"]
+)
+def test_adaptive_special_inputs(kind, proportion, sample_size):
+    n = 5000
+    rng = np.random.default_rng(7)
+    x = {
+        "all_equal": np.full(n, 0.75, np.float32),
+        "positive_only": np.abs(rng.standard_normal(n)).astype(np.float32) + 1e-3,
+        "negative_only": -np.abs(rng.standard_normal(n)).astype(np.float32) - 1e-3,
+        "zeros": np.zeros(n, np.float32),
+        "signed_zeros": np.where(rng.random(n) < 0.5, -0.0, 0.0).astype(np.float32),
+        "scales": (rng.standard_normal(n) * 10.0 ** (np.arange(n) // 1024 % 3 * 3 - 3)).astype(
+            np.float32
+        ),
+    }[kind]
+    c = jaxcomm.Adaptive(proportion, 1024, sample_size)
+    assert_adaptive_matches_cpu(c, x, np.zeros_like(x))
+
+
+@pytest.mark.parametrize("sample_size", [0, 256])
+def test_adaptive_in_place_residual_over_steps(sample_size):
+    """Donated residual carried through a loop: residual_out aliases residual_in on the GPU."""
+    n, c = 100_003, jaxcomm.Adaptive(64, 1000, sample_size)
+
+    def steps(x, r):
+        def body(i, carry):
+            r, total = carry
+            packed, r = compress(x * (i + 1).astype(jnp.float32), r, c)
+            return r, total + decompress(packed, c, (n,))
+
+        return jax.lax.fori_loop(0, 5, body, (r, jnp.zeros_like(x)))
+
+    x = data(n, "normal", 3)
+    cpu, gpu = both(steps, x, np.zeros(n, np.float32))
+    assert_same_bits(cpu, gpu)
+
+
+def test_adaptive_decompress_corrupt_is_nan_on_gpu():
+    """What the CPU decompress rejects (tests/test_adaptive.py) decodes to all-NaN on the GPU."""
+    c = jaxcomm.Adaptive(proportion=4, column_size=16)
+    x = data(64, "normal", 15)
+    packed = on(CPU, lambda a, b: compress(a, b, c)[0], x, np.zeros_like(x)).copy()
+    header = 1 + 2 * c.num_columns(64)
+    assert packed[0] > header + 1
+    for word, value in [
+        (0, c.packed_words(64) + 1),  # used beyond the buffer
+        (0, 2),  # used inside the header
+        (0, 0),  # the mark of a failed compress
+        (header, 64),  # index out of range
+        (header + 1, packed[header]),  # not ascending
+    ]:
+        bad = packed.copy()
+        bad[word] = value
+        out = on(GPUS[0], lambda p: decompress(p, c, (64,)), bad)
+        assert np.isnan(out).all(), (word, value)
+
+
+@pytest.mark.parametrize(
+    "attrs, words, message",
+    [
+        ({"proportion": 0.5, "column_size": 16, "sample_size": 0}, 49, "proportion"),
+        ({"proportion": 4.0, "column_size": 0, "sample_size": 0}, 49, "column_size"),
+        ({"proportion": 4.0, "column_size": 16, "sample_size": -1}, 49, "sample_size"),
+        ({"proportion": 4.0, "column_size": 16, "sample_size": 0}, 50, "packs 64 elements into 49"),
+    ],
+)
+def test_adaptive_handler_checks_are_the_cpu_ones(attrs, words, message):
+    """The CUDA handler runs the CPU handler's static checks (ffi/compress_checks.h)."""
+    call = jax.ffi.ffi_call(
+        "jaxcomm_adaptive_compress",
+        (jax.ShapeDtypeStruct((words,), jnp.uint32), jax.ShapeDtypeStruct((64,), jnp.float32)),
+    )
+    typed = {
+        "proportion": np.float64(attrs["proportion"]),
+        "column_size": np.int64(attrs["column_size"]),
+        "sample_size": np.int64(attrs["sample_size"]),
+    }
+    x = np.ones(64, np.float32)
+    for device in (CPU, GPUS[0]):
+        with pytest.raises(jax.errors.JaxRuntimeError, match=r"compress\(Adaptive\).*" + message):
+            on(device, lambda a: call(a, a, **typed), x)
+
+
+@pytest.mark.timeout(900)
+def test_adaptive_cuda_kernel_gtest(tmp_path):
+    """Builds and runs kernels/tests/adaptive_cuda_test.cc: the raw CUDA kernels against the
+    CPU kernel, with what XLA cannot pass (denormals, a null residual, accumulate=true)."""
+    cuda_home = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    nvcc = shutil.which("nvcc") or str(cuda_home / "bin" / "nvcc")
+    if not os.access(nvcc, os.X_OK) or not shutil.which("cmake"):
+        pytest.skip("needs nvcc and cmake to build the CUDA gtest")
+    capability = getattr(GPUS[0], "compute_capability", "")
+    arch = capability.replace(".", "") if capability else "80;90"
+    root = pathlib.Path(__file__).resolve().parents[1]
+    build = tmp_path / "build"
+    configure = subprocess.run(
+        [
+            "cmake",
+            "-S",
+            str(root),
+            "-B",
+            str(build),
+            "-DJAXCOMM_ENABLE_CUDA=ON",
+            "-DJAXCOMM_BUILD_TESTS=ON",
+            "-DJAXCOMM_BUILD_FFI=OFF",
+            "-DJAXCOMM_ENABLE_UCX=OFF",
+            f"-DCMAKE_CUDA_ARCHITECTURES={arch}",
+            f"-DCMAKE_CUDA_COMPILER={nvcc}",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if "Could NOT find GTest" in configure.stdout + configure.stderr:
+        pytest.skip("GoogleTest is missing (Debian's libgtest-dev)")
+    assert configure.returncode == 0, configure.stdout[-4000:] + configure.stderr[-4000:]
+    jobs = str(os.cpu_count() or 2)
+    built = subprocess.run(
+        ["cmake", "--build", str(build), "--target", "adaptive_cuda_test", "-j", jobs],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
+    run = subprocess.run(
+        [str(build / "adaptive_cuda_test")], capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
+    assert "SKIPPED" not in run.stdout, run.stdout[-2000:]
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize(
-    "compressor", [jaxcomm.OneBit(32), jaxcomm.Threshold(0.5)], ids=["onebit", "threshold"]
+    "compressor",
+    [
+        jaxcomm.OneBit(32),
+        jaxcomm.Threshold(0.5),
+        jaxcomm.Adaptive(64, 256),
+        jaxcomm.Adaptive(64, 256, sample_size=32),
+    ],
+    ids=["onebit", "threshold", "adaptive", "adaptive-sampled"],
 )
 def test_non_finite_input_marks_packed_header(bad, compressor):
     """The GPU cannot raise without synchronizing: packed[0] = 0, which decompress rejects."""

@@ -19,6 +19,8 @@ from jaxcomm.compressors import Adaptive
 
 _ffi.register("jaxcomm_adaptive_compress", "JaxcommAdaptiveCompress")
 _ffi.register("jaxcomm_adaptive_decompress", "JaxcommAdaptiveDecompress")
+_ffi.register_gpu("jaxcomm_adaptive_compress", "JaxcommAdaptiveCompressCuda")
+_ffi.register_gpu("jaxcomm_adaptive_decompress", "JaxcommAdaptiveDecompressCuda")
 
 
 def _check(compressor: Adaptive) -> None:
@@ -58,7 +60,8 @@ def compress(
     Raises:
       TypeError, ValueError: on a wrong dtype or shape (at trace time).
       jax.errors.JaxRuntimeError: when ``x + residual`` holds a NaN or Inf; the message names
-        the first such flat index.
+        the first such flat index. On a GPU (which cannot raise without synchronizing) the
+        call succeeds with ``packed[0] == 0`` instead, which :func:`decompress` decodes to NaN.
 
     Example:
       >>> import jax.numpy as jnp, jaxcomm
@@ -97,7 +100,8 @@ def decompress(packed: jax.Array, compressor: Adaptive, shape: int | Sequence[in
 
     Raises:
       jax.errors.JaxRuntimeError: when the packed buffer is malformed (bad ``used`` word,
-        index out of range or not ascending, a column over its capacity).
+        index out of range or not ascending, a column over its capacity). On a GPU such a
+        buffer decodes to all-NaN instead.
 
     Example:
       >>> import jax.numpy as jnp, jaxcomm
