@@ -29,6 +29,9 @@ EXPECTED_SYMBOLS = [
     "JaxcommThresholdCompressCuda",
     "JaxcommThresholdDecompressCuda",
     "JaxcommAllreduceCuda",
+    "JaxcommQuantizedAllreduceCuda",
+    "JaxcommHierarchicalAllreduceCuda",
+    "JaxcommHierarchicalQuantizedCuda",
     "jaxcomm_gpu_world_ordinals",
     "jaxcomm_nccl_set_library",
 ]
