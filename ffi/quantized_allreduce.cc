@@ -34,6 +34,7 @@
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
 #include "ffi/group.h"
+#include "ffi/quantized_common.h"
 #include "kernels/quantized_slices.h"
 #include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
@@ -51,31 +52,11 @@ constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
 constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
 constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
 
-const char* KindLabel(QuantizerKind kind) {
-  switch (kind) {
-    case QuantizerKind::kOneBit:
-      return "onebit";
-    case QuantizerKind::kThreshold:
-      return "threshold";
-    case QuantizerKind::kAdaptive:
-      return "adaptive";
-  }
-  return "unknown";
-}
-
-int64_t EvenBegin(int64_t n, int parts, int chunk) {
-  return chunk * (n / parts) + std::min<int64_t>(chunk, n % parts);
-}
-
-// Bytes a dense float32 ring allreduce of n elements sends from `rank`: every chunk but
-// (rank + 1) in the reduce-scatter, every chunk but (rank + 2) in the allgather.
-uint64_t DenseRingBytes(int64_t n, int parts, int rank) {
-  if (parts == 1) return 0;
-  auto size = [&](int c) {
-    return EvenBegin(n, parts, c % parts + 1) - EvenBegin(n, parts, c % parts);
-  };
-  return sizeof(float) * static_cast<uint64_t>(2 * n - size(rank + 1) - size(rank + 2));
-}
+using quantized::CheckSizes;
+using quantized::DenseRingBytes;
+using quantized::EvenBegin;
+using quantized::KindLabel;
+using quantized::ReadSpec;
 
 ffi::Error Invalid(const char* op, const std::string& message) {
   return ffi_common::InvalidArgument(op, message);
@@ -205,24 +186,6 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
     }
   }
   group.CountDenseEquivalent(DenseRingBytes(n, parts, rank));
-  return ffi::Error::Success();
-}
-
-ffi::Error ReadSpec(const char* op, int64_t kind, int64_t column_size, int64_t sample_size,
-                    double proportion, float tau, double max_density, QuantizerSpec* spec) {
-  if (kind < 0 || kind > 2) return Invalid(op, "unknown quantizer kind " + std::to_string(kind));
-  *spec = QuantizerSpec{
-      static_cast<QuantizerKind>(kind), column_size, sample_size, proportion, tau, max_density};
-  const std::string bad = kernels::CheckQuantizerSpec(*spec);
-  if (!bad.empty()) return Invalid(op, bad);
-  return ffi::Error::Success();
-}
-
-ffi::Error CheckSizes(const char* op, int64_t n, std::initializer_list<int64_t> others) {
-  for (int64_t other : others) {
-    if (other != n) return Invalid(op, "x, residual and results must have one size");
-  }
-  if (n > int64_t{0x7fffffff}) return Invalid(op, "x must have fewer than 2**31 elements");
   return ffi::Error::Success();
 }
 
@@ -509,16 +472,6 @@ ffi::Error HierarchicalQuantizedImpl(
 
 }  // namespace
 }  // namespace jaxcomm::collectives
-
-// Attributes shared by the quantized handlers, in this order.
-#define JAXCOMM_QUANTIZER_ATTRS(binding)                              \
-  binding                                                             \
-      .Attr<int64_t>("kind") /* 0 one-bit, 1 threshold, 2 adaptive */ \
-      .Attr<int64_t>("column_size")                                   \
-      .Attr<int64_t>("sample_size")                                   \
-      .Attr<double>("proportion")                                     \
-      .Attr<float>("tau")                                             \
-      .Attr<double>("max_density")
 
 JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(

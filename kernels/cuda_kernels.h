@@ -139,4 +139,25 @@ cudaError_t AdaptiveDecompress(const uint32_t* packed, int64_t words, int64_t n,
                                int64_t column_size, double proportion, float* x_hat,
                                bool accumulate, void* scratch, cudaStream_t stream);
 
+// ---- quantized allreduce building blocks (ffi/cuda/quantized_allreduce.cc) ----------------
+// The reduce step of the quantized allreduce decodes a message INTO a running sum:
+// x_hat[i] += decoded[i], the very float add of the CPU's kernels::DequantizeAccumulate
+// (kernels/quantized_slices.cc), so sums accumulated in the same order are bit-identical.
+// A malformed message (the same checks as the plain decompress above) makes all of x_hat NaN.
+
+// OneBitDecompress with accumulate (CPU: OneBitDecompress into scratch, then AddInto).
+cudaError_t OneBitDecompressAccumulate(const uint32_t* packed, int64_t words, int64_t n,
+                                       int64_t column_size, float* x_hat, cudaStream_t stream);
+// ThresholdDecompress with accumulate (CPU: out[index] += +-tau per entry); scratch of
+// ThresholdDecompressScratchBytes().
+cudaError_t ThresholdDecompressAccumulate(const uint32_t* packed, int64_t words, int64_t n,
+                                          float tau, float* x_hat, void* scratch,
+                                          cudaStream_t stream);
+
+// dst[i] += src[i] for i < n (kernels::AddInto, kernels/reduce.h). No-op for n == 0.
+cudaError_t AddInto(float* dst, const float* src, int64_t n, cudaStream_t stream);
+// out[i] = a[i] + b[i] for i < n (the acc = x + residual of ffi/quantized_allreduce.cc's
+// HierarchicalQuantizedImpl). out may alias a or b. No-op for n == 0.
+cudaError_t AddVectors(const float* a, const float* b, int64_t n, float* out, cudaStream_t stream);
+
 }  // namespace jaxcomm::kernels::cuda

@@ -125,6 +125,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// kAccumulate: x_hat[i] += decoded[i] instead of x_hat[i] = decoded[i] (one float add, the
+// CPU's OneBitDecompress into scratch + AddInto, kernels/quantized_slices.cc
+// DequantizeAccumulate). A bad header gives NaN either way.
+template <bool kAccumulate>
 __global__ void OneBitDecodeKernel(const uint32_t* packed, int64_t words, int64_t n,
                                    int64_t column_size, float* x_hat) {
   const bool header_ok = packed[0] == static_cast<uint32_t>(words);
@@ -134,7 +138,13 @@ __global__ void OneBitDecodeKernel(const uint32_t* packed, int64_t words, int64_
        i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t c = i / column_size;
     const uint32_t mean = (bits[i / 32] >> (i % 32)) & 1u ? packed[1 + 2 * c] : packed[2 + 2 * c];
-    x_hat[i] = __uint_as_float(header_ok ? mean : 0x7fc00000u);
+    if (!header_ok) {
+      x_hat[i] = __uint_as_float(0x7fc00000u);
+    } else if (kAccumulate) {
+      x_hat[i] = x_hat[i] + __uint_as_float(mean);
+    } else {
+      x_hat[i] = __uint_as_float(mean);
+    }
   }
 }
 
@@ -236,6 +246,10 @@ __global__ void ThresholdZeroTailKernel(const ThresholdState* state, int64_t cap
   }
 }
 
+// kAccumulate: x_hat[index] += +-tau (the CPU's DequantizeAccumulate, kernels/
+// quantized_slices.cc); a valid message has strictly ascending indices, so no two threads touch
+// one element. Either way a bad message sets *bad and PoisonKernel makes all of x_hat NaN.
+template <bool kAccumulate>
 __global__ void ThresholdScatterKernel(const uint32_t* packed, int64_t words, int64_t n, float tau,
                                        float* x_hat, uint32_t* bad) {
   const uint32_t used = packed[0];
@@ -253,7 +267,12 @@ __global__ void ThresholdScatterKernel(const uint32_t* packed, int64_t words, in
       *bad = 1;
       continue;
     }
-    x_hat[index] = entry & detail::kSignBit ? tau : -tau;
+    const float value = entry & detail::kSignBit ? tau : -tau;
+    if (kAccumulate) {
+      x_hat[index] = x_hat[index] + value;
+    } else {
+      x_hat[index] = value;
+    }
   }
 }
 
@@ -283,8 +302,15 @@ cudaError_t OneBitCompress(const float* x, const float* residual_in, int64_t n, 
 
 cudaError_t OneBitDecompress(const uint32_t* packed, int64_t words, int64_t n, int64_t column_size,
                              float* x_hat, cudaStream_t stream) {
-  OneBitDecodeKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(packed, words, n, column_size,
-                                                                    x_hat);
+  OneBitDecodeKernel<false>
+      <<<GridFor(n, kThreads), kThreads, 0, stream>>>(packed, words, n, column_size, x_hat);
+  return cudaGetLastError();
+}
+
+cudaError_t OneBitDecompressAccumulate(const uint32_t* packed, int64_t words, int64_t n,
+                                       int64_t column_size, float* x_hat, cudaStream_t stream) {
+  OneBitDecodeKernel<true>
+      <<<GridFor(n, kThreads), kThreads, 0, stream>>>(packed, words, n, column_size, x_hat);
   return cudaGetLastError();
 }
 
@@ -324,8 +350,19 @@ cudaError_t ThresholdDecompress(const uint32_t* packed, int64_t words, int64_t n
   auto* bad = static_cast<uint32_t*>(scratch);
   cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream);
   cudaMemsetAsync(x_hat, 0, n * sizeof(float), stream);
-  ThresholdScatterKernel<<<GridFor(words, kThreads), kThreads, 0, stream>>>(packed, words, n, tau,
-                                                                            x_hat, bad);
+  ThresholdScatterKernel<false>
+      <<<GridFor(words, kThreads), kThreads, 0, stream>>>(packed, words, n, tau, x_hat, bad);
+  PoisonKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(bad, x_hat, n);
+  return cudaGetLastError();
+}
+
+cudaError_t ThresholdDecompressAccumulate(const uint32_t* packed, int64_t words, int64_t n,
+                                          float tau, float* x_hat, void* scratch,
+                                          cudaStream_t stream) {
+  auto* bad = static_cast<uint32_t*>(scratch);
+  cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream);
+  ThresholdScatterKernel<true>
+      <<<GridFor(words, kThreads), kThreads, 0, stream>>>(packed, words, n, tau, x_hat, bad);
   PoisonKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(bad, x_hat, n);
   return cudaGetLastError();
 }

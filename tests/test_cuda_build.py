@@ -33,6 +33,9 @@ EXPECTED_SYMBOLS = [
     "JaxcommAllreduceCuda",
     "JaxcommTopKAllgatherCuda",
     "JaxcommGTopKCuda",
+    "JaxcommQuantizedAllreduceCuda",
+    "JaxcommHierarchicalAllreduceCuda",
+    "JaxcommHierarchicalQuantizedCuda",
     "jaxcomm_gpu_world_ordinals",
     "jaxcomm_nccl_set_library",
 ]

@@ -1,0 +1,85 @@
+// Pieces shared by the CPU (ffi/quantized_allreduce.cc) and GPU (ffi/cuda/quantized_allreduce.cc)
+// handlers of the quantized and hierarchical allreduces: attribute binding, spec and size checks,
+// metric labels, chunk boundaries and the dense-equivalent byte count.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "ffi/common.h"
+#include "kernels/quantized_slices.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives::quantized {
+
+namespace ffi = xla::ffi;
+
+inline const char* KindLabel(kernels::QuantizerKind kind) {
+  switch (kind) {
+    case kernels::QuantizerKind::kOneBit:
+      return "onebit";
+    case kernels::QuantizerKind::kThreshold:
+      return "threshold";
+    case kernels::QuantizerKind::kAdaptive:
+      return "adaptive";
+  }
+  return "unknown";
+}
+
+// Start of chunk `chunk` of n elements cut into `parts` even chunks (the first n % parts one
+// longer): the chunks of the hierarchical allreduce's intra-node phase.
+inline int64_t EvenBegin(int64_t n, int parts, int chunk) {
+  return chunk * (n / parts) + std::min<int64_t>(chunk, n % parts);
+}
+
+// Bytes a dense float32 ring allreduce of n elements sends from `rank`: every chunk but
+// (rank + 1) in the reduce-scatter, every chunk but (rank + 2) in the allgather.
+inline uint64_t DenseRingBytes(int64_t n, int parts, int rank) {
+  if (parts == 1) return 0;
+  auto size = [&](int c) {
+    return EvenBegin(n, parts, c % parts + 1) - EvenBegin(n, parts, c % parts);
+  };
+  return sizeof(float) * static_cast<uint64_t>(2 * n - size(rank + 1) - size(rank + 2));
+}
+
+inline ffi::Error ReadSpec(const char* op, int64_t kind, int64_t column_size, int64_t sample_size,
+                           double proportion, float tau, double max_density,
+                           kernels::QuantizerSpec* spec) {
+  if (kind < 0 || kind > 2) {
+    return ffi_common::InvalidArgument(op, "unknown quantizer kind " + std::to_string(kind));
+  }
+  *spec = kernels::QuantizerSpec{static_cast<kernels::QuantizerKind>(kind),
+                                 column_size,
+                                 sample_size,
+                                 proportion,
+                                 tau,
+                                 max_density};
+  const std::string bad = kernels::CheckQuantizerSpec(*spec);
+  if (!bad.empty()) return ffi_common::InvalidArgument(op, bad);
+  return ffi::Error::Success();
+}
+
+inline ffi::Error CheckSizes(const char* op, int64_t n, std::initializer_list<int64_t> others) {
+  for (int64_t other : others) {
+    if (other != n)
+      return ffi_common::InvalidArgument(op, "x, residual and results must have one size");
+  }
+  if (n > int64_t{0x7fffffff}) {
+    return ffi_common::InvalidArgument(op, "x must have fewer than 2**31 elements");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace jaxcomm::collectives::quantized
+
+// Attributes shared by the quantized handlers (CPU and GPU), in this order.
+#define JAXCOMM_QUANTIZER_ATTRS(binding)                              \
+  binding                                                             \
+      .Attr<int64_t>("kind") /* 0 one-bit, 1 threshold, 2 adaptive */ \
+      .Attr<int64_t>("column_size")                                   \
+      .Attr<int64_t>("sample_size")                                   \
+      .Attr<double>("proportion")                                     \
+      .Attr<float>("tau")                                             \
+      .Attr<double>("max_density")
