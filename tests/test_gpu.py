@@ -17,25 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gpu_support import GPU_MARKS, GPUS
 
 import jaxcomm
 from jaxcomm import _ffi
 from jaxcomm.ops import compress, decompress, topk_abs
 from jaxcomm.ops.sparse_merge import sparse_merge
 
-
-def _gpu_devices() -> list:
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:
-        return []
-
-
-GPUS = _gpu_devices()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not GPUS, reason="needs a CUDA GPU: jax.devices('gpu') found none"),
-]
+pytestmark = GPU_MARKS
 
 CPU = jax.devices("cpu")[0]
 SIZES = [1, 7, 1000, 2**20 + 3]

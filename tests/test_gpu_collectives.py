@@ -13,59 +13,13 @@ import jax
 import numpy as np
 import pytest
 import reference
+from gpu_support import GPU_MARKS, GPUS, gpu_mesh, per_rank_data, run_sharded
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm
 
-
-def _gpu_devices() -> list:
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:
-        return []
-
-
-GPUS = _gpu_devices()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not GPUS, reason="needs a CUDA GPU: jax.devices('gpu') found none"),
-]
-
-
-def gpu_mesh() -> jax.sharding.Mesh:
-    return jax.sharding.Mesh(np.array(GPUS), ("d",))
-
-
-def per_rank_data(n: int, seed: int) -> list[np.ndarray]:
-    """One float32 vector per GPU rank."""
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(n).astype(np.float32) for _ in GPUS]
-
-
-def run_sharded(fn, *per_rank: list[np.ndarray], mesh=None):
-    """Runs jit(shard_map(fn)) with rank r holding per_rank[i][r]; returns per-rank NumPy lists.
-
-    Args:
-      fn: the per-rank body (takes and returns arrays of one rank's shape).
-      *per_rank: for each argument, the list of its per-rank values.
-      mesh: the mesh (default: all GPUs on axis "d").
-
-    Returns:
-      For each output of `fn`, the list of its per-rank values.
-    """
-    mesh = mesh or gpu_mesh()
-    spec = P(mesh.axis_names)
-    args = [
-        jax.device_put(np.concatenate(values), NamedSharding(mesh, spec)) for values in per_rank
-    ]
-    f = jax.jit(
-        jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=spec, check_vma=False)
-    )
-    outs = f(*args)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    ranks = int(np.prod(mesh.devices.shape))
-    return [np.split(np.asarray(o), ranks) for o in outs]
+pytestmark = GPU_MARKS
 
 
 # ---- dense ----------------------------------------------------------------------------------

@@ -21,24 +21,11 @@ import jax
 import numpy as np
 import pytest
 import reference
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from gpu_support import GPU_MARKS, GPUS, run_sharded
 
 import jaxcomm
 
-
-def _gpu_devices() -> list:
-    try:
-        return jax.devices("gpu")
-    except RuntimeError:
-        return []
-
-
-GPUS = _gpu_devices()
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not GPUS, reason="needs a CUDA GPU: jax.devices('gpu') found none"),
-]
+pytestmark = GPU_MARKS
 
 CASES = {
     "onebit": lambda: jaxcomm.OneBit(column_size=64),
@@ -84,21 +71,6 @@ def make_inputs(n: int, seed: int, scale: float = 1.0, grid: bool = False) -> li
     if grid:
         rows = [np.clip(np.round(r * 256) / 256, -8, 8) for r in rows]
     return [r.astype(np.float32) for r in rows]
-
-
-def run_sharded(fn, *per_rank: list[np.ndarray], mesh: jax.sharding.Mesh):
-    """jit(shard_map(fn)) with rank r (row-major over the mesh axes) holding per_rank[i][r];
-    returns, for each output, the list of its per-rank values."""
-    spec = P(mesh.axis_names)
-    args = [
-        jax.device_put(np.concatenate(values), NamedSharding(mesh, spec)) for values in per_rank
-    ]
-    f = jax.jit(
-        jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=spec, check_vma=False)
-    )
-    outs = f(*args)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    return [np.split(np.asarray(o), len(GPUS)) for o in outs]
 
 
 def flat_mesh() -> jax.sharding.Mesh:
