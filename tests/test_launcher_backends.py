@@ -147,3 +147,19 @@ def test_emulated_backend_creates_and_removes_two_namespaces(tmp_path):
     assert res.returncode == 1 and "rank 0 failed" in res.stderr
     assert _namespaces() == before
     assert not worker_pids(str(tmp_path / "run2"))
+
+
+def test_mpirun_output_of_two_ranks_glued_in_one_line_is_split():
+    """OpenMPI can glue another rank's tagged chunk to a chunk without a newline (seen once in
+    CI: rank 1's line ended up in rank 0's log and rank 0's next line was lost from it)."""
+    from jaxcomm_launcher.backends.mpirun import route_tagged_line
+
+    assert route_tagged_line("[1,0]<stdout>:psum checked") == [(0, "psum checked")]
+    assert route_tagged_line("[1,0]<stdout>: spaced") == [(0, "spaced")]  # OpenMPI 5
+    assert route_tagged_line("[1,0]<stdout>:") == [(0, "")]
+    assert route_tagged_line("[1,0]<stdout>:half[1,1]<stdout>:other rank") == [
+        (0, "half"),
+        (1, "other rank"),
+    ]
+    assert route_tagged_line("[1,0]<stdout>:text[1,1]<stderr>:") == [(0, "text")]
+    assert route_tagged_line("mpirun noticed something") == [(None, "mpirun noticed something")]

@@ -125,7 +125,7 @@ class Outcome:
     returncode: int | None = None
 
 
-LineRouter = Callable[[str], tuple[int | None, str]]
+LineRouter = Callable[[str], list[tuple[int | None, str]]]
 
 
 def describe_returncode(code: int) -> str:
@@ -193,7 +193,7 @@ class Supervisor:
             env: Its full environment.
             rank: The rank it runs (None for a launch engine that runs several).
             name: Display name; defaults to ``rank <R>``.
-            router: Maps an output line to (rank, text) for engines that multiplex ranks.
+            router: Maps an output line to (rank, text) pieces for engines that multiplex ranks.
             cwd: Working directory.
 
         Returns:
@@ -233,16 +233,20 @@ class Supervisor:
         assert proc.popen.stdout is not None
         for raw in iter(proc.popen.stdout.readline, b""):
             line = raw.decode(errors="replace").rstrip("\n")
-            rank, text = router(line) if router else (proc.rank, line)
-            with self._lock:
-                self._file_for(rank, proc.name).write(text + "\n")
-                self.tails[rank].append(text)
-                if not self.quiet:
-                    label = f"r{rank}" if rank is not None else proc.name
-                    color = RANK_COLORS[rank % len(RANK_COLORS)] if rank is not None else "white"
-                    self.console.print(
-                        f"[{color}]\\[{label}][/] {escape(text)}", highlight=False, soft_wrap=True
-                    )
+            for rank, text in router(line) if router else [(proc.rank, line)]:
+                with self._lock:
+                    self._file_for(rank, proc.name).write(text + "\n")
+                    self.tails[rank].append(text)
+                    if not self.quiet:
+                        label = f"r{rank}" if rank is not None else proc.name
+                        color = (
+                            RANK_COLORS[rank % len(RANK_COLORS)] if rank is not None else "white"
+                        )
+                        self.console.print(
+                            f"[{color}]\\[{label}][/] {escape(text)}",
+                            highlight=False,
+                            soft_wrap=True,
+                        )
 
     # -- waiting and stopping -------------------------------------------------------------
 

@@ -24,29 +24,40 @@ from jaxcomm_launcher.backends import (
 from jaxcomm_launcher.procs import Supervisor
 from jaxcomm_launcher.recipe import MpirunBackend, Recipe
 
-# OpenMPI 4: "[1,0]<stdout>:text"; OpenMPI 5 (PRRTE): "[1,0]<stdout>: text".
-_TAG = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>: ?(.*)$")
-# A chunk without a newline gets its tag glued to the end of the previous line.
-_TRAILING_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:\s*$")
+# OpenMPI 4: "[1,0]<stdout>:text"; OpenMPI 5 (PRRTE): "[1,0]<stdout>: text". A rank's chunk
+# without a newline gets the next chunk, maybe another rank's, glued to it with its own tag.
+_TAG = re.compile(r"\[\d+,(\d+)\]<std(?:out|err)>: ?")
 
 
-def route_tagged_line(line: str) -> tuple[int | None, str]:
-    """Splits an mpirun ``--tag-output`` line into (rank, text); untagged lines get None.
+def route_tagged_line(line: str) -> list[tuple[int | None, str]]:
+    """Splits an mpirun ``--tag-output`` line into (rank, text) pieces, one per tag.
 
     Args:
         line: One line of mpirun's output.
 
     Returns:
-        The rank (or None for mpirun's own messages) and the line without the tag.
+        The pieces in order: each tagged piece with its rank, text before the first tag (or a
+        line without tags, mpirun's own messages) with None. Empty pieces after a tag are
+        dropped unless the line is only that tag.
 
     Example:
         >>> route_tagged_line("[1,3]<stdout>:hello")
-        (3, 'hello')
+        [(3, 'hello')]
+        >>> route_tagged_line("[1,0]<stdout>:half[1,1]<stdout>:other")
+        [(0, 'half'), (1, 'other')]
     """
-    m = _TAG.match(line)
-    if m:
-        return int(m.group(1)), _TRAILING_TAG.sub("", m.group(2))
-    return None, line
+    tags = list(_TAG.finditer(line))
+    if not tags:
+        return [(None, line)]
+    pieces: list[tuple[int | None, str]] = []
+    if tags[0].start() > 0:
+        pieces.append((None, line[: tags[0].start()]))
+    for i, tag in enumerate(tags):
+        end = tags[i + 1].start() if i + 1 < len(tags) else len(line)
+        text = line[tag.end() : end]
+        if text or len(tags) == 1:
+            pieces.append((int(tag.group(1)), text))
+    return pieces
 
 
 class MpirunBackendRunner(BackendRunner):
