@@ -39,22 +39,31 @@ inline CallSite MakeCallSite(const char* name, int32_t device_id,
                   static_cast<int64_t>(coordinates.element_count())};
 }
 
-// Shared opening of the sparse (top-k based) collectives: x, residual and both results hold n
-// elements, 1 <= k <= n, then the group of the call.
+// The argument rules of the sparse (top-k based) collectives, on CPU and GPU: x, residual and
+// both results hold n elements, and 1 <= k <= n.
+inline ffi::Error CheckSparseArguments(const char* name, int64_t k, size_t n, size_t residual,
+                                       size_t summed, size_t new_residual) {
+  if (residual != n || summed != n || new_residual != n) {
+    return ffi::Error::InvalidArgument(std::string(name) +
+                                       ": x, residual and results must have one size");
+  }
+  if (k < 1 || k > static_cast<int64_t>(n)) {
+    return ffi::Error::InvalidArgument(std::string(name) + ": k must be in [1, x.size]");
+  }
+  return ffi::Error::Success();
+}
+
+// Shared opening of the sparse collectives on CPU: CheckSparseArguments, then the group.
 inline ffi::Error BeginSparseCollective(const CallSite& site, int64_t k,
                                         const ffi::Buffer<ffi::F32>& x,
                                         const ffi::Buffer<ffi::F32>& residual,
                                         ffi::ResultBuffer<ffi::F32>& summed,
                                         ffi::ResultBuffer<ffi::F32>& new_residual,
                                         std::unique_ptr<Group>* group) {
-  const size_t n = x.element_count();
-  if (residual.element_count() != n || summed->element_count() != n ||
-      new_residual->element_count() != n) {
-    return ffi::Error::InvalidArgument(std::string(site.name) +
-                                       ": x, residual and results must have one size");
-  }
-  if (k < 1 || k > static_cast<int64_t>(n)) {
-    return ffi::Error::InvalidArgument(std::string(site.name) + ": k must be in [1, x.size]");
+  if (ffi::Error e = CheckSparseArguments(site.name, k, x.element_count(), residual.element_count(),
+                                          summed->element_count(), new_residual->element_count());
+      !e.success()) {
+    return e;
   }
   return Group::Begin(site, group);
 }

@@ -30,6 +30,7 @@ namespace jaxcomm::kernels::cuda {
 namespace {
 
 using detail::AlignUp;
+using detail::BlockExclusiveScan;
 using detail::GridFor;
 using detail::kIndexMask;
 using detail::kSignBit;
@@ -333,21 +334,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kScanThreads)
     AdaptiveScanKernel(int64_t ncols, int64_t header, const uint32_t* counts, uint32_t* offsets,
                        CompressState* state, uint32_t* packed) {
-  using Scan = cub::BlockScan<uint32_t, kScanThreads>;
-  __shared__ typename Scan::TempStorage temp;
-  __shared__ uint32_t carry;
-  if (threadIdx.x == 0) carry = 0;
-  __syncthreads();
-  for (int64_t base = 0; base < ncols; base += kScanThreads) {
-    const int64_t c = base + threadIdx.x;
-    const uint32_t count = c < ncols ? counts[c] : 0u;
-    uint32_t before, total;
-    Scan(temp).ExclusiveSum(count, before, total);
-    if (c < ncols) offsets[c] = carry + before;
-    __syncthreads();
-    if (threadIdx.x == 0) carry += total;
-    __syncthreads();
-  }
+  const uint32_t carry = BlockExclusiveScan<kScanThreads>(counts, ncols, offsets);
   if (threadIdx.x == 0) {
     state->total = carry;
     packed[0] = state->bad ? 0u : static_cast<uint32_t>(header + carry);

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cub/block/block_scan.cuh>
 
 namespace jaxcomm::kernels::cuda::detail {
 
@@ -42,6 +43,28 @@ inline unsigned GridFor(int64_t n, int threads, int64_t max_blocks = 4096) {
   int64_t blocks = (n + threads - 1) / threads;
   if (blocks > max_blocks) blocks = max_blocks;
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+// Called by all kThreads threads of one block: offsets[i] = counts[0] + ... + counts[i - 1] for
+// i < count (any count, kThreads at a time); returns the sum of all counts to every thread.
+template <int kThreads>
+__device__ uint32_t BlockExclusiveScan(const uint32_t* counts, int64_t count, uint32_t* offsets) {
+  using Scan = cub::BlockScan<uint32_t, kThreads>;
+  __shared__ typename Scan::TempStorage temp;
+  __shared__ uint32_t carry;
+  if (threadIdx.x == 0) carry = 0;
+  __syncthreads();
+  for (int64_t base = 0; base < count; base += kThreads) {
+    const int64_t i = base + threadIdx.x;
+    const uint32_t value = i < count ? counts[i] : 0u;
+    uint32_t before, total;
+    Scan(temp).ExclusiveSum(value, before, total);
+    if (i < count) offsets[i] = carry + before;
+    __syncthreads();
+    if (threadIdx.x == 0) carry += total;
+    __syncthreads();
+  }
+  return carry;
 }
 
 }  // namespace jaxcomm::kernels::cuda::detail

@@ -11,6 +11,7 @@ namespace jaxcomm::kernels::cuda {
 namespace {
 
 using detail::AlignUp;
+using detail::BlockExclusiveScan;
 using detail::GridFor;
 using detail::kNonFiniteKey;
 using detail::MagnitudeKey;
@@ -184,21 +185,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kScanThreads)
     ThresholdScanKernel(int64_t tiles, int64_t capacity, const uint32_t* counts, uint32_t* offsets,
                         ThresholdState* state, uint32_t* packed) {
-  using Scan = cub::BlockScan<uint32_t, kScanThreads>;
-  __shared__ typename Scan::TempStorage temp;
-  __shared__ uint32_t carry;
-  if (threadIdx.x == 0) carry = 0;
-  __syncthreads();
-  for (int64_t base = 0; base < tiles; base += kScanThreads) {
-    const int64_t b = base + threadIdx.x;
-    const uint32_t count = b < tiles ? counts[b] : 0u;
-    uint32_t before, total;
-    Scan(temp).ExclusiveSum(count, before, total);
-    if (b < tiles) offsets[b] = carry + before;
-    __syncthreads();
-    if (threadIdx.x == 0) carry += total;
-    __syncthreads();
-  }
+  const uint32_t carry = BlockExclusiveScan<kScanThreads>(counts, tiles, offsets);
   if (threadIdx.x == 0) {
     const uint32_t m = static_cast<uint32_t>(min(static_cast<int64_t>(carry), capacity));
     state->m = m;

@@ -25,13 +25,9 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
     return ffi::Error::InvalidArgument(std::string(kOp) + ": output size mismatch");
   }
   GpuSite site;
-  if (ffi::Error e = ResolveGpuSite(kOp, stream, device_ordinal, coordinates, world, world_devices,
-                                    mesh_axis_sizes, reduce_axes, &site);
-      !e.success()) {
-    return e;
-  }
   std::unique_ptr<GpuGroup> group;
-  if (ffi::Error e = GpuGroup::Begin(site, site.site, &group); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
+                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
   if (ffi::Error e =
           group->Check(group->nccl().all_reduce(x.typed_data(), out->typed_data(), n, ncclFloat32,
                                                 ncclSum, group->comm(), stream),

@@ -269,6 +269,17 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_
   return ffi::Error::Success();
 }
 
+ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,
+                        const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
+                        ffi::Span<const int64_t> world_devices,
+                        ffi::Span<const int64_t> mesh_axis_sizes,
+                        ffi::Span<const int64_t> reduce_axes, GpuSite* site,
+                        std::unique_ptr<GpuGroup>* group) {
+  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(name, stream, device_ordinal, coordinates, world,
+                                         world_devices, mesh_axis_sizes, reduce_axes, site));
+  return GpuGroup::Begin(*site, site->site, group);
+}
+
 ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
                            std::unique_ptr<GpuGroup>* out) {
   auto result = std::make_unique<GpuGroup>();

@@ -33,6 +33,14 @@
 #include "ffi/group.h"
 #include "xla/ffi/api/ffi.h"
 
+// Returns the ffi::Error of `expr` unless it succeeded.
+#define JAXCOMM_RETURN_IF_ERROR(expr)                                           \
+  do {                                                                          \
+    if (::xla::ffi::Error jaxcomm_error_ = (expr); !jaxcomm_error_.success()) { \
+      return jaxcomm_error_;                                                    \
+    }                                                                           \
+  } while (0)
+
 namespace jaxcomm::collectives::gpu {
 
 // Binds, in order: Ctx<PlatformStream>, Ctx<ScratchAllocator>, Ctx<DeviceOrdinal>, Arg
@@ -107,6 +115,17 @@ class GpuGroup {
   const nccl::NcclApi* nccl_ = nullptr;
   std::shared_ptr<struct CommState> state_;
 };
+
+// ResolveGpuSite, then GpuGroup::Begin on the site as it is: the opening of a one-group call.
+ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,
+                        const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
+                        ffi::Span<const int64_t> world_devices,
+                        ffi::Span<const int64_t> mesh_axis_sizes,
+                        ffi::Span<const int64_t> reduce_axes, GpuSite* site,
+                        std::unique_ptr<GpuGroup>* group);
+
+// `bytes` rounded up to the 256-byte alignment of every piece carved out of one scratch block.
+inline size_t AlignScratch(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
 // token_out = token (an enqueued device copy: the token orders calls through data flow only).
 ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& token,

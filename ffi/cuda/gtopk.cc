@@ -34,8 +34,6 @@ namespace cuda = kernels::cuda;
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(GTopK)";
 constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUDA kernels)
 
-size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
-
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
 // A sparse set in device memory, as on the wire: [k indices][k values].
@@ -54,37 +52,28 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
                      ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
                      ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (static_cast<int64_t>(residual.element_count()) != n ||
-      static_cast<int64_t>(summed->element_count()) != n ||
-      static_cast<int64_t>(new_residual->element_count()) != n) {
-    return ffi::Error::InvalidArgument(std::string(kOp) +
-                                       ": x, residual and results must have one size");
-  }
-  if (k < 1 || k > n) {
-    return ffi::Error::InvalidArgument(std::string(kOp) + ": k must be in [1, x.size]");
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
+                                               summed->element_count(),
+                                               new_residual->element_count()));
   if (n > kMaxElements || 2 * k > kMaxElements) {
     return ffi::Error::InvalidArgument(
         std::string(kOp) + ": on the GPU x must have fewer than 2**31 elements and 2k < 2**31");
   }
   GpuSite site;
-  if (ffi::Error e = ResolveGpuSite(kOp, stream, device_ordinal, coordinates, world, world_devices,
-                                    mesh_axis_sizes, reduce_axes, &site);
-      !e.success()) {
-    return e;
-  }
   std::unique_ptr<GpuGroup> group;
-  if (ffi::Error e = GpuGroup::Begin(site, site.site, &group); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
+                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
   const std::vector<gtopk::Step> schedule = gtopk::Schedule(group->rank(), group->size());
   const int merges = gtopk::CountMerges(schedule);
 
   // Scratch, one allocation: [top-k memory][merge memory][local][global][merged x M]
   // [received x M][dropped x M][bad flag]. A set is 2k words; a merge step's dropped slots are
   // 2k indices + 2k values.
-  const size_t set_bytes = Align(sizeof(uint32_t) * 2 * k);
-  const size_t dropped_bytes = Align(sizeof(int32_t) * 2 * k) + Align(sizeof(float) * 2 * k);
-  const size_t topk_bytes = Align(cuda::TopKScratchBytes(n));
-  const size_t merge_bytes = Align(cuda::SparseMergeScratchBytes(k, k));
+  const size_t set_bytes = AlignScratch(sizeof(uint32_t) * 2 * k);
+  const size_t dropped_bytes =
+      AlignScratch(sizeof(int32_t) * 2 * k) + AlignScratch(sizeof(float) * 2 * k);
+  const size_t topk_bytes = AlignScratch(cuda::TopKScratchBytes(n));
+  const size_t merge_bytes = AlignScratch(cuda::SparseMergeScratchBytes(k, k));
   const size_t total = topk_bytes + merge_bytes + set_bytes * (2 + 2 * merges) +
                        dropped_bytes * merges + sizeof(uint32_t);
   void* memory = nullptr;
@@ -106,8 +95,8 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   for (int s = 0; s < merges; ++s) merged.push_back(new_set());
   for (int s = 0; s < merges; ++s) received.push_back(new_set());
   for (int s = 0; s < merges; ++s) {
-    dropped_idx.push_back(reinterpret_cast<int32_t*>(carve(Align(sizeof(int32_t) * 2 * k))));
-    dropped_val.push_back(reinterpret_cast<float*>(carve(Align(sizeof(float) * 2 * k))));
+    dropped_idx.push_back(reinterpret_cast<int32_t*>(carve(AlignScratch(sizeof(int32_t) * 2 * k))));
+    dropped_val.push_back(reinterpret_cast<float*>(carve(AlignScratch(sizeof(float) * 2 * k))));
   }
   auto* bad = reinterpret_cast<uint32_t*>(carve(sizeof(uint32_t)));
 

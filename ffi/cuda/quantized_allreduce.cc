@@ -66,11 +66,6 @@ constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
 constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
 constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
 
-#define JAXCOMM_RETURN_IF_ERROR(expr)                     \
-  do {                                                    \
-    if (ffi::Error e_ = (expr); !e_.success()) return e_; \
-  } while (0)
-
 // ---- device counterparts of kernels/quantized_slices.h -----------------------------------
 
 // Scratch of QuantizeSliceGpu for a slice of n elements.
@@ -313,10 +308,9 @@ ffi::Error QuantizedAllreduceCuda(
   JAXCOMM_RETURN_IF_ERROR(quantized::ReadSpec(kQuantizedOp, kind, column_size, sample_size,
                                               proportion, tau, max_density, &spec));
   GpuSite site;
-  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(kQuantizedOp, stream, device_ordinal, coordinates, world,
-                                         world_devices, mesh_axis_sizes, reduce_axes, &site));
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(GpuGroup::Begin(site, site.site, &group));
+  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kQuantizedOp, stream, device_ordinal, coordinates, world,
+                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
   if (n > 0) {
     JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduceGpu(*group, scratch, stream, spec, x.typed_data(),
                                                   residual.typed_data(), n, summed->typed_data(),

@@ -25,8 +25,6 @@ namespace cuda = kernels::cuda;
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
 constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUDA TopKAbs)
 
-size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
-
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
 ffi::Error TopKAllgatherCuda(
@@ -37,34 +35,24 @@ ffi::Error TopKAllgatherCuda(
     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
-  if (static_cast<int64_t>(residual.element_count()) != n ||
-      static_cast<int64_t>(summed->element_count()) != n ||
-      static_cast<int64_t>(new_residual->element_count()) != n) {
-    return ffi::Error::InvalidArgument(std::string(kOp) +
-                                       ": x, residual and results must have one size");
-  }
-  if (k < 1 || k > n) {
-    return ffi::Error::InvalidArgument(std::string(kOp) + ": k must be in [1, x.size]");
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
+                                               summed->element_count(),
+                                               new_residual->element_count()));
   if (n > kMaxElements) {
     return ffi::Error::InvalidArgument(std::string(kOp) +
                                        ": x must have fewer than 2**31 elements on the GPU");
   }
   GpuSite site;
-  if (ffi::Error e = ResolveGpuSite(kOp, stream, device_ordinal, coordinates, world, world_devices,
-                                    mesh_axis_sizes, reduce_axes, &site);
-      !e.success()) {
-    return e;
-  }
   std::unique_ptr<GpuGroup> group;
-  if (ffi::Error e = GpuGroup::Begin(site, site.site, &group); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
+                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
   const int parts = group->size();
   const int rank = group->rank();
 
   // Scratch: [top-k working memory][slots: P x (k indices, k values)][bad flag].
   const size_t slot_words = static_cast<size_t>(2 * k);
-  const size_t topk_bytes = Align(cuda::TopKScratchBytes(n));
-  const size_t slots_bytes = Align(sizeof(uint32_t) * slot_words * parts);
+  const size_t topk_bytes = AlignScratch(cuda::TopKScratchBytes(n));
+  const size_t slots_bytes = AlignScratch(sizeof(uint32_t) * slot_words * parts);
   void* memory = nullptr;
   if (ffi::Error e =
           AllocateScratch(scratch, kOp, topk_bytes + slots_bytes + sizeof(uint32_t), &memory);
