@@ -89,6 +89,22 @@ def check_conservation(xs, rs, summed, residuals):
     np.testing.assert_allclose(total_out, total_in, rtol=1e-5, atol=1e-4)
 
 
+def assert_matches_reference(name, xs, rs, summed, residuals, expected, expected_residuals):
+    """Every rank's result is bit-identical to rank 0's and equals the reference (bit for bit,
+    Adaptive within 1e-5: see the module docstring); conservation holds."""
+    for rank in range(len(GPUS)):
+        np.testing.assert_array_equal(summed[rank], summed[0])
+        if name == "adaptive":
+            np.testing.assert_allclose(summed[rank], expected, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                residuals[rank], expected_residuals[rank], rtol=1e-5, atol=1e-5
+            )
+        else:
+            np.testing.assert_array_equal(summed[rank], expected)
+            np.testing.assert_array_equal(residuals[rank], expected_residuals[rank])
+    check_conservation(xs, rs, summed[0], residuals)
+
+
 # ---- flat quantized allreduce ---------------------------------------------------------------
 
 
@@ -103,17 +119,7 @@ def test_quantized_matches_reference(name, n):
         lambda x, r: jaxcomm.compressed_allreduce(x, r, "d", c), xs, rs, mesh=flat_mesh()
     )
     expected, expected_residuals, _ = reference.quantized_allreduce(list(xs), list(rs), c)
-    for rank in range(len(GPUS)):
-        np.testing.assert_array_equal(summed[rank], summed[0])  # bit-identical on every rank
-        if name == "adaptive":
-            np.testing.assert_allclose(summed[rank], expected, rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(
-                residuals[rank], expected_residuals[rank], rtol=1e-5, atol=1e-5
-            )
-        else:
-            np.testing.assert_array_equal(summed[rank], expected)
-            np.testing.assert_array_equal(residuals[rank], expected_residuals[rank])
-    check_conservation(xs, rs, summed[0], residuals)
+    assert_matches_reference(name, xs, rs, summed, residuals, expected, expected_residuals)
     if n >= 1000:
         assert np.count_nonzero(summed[0]) > 0
 
@@ -192,14 +198,4 @@ def test_hierarchical_quantized_matches_reference(scheme, name, n):
         expected, expected_residuals = reference.hierarchical_quantized(
             list(xs), list(rs), c, nodes, local, scheme
         )
-        for rank in range(len(GPUS)):
-            np.testing.assert_array_equal(summed[rank], summed[0])
-            if name == "adaptive":
-                np.testing.assert_allclose(summed[rank], expected, rtol=1e-5, atol=1e-5)
-                np.testing.assert_allclose(
-                    residuals[rank], expected_residuals[rank], rtol=1e-5, atol=1e-5
-                )
-            else:
-                np.testing.assert_array_equal(summed[rank], expected)
-                np.testing.assert_array_equal(residuals[rank], expected_residuals[rank])
-        check_conservation(xs, rs, summed[0], residuals)
+        assert_matches_reference(name, xs, rs, summed, residuals, expected, expected_residuals)
