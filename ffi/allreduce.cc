@@ -7,6 +7,7 @@
 
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
+#include "ffi/engine.h"
 #include "ffi/group.h"
 #include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
@@ -115,7 +116,7 @@ ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float
 
 namespace {
 
-ffi::Error AllreduceImpl(ffi::ThreadPool /*pool*/, int32_t device_id,
+ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
                          ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
                          int64_t world, ffi::Span<const int64_t> world_devices,
                          ffi::Span<const int64_t> mesh_axis_sizes,
@@ -147,9 +148,11 @@ ffi::Error AllreduceImpl(ffi::ThreadPool /*pool*/, int32_t device_id,
 }  // namespace jaxcomm::collectives
 
 JAXCOMM_EXPORT_HANDLER(JaxcommAllreduce);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllreduce, jaxcomm::collectives::AllreduceImpl,
-                              jaxcomm::collectives::BindCollective()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: this rank's data
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the group sum
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommAllreduce,
+    jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::AllreduceImpl>::Handler,
+    jaxcomm::collectives::BindCollective()
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: this rank's data
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the group sum
+        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );

@@ -1,12 +1,14 @@
 #include "ffi/group.h"
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <utility>
 
+#include "ffi/engine.h"
 #include "ffi/transport/world_registry.h"
 
 namespace jaxcomm::collectives {
@@ -16,10 +18,11 @@ using transport::MakeControlTag;
 using transport::MakeTag;
 using transport::Request;
 
-// State one world rank keeps across calls. Only that rank's device thread touches it while
-// a collective runs (calls of one device are serialized by the ordering chain).
+// State one world rank keeps across calls. Only that rank's engine thread (ffi/engine.h)
+// changes it; next_seq is atomic because a local peer's failing wait reads it to tell whether
+// this rank ever started the collective it waits for.
 struct RankState {
-  uint32_t next_seq = 1;
+  std::atomic<uint32_t> next_seq{1};
   uint32_t next_control_seq = 1;
   // mesh axis sizes -> world rank at each row-major mesh position
   std::map<std::vector<int64_t>, std::vector<int>> mesh_tables;
@@ -68,8 +71,20 @@ ffi::Error Fail(const char* name, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(name) + ": " + message);
 }
 
+// A transport failure breaks the links it touched (ucx_world.h): stop the engine so every
+// collective queued behind this one fails at once with the same message.
 ffi::Error FromStatus(const transport::Status& status) {
+  if (status.code() == transport::StatusCode::kDeadlineExceeded ||
+      status.code() == transport::StatusCode::kPeerFailed) {
+    return ffi::Error::Internal(StopEngine(status.message()));
+  }
   return ffi::Error::Internal(status.message());
+}
+
+std::string JoinInts(const std::vector<int64_t>& values) {
+  std::string out;
+  for (int64_t v : values) out += (out.empty() ? "" : ", ") + std::to_string(v);
+  return out;
 }
 
 // One-time exchange of mesh positions among all world ranks for mesh shape `sizes`.
@@ -134,6 +149,8 @@ ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
     return Fail(site.name, "world rank " + std::to_string(self) + " is not hosted here");
   }
   group->self_world_rank_ = self;
+  group->world_handle_ = site.world_handle;
+  group->world_devices_.assign(devices.begin(), devices.end());
 
   const int64_t axes = static_cast<int64_t>(site.mesh_axis_sizes.size());
   if (axes != site.num_coordinates || static_cast<int64_t>(site.reduce_axes.size()) != axes) {
@@ -215,10 +232,35 @@ transport::Request Group::PostRecv(int src, void* data, size_t capacity, uint32_
                        capacity);
 }
 
+std::string Group::MissingLocalDevices() const {
+  std::vector<int64_t> missing, started;
+  for (int member : members_) {
+    if (!world_->IsLocal(member)) continue;
+    const uint32_t last = StateOf(world_handle_, member)->next_seq.load() - 1;
+    (last < seq_ ? missing : started).push_back(world_devices_[member]);
+  }
+  if (missing.empty()) return "";
+  const double seconds = std::chrono::duration<double>(transport::DefaultTimeout()).count();
+  std::ostringstream out;
+  out << name_ << " #" << seq_ << ": device(s) " << JoinInts(missing)
+      << " of this process never started it within " << seconds << " s (device(s) "
+      << JoinInts(started)
+      << " did). XLA:CPU had not launched their part of the step: the loop dispatched steps "
+         "too far ahead of the devices. Bound the steps in flight with jaxcomm.paced (README, "
+         "'Training loops without a sync per step').";
+  return out.str();
+}
+
 ffi::Error Group::Wait(transport::Request* requests, size_t count, size_t* received) {
   std::string context = std::string(name_) + " (group rank " + std::to_string(rank_) + " of " +
                         std::to_string(size()) + ")";
   transport::Status status = world_->WaitAll(self_world_rank_, requests, count, deadline_, context);
+  if (status.code() == transport::StatusCode::kDeadlineExceeded) {
+    // A local peer that never started this collective is not a network problem: say so.
+    if (std::string missing = MissingLocalDevices(); !missing.empty()) {
+      return ffi::Error::Internal(StopEngine(missing));
+    }
+  }
   if (!status.ok()) return FromStatus(status);
   for (size_t i = 0; i < count; ++i) {
     if (requests[i].is_recv()) metrics_.bytes_received += requests[i].received_bytes();

@@ -98,6 +98,11 @@ class Group {
 
  private:
   Group() = default;
+  // After a deadline: a message naming the devices of this process that never started this
+  // collective, or "" when every local member did.
+  std::string MissingLocalDevices() const;
+  int64_t world_handle_ = 0;
+  std::vector<int64_t> world_devices_;  // device id of each world rank
   std::shared_ptr<transport::UcxWorld> world_;
   const char* name_ = "";
   int self_world_rank_ = -1;

@@ -19,6 +19,7 @@
 
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
+#include "ffi/engine.h"
 #include "ffi/group.h"
 #include "ffi/gtopk_schedule.h"
 #include "kernels/reduce.h"
@@ -152,9 +153,9 @@ class GTopKRun {
   std::vector<Dropped> dropped_;
 };
 
-ffi::Error GTopKImpl(ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-                     ffi::Buffer<ffi::S32, 0> token, int64_t world,
-                     ffi::Span<const int64_t> world_devices,
+ffi::Error GTopKImpl(const kernels::TaskRunner& run, int32_t device_id,
+                     ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
+                     int64_t world, ffi::Span<const int64_t> world_devices,
                      ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
                      int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
                      ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
@@ -173,10 +174,10 @@ ffi::Error GTopKImpl(ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S
   local.Resize(k);
   float* r_out = new_residual->typed_data();
   kernels::TopKAbs(x.typed_data(), residual.typed_data(), n, k, local.indices(), local.values(),
-                   r_out, ffi_common::PoolRunner(&pool));
+                   r_out, run);
   current = local;
-  GTopKRun run(*group, k);
-  if (ffi::Error e = run.Run(&current); !e.success()) return e;
+  GTopKRun schedule(*group, k);
+  if (ffi::Error e = schedule.Run(&current); !e.success()) return e;
 
   float* out = summed->typed_data();
   std::memset(out, 0, sizeof(float) * n);
@@ -195,7 +196,7 @@ ffi::Error GTopKImpl(ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S
     if (!std::binary_search(global, global + k, index)) r_out[index] += local.values()[j];
   }
   // Partial sums this rank dropped at indices that still made it into the global set.
-  for (const Dropped& d : run.dropped()) {
+  for (const Dropped& d : schedule.dropped()) {
     if (std::binary_search(global, global + k, d.index)) r_out[d.index] += d.value;
   }
   group->Finish("gtopk", n);
@@ -207,12 +208,13 @@ ffi::Error GTopKImpl(ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S
 }  // namespace jaxcomm::collectives
 
 JAXCOMM_EXPORT_HANDLER(JaxcommGTopK);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGTopK, jaxcomm::collectives::GTopKImpl,
-                              jaxcomm::collectives::BindCollective()
-                                  .Attr<int64_t>("k")  // size of every sparse set
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommGTopK, jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::GTopKImpl>::Handler,
+    jaxcomm::collectives::BindCollective()
+        .Attr<int64_t>("k")                        // size of every sparse set
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
+        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );

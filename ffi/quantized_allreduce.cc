@@ -33,6 +33,7 @@
 
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
+#include "ffi/engine.h"
 #include "ffi/group.h"
 #include "ffi/quantized_common.h"
 #include "kernels/quantized_slices.h"
@@ -190,7 +191,7 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
 }
 
 ffi::Error QuantizedAllreduceImpl(
-    ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
+    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
     ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes, int64_t kind,
     int64_t column_size, int64_t sample_size, double proportion, float tau, double max_density,
@@ -218,8 +219,7 @@ ffi::Error QuantizedAllreduceImpl(
     return e;
   }
   if (ffi::Error e = QuantizedAllreduce(*group, spec, x.typed_data(), residual.typed_data(), n,
-                                        summed->typed_data(), new_residual->typed_data(),
-                                        ffi_common::PoolRunner(&pool));
+                                        summed->typed_data(), new_residual->typed_data(), run);
       !e.success()) {
     return e;
   }
@@ -389,7 +389,7 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
 }
 
 ffi::Error HierarchicalDenseImpl(
-    ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
+    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
     ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
     int64_t node_axis, int64_t local_axis, int64_t leaders, ffi::Buffer<ffi::F32> x,
@@ -409,8 +409,7 @@ ffi::Error HierarchicalDenseImpl(
   if (out->typed_data() != x.typed_data()) {
     std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
   }
-  if (ffi::Error e = HierarchicalAllreduce(g, nullptr, leaders, out->typed_data(), n, nullptr,
-                                           ffi_common::PoolRunner(&pool));
+  if (ffi::Error e = HierarchicalAllreduce(g, nullptr, leaders, out->typed_data(), n, nullptr, run);
       !e.success()) {
     return e;
   }
@@ -422,7 +421,7 @@ ffi::Error HierarchicalDenseImpl(
 }
 
 ffi::Error HierarchicalQuantizedImpl(
-    ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
+    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
     ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
     int64_t node_axis, int64_t local_axis, int64_t leaders, int64_t kind, int64_t column_size,
@@ -456,8 +455,8 @@ ffi::Error HierarchicalQuantizedImpl(
   for (int64_t i = 0; i < n; ++i) out[i] = xs[i] + rs[i];
   // Only the part this rank quantizes gets an error; the dense phases lose nothing.
   std::fill(new_residual->typed_data(), new_residual->typed_data() + n, 0.0f);
-  if (ffi::Error e = HierarchicalAllreduce(g, &spec, leaders, out, n, new_residual->typed_data(),
-                                           ffi_common::PoolRunner(&pool));
+  if (ffi::Error e =
+          HierarchicalAllreduce(g, &spec, leaders, out, n, new_residual->typed_data(), run);
       !e.success()) {
     return e;
   }
@@ -475,7 +474,8 @@ ffi::Error HierarchicalQuantizedImpl(
 
 JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommQuantizedAllreduce, jaxcomm::collectives::QuantizedAllreduceImpl,
+    JaxcommQuantizedAllreduce,
+    jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::QuantizedAllreduceImpl>::Handler,
     JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective())
         .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
         .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
@@ -485,20 +485,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 );
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalAllreduce);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalAllreduce,
-                              jaxcomm::collectives::HierarchicalDenseImpl,
-                              jaxcomm::collectives::BindCollective()
-                                  .Attr<int64_t>("node_axis")   // index of the node axis
-                                  .Attr<int64_t>("local_axis")  // index of the local axis
-                                  .Attr<int64_t>("leaders")     // 1 = single leader, else L
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the sum
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommHierarchicalAllreduce,
+    jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::HierarchicalDenseImpl>::Handler,
+    jaxcomm::collectives::BindCollective()
+        .Attr<int64_t>("node_axis")                // index of the node axis
+        .Attr<int64_t>("local_axis")               // index of the local axis
+        .Attr<int64_t>("leaders")                  // 1 = single leader, else L
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the sum
+        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalQuantized);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalQuantized,
-                              jaxcomm::collectives::HierarchicalQuantizedImpl,
+                              jaxcomm::collectives::AsyncCollective<
+                                  &jaxcomm::collectives::HierarchicalQuantizedImpl>::Handler,
                               JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective()
                                                           .Attr<int64_t>("node_axis")
                                                           .Attr<int64_t>("local_axis")

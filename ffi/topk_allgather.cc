@@ -7,6 +7,7 @@
 
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
+#include "ffi/engine.h"
 #include "ffi/group.h"
 #include "kernels/reduce.h"
 #include "kernels/topk.h"
@@ -18,7 +19,7 @@ namespace {
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
 
 ffi::Error TopKAllgatherImpl(
-    ffi::ThreadPool pool, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
+    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
     ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes, int64_t k,
     ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
@@ -40,8 +41,7 @@ ffi::Error TopKAllgatherImpl(
   slots.resize(static_cast<size_t>(slot_words * parts));
   uint32_t* mine = slots.data() + slot_words * rank;
   kernels::TopKAbs(x.typed_data(), residual.typed_data(), n, k, reinterpret_cast<int32_t*>(mine),
-                   reinterpret_cast<float*>(mine + k), new_residual->typed_data(),
-                   ffi_common::PoolRunner(&pool));
+                   reinterpret_cast<float*>(mine + k), new_residual->typed_data(), run);
 
   const int right = (rank + 1) % parts;
   const int left = (rank + parts - 1) % parts;
@@ -86,12 +86,14 @@ ffi::Error TopKAllgatherImpl(
 }  // namespace jaxcomm::collectives
 
 JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgather);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAllgather, jaxcomm::collectives::TopKAllgatherImpl,
-                              jaxcomm::collectives::BindCollective()
-                                  .Attr<int64_t>("k")  // entries each rank contributes
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommTopKAllgather,
+    jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::TopKAllgatherImpl>::Handler,
+    jaxcomm::collectives::BindCollective()
+        .Attr<int64_t>("k")                        // entries each rank contributes
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
+        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
+        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
+        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
 );

@@ -17,14 +17,17 @@ from jaxcomm.compressors import (
     TopKAllgather,
 )
 from jaxcomm.metrics import metrics, reset_metrics
+from jaxcomm.pacing import CollectiveError, Paced, paced
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Adaptive",
+    "CollectiveError",
     "Compressor",
     "GTopK",
     "OneBit",
+    "Paced",
     "Threshold",
     "TopK",
     "TopKAllgather",
@@ -34,5 +37,6 @@ __all__ = [
     "metrics",
     "ops",
     "optax",
+    "paced",
     "reset_metrics",
 ]

@@ -20,19 +20,16 @@ import weakref
 
 import jax
 import jax.numpy as jnp
-from jax._src import core
+
+from jaxcomm import _jax_compat
 
 _lock = threading.Lock()
 _tokens: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _current_trace() -> object:
-    return core.trace_ctx.trace
-
-
 def token_in() -> jax.Array:
     """The token produced by the previous collective of the current trace (or a fresh one)."""
-    trace = _current_trace()
+    trace = _jax_compat.current_trace()
     with _lock:
         token = _tokens.get(trace)
     if token is None:
@@ -42,6 +39,6 @@ def token_in() -> jax.Array:
 
 def token_out(token: jax.Array) -> None:
     """Records `token` (a collective's output token) as the current trace's chain head."""
-    trace = _current_trace()
+    trace = _jax_compat.current_trace()
     with _lock:
         _tokens[trace] = token

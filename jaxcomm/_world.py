@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from jaxcomm import _ffi
+from jaxcomm import _ffi, _jax_compat
 
 # Status codes of ffi/world_api.cc.
 _ERRORS = {
@@ -177,9 +177,7 @@ def _address(lib: ctypes.CDLL, handle: int, rank: int) -> bytes:
 
 def _exchange_addresses(local: dict[int, bytes], world_size: int, prefix: str) -> list[bytes]:
     """Publishes this process's addresses in the jax.distributed KV store; reads all."""
-    from jax._src import distributed
-
-    client = distributed.global_state.client
+    client = _jax_compat.distributed_client()
     if client is None:
         raise WorldError(
             "jax.process_count() > 1 but jax.distributed has no client; call "
@@ -241,11 +239,9 @@ def create_world(devices: Sequence[Any] | None = None) -> World:
             "jaxcomm_world_connect",
         )
         if multi:
-            from jax._src import distributed
-
             # Nobody sends before every process has its endpoints (UCX would still buffer
             # messages, but a process failing to connect should fail all of them here).
-            distributed.global_state.client.wait_at_barrier(
+            _jax_compat.distributed_client().wait_at_barrier(
                 f"{prefix}/connected", int(default_timeout_s() * 1000)
             )
     except BaseException:

@@ -49,8 +49,9 @@ def run_world(
     mode: str = "cases",
     timeout: float = 240,
     env: dict[str, str] | None = None,
+    worker: pathlib.Path = WORKER,
 ) -> WorldRun:
-    """Runs the worker in `processes` processes with `devices` CPU devices each.
+    """Runs `worker` in `processes` processes with `devices` CPU devices each.
 
     Every child is killed (process group) when this returns, whatever happened.
     """
@@ -68,7 +69,7 @@ def run_world(
                 subprocess.Popen(
                     [
                         sys.executable,
-                        str(WORKER),
+                        str(worker),
                         "--processes",
                         str(processes),
                         "--process-id",

@@ -512,6 +512,19 @@ Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline dea
                                             : std::string()));
       }
     }
+    if (error.ok() && pending > 0 && l.links) {
+      // A dead peer anywhere in the world dooms this program too, even while this rank waits
+      // on a live one (a ring rank only hears from its left neighbour, who may be waiting on
+      // the dead one): fail now and name the dead peer, not the neighbour that went quiet.
+      for (int peer = 0; peer < world_size_ && error.ok(); ++peer) {
+        if (int f = l.links[peer].failure.load(); f != UCS_OK) {
+          error = Status(StatusCode::kPeerFailed, std::string(context) + ": peer rank " +
+                                                      std::to_string(peer) + " failed (" +
+                                                      UcsError(static_cast<ucs_status_t>(f)) +
+                                                      ") on rank " + std::to_string(self));
+        }
+      }
+    }
     if (!error.ok()) break;
     if (pending == 0) return Status::Ok();
 

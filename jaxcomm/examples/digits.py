@@ -346,8 +346,11 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
     start = time.perf_counter()
     loss = test_acc = float("nan")
     window_start, window_first = time.perf_counter(), 0
+    # No sync per step: the host runs ahead of the devices, by at most two steps (jaxcomm.paced:
+    # unbounded run-ahead deadlocks XLA:CPU with several devices per process).
+    step = jaxcomm.paced(trainer.step)
     for i in range(steps):
-        params, state, loss_d, acc_d = trainer.step(params, state, *trainer.batch(i))
+        params, state, loss_d, acc_d = step(params, state, *trainer.batch(i))
         last = i == steps - 1
         if i % cfg.eval_every == 0 or last:
             loss = _host(loss_d)  # waits for the step: the window's time is the steps' time
@@ -363,6 +366,7 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
                     step_time_s=step_time,
                 )
             window_start, window_first = time.perf_counter(), i + 1
+    step.wait()
     seconds = time.perf_counter() - start
     totals = [t for t in jaxcomm.metrics()["totals"] if t["calls"]]
     ranks = {t["world_rank"] for t in totals}

@@ -1,0 +1,143 @@
+"""Training loops without a synchronization per step, and short errors when a step fails.
+
+JAX dispatches jitted steps asynchronously: the host queues step i + 1 while the devices still
+run step i. With several CPU devices in one process, XLA:CPU deadlocks when the host runs too
+far ahead of collectives (its own ``lax.psum`` and jaxcomm's alike; root cause in
+``docs/xla-cpu-async-hang.md``). :func:`paced` is the supported way to run such loops: it keeps
+at most ``max_in_flight`` steps queued, waiting for the oldest one's outputs before returning
+from the next call. The host still runs ahead of the devices (dispatch overlaps compute), just
+not without bound.
+
+A failed step surfaces from XLA as a chain: every step dispatched behind it prefixes its own
+``Error dispatching computation:``. :func:`paced` notices a failure within ``max_in_flight``
+steps and raises :class:`CollectiveError` with the first failure's message, once.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from jaxcomm import _jax_compat
+
+# Steps a paced loop keeps in flight. Two keep the host one step ahead of the devices (dispatch
+# hides behind compute) and stay far below XLA:CPU's per-device limit, where it deadlocks.
+DEFAULT_MAX_IN_FLIGHT = 2
+
+_CHAIN_PREFIX = re.compile(r"^(?:[A-Z_]+: )?(?:Error dispatching computation: )*")
+
+
+class CollectiveError(RuntimeError):
+    """A jaxcomm collective failed (a peer died, timed out or never started the collective).
+
+    The message is the first failure's, without the chain of steps queued behind it.
+    """
+
+
+def short_message(error: BaseException) -> str:
+    """The root message of an XLA runtime error, without the repeated dispatch prefixes.
+
+    Args:
+      error: an exception raised while dispatching or waiting for a jitted step.
+
+    Returns:
+      The message of the step that failed first, e.g. ``"jaxcomm.allreduce #25: device(s) 2 of
+      this process never started it ..."``.
+
+    Example:
+      >>> short_message(RuntimeError("INTERNAL: Error dispatching computation: "
+      ...                            "Error dispatching computation: peer rank 1 failed"))
+      'peer rank 1 failed'
+    """
+    return _CHAIN_PREFIX.sub("", str(error)).strip()
+
+
+def _is_collective_failure(message: str) -> bool:
+    return message.startswith("jaxcomm.") or "(group rank " in message
+
+
+class Paced:
+    """A step function that keeps at most ``max_in_flight`` calls queued; see :func:`paced`."""
+
+    def __init__(self, fn: Callable[..., Any], max_in_flight: int) -> None:
+        if int(max_in_flight) < 0:
+            raise ValueError(
+                f"max_in_flight must be >= 0 steps (0 waits for every step), got {max_in_flight}"
+            )
+        self.fn = fn
+        self.max_in_flight = int(max_in_flight)
+        self._in_flight: collections.deque = collections.deque()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        outputs = self._guard(lambda: self.fn(*args, **kwargs))
+        self._in_flight.append(outputs)
+        while len(self._in_flight) > self.max_in_flight:
+            self._wait(self._in_flight.popleft())
+        return outputs
+
+    def wait(self) -> None:
+        """Waits for every queued step (e.g. before reading metrics or saving a checkpoint).
+
+        Returns:
+          None.
+        """
+        while self._in_flight:
+            self._wait(self._in_flight.popleft())
+
+    @property
+    def in_flight(self) -> int:
+        """Steps queued and not yet waited for."""
+        return len(self._in_flight)
+
+    def _wait(self, outputs: Any) -> None:
+        # Outputs donated to a later step are gone; the live ones tell when this step ended.
+        live = [x for x in jax.tree.leaves(outputs) if not _is_deleted(x)]
+        self._guard(lambda: jax.block_until_ready(live))
+
+    def _guard(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except jax.errors.JaxRuntimeError as error:
+            message = short_message(error)
+            if _is_collective_failure(message):
+                self._in_flight.clear()
+                _jax_compat.forget_runtime_tokens()  # else JAX re-raises the chain at exit
+                raise CollectiveError(message) from None
+            raise
+
+
+def _is_deleted(x: Any) -> bool:
+    is_deleted = getattr(x, "is_deleted", None)
+    return bool(is_deleted()) if callable(is_deleted) else False
+
+
+def paced(fn: Callable[..., Any], max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> Paced:
+    """Wraps a jitted training step so a loop never queues more than ``max_in_flight`` steps.
+
+    Use it for every loop that does not synchronize each step when a process drives several
+    devices (one process per GPU host, or ``jax_num_cpu_devices > 1``). Results are the same,
+    bit for bit, as a loop that waits for every step: pacing changes when the host waits, not
+    what the devices compute.
+
+    Args:
+      fn: the step, usually ``jax.jit(jax.shard_map(...))``. Its outputs are waited for in call
+        order; outputs donated to a later step are skipped.
+      max_in_flight: steps that may be queued beyond the one being waited for; 0 waits for
+        every step.
+
+    Returns:
+      A callable with ``fn``'s signature and results, plus ``wait()`` (drain the queue) and
+      ``in_flight``. A failed collective raises :class:`CollectiveError` with one short
+      message, within ``max_in_flight`` calls of the failure.
+
+    Example:
+      >>> step = jaxcomm.paced(jax.jit(jax.shard_map(train_step, mesh=mesh, ...)))
+      >>> for x, y in batches:
+      ...     params, opt_state, loss = step(params, opt_state, x, y)
+      >>> step.wait()
+    """
+    return Paced(fn, max_in_flight)

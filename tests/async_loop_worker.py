@@ -1,0 +1,178 @@
+"""Subprocess side of tests/test_async_loops.py: training loops the way users write them.
+
+One process of a (processes x devices) CPU world. Modes:
+  paced  One jitted step trains six copies of an MLP, one per gradient reducer (dense and every
+         compressor), so each step runs six jaxcomm collectives. The loop runs STEPS steps with
+         jaxcomm.paced (no per-step synchronization, fresh inputs transferred every step), then
+         again waiting for every step; writes both runs' parameters to <out>/process<i>.npz.
+  raw    The same step for one reducer (dense), dispatched without any synchronization or
+         helper. Writes <out>/raw<i>.json: whether it finished, and the exception text if not.
+  killed Like paced, but process 1 kills itself (SIGKILL) after a few steps while steps are
+         queued; the others write <out>/killed<i>.json with what they raised and when.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import signal
+import time
+
+STEPS = int(os.environ.get("JAXCOMM_TEST_STEPS", "300"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--process-id", type=int, required=True)
+    parser.add_argument("--devices", type=int, required=True)
+    parser.add_argument("--coordinator", default="")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--mode", default="paced", choices=["paced", "raw", "killed"])
+    args = parser.parse_args()
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices)
+    if args.processes > 1:
+        jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jaxcomm
+    from jaxcomm.optax import allreduce_gradients, partition_specs
+
+    out = pathlib.Path(args.out)
+    mesh = jax.make_mesh((jax.device_count(),), ("dp",))
+    world = mesh.size
+    reducers = {
+        "dense": None,
+        "topk_allgather": jaxcomm.TopKAllgather(0.05),
+        "gtopk": jaxcomm.GTopK(0.05),
+        "onebit": jaxcomm.OneBit(),
+        "threshold": jaxcomm.Threshold(0.01),
+        "adaptive": jaxcomm.Adaptive(proportion=8),
+    }
+    if args.mode == "raw":
+        reducers = {"dense": None}
+    txs = {
+        name: optax.chain(allreduce_gradients("dp", c), optax.sgd(0.05))
+        for name, c in reducers.items()
+    }
+    rng = np.random.default_rng(0)
+    base = {
+        "w1": rng.standard_normal((32, 64)).astype(np.float32) * 0.2,
+        "w2": rng.standard_normal((64, 8)).astype(np.float32) * 0.2,
+    }
+    replicated = NamedSharding(mesh, P())
+    data = NamedSharding(mesh, P("dp"))
+
+    def loss(p, x, y):
+        return jnp.mean((jnp.tanh(x @ p["w1"]) @ p["w2"] - y) ** 2)
+
+    def init():
+        params = {n: jax.device_put(base, replicated) for n in reducers}
+        states, specs = {}, {}
+        for n, tx in txs.items():
+            specs[n] = partition_specs(jax.eval_shape(tx.init, base), "dp")
+            states[n] = jax.jit(
+                jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs[n])
+            )(params[n])
+        return params, states, specs
+
+    params, states, specs = init()
+
+    def local(params, states, x, y):
+        new_p, new_s, losses = {}, {}, []
+        for n, tx in txs.items():
+            value, g = jax.value_and_grad(loss)(params[n], x, y)
+            u, new_s[n] = tx.update(g, states[n])
+            new_p[n] = optax.apply_updates(params[n], u)
+            losses.append(value)
+        # Per-rank losses, not lax.pmean: XLA's own collective (Gloo) would fail first when a
+        # peer dies, and the test is about jaxcomm's.
+        return new_p, new_s, jnp.stack(losses)[None]
+
+    step = jax.jit(
+        jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(P(), specs, P("dp"), P("dp")),
+            out_specs=(P(), specs, P("dp")),
+            check_vma=False,
+        )
+    )
+
+    def batch(i):
+        # Every process draws the same global batch (seeded by step) and feeds its rows.
+        g = np.random.default_rng(1000 + i)
+        x = g.standard_normal((world * 4, 32)).astype(np.float32)
+        y = g.standard_normal((world * 4, 8)).astype(np.float32)
+        return (
+            jax.make_array_from_callback(x.shape, data, lambda idx: x[idx]),
+            jax.make_array_from_callback(y.shape, data, lambda idx: y[idx]),
+        )
+
+    def run(max_in_flight, steps, die_at=None):
+        p, s, _ = init()
+        paced = jaxcomm.paced(step, max_in_flight)
+        for i in range(steps):
+            if die_at is not None and i == die_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            p, s, _ = paced(p, s, *batch(i))
+        paced.wait()
+        return p
+
+    def host(tree):
+        return {k: np.asarray(v.addressable_data(0)) for k, v in tree.items()}
+
+    pid = args.process_id
+    if args.mode == "paced":
+        started = time.monotonic()
+        free = run(jaxcomm.pacing.DEFAULT_MAX_IN_FLIGHT, STEPS)
+        free_s = time.monotonic() - started
+        synced = run(0, STEPS)
+        arrays = {}
+        for n in reducers:
+            for leaf, value in host(free[n]).items():
+                arrays[f"paced/{n}/{leaf}"] = value
+            for leaf, value in host(synced[n]).items():
+                arrays[f"synced/{n}/{leaf}"] = value
+        np.savez(out / f"process{pid}.npz", **arrays)
+        print(f"paced loop: {STEPS} steps x {len(reducers)} collectives in {free_s:.1f} s")
+    elif args.mode == "raw":
+        started = time.monotonic()
+        report = {"finished": False, "error": None}
+        p, s, _ = init()
+        try:
+            for i in range(STEPS):
+                p, s, _ = step(p, s, *batch(i))  # no sync, no helper: JAX's async dispatch
+            jax.block_until_ready(p)
+            report["finished"] = True
+        except Exception as error:  # noqa: BLE001 - the test inspects whatever was raised
+            report["error"] = f"{type(error).__name__}: {error}"
+        report["seconds"] = time.monotonic() - started
+        (out / f"raw{pid}.json").write_text(json.dumps(report))
+    else:
+        started = time.monotonic()
+        report = {"error": None}
+        try:
+            run(jaxcomm.pacing.DEFAULT_MAX_IN_FLIGHT, STEPS, die_at=5 if pid == 1 else None)
+        except jaxcomm.CollectiveError as error:
+            report["error"] = str(error)
+        report["seconds"] = time.monotonic() - started
+        (out / f"killed{pid}.json").write_text(json.dumps(report))
+        # Stay up while the other survivors notice the dead peer (else they would see this
+        # process go too, and could name it first), then skip jax.distributed's shutdown
+        # barrier: the dead peer would fail it and abort us.
+        time.sleep(5)
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
