@@ -45,4 +45,13 @@ kernels::TaskRunner PoolRunner(ffi::ThreadPool* pool) {
   };
 }
 
+int64_t CopyJson(const std::string& json, char* buffer, int64_t capacity) {
+  if (buffer && capacity > 0) {
+    const size_t n = std::min<size_t>(json.size(), static_cast<size_t>(capacity - 1));
+    json.copy(buffer, n);
+    buffer[n] = '\0';
+  }
+  return static_cast<int64_t>(json.size());
+}
+
 }  // namespace jaxcomm::ffi_common

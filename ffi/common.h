@@ -40,4 +40,9 @@ inline ffi::Error NonFinite(const char* op, int64_t index) {
                                  "with jax.debug_nans, or lower the learning rate)");
 }
 
+// The ctypes convention of the library's JSON readers (metrics, timeline marks): copies `json`
+// into `buffer` (NUL-terminated, truncated to `capacity` - 1) and returns its full length, so
+// the caller asks again with a larger buffer when the result is >= capacity.
+int64_t CopyJson(const std::string& json, char* buffer, int64_t capacity);
+
 }  // namespace jaxcomm::ffi_common

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <utility>
 
+#include "ffi/common.h"
 #include "ffi/engine.h"
 #include "ffi/transport/world_registry.h"
 
@@ -49,6 +50,8 @@ struct MetricsRecord {
   uint64_t bytes_received;
   uint64_t dense_bytes_sent;
   double seconds;
+  double started;   // steady clock, seconds (= Python's time.monotonic())
+  double finished;  // likewise
 };
 
 constexpr size_t kMaxRecentRecords = 4096;
@@ -269,9 +272,15 @@ ffi::Error Group::Wait(transport::Request* requests, size_t count, size_t* recei
   return ffi::Error::Success();
 }
 
+namespace {
+double MonotonicSeconds(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(t.time_since_epoch()).count();
+}
+}  // namespace
+
 void Group::Finish(const char* algorithm, int64_t elements) {
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - start_).count();
   std::lock_guard<std::mutex> lock(g_metrics_mu);
   MetricsTotal& total = g_totals[{self_world_rank_, name_, algorithm}];
   total.calls += 1;
@@ -284,14 +293,15 @@ void Group::Finish(const char* algorithm, int64_t elements) {
   total.seconds += seconds;
   total.group_size = size();
   g_recent.push_back({self_world_rank_, name_, algorithm, seq_, size(), elements,
-                      metrics_.bytes_sent, metrics_.bytes_received, dense, seconds});
+                      metrics_.bytes_sent, metrics_.bytes_received, dense, seconds,
+                      MonotonicSeconds(start_), MonotonicSeconds(now)});
   if (g_recent.size() > kMaxRecentRecords) g_recent.pop_front();
 }
 
 std::string MetricsJson() {
   std::lock_guard<std::mutex> lock(g_metrics_mu);
   std::ostringstream out;
-  out.precision(9);
+  out.precision(15);  // microseconds of a monotonic clock that counts from boot
   out << "{\"totals\": [";
   bool first = true;
   for (const auto& [key, total] : g_totals) {
@@ -312,7 +322,7 @@ std::string MetricsJson() {
         << ", \"group_size\": " << r.group_size << ", \"elements\": " << r.elements
         << ", \"bytes_sent\": " << r.bytes_sent << ", \"bytes_received\": " << r.bytes_received
         << ", \"dense_bytes_sent\": " << r.dense_bytes_sent << ", \"seconds\": " << r.seconds
-        << "}";
+        << ", \"started\": " << r.started << ", \"finished\": " << r.finished << "}";
     first = false;
   }
   out << "]}";
@@ -331,13 +341,7 @@ void ResetMetrics() {
 // length (call again with a larger buffer when the return value >= capacity).
 extern "C" __attribute__((visibility("default"))) int64_t jaxcomm_metrics_json(char* buffer,
                                                                                int64_t capacity) {
-  const std::string json = jaxcomm::collectives::MetricsJson();
-  if (buffer && capacity > 0) {
-    const size_t n = std::min<size_t>(json.size(), static_cast<size_t>(capacity - 1));
-    std::copy(json.begin(), json.begin() + n, buffer);
-    buffer[n] = '\0';
-  }
-  return static_cast<int64_t>(json.size());
+  return jaxcomm::ffi_common::CopyJson(jaxcomm::collectives::MetricsJson(), buffer, capacity);
 }
 
 extern "C" __attribute__((visibility("default"))) void jaxcomm_metrics_reset() {

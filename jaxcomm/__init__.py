@@ -5,7 +5,7 @@ Example:
   >>> values, indices = jaxcomm.ops.topk_abs(jnp.array([1.0, -4.0, 2.0]), 1)
 """
 
-from jaxcomm import ops, optax
+from jaxcomm import ops, optax, timeline
 from jaxcomm.collectives import allreduce, compressed_allreduce
 from jaxcomm.compressors import (
     Adaptive,
@@ -39,4 +39,5 @@ __all__ = [
     "optax",
     "paced",
     "reset_metrics",
+    "timeline",
 ]

@@ -66,6 +66,19 @@ def register_gpu(target: str, symbol: str) -> None:
         register(target, symbol, platform="CUDA")
 
 
+def read_json(symbol: str) -> Any:
+    """Calls one of the library's JSON readers (``int64 fn(char*, int64)``) and parses it."""
+    import json
+
+    fn = getattr(library(), symbol)
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    size = fn(None, 0)
+    buffer = ctypes.create_string_buffer(size + 1)
+    fn(buffer, size + 1)
+    return json.loads(buffer.value.decode())
+
+
 def has_gpu_kernels() -> bool:
     """Whether the loaded library was built with the CUDA kernels."""
     return hasattr(library(), "JaxcommTopKAbsCuda")

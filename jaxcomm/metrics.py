@@ -6,8 +6,6 @@ append a record when each collective finishes.
 
 from __future__ import annotations
 
-import ctypes
-import json
 from typing import Any
 
 from jaxcomm import _ffi
@@ -22,20 +20,14 @@ def metrics() -> dict[str, Any]:
       ``seconds``, ``dense_bytes_sent`` (what a dense float32 schedule would have sent; equal
       to ``bytes_sent`` for dense collectives) and ``compression_ratio``
       (``dense_bytes_sent / bytes_sent``, 1.0 when nothing was sent). ``recent`` lists the
-      last 4096 calls individually (with ``seq``).
+      last 4096 calls individually (with ``seq``, and ``started``/``finished``: when the
+      engine started and finished the call, in seconds of ``time.monotonic()``'s clock).
 
     Example:
       >>> import jaxcomm
       >>> totals = jaxcomm.metrics()["totals"]
     """
-    lib = _ffi.library()
-    fn = lib.jaxcomm_metrics_json
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_int64]
-    size = fn(None, 0)
-    buffer = ctypes.create_string_buffer(size + 1)
-    fn(buffer, size + 1)
-    result = json.loads(buffer.value.decode())
+    result = _ffi.read_json("jaxcomm_metrics_json")
     for record in result["totals"] + result["recent"]:
         sent = record["bytes_sent"]
         record["compression_ratio"] = record["dense_bytes_sent"] / sent if sent else 1.0

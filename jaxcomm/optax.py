@@ -7,9 +7,14 @@ ranks, and hands the average to the rest of the chain.
 
 Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``):
 
-- **Buckets.** Leaves are raveled and concatenated, in tree order, into float32 buckets of at
-  most ``bucket_size`` elements (a larger leaf is a bucket of its own): one collective per
-  bucket instead of one per leaf. A small model is a single bucket, so gTop-k selects the k
+- **Buckets, in the order backward produces them.** Leaves are raveled and concatenated into
+  float32 buckets of at most ``bucket_size`` elements (a larger leaf is a bucket of its own),
+  walking the leaves in *reverse* tree order: backward computes the last layer's gradient first,
+  and a model's tree lists layers first to last (PyTorch DDP buckets in reverse parameter order
+  for the same reason). Each bucket's collective depends only on its own leaves, and the
+  collectives run on jaxcomm's engine without holding an XLA thread, so XLA runs the backward
+  pass of earlier layers while later layers' buckets are on the wire (overlap; measured in
+  ``benchmarks/overlap.py``). A small model is a single bucket, so gTop-k selects the k
   largest entries of the whole model, as in the paper.
 - **Residuals per leaf.** The error-feedback residuals are stored with the gradient's tree
   structure and shapes (float32), and concatenated into bucket order around each call. The
@@ -90,20 +95,27 @@ def _normalize_schedule(
 
 
 def _buckets(sizes: Sequence[int], bucket_size: int) -> list[list[int]]:
-    """Groups consecutive leaf indices so that each group holds <= bucket_size elements."""
+    """Groups leaf indices, last leaf first, so that each group holds <= bucket_size elements.
+
+    Leaves keep tree order inside a bucket (a model that fits one bucket is concatenated as
+    before); the buckets come last leaf first. Reverse tree order approximates the order
+    backward produces the gradients (last layer first), so the first bucket is ready, and on
+    the wire, while backward still runs.
+    """
     groups: list[list[int]] = []
     current: list[int] = []
     filled = 0
-    for i, n in enumerate(sizes):
+    for i in reversed(range(len(sizes))):
+        n = sizes[i]
         if n == 0:
             continue
         if current and filled + n > bucket_size:
-            groups.append(current)
+            groups.append(sorted(current))
             current, filled = [], 0
         current.append(i)
         filled += n
     if current:
-        groups.append(current)
+        groups.append(sorted(current))
     return groups
 
 

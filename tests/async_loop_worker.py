@@ -7,6 +7,9 @@ One process of a (processes x devices) CPU world. Modes:
          again waiting for every step; writes both runs' parameters to <out>/process<i>.npz.
   raw    The same step for one reducer (dense), dispatched without any synchronization or
          helper. Writes <out>/raw<i>.json: whether it finished, and the exception text if not.
+  overlap A 4-layer MLP step whose gradient buckets are one layer each: writes
+         <out>/overlap<i>.json with, per measured step, each device's first collective start
+         and when the first layer's gradient (computed last by backward) existed.
   killed Like paced, but process 1 kills itself (SIGKILL) after a few steps while steps are
          queued; the others write <out>/killed<i>.json with what they raised and when.
 """
@@ -30,7 +33,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, required=True)
     parser.add_argument("--coordinator", default="")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--mode", default="paced", choices=["paced", "raw", "killed"])
+    parser.add_argument("--mode", default="paced", choices=["paced", "raw", "killed", "overlap"])
     args = parser.parse_args()
 
     import jax
@@ -48,6 +51,9 @@ def main() -> None:
     from jaxcomm.optax import allreduce_gradients, partition_specs
 
     out = pathlib.Path(args.out)
+    if args.mode == "overlap":
+        overlap(args, out)
+        return
     mesh = jax.make_mesh((jax.device_count(),), ("dp",))
     world = mesh.size
     reducers = {
@@ -172,6 +178,77 @@ def main() -> None:
         # barrier: the dead peer would fail it and abort us.
         time.sleep(5)
         os._exit(0)
+
+
+def overlap(args, out: pathlib.Path) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jaxcomm
+    from jaxcomm import _world
+    from jaxcomm.optax import allreduce_gradients, partition_specs
+
+    mesh = jax.make_mesh((jax.device_count(),), ("dp",))
+    width, layers = 512, 4
+    rng = np.random.default_rng(0)
+    params = {
+        f"l{i}": rng.standard_normal((width, width)).astype(np.float32) / np.sqrt(width)
+        for i in range(layers)
+    }
+    params = jax.device_put(params, NamedSharding(mesh, P()))
+    # One layer per bucket: the buckets go last layer first.
+    tx = optax.chain(allreduce_gradients("dp", bucket_size=width * width), optax.sgd(1e-3))
+    specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
+    state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs))(params)
+
+    def loss(p, x):
+        for i in range(layers):
+            x = jnp.tanh(x @ p[f"l{i}"])
+        return jnp.mean(x**2)
+
+    def local(p, s, x):
+        g = jax.grad(loss)(p, x)
+        # Backward produces l0's gradient last: record when it exists.
+        g["l0"] = jaxcomm.timeline.mark(g["l0"], "grad/l0")
+        u, s = tx.update(g, s)
+        return optax.apply_updates(p, u), s
+
+    step = jax.jit(
+        jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(P(), specs, P("dp")),
+            out_specs=(P(), specs),
+            check_vma=False,
+        )
+    )
+    x = jax.device_put(
+        rng.standard_normal((mesh.size * 2048, width)).astype(np.float32),
+        NamedSharding(mesh, P("dp")),
+    )
+    params, state = jax.block_until_ready(step(params, state, x))  # compile, warm up
+    device_of_rank = _world.world("cpu").device_ids
+    steps = []
+    for _ in range(5):
+        jaxcomm.reset_metrics()
+        jaxcomm.timeline.reset_marks()
+        params, state = jax.block_until_ready(step(params, state, x))
+        first_start = {}
+        for r in jaxcomm.metrics()["recent"]:
+            device = device_of_rank[r["world_rank"]]
+            first_start[device] = min(first_start.get(device, np.inf), r["started"])
+        grad_l0 = {m["device_id"]: m["time"] for m in jaxcomm.timeline.marks()}
+        steps.append(
+            {
+                str(d): {"first_collective_started": first_start[d], "grad_l0": grad_l0[d]}
+                for d in grad_l0
+            }
+        )
+    (out / f"overlap{args.process_id}.json").write_text(json.dumps(steps))
 
 
 if __name__ == "__main__":

@@ -78,3 +78,15 @@ def test_killed_peer_while_steps_are_queued(tmp_path):
         assert CHAIN not in error and len(error) < 1000, error[:2000]
         assert "rank 1" in error, error
         assert report["seconds"] < 60, report
+
+
+@pytest.mark.timeout(200)
+def test_first_bucket_is_on_the_wire_before_backward_ends(tmp_path):
+    """Overlap is real: the last layer's bucket starts before the first layer's gradient exists."""
+    result = run(1, 2, tmp_path, "overlap", 150, JAXCOMM_TIMEOUT_S="60")
+    assert result.returncodes == [0], outputs(result)
+    steps = json.loads((tmp_path / "overlap0.json").read_text())
+    for step in steps:
+        assert len(step) == 2, step
+        for device, times in step.items():
+            assert times["first_collective_started"] < times["grad_l0"], (device, steps)

@@ -74,8 +74,18 @@ def test_cuda_build_as_readme_says(tmp_path):
     env = build_env(find_nvcc(), CMAKE_ARGS="-DJAXCOMM_ENABLE_CUDA=ON")
     build = tmp_path / "build"
     run_ok(
-        [sys.executable, "-m", "pip", "wheel", ".", "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path / "wheel"), f"--config-settings=build-dir={build}"],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            ".",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "wheel"),
+            f"--config-settings=build-dir={build}",
+        ],
         env,
     )
     library = build / "libjaxcomm_ffi.so"
@@ -104,8 +114,16 @@ def test_cudaarchs_is_honoured(tmp_path):
     env = build_env(find_nvcc(), CUDAARCHS="86")
     build = tmp_path / "build"
     run_ok(
-        ["cmake", "-S", str(REPO_ROOT), "-B", str(build), "-DJAXCOMM_ENABLE_CUDA=ON",
-         "-DJAXCOMM_BUILD_FFI=OFF", "-DJAXCOMM_ENABLE_UCX=OFF"],
+        [
+            "cmake",
+            "-S",
+            str(REPO_ROOT),
+            "-B",
+            str(build),
+            "-DJAXCOMM_ENABLE_CUDA=ON",
+            "-DJAXCOMM_BUILD_FFI=OFF",
+            "-DJAXCOMM_ENABLE_UCX=OFF",
+        ],
         env,
     )
     assert "CMAKE_CUDA_ARCHITECTURES:STRING=86" in (build / "CMakeCache.txt").read_text()

@@ -191,7 +191,8 @@ def test_warmup_schedule_and_buckets():
     assert gtopk_warmup_schedule(10, 0.01) == {0: 0.25, 10: 0.0725, 20: 0.015, 30: 0.01}
     # Consecutive leaves fill a bucket; a leaf larger than a bucket stands alone; empty
     # leaves need no collective.
-    assert _buckets([3, 4, 0, 10, 2, 2], 8) == [[0, 1], [3], [4, 5]]
+    # Last leaf first (backward order), tree order inside a bucket.
+    assert _buckets([3, 4, 0, 10, 2, 2], 8) == [[4, 5], [3], [0, 1]]
 
 
 def test_digits_config_from_a_launcher_context():
