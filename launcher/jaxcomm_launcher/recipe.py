@@ -28,6 +28,7 @@ BUNDLED_JOBS: dict[str, str] = {
     "smoke": "jaxcomm_launcher.jobs.smoke:run",
     "digits": "jaxcomm_launcher.jobs.digits:run",
     "allreduce": "jaxcomm_launcher.jobs.allreduce:run",
+    "overlap": "jaxcomm_launcher.jobs.overlap:run",
 }
 
 ALGORITHMS = ("dense", "topk", "gtopk", "adaptive", "onebit", "threshold")
