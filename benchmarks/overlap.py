@@ -206,6 +206,7 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
             first = start[0] if start else min(grads)
             ax.barh(1, max(grads) - first, left=first, color="tab:blue", alpha=0.3)
             ax.plot(grads, [1] * len(grads), "|", color="tab:blue", markersize=14)
+        span = tl["step_time_s"] * 1e3
         for i, c in enumerate(sorted(device["collectives"], key=lambda c: c["seq"])):
             ax.barh(
                 0,
@@ -214,6 +215,8 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
                 color=f"C{1 + i % 8}",
                 edgecolor="black",
             )
+            if (c["finished"] - c["started"]) * 1e3 < 0.04 * span:
+                continue  # too narrow to label
             ax.text(
                 (c["started"] + c["finished"]) / 2 * 1e3,
                 -0.42,
@@ -248,25 +251,31 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     compressors = [c for c in COMPRESSORS if any(r["compressor"] == c for r in result["rows"])]
     buckets = sorted({r["bucket_size"] for r in result["rows"]}, key=lambda b: b or 1 << 62)
     width = 0.8 / max(1, len(compressors))
-    for j, c in enumerate(compressors):
-        xs, ys = [], []
-        for i, bucket in enumerate(buckets):
-            for r in result["rows"]:
-                if r["compressor"] == c and r["bucket_size"] == bucket:
-                    xs.append(i + (j - (len(compressors) - 1) / 2) * width)
-                    ys.append(r["hidden_fraction"] * 100)
-        ax.bar(xs, ys, width, label=c)
-    ax.axhline(TARGET * 100, color="red", ls="--", lw=1, label="target 80 %")
-    ax.set_xticks(range(len(buckets)), [bucket_label(b) for b in buckets])
-    ax.set_xlabel("bucket size (float32 elements)")
-    ax.set_ylabel("hidden fraction (%)")
-    ax.set_title(tag)
-    ax.legend()
-    ax.grid(True, axis="y", alpha=0.3)
+    metrics = [
+        ("hidden_fraction", "hidden fraction (%)\n(T_compute + T_comm - T_step) / min"),
+        ("saved_vs_single_bucket", "saved vs one bucket (%)\n(T_step(single) - T_step) / min"),
+    ]
+    for ax, (key, ylabel) in zip(axes, metrics, strict=True):
+        for j, c in enumerate(compressors):
+            xs, ys = [], []
+            for i, bucket in enumerate(buckets):
+                for r in result["rows"]:
+                    if r["compressor"] == c and r["bucket_size"] == bucket and r[key] is not None:
+                        xs.append(i + (j - (len(compressors) - 1) / 2) * width)
+                        ys.append(r[key] * 100)
+            ax.bar(xs, ys, width, label=c)
+        ax.axhline(TARGET * 100, color="red", ls="--", lw=1, label="target 80 %")
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set_xticks(range(len(buckets)), [bucket_label(b) for b in buckets])
+        ax.set_xlabel("bucket size (float32 elements)")
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(tag)
     fig.tight_layout()
     paths.append(out / f"{tag}-hidden.png")
     fig.savefig(paths[-1], dpi=110)
@@ -297,7 +306,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    parser.add_argument(
+        "--redraw", type=pathlib.Path, help="only redraw the PNGs of a JSON this script wrote"
+    )
     args = parser.parse_args()
+    if args.redraw:
+        result = json.loads(args.redraw.read_text())
+        print("wrote", *draw(args.redraw.stem, result, args.redraw.parent))
+        return
     if args.repeats < 3:
         parser.error("--repeats must be >= 3")
     if args.in_flight_bucket not in args.bucket_sizes:

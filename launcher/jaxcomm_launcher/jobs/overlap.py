@@ -367,6 +367,7 @@ def run(ctx: JobContext) -> None:
                 f"step {_median_ms(t_step):9.1f} ms"
             )
             if bucket != in_flight_bucket:
+                train.clear()  # 4 ranks share this machine's memory: free before the next
                 continue
             # Step time against how far dispatch runs ahead (jaxcomm.paced).
             for m in in_flight:
@@ -388,3 +389,4 @@ def run(ctx: JobContext) -> None:
             )
             jax.block_until_ready(call_step(marked_step))
             b.timeline(lambda f=marked_step: call_step(f), what="step", **fields)
+            train.clear()
