@@ -291,7 +291,7 @@ def main() -> None:
     parser.add_argument("--devices-per-process", type=int, default=1)
     parser.add_argument("--layers", type=int, default=25)
     parser.add_argument("--width", type=int, default=1000)
-    parser.add_argument("--batch", type=int, default=16, help="rows per device")
+    parser.add_argument("--batch", type=int, default=128, help="rows per device")
     parser.add_argument("--compressors", nargs="+", default=list(COMPRESSORS), choices=COMPRESSORS)
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument(

@@ -236,3 +236,60 @@ def test_compare_sweep_runs_every_algorithm(tmp_path):
         "adaptive",
     }
     assert all(status == "ok" for status in statuses.values()), statuses
+
+
+def test_overlap_job_records_times_and_a_timeline(tmp_path):
+    """The overlap benchmark's job, tiny: every measurement is logged, and the timeline holds
+    each bucket's collective (engine start <= finish) and every layer's gradient mark."""
+    layers, width = 3, 32
+    buckets = [width * width + width, 0]  # one layer per bucket, and one bucket
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        job="overlap",
+        args={
+            "layers": layers,
+            "width": width,
+            "batch": 4,
+            "bucket_sizes": buckets,
+            "in_flight_bucket": buckets[0],
+            "max_in_flight": [0, 2],
+            "repeats": 3,
+        },
+    )
+    out = tmp_path / "run"
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    records = [
+        json.loads(line) for line in (out / "dense" / "rank0.jsonl").read_text().splitlines()
+    ]
+    times = [r for r in records if r["kind"] == "time"]
+    assert sum(r["what"] == "compute" for r in times) == 3
+    for compressor in ("dense", "gtopk"):
+        for bucket in buckets:
+            for what in ("comm", "step"):
+                n = sum(
+                    r["what"] == what
+                    and r["compressor"] == compressor
+                    and r["bucket_size"] == bucket
+                    for r in times
+                )
+                assert n == 3, (compressor, bucket, what)
+        paced = {
+            r["max_in_flight"]
+            for r in times
+            if r["what"] == "paced" and r["compressor"] == compressor
+        }
+        assert paced == {0, 2}
+    timelines = {
+        (r["what"], r.get("compressor")): r["timeline"] for r in records if r["kind"] == "timeline"
+    }
+    kinds = [("compute", None)] + [(w, c) for c in ("dense", "gtopk") for w in ("comm", "step")]
+    assert set(timelines) == set(kinds)
+    for (what, _), timeline in timelines.items():
+        rank0 = timeline["0"]
+        labels = {m["label"] for m in rank0["marks"]}
+        if what != "comm":
+            assert labels == {"start"} | {f"grad/l{i:02d}" for i in range(layers)}, labels
+        collectives = rank0["collectives"]
+        assert len(collectives) == (0 if what == "compute" else layers)
+        assert all(c["started"] <= c["finished"] for c in collectives)

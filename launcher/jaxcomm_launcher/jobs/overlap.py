@@ -140,7 +140,7 @@ class _Bench:
         self.ctx = ctx
         self.layers = int(a.get("layers", 25))
         self.width = int(a.get("width", 1000))
-        self.batch = int(a.get("batch", 16))
+        self.batch = int(a.get("batch", 128))
         self.density = float(a.get("density", 0.001))
         self.repeats = int(a.get("repeats", 5))
         self.lr = float(a.get("lr", 1e-4))
