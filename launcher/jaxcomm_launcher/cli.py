@@ -1,4 +1,4 @@
-"""The ``jaxcomm`` command: ``launch``, ``recipes``, ``report``, ``--version``.
+"""The ``jaxcomm`` command: ``launch``, ``recipes``, ``report``, ``cleanup``, ``--version``.
 
 Exit codes: 0 success, 1 run failed (a rank failed, a backend is unusable), 2 invalid recipe
 or usage, 124 timeout, 130 interrupted.
@@ -15,6 +15,7 @@ import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from jaxcomm_launcher import __version__
 from jaxcomm_launcher.recipe import RecipeError, load_recipe
@@ -30,6 +31,11 @@ app = typer.Typer(
 _width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
 console = Console(width=_width)
 err_console = Console(stderr=True, width=_width)
+
+
+def _print_error(exc: BaseException) -> None:
+    """Prints ``error: <message>`` (red label, message verbatim: never read as markup)."""
+    err_console.print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
 
 
 def bundled_recipes_dir() -> pathlib.Path:
@@ -108,7 +114,7 @@ def launch(
     try:
         rec = load_recipe(path, set_ or [])
     except RecipeError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        _print_error(exc)
         raise typer.Exit(2) from None
     run_dir = out or default_run_dir(rec)
     try:
@@ -130,12 +136,10 @@ def launch(
             return
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)
     except BackendError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        _print_error(exc)
         raise typer.Exit(1) from None
     except LaunchFailed as exc:
-        err_console.print(
-            f"[bold red]error:[/] {exc}", highlight=False, markup=False, soft_wrap=True
-        )
+        _print_error(exc)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -172,12 +176,33 @@ def report(
     try:
         summary = metrics.write_summary(run_dir)
     except FileNotFoundError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        _print_error(exc)
         raise typer.Exit(2) from None
     plots = metrics.draw_plots(run_dir)
     metrics.print_table(summary, console)
     for p in plots:
         console.print(f"plot: {p}", highlight=False, soft_wrap=True)
+
+
+@app.command("cleanup")
+def cleanup_command(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only list what would be removed.")
+    ] = False,
+) -> None:
+    """Remove what a killed launcher left behind: emulated-cluster namespaces, links, processes.
+
+    Runs of a launcher that is still alive are never touched. Every emulated launch also does
+    this first. Example: sudo jaxcomm cleanup --dry-run
+    """
+    from jaxcomm_launcher import cleanup
+
+    removed = cleanup.sweep(dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for line in removed:
+        console.print(f"{verb} {line}", highlight=False, markup=False)
+    if not removed:
+        console.print("nothing to clean up", highlight=False)
 
 
 if __name__ == "__main__":
