@@ -17,9 +17,13 @@ from jaxcomm.compressors import (
     TopKAllgather,
 )
 from jaxcomm.metrics import metrics, reset_metrics
-from jaxcomm.pacing import CollectiveError, Paced, paced
+from jaxcomm.pacing import CollectiveError, Paced, paced, size_cpu_launch_pool
 
 __version__ = "0.1.0"
+
+# Before JAX creates its CPU client: a launch pool that several devices cannot starve
+# (jaxcomm/pacing.py).
+size_cpu_launch_pool()
 
 __all__ = [
     "Adaptive",
