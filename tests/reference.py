@@ -1,6 +1,6 @@
 """NumPy references of the compressed allreduce algorithms over all ranks' inputs.
 
-Written from the papers (Shi et al. 2019 Alg. 1-4) and DESIGN.md §4: magnitude ties break
+Written from the papers (Shi et al. 2019 Alg. 1-4) and docs/DESIGN.md §4: magnitude ties break
 toward the lower index; P need not be a power of two (extra ranks fold into the first ones).
 """
 

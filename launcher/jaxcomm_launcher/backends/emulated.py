@@ -1,4 +1,4 @@
-"""``emulated``: an N-node cluster on one machine (DESIGN.md §5; needs root).
+"""``emulated``: an N-node cluster on one machine (docs/DESIGN.md §5; needs root).
 
 Each rank runs in its own network namespace, joined to a private bridge by a veth pair whose
 two ends are shaped with ``tc qdisc ... tbf rate <bandwidth> burst <burst>``. Addresses come
