@@ -130,7 +130,7 @@ class Paced:
         outputs = self._guard(lambda: self.fn(*args, **kwargs))
         self._in_flight.append(outputs)
         while len(self._in_flight) > self.max_in_flight:
-            self._wait(self._in_flight.popleft())
+            self._wait_oldest()
         return outputs
 
     def wait(self) -> None:
@@ -140,17 +140,22 @@ class Paced:
           None.
         """
         while self._in_flight:
-            self._wait(self._in_flight.popleft())
+            self._wait_oldest()
 
     @property
     def in_flight(self) -> int:
         """Steps queued and not yet waited for."""
         return len(self._in_flight)
 
-    def _wait(self, outputs: Any) -> None:
-        # Outputs donated to a later step are gone; the live ones tell when this step ended.
-        live = [x for x in jax.tree.leaves(outputs) if not _is_deleted(x)]
-        self._guard(lambda: jax.block_until_ready(live))
+    def _wait_oldest(self) -> None:
+        oldest = self._in_flight.popleft()
+        # Outputs donated to a later step are gone. If all of the oldest step's are, wait for
+        # the first later step that still has live outputs: it ran after the oldest one.
+        for outputs in (oldest, *self._in_flight):
+            live = [x for x in jax.tree.leaves(outputs) if not _is_deleted(x)]
+            if live:
+                self._guard(lambda live=live: jax.block_until_ready(live))
+                return
 
     def _guard(self, call: Callable[[], Any]) -> Any:
         try:
