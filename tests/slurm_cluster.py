@@ -30,14 +30,20 @@ DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "srun", "sinfo")
 
 
+def which(command: str) -> str | None:
+    """Finds `command` on PATH or in the sbin directories (daemons live in /usr/sbin)."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    return shutil.which(command, path=path)
+
+
 def ensure_installed() -> None:
     """Installs slurm-wlm and munge through .ci/system-deps when a command is missing."""
-    if all(shutil.which(c) for c in DAEMONS + CLIENTS):
+    if all(which(c) for c in DAEMONS + CLIENTS):
         return
     res = subprocess.run(
         ["bash", str(ROOT / ".ci" / "system-deps")], capture_output=True, text=True
     )
-    missing = [c for c in DAEMONS + CLIENTS if not shutil.which(c)]
+    missing = [c for c in DAEMONS + CLIENTS if not which(c)]
     if res.returncode != 0 or missing:
         raise RuntimeError(
             f".ci/system-deps did not install Slurm (still missing: {missing}):\n"
@@ -139,20 +145,21 @@ class SlurmCluster:
             )
         )
         q = shlex.quote
+        munged, slurmctld, slurmd = (q(which(d) or d) for d in DAEMONS)
         script = r / "cluster.sh"
         script.write_text(
             "\n".join(
                 [
                     "#!/bin/bash",
                     "# PID 1 of the cluster's namespace: when it dies, everything in it dies.",
-                    f"munged -F --key-file={q(str(key))} --socket={q(str(self.socket))} "
+                    f"{munged} -F --key-file={q(str(key))} --socket={q(str(self.socket))} "
                     f"--pid-file={q(str(r / 'key' / 'munged.pid'))} "
                     f"--seed-file={q(str(r / 'key' / 'munged.seed'))} "
                     f"--log-file={q(str(r / 'munged.log'))} &",
                     f"for _ in $(seq 100); do [ -S {q(str(self.socket))} ] && break; sleep 0.1; done",
                     f"[ -S {q(str(self.socket))} ] || {{ echo 'munged did not start'; exit 1; }}",
-                    f"slurmctld -D -f {q(str(self.conf))} &",
-                    f"slurmd -D -f {q(str(self.conf))} -N {q(self.node)} &",
+                    f"{slurmctld} -D -f {q(str(self.conf))} &",
+                    f"{slurmd} -D -f {q(str(self.conf))} -N {q(self.node)} &",
                     "wait",
                     "",
                 ]

@@ -281,7 +281,9 @@ def run_slurm_recipe(
     finally:
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
-    run = collect(run_dir, state)
+    run = collect(
+        run_dir, state, cancelled=None if outcome.reason in ("ok", "failed") else outcome.reason
+    )
     failure = None
     if outcome.reason == "interrupted":
         failure = LaunchFailed(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 import re
 import shlex
@@ -181,7 +182,9 @@ def _read_json(path: pathlib.Path) -> dict[str, Any] | None:
         return None
 
 
-def collect(run_dir: pathlib.Path, state: JobState | None = None) -> dict[str, Any]:
+def collect(
+    run_dir: pathlib.Path, state: JobState | None = None, cancelled: str | None = None
+) -> dict[str, Any]:
     """Reads what the job wrote into each entry's status in ``run.json`` (and saves it).
 
     An entry whose ``step.json`` says exit 0 is ``ok``; a non-zero exit is ``failed`` with
@@ -193,6 +196,8 @@ def collect(run_dir: pathlib.Path, state: JobState | None = None) -> dict[str, A
     Args:
         run_dir: The run directory (``run.json`` with ``slurm.job_id``).
         state: The job's state if the caller knows it; else Slurm is asked.
+        cancelled: Why the launcher cancelled the job (``timeout`` or ``interrupted``), if
+            it did: the entry that was running gets that status.
 
     Returns:
         The updated run description; failed entries carry ``reason``, ``failed_rank``,
@@ -207,7 +212,10 @@ def collect(run_dir: pathlib.Path, state: JobState | None = None) -> dict[str, A
 
     run = read_run(run_dir)
     slurm = run.setdefault("slurm", {})
-    if state is None and slurm.get("job_id"):
+    # The job's own closing `jaxcomm report` would see the job RUNNING: leave the state to
+    # the launcher or a later report (every step has its step.json by then anyway).
+    inside = os.environ.get("SLURM_JOB_ID") == str(slurm.get("job_id"))
+    if state is None and slurm.get("job_id") and not inside:
         state = job_state(str(slurm["job_id"]))
     if state is not None:
         slurm.update(state=state.state, reason=state.reason, exit_code=state.exit_code)
@@ -224,8 +232,12 @@ def collect(run_dir: pathlib.Path, state: JobState | None = None) -> dict[str, A
         if step is None:
             if not final:
                 entry["status"] = "running" if started else "waiting"
+            elif started and cancelled:
+                entry["status"] = cancelled
+                entry["reason"] = f"the launcher cancelled slurm job ({cancelled})"
             elif started and state is not None and state.state == "TIMEOUT":
                 entry["status"] = "timeout"
+                entry["reason"] = "slurm job reached its time limit (backend.time)"
             elif started:
                 entry["status"] = "interrupted"
                 entry["reason"] = f"slurm job {job_word} while this entry ran"
