@@ -57,6 +57,7 @@ ACTIVE_STATES = frozenset(
 _SRUN_TASK_ERROR = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.+)$")
 _SIGNAL_BY_TEXT = {signal.strsignal(s): s for s in signal.Signals if signal.strsignal(s)}
 STATE_POLL_S = 2.0  # slurmctld is shared by every user of the cluster: ask it sparingly
+UNKNOWN_POLLS = 5  # consecutive polls without an answer before the job counts as gone
 FILE_POLL_S = 0.3
 
 
@@ -96,9 +97,7 @@ def job_state(job_id: str) -> JobState | None:
         'RUNNING'
     """
     if shutil.which("scontrol"):
-        res = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True
-        )
+        res = _query(["scontrol", "show", "job", "-o", job_id])
         if res.returncode == 0 and "JobState=" in res.stdout:
             fields = dict(
                 item.split("=", 1) for item in res.stdout.split() if "=" in item
@@ -110,10 +109,8 @@ def job_state(job_id: str) -> JobState | None:
                 exit_code=fields.get("ExitCode", ""),
             )
     if shutil.which("sacct"):
-        res = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Reason,NodeList,ExitCode"],
-            capture_output=True,
-            text=True,
+        res = _query(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Reason,NodeList,ExitCode"]
         )
         line = res.stdout.strip().splitlines()[0] if res.stdout.strip() else ""
         if res.returncode == 0 and line.count("|") == 3:
@@ -121,6 +118,21 @@ def job_state(job_id: str) -> JobState | None:
             # sacct writes "CANCELLED by 0"; the state is the first word.
             return JobState(state.split()[0], reason, nodes, exit_code)
     return None
+
+
+def _describe(state: JobState) -> str:
+    # "PENDING (Resources)", "RUNNING on n[1-2]"
+    why = f" ({state.reason})" if state.state == "PENDING" and state.reason != "None" else ""
+    where = f" on {state.nodes}" if state.nodes and state.state != "PENDING" else ""
+    return state.state + why + where
+
+
+def _query(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    # A busy slurmctld may not answer for a while: a late answer is no answer.
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 1, "", "timed out")
 
 
 def _scancel(job_id: str) -> None:
@@ -530,6 +542,7 @@ class SlurmBackendRunner(BackendRunner):
             return current
 
         state: JobState | None = None
+        unknown = 0
         last_poll = -STATE_POLL_S
         last_shown = ""
         reason = "ok"
@@ -540,17 +553,20 @@ class SlurmBackendRunner(BackendRunner):
                     elapsed = time.monotonic() - t0
                     if elapsed - last_poll >= STATE_POLL_S:
                         last_poll = elapsed
-                        state = job_state(job_id)
-                        if state is None or not state.active:
+                        polled = job_state(job_id)
+                        # No answer: slurmctld may be busy; the job is gone only after
+                        # several polls in a row without one.
+                        unknown = unknown + 1 if polled is None else 0
+                        if polled is not None:
+                            state = polled
+                        if unknown >= UNKNOWN_POLLS:
+                            state = None
                             break
-                        shown = state.state + (
-                            f" ({state.reason})"
-                            if state.state == "PENDING" and state.reason != "None"
-                            else ""
-                        )
+                        if state is not None and not state.active:
+                            break
+                        shown = _describe(state) if state is not None else last_shown
                         if shown != last_shown:
-                            where = f" on {state.nodes}" if state.nodes else ""
-                            console.print(f"slurm job {job_id}: {shown}{where}", highlight=False)
+                            console.print(f"slurm job {job_id}: {shown}", highlight=False)
                             last_shown = shown
                     current = pump()
                     progress = (
