@@ -183,6 +183,9 @@ class RankEcho:
 
         Returns:
             None.
+
+        Example:
+            >>> RankEcho(Console()).line(0, "step 3")  # prints "[r0] step 3"  # doctest: +SKIP
         """
         self.tails[rank].append(text)
         if self.quiet:

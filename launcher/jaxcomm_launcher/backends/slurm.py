@@ -70,6 +70,10 @@ class JobState:
         reason: Why it waits or failed (``Resources``, ``NonZeroExitCode``, ``None``).
         nodes: Its node list (empty while pending).
         exit_code: The batch script's ``exit:signal``.
+
+    Example:
+        >>> JobState("COMPLETING", nodes="n[1-2]").active
+        True
     """
 
     state: str
@@ -149,7 +153,15 @@ class StepFailure:
     what: str  # "Killed", "Exited with exit code 1", ...
 
     def returncode(self) -> int:
-        """Returns the task's status as ``Popen.returncode`` would (negative: a signal)."""
+        """Returns the task's status as ``Popen.returncode`` would (negative: a signal).
+
+        Returns:
+            The exit code, or minus the signal number.
+
+        Example:
+            >>> StepFailure(1, "n3", "Killed").returncode()
+            -9
+        """
         m = re.match(r"Exited with exit code (\d+)", self.what)
         if m:
             return int(m.group(1))
@@ -612,6 +624,10 @@ class SlurmBackendRunner(BackendRunner):
 
         Returns:
             The job's final state (None if Slurm forgot it).
+
+        Example:
+            >>> runner.cancel("12345", Console()).state  # doctest: +SKIP
+            'CANCELLED'
         """
         # Ignore further Ctrl-C while cancelling: an interrupted cancel leaves the job running.
         main = threading.current_thread() is threading.main_thread()
