@@ -245,3 +245,8 @@ def test_slurm_collect_names_the_failed_rank_and_node(tmp_path):
     run = collect(tmp_path, JobState("RUNNING", nodes="n[1-2]"))
     by = {v["label"]: v for v in run["variants"]}
     assert by["cut"]["status"] == "running" and by["later"]["status"] == "waiting"
+
+    # Slurm cannot tell (no scontrol here): an entry without step.json is not guessed at.
+    run = collect(tmp_path, None)
+    by = {v["label"]: v for v in run["variants"]}
+    assert by["cut"]["status"] == "unknown" and by["killed"]["failed_rank"] == 1

@@ -215,7 +215,7 @@ def collect(
     the failed rank (as the supervised backends choose it: a task killed by a signal, else the
     rank whose error came first) and its node; an entry without ``step.json`` is
     ``running``/``waiting`` while the job is active, else ``interrupted`` (it had started),
-    ``timeout``, or ``not run``.
+    ``timeout`` or ``not run``, and ``unknown`` when Slurm cannot tell the job's state.
 
     Args:
         run_dir: The run directory (``run.json`` with ``slurm.job_id``).
@@ -245,8 +245,6 @@ def collect(
         slurm.update(state=state.state, reason=state.reason, exit_code=state.exit_code)
         if state.nodes:
             slurm["nodes"] = state.nodes
-    final = state is None or not state.active
-    job_word = (state.state if state else "ended").lower()
     for entry in run.get("variants", []):
         vdir = run_dir / entry["label"]
         for key in ("reason", "failed_rank", "failed_node", "detail", "error"):
@@ -254,17 +252,22 @@ def collect(
         step = _read_json(vdir / "step.json")
         started = any(vdir.glob("rank*.log"))
         if step is None:
-            if not final:
-                entry["status"] = "running" if started else "waiting"
-            elif started and cancelled:
+            if started and cancelled:
                 entry["status"] = cancelled
                 entry["reason"] = f"the launcher cancelled slurm job ({cancelled})"
-            elif started and state is not None and state.state == "TIMEOUT":
+            elif state is None:
+                # Without Slurm's word (no scontrol/sacct here, or the job long forgotten) an
+                # entry without step.json may still run or may have been cut: say so.
+                entry["status"] = "unknown"
+                entry["reason"] = "no step.json, and Slurm does not know the job"
+            elif state.active:
+                entry["status"] = "running" if started else "waiting"
+            elif started and state.state == "TIMEOUT":
                 entry["status"] = "timeout"
                 entry["reason"] = "slurm job reached its time limit (backend.time)"
             elif started:
                 entry["status"] = "interrupted"
-                entry["reason"] = f"slurm job {job_word} while this entry ran"
+                entry["reason"] = f"slurm job {state.state.lower()} while this entry ran"
             else:
                 entry["status"] = "not run"
             continue
