@@ -362,6 +362,7 @@ def _failure(
         lines.append(f"  error: {error}")
     tail = list(tails.get(rank, [])) or list(tails.get(None, []))
     if tail:
-        lines.append(f"  last lines of {who} (full log: {variant_dir}/rank{rank}.log):")
+        log = variant_dir / f"rank{rank}.log" if rank is not None else variant_dir
+        lines.append(f"  last lines of {who} (full log: {log}):")
         lines.extend("    " + t for t in tail[-15:])
     return LaunchFailed("\n".join(lines), exit_code=1)

@@ -292,8 +292,9 @@ def collect(
         rank = _failed_rank(outcome, vdir)
         status = _read_json(vdir / f"rank{rank}.status.json") or {}
         node = status.get("host") or next((f.node for f in failures if f.rank == rank), None)
-        if node is None and slurm.get("nodes") and "," not in slurm["nodes"]:
-            node = slurm["nodes"]  # a one-node job: every rank ran there
+        nodes = slurm.get("nodes", "")
+        if node is None and nodes and not any(c in nodes for c in ",["):
+            node = nodes  # a one-node job: every rank ran there
         if rank is not None and first is not None and rank == first.rank:
             how = f"srun: task {first.rank}: {first.what}"
         elif first is not None:
@@ -307,7 +308,11 @@ def collect(
             failed_rank=rank,
             failed_node=node,
             detail=how,
-            reason=f"rank {rank if rank is not None else '?'} on node {node or '?'} failed ({how})",
+            reason=(
+                f"rank {rank} on node {node or '?'} failed ({how})"
+                if rank is not None
+                else f"the step failed ({how})"
+            ),
         )
     (run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return run
