@@ -33,7 +33,7 @@ console = Console(width=_width)
 err_console = Console(stderr=True, width=_width)
 
 
-def _print_error(exc: BaseException) -> None:
+def _print_error(exc: BaseException | str) -> None:
     """Prints ``error: <message>`` (red label, message verbatim: never read as markup)."""
     err_console.print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
 
@@ -102,13 +102,22 @@ def launch(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Do not echo rank logs (files still get them).")
     ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option("--detach", help="slurm: only submit the job (then: jaxcomm report RUN_DIR)."),
+    ] = False,
 ) -> None:
     """Run RECIPE: start its ranks, stream their logs, then write summary.json and plots.
 
     Example: jaxcomm launch recipes/digits-dense.yaml --set world.processes=4
     """
     from jaxcomm_launcher.backends import BackendError, make_backend
-    from jaxcomm_launcher.runner import LaunchFailed, default_run_dir, run_recipe
+    from jaxcomm_launcher.runner import (
+        LaunchFailed,
+        default_run_dir,
+        run_recipe,
+        run_slurm_recipe,
+    )
 
     path = _resolve_recipe(recipe)
     try:
@@ -117,13 +126,20 @@ def launch(
         _print_error(exc)
         raise typer.Exit(2) from None
     run_dir = out or default_run_dir(rec)
+    if detach and rec.backend.kind != "slurm":
+        _print_error(
+            f"--detach needs backend slurm (this recipe: {rec.backend.kind}); "
+            "add --set backend.kind=slurm"
+        )
+        raise typer.Exit(2)
     try:
         if rec.backend.kind == "slurm":
-            backend = make_backend(rec, run_dir)
             if dry_run:
+                # The compute nodes read the run directory by its absolute path.
+                backend = make_backend(rec, run_dir.resolve())
                 typer.echo(backend.render(), nl=False)  # verbatim: no wrapping, no markup
                 return
-            backend.submit(console)
+            run_slurm_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet, detach=detach)
             return
         if dry_run:
             backend = make_backend(rec, run_dir)
@@ -170,10 +186,21 @@ def list_recipes() -> None:
 def report(
     run_dir: Annotated[pathlib.Path, typer.Argument(help="A run directory made by `launch`.")],
 ) -> None:
-    """Re-read RUN_DIR's metrics: rewrite summary.json, redraw the PNGs, print the table."""
+    """Re-read RUN_DIR's metrics: rewrite summary.json, redraw the PNGs, print the table.
+
+    For a slurm run (also a detached one) the entries' statuses are first read from the
+    files the job wrote, and the job's state from Slurm.
+    """
     from jaxcomm_launcher import metrics
 
     try:
+        run = metrics.read_run(run_dir)
+        if run.get("backend") == "slurm":
+            from jaxcomm_launcher.backends.slurm import collect
+
+            slurm = collect(run_dir).get("slurm", {})
+            if slurm.get("state"):
+                console.print(f"slurm job {slurm.get('job_id')}: {slurm['state']}", highlight=False)
         summary = metrics.write_summary(run_dir)
     except FileNotFoundError as exc:
         _print_error(exc)
