@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "ffi/common.h"
 #include "ffi/group.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -60,11 +61,9 @@ inline ffi::Error BeginSparseCollective(const CallSite& site, int64_t k,
                                         ffi::ResultBuffer<ffi::F32>& summed,
                                         ffi::ResultBuffer<ffi::F32>& new_residual,
                                         std::unique_ptr<Group>* group) {
-  if (ffi::Error e = CheckSparseArguments(site.name, k, x.element_count(), residual.element_count(),
-                                          summed->element_count(), new_residual->element_count());
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(site.name, k, x.element_count(),
+                                               residual.element_count(), summed->element_count(),
+                                               new_residual->element_count()));
   return Group::Begin(site, group);
 }
 

@@ -26,13 +26,9 @@ ffi::Error TopKAllgatherImpl(
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   std::unique_ptr<Group> group;
-  if (ffi::Error e =
-          BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, world, world_devices,
-                                             mesh_axis_sizes, reduce_axes),
-                                k, x, residual, summed, new_residual, &group);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(
+      MakeCallSite(kOp, device_id, coordinates, world, world_devices, mesh_axis_sizes, reduce_axes),
+      k, x, residual, summed, new_residual, &group));
   const int parts = group->size();
   const int rank = group->rank();
   // slots[q] = [k indices][k values] of group rank q
@@ -50,12 +46,9 @@ ffi::Error TopKAllgatherImpl(
     const int send_slot = (rank - s + parts) % parts;
     const int recv_slot = (rank - s - 1 + parts) % parts;
     size_t got = 0;
-    if (ffi::Error e = group->SendRecv(right, slots.data() + slot_words * send_slot, slot_bytes,
-                                       left, slots.data() + slot_words * recv_slot, slot_bytes,
-                                       &got, static_cast<uint32_t>(s));
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(group->SendRecv(right, slots.data() + slot_words * send_slot,
+                                            slot_bytes, left, slots.data() + slot_words * recv_slot,
+                                            slot_bytes, &got, static_cast<uint32_t>(s)));
     if (got != slot_bytes) {
       return ffi_common::InvalidArgument(
           kOp, "a peer sent " + std::to_string(got) + " bytes instead of " +

@@ -28,14 +28,11 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
   std::unique_ptr<GpuGroup> group;
   JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
                                        world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
-  if (ffi::Error e =
-          group->Check(group->nccl().all_reduce(x.typed_data(), out->typed_data(), n, ncclFloat32,
-                                                ncclSum, group->comm(), stream),
-                       "ncclAllReduce");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(
+      group->Check(group->nccl().all_reduce(x.typed_data(), out->typed_data(), n, ncclFloat32,
+                                            ncclSum, group->comm(), stream),
+                   "ncclAllReduce"));
+  JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
   // What a ring sends and receives per rank: 2 (P - 1) / P of the vector.
   const int parts = group->size();
   const uint64_t bytes = 2 * sizeof(float) * static_cast<uint64_t>(n) * (parts - 1) / parts;

@@ -29,17 +29,10 @@
 #include <vector>
 
 #include "ffi/collective_handler.h"
+#include "ffi/common.h"
 #include "ffi/cuda/nccl_api.h"
 #include "ffi/group.h"
 #include "xla/ffi/api/ffi.h"
-
-// Returns the ffi::Error of `expr` unless it succeeded.
-#define JAXCOMM_RETURN_IF_ERROR(expr)                                           \
-  do {                                                                          \
-    if (::xla::ffi::Error jaxcomm_error_ = (expr); !jaxcomm_error_.success()) { \
-      return jaxcomm_error_;                                                    \
-    }                                                                           \
-  } while (0)
 
 namespace jaxcomm::collectives::gpu {
 

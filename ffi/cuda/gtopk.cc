@@ -77,7 +77,7 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   const size_t total = topk_bytes + merge_bytes + set_bytes * (2 + 2 * merges) +
                        dropped_bytes * merges + sizeof(uint32_t);
   void* memory = nullptr;
-  if (ffi::Error e = AllocateScratch(scratch, kOp, total, &memory); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(AllocateScratch(scratch, kOp, total, &memory));
   char* p = static_cast<char*>(memory);
   auto carve = [&p](size_t bytes) {
     char* at = p;
@@ -101,16 +101,11 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   auto* bad = reinterpret_cast<uint32_t*>(carve(sizeof(uint32_t)));
 
   float* r_out = new_residual->typed_data();
-  if (ffi::Error e = Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = Launched(cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
-                                            local.idx(), local.val(), r_out, topk_scratch, stream),
-                              "TopKAbs");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset"));
+  JAXCOMM_RETURN_IF_ERROR(
+      Launched(cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k, local.idx(), local.val(),
+                             r_out, topk_scratch, stream),
+               "TopKAbs"));
 
   // The schedule. `current` is this rank's set so far: local, then each merge result, then the
   // global set (ffi/gtopk.cc GTopKRun::Run).
@@ -123,89 +118,58 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   for (const gtopk::Step& step : schedule) {
     switch (step.op) {
       case gtopk::Op::kSend:
-        if (ffi::Error e = group->Check(
-                api.send(current.words, words, ncclUint32, step.peer, group->comm(), stream),
-                "ncclSend");
-            !e.success()) {
-          return e;
-        }
+        JAXCOMM_RETURN_IF_ERROR(group->Check(
+            api.send(current.words, words, ncclUint32, step.peer, group->comm(), stream),
+            "ncclSend"));
         sent += message_bytes;
         break;
       case gtopk::Op::kReceiveMerge: {
         const DeviceSet& in = received[merge];
         const DeviceSet& out = merged[merge];
-        if (ffi::Error e = group->Check(
-                api.recv(in.words, words, ncclUint32, step.peer, group->comm(), stream),
-                "ncclRecv");
-            !e.success()) {
-          return e;
-        }
+        JAXCOMM_RETURN_IF_ERROR(group->Check(
+            api.recv(in.words, words, ncclUint32, step.peer, group->comm(), stream), "ncclRecv"));
         got += message_bytes;
-        if (ffi::Error e =
-                Launched(cuda::SparseMergeTopK(current.idx(), current.val(), k, in.idx(), in.val(),
-                                               k, k, out.idx(), out.val(), merge_scratch, stream),
-                         "SparseMergeTopK");
-            !e.success()) {
-          return e;
-        }
-        if (ffi::Error e = Launched(
-                cuda::CollectDropped(current.idx(), current.val(), k, in.idx(), in.val(), k,
-                                     out.idx(), k, dropped_idx[merge], dropped_val[merge], stream),
-                "CollectDropped");
-            !e.success()) {
-          return e;
-        }
+        JAXCOMM_RETURN_IF_ERROR(
+            Launched(cuda::SparseMergeTopK(current.idx(), current.val(), k, in.idx(), in.val(), k,
+                                           k, out.idx(), out.val(), merge_scratch, stream),
+                     "SparseMergeTopK"));
+        JAXCOMM_RETURN_IF_ERROR(Launched(
+            cuda::CollectDropped(current.idx(), current.val(), k, in.idx(), in.val(), k, out.idx(),
+                                 k, dropped_idx[merge], dropped_val[merge], stream),
+            "CollectDropped"));
         current = out;
         ++merge;
         break;
       }
       case gtopk::Op::kReceiveExact:
-        if (ffi::Error e = group->Check(
-                api.recv(global.words, words, ncclUint32, step.peer, group->comm(), stream),
-                "ncclRecv");
-            !e.success()) {
-          return e;
-        }
+        JAXCOMM_RETURN_IF_ERROR(group->Check(
+            api.recv(global.words, words, ncclUint32, step.peer, group->comm(), stream),
+            "ncclRecv"));
         got += message_bytes;
         current = global;
         break;
     }
   }
-  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
 
   // `current` is now the global set (ascending), on every rank.
   float* out = summed->typed_data();
-  if (ffi::Error e = Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e =
-          Launched(cuda::ScatterSetSparse(current.idx(), current.val(), k, out, n, bad, stream),
-                   "ScatterSetSparse");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset"));
+  JAXCOMM_RETURN_IF_ERROR(
+      Launched(cuda::ScatterSetSparse(current.idx(), current.val(), k, out, n, bad, stream),
+               "ScatterSetSparse"));
   // Alg. 4 line 10: local values outside the global set return to the residual (whose selected
   // entries TopKAbs zeroed).
-  if (ffi::Error e = Launched(
-          cuda::AddOutsideSet(local.idx(), local.val(), k, current.idx(), k, r_out, n, stream),
-          "AddOutsideSet");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      Launched(cuda::AddOutsideSet(local.idx(), local.val(), k, current.idx(), k, r_out, n, stream),
+               "AddOutsideSet"));
   // Partial sums this rank dropped at indices that still made it into the global set.
   for (int s = 0; s < merges; ++s) {
-    if (ffi::Error e = Launched(cuda::AddInsideSet(dropped_idx[s], dropped_val[s], 2 * k,
-                                                   current.idx(), k, r_out, n, stream),
-                                "AddInsideSet");
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(Launched(cuda::AddInsideSet(dropped_idx[s], dropped_val[s], 2 * k,
+                                                        current.idx(), k, r_out, n, stream),
+                                     "AddInsideSet"));
   }
-  if (ffi::Error e = Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
   group->CountTraffic(sent, got);
   group->Finish("gtopk", n);
   return ForwardToken(stream, token, token_out);

@@ -54,57 +54,36 @@ ffi::Error TopKAllgatherCuda(
   const size_t topk_bytes = AlignScratch(cuda::TopKScratchBytes(n));
   const size_t slots_bytes = AlignScratch(sizeof(uint32_t) * slot_words * parts);
   void* memory = nullptr;
-  if (ffi::Error e =
-          AllocateScratch(scratch, kOp, topk_bytes + slots_bytes + sizeof(uint32_t), &memory);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      AllocateScratch(scratch, kOp, topk_bytes + slots_bytes + sizeof(uint32_t), &memory));
   char* base = static_cast<char*>(memory);
   void* topk_scratch = base;
   auto* slots = reinterpret_cast<uint32_t*>(base + topk_bytes);
   auto* bad = reinterpret_cast<uint32_t*>(base + topk_bytes + slots_bytes);
   uint32_t* mine = slots + slot_words * rank;
 
-  if (ffi::Error e = Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = Launched(
-          cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
-                        reinterpret_cast<int32_t*>(mine), reinterpret_cast<float*>(mine + k),
-                        new_residual->typed_data(), topk_scratch, stream),
-          "TopKAbs");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset"));
+  JAXCOMM_RETURN_IF_ERROR(
+      Launched(cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
+                             reinterpret_cast<int32_t*>(mine), reinterpret_cast<float*>(mine + k),
+                             new_residual->typed_data(), topk_scratch, stream),
+               "TopKAbs"));
   // In place (sendbuff == recvbuff + rank * sendcount): slot q ends up holding rank q's set.
-  if (ffi::Error e = group->Check(
-          group->nccl().all_gather(mine, slots, slot_words, ncclUint32, group->comm(), stream),
-          "ncclAllGather");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(group->Check(
+      group->nccl().all_gather(mine, slots, slot_words, ncclUint32, group->comm(), stream),
+      "ncclAllGather"));
+  JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
 
   float* out = summed->typed_data();
-  if (ffi::Error e = Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset"));
   for (int q = 0; q < parts; ++q) {
     const uint32_t* slot = slots + slot_words * q;
-    if (ffi::Error e = Launched(cuda::ScatterAddSparse(reinterpret_cast<const int32_t*>(slot),
-                                                       reinterpret_cast<const float*>(slot + k), k,
-                                                       out, n, bad, stream),
-                                "ScatterAddSparse");
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(Launched(
+        cuda::ScatterAddSparse(reinterpret_cast<const int32_t*>(slot),
+                               reinterpret_cast<const float*>(slot + k), k, out, n, bad, stream),
+        "ScatterAddSparse"));
   }
-  if (ffi::Error e = Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
   // What a ring allgather sends and receives per rank: the P - 1 other slots.
   const uint64_t bytes = sizeof(uint32_t) * slot_words * static_cast<uint64_t>(parts - 1);
   group->CountTraffic(bytes, bytes);
