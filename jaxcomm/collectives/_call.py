@@ -12,13 +12,6 @@ import numpy as np
 from jaxcomm import _ffi, _ordering, _world
 from jaxcomm.collectives import _mesh
 
-_ffi.register("jaxcomm_allreduce", "JaxcommAllreduce")
-_ffi.register_gpu("jaxcomm_allreduce", "JaxcommAllreduceCuda")
-_ffi.register("jaxcomm_topk_allgather", "JaxcommTopKAllgather")
-_ffi.register_gpu("jaxcomm_topk_allgather", "JaxcommTopKAllgatherCuda")
-_ffi.register("jaxcomm_gtopk", "JaxcommGTopK")
-_ffi.register_gpu("jaxcomm_gtopk", "JaxcommGTopKCuda")
-
 
 def collective_call(
     target: str,

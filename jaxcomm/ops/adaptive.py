@@ -17,11 +17,6 @@ import numpy as np
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Adaptive
 
-_ffi.register("jaxcomm_adaptive_compress", "JaxcommAdaptiveCompress")
-_ffi.register("jaxcomm_adaptive_decompress", "JaxcommAdaptiveDecompress")
-_ffi.register_gpu("jaxcomm_adaptive_compress", "JaxcommAdaptiveCompressCuda")
-_ffi.register_gpu("jaxcomm_adaptive_decompress", "JaxcommAdaptiveDecompressCuda")
-
 
 def _check(compressor: Adaptive) -> None:
     if not isinstance(compressor, Adaptive):

@@ -16,11 +16,6 @@ import numpy as np
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import OneBit
 
-_ffi.register("jaxcomm_onebit_compress", "JaxcommOneBitCompress")
-_ffi.register("jaxcomm_onebit_decompress", "JaxcommOneBitDecompress")
-_ffi.register_gpu("jaxcomm_onebit_compress", "JaxcommOneBitCompressCuda")
-_ffi.register_gpu("jaxcomm_onebit_decompress", "JaxcommOneBitDecompressCuda")
-
 
 def _check(compressor: OneBit) -> None:
     if not isinstance(compressor, OneBit):

@@ -16,11 +16,6 @@ import numpy as np
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Threshold
 
-_ffi.register("jaxcomm_threshold_compress", "JaxcommThresholdCompress")
-_ffi.register("jaxcomm_threshold_decompress", "JaxcommThresholdDecompress")
-_ffi.register_gpu("jaxcomm_threshold_compress", "JaxcommThresholdCompressCuda")
-_ffi.register_gpu("jaxcomm_threshold_decompress", "JaxcommThresholdDecompressCuda")
-
 
 def _check(compressor: Threshold) -> None:
     if not isinstance(compressor, Threshold):
