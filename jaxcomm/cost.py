@@ -693,16 +693,39 @@ class _Tally:
         self.compute += self.profile.gamma[name] * elements
 
 
-def _ring_time(t: _Tally, n: int, parts: int, link: str, contention: int = 1) -> None:
-    """Ring reduce-scatter + allgather of n floats (ffi/allreduce.cc), pipelined segments."""
+def ring_path(n: int, parts: int) -> tuple[int, int]:
+    """Messages and bytes on the critical path of jaxcomm's ring allreduce (ffi/allreduce.cc).
+
+    2(P-1) steps, each moving one chunk of ``ceil(n / P)`` floats in pipelined segments (at
+    most 16 per chunk, each at least 2**17 floats).
+
+    Args:
+      n: elements.
+      parts: ranks in the ring.
+
+    Returns:
+      ``(messages, bytes)`` one rank sends in sequence.
+
+    Example:
+      >>> ring_path(1 << 20, 4)
+      (12, 6291456)
+    """
     if parts <= 1 or n == 0:
-        return
+        return 0, 0
     chunk = _ceil_div(n, parts)
     max_segments = _RING_MAX_SEGMENTS if 2 * (parts - 1) * _RING_MAX_SEGMENTS <= 0xFFFF else 1
     segment = max(_RING_MIN_SEGMENT, _ceil_div(chunk, max_segments))
     steps = 2 * (parts - 1)
-    t.send(link, steps * _ceil_div(chunk, segment), steps * chunk * _F32, contention)
-    t.kernel("sum", (parts - 1) * chunk)
+    return steps * _ceil_div(chunk, segment), steps * chunk * _F32
+
+
+def _ring_time(t: _Tally, n: int, parts: int, link: str, contention: int = 1) -> None:
+    """Ring reduce-scatter + allgather of n floats (ffi/allreduce.cc)."""
+    if parts <= 1 or n == 0:
+        return
+    messages, nbytes = ring_path(n, parts)
+    t.send(link, messages, nbytes, contention)
+    t.kernel("sum", (parts - 1) * _ceil_div(n, parts))
 
 
 def _quantized_time(
@@ -1063,3 +1086,38 @@ def auto_decisions() -> list[dict[str, Any]]:
       True
     """
     return list(_decisions)
+
+
+def auto_compressor(
+    compressor: Any, n: int, axis_name: str | Sequence[str], hierarchical: bool = False
+) -> Any:
+    """Resolves ``compressor="auto"`` for one bucket inside a traced, shard_mapped step.
+
+    ``jaxcomm.optax.allreduce_gradients`` calls this for every bucket: any other compressor
+    comes back unchanged; ``"auto"`` or an :class:`Auto` becomes :func:`resolve_auto`'s choice
+    for the bucket's static size, the reduced axes' static size and the process layout
+    (``jax.process_count()``, ``jax.local_device_count()``), so every rank chooses the same.
+
+    Args:
+      compressor: what the user passed as ``compressor``.
+      n: the bucket's elements.
+      axis_name: the reduced mesh axis or axes (inside ``jax.shard_map``).
+      hierarchical: the reduction is hierarchical.
+
+    Returns:
+      None (dense ring allreduce) or a jaxcomm compressor.
+
+    Example:
+      >>> auto_compressor(None, 1000, "dp") is None
+      True
+    """
+    if not (isinstance(compressor, Auto) or isinstance(compressor, str)):
+        return compressor
+    import jax
+    from jax import lax
+
+    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+    axis_size = math.prod(lax.axis_size(a) for a in names)
+    return resolve_auto(
+        compressor, n, axis_size, jax.process_count(), jax.local_device_count(), hierarchical
+    )

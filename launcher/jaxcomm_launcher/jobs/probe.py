@@ -1,0 +1,281 @@
+"""``probe``: measure the cost model's alpha, beta per link class and gamma per kernel.
+
+``jaxcomm probe RECIPE --out profile.json`` runs this job on the recipe's own world (its
+processes, devices per process and backend), so the numbers include what that world adds:
+several ranks sharing cores, loopback or a shaped network. Every measurement runs on every
+rank at once (a barrier first), the median of ``repeats`` timed calls is kept, and rank 0
+fits the model (:mod:`jaxcomm.cost`) and writes the profile:
+
+* links: jaxcomm's ring allreduce over all ranks at several sizes, fit by least squares to
+  ``2(P-1) * (messages * alpha + chunk bytes * beta)`` after removing its reduction kernel;
+  this measures the slowest link class of the world: between processes (``same_host``, or
+  ``across_hosts`` when the processes are on different hosts or emulated ones), or between
+  devices of one process when there is a single process. With several processes of several
+  devices, a ring over each process's devices alone measures ``same_process`` too.
+  Classes a world cannot measure keep the built-in default (``measured`` lists the others).
+* psum: ``lax.psum`` (XLA's collectives) at the same sizes, fit to ``alpha + beta * ring
+  bytes``.
+* gamma: each local kernel through ``jaxcomm.ops`` on ``args.kernel_elements`` elements per
+  device: top-k compress (``topk``), each quantizer's compress and decompress
+  (``quantize.*``, ``decode.*``), the sparse merge of two k-entry sets (``merge``, per input
+  entry) and an elementwise float32 add (``sum``).
+
+Recipe ``args`` (all optional): sizes (ring/psum elements per rank, default 4096, 65536,
+1048576, 4194304), kernel_elements (default 4194304), repeats (default 5), out (a path rank 0
+also writes the profile to). The profile goes to ``profile.json`` in the run directory.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import socket
+import statistics
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm_launcher.context import JobContext
+from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh
+
+DEFAULT_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22]
+DEFAULT_KERNEL_ELEMENTS = 1 << 22
+LOCAL = ("proc", "local")
+
+
+def _timed(fn: Callable[[], Any], barrier: Callable[[], None], repeats: int) -> float:
+    """Median seconds of ``fn()`` (blocked on), after one warm-up; all ranks start together."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        barrier()
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _placed(mesh: Mesh, spec: P, local: np.ndarray) -> jax.Array:
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), local)
+
+
+def _fit_line(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Non-negative least squares for a few columns (drop a column that comes out negative)."""
+    a = np.asarray(xs, np.float64)
+    y = np.asarray(ys, np.float64)
+    active = list(range(a.shape[1]))
+    while active:
+        coef, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
+        if (coef >= 0).all():
+            out = [0.0] * a.shape[1]
+            for i, c in zip(active, coef, strict=True):
+                out[i] = float(c)
+            return out
+        active.pop(int(np.argmin(coef)))
+    return [0.0] * a.shape[1]
+
+
+def _inter_process_link(ctx: JobContext) -> str:
+    """``across_hosts`` when the processes sit on different (or emulated) hosts."""
+    if jax.process_count() == 1:
+        return "same_host"
+    if ctx.recipe.backend.kind == "emulated":
+        return "across_hosts"  # each rank has its own network namespace and shaped link
+    from jax.experimental import multihost_utils
+
+    mine = np.asarray([zlib.crc32(socket.gethostname().encode())], np.int64)
+    hosts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)
+    return "same_host" if len(set(hosts.tolist())) == 1 else "across_hosts"
+
+
+def run(ctx: JobContext) -> None:
+    """Measures links, psum and kernels on this world; rank 0 writes ``profile.json``.
+
+    Args:
+        ctx: The job context of this rank.
+
+    Returns:
+        None; rank 0 writes ``profile.json`` (and ``args.out`` when given).
+
+    Example:
+        >>> # jaxcomm probe recipes/digits-dense.yaml --out profile.json
+    """
+    import jaxcomm
+    from jaxcomm import cost
+
+    sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
+    kernel_n = int(ctx.args.get("kernel_elements", DEFAULT_KERNEL_ELEMENTS))
+    repeats = int(ctx.args.get("repeats", 5))
+    if not sizes or min(sizes) < 1 or kernel_n < 64 or repeats < 1:
+        raise ValueError(
+            "args: sizes must be positive element counts, kernel_elements >= 64, repeats >= 1"
+        )
+    flat = data_parallel_mesh()
+    ranks, local = flat.size, ctx.devices_per_process
+    spec = P(AXIS)
+    rng = np.random.default_rng(1000 + ctx.rank)
+
+    tiny = _placed(flat, spec, np.ones((local, 1), np.float32))
+    barrier_fn = jax.jit(
+        jax.shard_map(
+            lambda v: jaxcomm.allreduce(v[0], AXIS)[None], mesh=flat, in_specs=spec, out_specs=spec
+        )
+    )
+
+    def barrier() -> None:
+        if ranks > 1:
+            jax.block_until_ready(barrier_fn(tiny))
+
+    samples: dict[str, Any] = {}
+    measured: list[str] = []
+
+    # gamma: local kernels on every device at once.
+    def per_device(fn: Callable, *arrays: np.ndarray) -> float:
+        placed = [_placed(flat, spec, a) for a in arrays]
+        f = jax.jit(
+            jax.shard_map(
+                lambda *xs: jax.tree.map(lambda y: y[None], fn(*(x[0] for x in xs))),
+                mesh=flat,
+                in_specs=(spec,) * len(placed),
+                out_specs=spec,
+            )
+        )
+        return _timed(lambda: f(*placed), barrier, repeats)
+
+    x = rng.standard_normal((local, kernel_n)).astype(np.float32)
+    zeros = np.zeros_like(x)
+    gamma: dict[str, float] = {}
+    gamma["sum"] = per_device(lambda a, b: a + b, x, x) / kernel_n
+    gamma["topk"] = (
+        per_device(lambda a, r: jaxcomm.ops.compress(a, r, jaxcomm.TopK(0.001)), x, zeros)
+        / kernel_n
+    )
+    quantizers = {
+        "onebit": jaxcomm.OneBit(),
+        "threshold": jaxcomm.Threshold(3.0),
+        "adaptive": jaxcomm.Adaptive(64.0),
+    }
+    for kind, q in quantizers.items():
+        gamma[f"quantize.{kind}"] = (
+            per_device(lambda a, r, q=q: jaxcomm.ops.compress(a, r, q), x, zeros) / kernel_n
+        )
+        packed, _ = jax.jit(lambda a, r, q=q: jaxcomm.ops.compress(a, r, q))(x[0], zeros[0])
+        packed = np.tile(np.asarray(packed), (local, 1))
+        gamma[f"decode.{kind}"] = (
+            per_device(lambda p, q=q: jaxcomm.ops.decompress(p, q, kernel_n), packed) / kernel_n
+        )
+    k = max(1, kernel_n // 64)
+    idx = np.stack([np.sort(rng.choice(kernel_n, k, replace=False)) for _ in range(2 * local)])
+    idx = idx.astype(np.int32)
+    val = rng.standard_normal((2 * local, k)).astype(np.float32)
+    gamma["merge"] = per_device(
+        lambda ia, va, ib, vb: jaxcomm.ops.sparse_merge(ia, va, ib, vb, k),
+        idx[:local],
+        val[:local],
+        idx[local:],
+        val[local:],
+    ) / (2 * k)
+    measured += [f"gamma.{name}" for name in gamma]
+    samples["kernel_elements"] = kernel_n
+
+    # Links: jaxcomm's ring (flat), and within each process when there are several of each.
+    inter = _inter_process_link(ctx)
+    links: dict[str, dict[str, float]] = {}
+
+    def fit_ring(mesh: Mesh, axis: str | tuple[str, ...], mspec: P, parts: int, name: str):
+        rows, ys, raw = [], [], []
+        for n in sizes:
+            data = rng.standard_normal((local, n)).astype(np.float32)
+            placed = _placed(mesh, mspec, data)
+            f = jax.jit(
+                jax.shard_map(
+                    lambda v: jaxcomm.allreduce(v[0], axis)[None],
+                    mesh=mesh,
+                    in_specs=mspec,
+                    out_specs=mspec,
+                )
+            )
+            t = _timed(lambda f=f, placed=placed: f(placed), barrier, repeats)
+            messages, nbytes = cost.ring_path(n, parts)
+            chunk = -(-n // parts)
+            t_comm = max(0.0, t - gamma["sum"] * (n + (parts - 1) * chunk))
+            rows.append([messages, nbytes])
+            ys.append(t_comm)
+            raw.append({"elements": n, "seconds": t})
+        alpha, beta = _fit_line(rows, ys)
+        links[name] = {"alpha": alpha, "beta": beta}
+        samples[f"ring.{name}"] = raw
+        measured.append(f"links.{name}")
+
+    if ranks > 1:
+        fit_ring(flat, AXIS, spec, ranks, "same_process" if jax.process_count() == 1 else inter)
+    if jax.process_count() > 1 and local > 1:
+        proc_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), local), LOCAL)
+        fit_ring(proc_mesh, "local", P(LOCAL), local, "same_process")
+
+    # lax.psum (XLA's collectives): alpha + beta * ring bytes.
+    psum = None
+    if ranks > 1:
+        rows, ys, raw = [], [], []
+        for n in sizes:
+            placed = _placed(flat, spec, rng.standard_normal((local, n)).astype(np.float32))
+            f = jax.jit(
+                jax.shard_map(lambda v: lax.psum(v, AXIS), mesh=flat, in_specs=spec, out_specs=spec)
+            )
+            t = _timed(lambda f=f, placed=placed: f(placed), barrier, repeats)
+            rows.append([1.0, cost.ring_bytes(n, ranks, 0)])
+            ys.append(t)
+            raw.append({"elements": n, "seconds": t})
+        a, b = _fit_line(rows, ys)
+        psum = {"alpha": a, "beta": b}
+        samples["psum"] = raw
+        measured.append("psum")
+
+    if not ctx.is_main:
+        return
+    data = {
+        "version": 1,
+        "source": (
+            f"jaxcomm probe of recipe {ctx.recipe.name} ({ctx.recipe.backend.kind}, "
+            f"{jax.process_count()} processes x {local} devices, "
+            f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')})"
+        ),
+        "inter_process": inter,
+        "links": links,
+        "gamma": gamma,
+        "measured": measured,
+        "world": {
+            "processes": jax.process_count(),
+            "devices_per_process": local,
+            "backend": ctx.recipe.backend.kind,
+        },
+        "samples": samples,
+    }
+    if psum is not None:
+        data["psum"] = psum
+    profile = cost.Profile.from_json(data)  # validates; fills unmeasured entries
+    full = {**profile.to_json(), "world": data["world"], "samples": samples}
+    text = json.dumps(full, indent=2) + "\n"
+    paths = [ctx.run_dir / "profile.json"]
+    if ctx.args.get("out"):
+        paths.append(pathlib.Path(str(ctx.args["out"])))
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for name, link in profile.links.items():
+        ctx.print(
+            f"probe link {name:13s} alpha {link.alpha * 1e6:9.2f} us  "
+            f"beta {link.beta * 1e9:8.4f} ns/B ({1 / max(link.beta, 1e-30) / 1e9 * 8:8.2f} Gbit/s)"
+            + ("" if f"links.{name}" in measured else "  [default]")
+        )
+    for name, g in profile.gamma.items():
+        ctx.print(f"probe gamma {name:20s} {g * 1e9:8.3f} ns/element")
+    ctx.print(f"probe profile written to {', '.join(str(p) for p in paths)}")
