@@ -94,9 +94,6 @@ DEFAULT_ALLOWED = ("dense", "gtopk", "topk_allgather", "adaptive", "onebit")
 user-tuned threshold (``threshold`` must be allowed explicitly, with its ``tau``)."""
 
 _F32 = 4  # bytes per float32 / uint32 word
-# ffi/allreduce.cc: a ring chunk travels in at most 16 segments of >= 2**17 floats.
-_RING_MAX_SEGMENTS = 16
-_RING_MIN_SEGMENT = 1 << 17
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -228,6 +225,8 @@ class Profile:
       links: link class -> :class:`Link`; every class of :data:`LINK_CLASSES`.
       gamma: kernel -> seconds per element; every kernel of :data:`KERNELS`.
       psum: ``lax.psum`` (XLA's collectives, Gloo on CPU) as ``alpha + beta * ring bytes``.
+      call: seconds every call costs besides its messages and kernels (dispatching a jitted
+        step and entering the handler), added to every algorithm alike.
       inter_process: the link class the probe found between processes.
       source: where the numbers come from (a command and a date).
       measured: which entries were measured (the others come from :data:`DEFAULT_PROFILE`).
@@ -240,6 +239,7 @@ class Profile:
     links: Mapping[str, Link]
     gamma: Mapping[str, float]
     psum: Link
+    call: float = 0.0
     inter_process: str = "same_host"
     source: str = ""
     measured: tuple[str, ...] = ()
@@ -250,7 +250,7 @@ class Profile:
         if missing:
             raise ValueError(f"Profile lacks {missing}; a profile needs every link and kernel")
         values = [*(v for link in self.links.values() for v in (link.alpha, link.beta))]
-        values += [*self.gamma.values(), self.psum.alpha, self.psum.beta]
+        values += [*self.gamma.values(), self.psum.alpha, self.psum.beta, self.call]
         if any(not math.isfinite(v) or v < 0 for v in values):
             raise ValueError("Profile values must be finite and >= 0")
 
@@ -258,7 +258,8 @@ class Profile:
         """The profile as a JSON-able dict (the format ``jaxcomm probe`` writes).
 
         Returns:
-          ``{"version", "source", "inter_process", "links", "psum", "gamma", "measured"}``.
+          ``{"version", "source", "inter_process", "links", "psum", "call", "gamma",
+          "measured"}``.
 
         Example:
           >>> sorted(DEFAULT_PROFILE.to_json()["links"])
@@ -270,6 +271,7 @@ class Profile:
             "inter_process": self.inter_process,
             "links": {c: dataclasses.asdict(self.links[c]) for c in LINK_CLASSES},
             "psum": dataclasses.asdict(self.psum),
+            "call": self.call,
             "gamma": {k: self.gamma[k] for k in KERNELS},
             "measured": list(self.measured),
         }
@@ -303,6 +305,7 @@ class Profile:
                 links=links,
                 gamma=gamma,
                 psum=psum,
+                call=float(data.get("call", DEFAULT_PROFILE.call)),
                 inter_process=data.get("inter_process", "same_host"),
                 source=str(data.get("source", "")),
                 measured=tuple(data.get("measured", ())),
@@ -646,7 +649,7 @@ class Prediction:
       bytes_sent_per_rank: mean bytes one rank sends per call.
       seconds: predicted time of one call (exposed time when ``overlap`` was on).
       communication_seconds: the alpha and beta terms.
-      compute_seconds: the gamma terms.
+      compute_seconds: the gamma terms and the profile's per-call overhead.
       messages: messages on the critical path.
     """
 
@@ -694,29 +697,27 @@ class _Tally:
 
 
 def ring_path(n: int, parts: int) -> tuple[int, int]:
-    """Messages and bytes on the critical path of jaxcomm's ring allreduce (ffi/allreduce.cc).
+    """Latency steps and bytes on the critical path of jaxcomm's ring allreduce.
 
-    2(P-1) steps, each moving one chunk of ``ceil(n / P)`` floats in pipelined segments (at
-    most 16 per chunk, each at least 2**17 floats).
+    2(P-1) steps (reduce-scatter, then allgather), each moving one chunk of ``ceil(n / P)``
+    floats. A chunk travels in pipelined segments (ffi/allreduce.cc), which overlap, so the
+    latency is counted once per step, not per segment.
 
     Args:
       n: elements.
       parts: ranks in the ring.
 
     Returns:
-      ``(messages, bytes)`` one rank sends in sequence.
+      ``(steps, bytes)`` one rank sends in sequence.
 
     Example:
       >>> ring_path(1 << 20, 4)
-      (12, 6291456)
+      (6, 6291456)
     """
     if parts <= 1 or n == 0:
         return 0, 0
-    chunk = _ceil_div(n, parts)
-    max_segments = _RING_MAX_SEGMENTS if 2 * (parts - 1) * _RING_MAX_SEGMENTS <= 0xFFFF else 1
-    segment = max(_RING_MIN_SEGMENT, _ceil_div(chunk, max_segments))
     steps = 2 * (parts - 1)
-    return steps * _ceil_div(chunk, segment), steps * chunk * _F32
+    return steps, steps * _ceil_div(n, parts) * _F32
 
 
 def _ring_time(t: _Tally, n: int, parts: int, link: str, contention: int = 1) -> None:
@@ -788,8 +789,13 @@ def predict(
         pass
     elif algorithm == "psum":
         if p > 1:
-            t.comm += profile.psum.seconds(1, bytes_sent("ring", n, world, options, 0))
-            t.messages += 2 * (p - 1)
+            # XLA's collectives are a black box: their measured line, but never faster than
+            # the links allow a ring to be (a profile from loopback planning a network).
+            messages, nbytes = ring_path(n, p)
+            wire = profile.links[flat].seconds(messages, nbytes)
+            fitted = profile.psum.seconds(1, bytes_sent("ring", n, world, options, 0))
+            t.comm += max(fitted, wire)
+            t.messages += messages
     elif algorithm == "ring":
         t.kernel("sum", n)  # copy of x into the output
         _ring_time(t, n, p, flat)
@@ -838,6 +844,8 @@ def predict(
             else:
                 _quantized_time(t, kind, n, nodes, inter_link, options, 1)
             t.send("same_process", local - 1, (local - 1) * n * _F32)  # leader sends the sum
+    if n > 0:
+        t.compute += profile.call
     comm = t.comm
     exposed = max(0.0, comm - hidden_seconds) if overlap else comm
     return Prediction(

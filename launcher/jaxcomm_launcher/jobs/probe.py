@@ -7,7 +7,8 @@ rank at once (a barrier first), the median of ``repeats`` timed calls is kept, a
 fits the model (:mod:`jaxcomm.cost`) and writes the profile:
 
 * links: jaxcomm's ring allreduce over all ranks at several sizes, fit by least squares to
-  ``2(P-1) * (messages * alpha + chunk bytes * beta)`` after removing its reduction kernel;
+  ``2(P-1) * (alpha + chunk bytes * beta)`` after removing the call overhead and the ring's
+  reduction kernel;
   this measures the slowest link class of the world: between processes (``same_host``, or
   ``across_hosts`` when the processes are on different hosts or emulated ones), or between
   devices of one process when there is a single process. With several processes of several
@@ -15,10 +16,15 @@ fits the model (:mod:`jaxcomm.cost`) and writes the profile:
   Classes a world cannot measure keep the built-in default (``measured`` lists the others).
 * psum: ``lax.psum`` (XLA's collectives) at the same sizes, fit to ``alpha + beta * ring
   bytes``.
+* call: the time of a jitted shard_mapped step that does nothing but add 1 to one element
+  (dispatch and synchronization), which every call pays.
 * gamma: each local kernel through ``jaxcomm.ops`` on ``args.kernel_elements`` elements per
   device: top-k compress (``topk``), each quantizer's compress and decompress
   (``quantize.*``, ``decode.*``), the sparse merge of two k-entry sets (``merge``, per input
-  entry) and an elementwise float32 add (``sum``).
+  entry) and an in-place float32 add (``sum``). Then gTop-k and each quantized allreduce run
+  at that size, and their time beyond what the links and the other kernels explain rescales
+  their kernels' gamma (the ops' ratio of quantize to decode is kept): the kernels' cost
+  inside the collective, which is what the model predicts.
 
 Recipe ``args`` (all optional): sizes (ring/psum elements per rank, default 4096, 65536,
 1048576, 4194304), kernel_elements (default 4194304), repeats (default 5), out (a path rank 0
@@ -27,6 +33,7 @@ also writes the profile to). The profile goes to ``profile.json`` in the run dir
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import pathlib
@@ -54,6 +61,7 @@ LOCAL = ("proc", "local")
 def _timed(fn: Callable[[], Any], barrier: Callable[[], None], repeats: int) -> float:
     """Median seconds of ``fn()`` (blocked on), after one warm-up; all ranks start together."""
     jax.block_until_ready(fn())
+    jax.block_until_ready(fn())  # a second warm-up: first calls set up connections, pages
     times = []
     for _ in range(repeats):
         barrier()
@@ -137,6 +145,11 @@ def run(ctx: JobContext) -> None:
     samples: dict[str, Any] = {}
     measured: list[str] = []
 
+    # Per-call overhead: a jitted shard_mapped step that does (almost) nothing.
+    trivial = jax.jit(jax.shard_map(lambda v: v + 1.0, mesh=flat, in_specs=spec, out_specs=spec))
+    call = _timed(lambda: trivial(tiny), barrier, repeats)
+    measured.append("call")
+
     # gamma: local kernels on every device at once.
     def per_device(fn: Callable, *arrays: np.ndarray) -> float:
         placed = [_placed(flat, spec, a) for a in arrays]
@@ -153,7 +166,20 @@ def run(ctx: JobContext) -> None:
     x = rng.standard_normal((local, kernel_n)).astype(np.float32)
     zeros = np.zeros_like(x)
     gamma: dict[str, float] = {}
-    gamma["sum"] = per_device(lambda a, b: a + b, x, x) / kernel_n
+    # sum: in place (the accumulator donated and fed back), as the C++ reductions add into
+    # their buffer; a fresh output per call would time page faults instead.
+    add = jax.jit(
+        jax.shard_map(lambda a, b: a + b, mesh=flat, in_specs=(spec, spec), out_specs=spec),
+        donate_argnums=0,
+    )
+    acc = [_placed(flat, spec, np.zeros_like(x))]
+    addend = _placed(flat, spec, x)
+
+    def accumulate() -> jax.Array:
+        acc[0] = add(acc[0], addend)
+        return acc[0]
+
+    gamma["sum"] = _timed(accumulate, barrier, repeats) / kernel_n
     gamma["topk"] = (
         per_device(lambda a, r: jaxcomm.ops.compress(a, r, jaxcomm.TopK(0.001)), x, zeros)
         / kernel_n
@@ -206,7 +232,7 @@ def run(ctx: JobContext) -> None:
             t = _timed(lambda f=f, placed=placed: f(placed), barrier, repeats)
             messages, nbytes = cost.ring_path(n, parts)
             chunk = -(-n // parts)
-            t_comm = max(0.0, t - gamma["sum"] * (n + (parts - 1) * chunk))
+            t_comm = max(0.0, t - call - gamma["sum"] * (n + (parts - 1) * chunk))
             rows.append([messages, nbytes])
             ys.append(t_comm)
             raw.append({"elements": n, "seconds": t})
@@ -221,6 +247,42 @@ def run(ctx: JobContext) -> None:
         proc_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), local), LOCAL)
         fit_ring(proc_mesh, "local", P(LOCAL), local, "same_process")
 
+    # Calibrate gamma inside the collectives: a kernel inside a collective does not run as it
+    # does alone (other buffers, the handler's threads, memory shared with the transport), so
+    # each compressed collective is timed at kernel_elements and its local part, what the
+    # links and the other kernels do not explain, sets its kernels' gamma (split between
+    # quantize and decode in the ratio the ops measured).
+    base = cost.Profile.from_json(
+        {"version": 1, "links": links, "gamma": gamma, "call": call, "inter_process": inter}
+    )
+    world = cost.World(jax.process_count(), local, inter)
+    options = cost.Options(density=0.001, tau=3.0, threshold_fraction=0.0027)
+    calibrations = {
+        "gtopk": (jaxcomm.GTopK(0.001), ("topk",)),
+        **{kind: (q, (f"quantize.{kind}", f"decode.{kind}")) for kind, q in quantizers.items()},
+    }
+    fresh = rng.standard_normal((local, kernel_n)).astype(np.float32)
+    x_placed = _placed(flat, spec, fresh)
+    for algorithm, (compressor, kernels) in calibrations.items():
+
+        def reduce(v: jax.Array, r: jax.Array, c: Any = compressor) -> tuple:
+            summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], AXIS, c)
+            return summed[None], new_r[None]
+
+        f = jax.jit(jax.shard_map(reduce, mesh=flat, in_specs=(spec, spec), out_specs=(spec, spec)))
+        zero_r = _placed(flat, spec, np.zeros_like(fresh))  # a fresh residual every call
+        t = _timed(lambda f=f, z=zero_r: f(x_placed, z), barrier, repeats)
+        without = dict(base.gamma, **{k: 0.0 for k in kernels})
+        p0 = dataclasses.replace(base, gamma=without)
+        rest = cost.predict(algorithm, kernel_n, world, p0, options).seconds
+        unit = cost.predict(algorithm, kernel_n, world, base, options).seconds - rest
+        samples[f"calibration.{algorithm}"] = {"elements": kernel_n, "seconds": t}
+        if unit > 0 and t > rest:
+            scale = (t - rest) / unit
+            for k in kernels:
+                gamma[k] *= scale
+            samples[f"calibration.{algorithm}"]["scale"] = scale
+
     # lax.psum (XLA's collectives): alpha + beta * ring bytes.
     psum = None
     if ranks > 1:
@@ -232,7 +294,7 @@ def run(ctx: JobContext) -> None:
             )
             t = _timed(lambda f=f, placed=placed: f(placed), barrier, repeats)
             rows.append([1.0, cost.ring_bytes(n, ranks, 0)])
-            ys.append(t)
+            ys.append(max(0.0, t - call))
             raw.append({"elements": n, "seconds": t})
         a, b = _fit_line(rows, ys)
         psum = {"alpha": a, "beta": b}
@@ -250,6 +312,7 @@ def run(ctx: JobContext) -> None:
         ),
         "inter_process": inter,
         "links": links,
+        "call": call,
         "gamma": gamma,
         "measured": measured,
         "world": {
@@ -276,6 +339,7 @@ def run(ctx: JobContext) -> None:
             f"beta {link.beta * 1e9:8.4f} ns/B ({1 / max(link.beta, 1e-30) / 1e9 * 8:8.2f} Gbit/s)"
             + ("" if f"links.{name}" in measured else "  [default]")
         )
+    ctx.print(f"probe call overhead {profile.call * 1e6:9.2f} us")
     for name, g in profile.gamma.items():
         ctx.print(f"probe gamma {name:20s} {g * 1e9:8.3f} ns/element")
     ctx.print(f"probe profile written to {', '.join(str(p) for p in paths)}")
