@@ -35,8 +35,9 @@ def run(ctx: JobContext) -> None:
             f"digits {result['algorithm']}: test accuracy {result['test_accuracy']:.4f}, "
             f"{result['bytes_sent_per_step']:.0f} bytes sent per rank and step"
         )
-        for d in result.get("auto_choices", []):
-            ctx.print(
-                f"digits auto: bucket of {d['elements']} elements -> {d['choice']} "
-                f"(allowed {', '.join(d['allowed'])}; profile: {d['profile']})"
-            )
+    # Every rank logs its own choices, so a run shows they agree.
+    for d in result.get("auto_choices", []):
+        ctx.print(
+            f"digits auto: bucket of {d['elements']} elements -> {d['choice']} "
+            f"(allowed {', '.join(d['allowed'])}; profile: {d['profile']})"
+        )

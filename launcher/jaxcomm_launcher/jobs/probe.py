@@ -237,6 +237,10 @@ def run(ctx: JobContext) -> None:
             ys.append(t_comm)
             raw.append({"elements": n, "seconds": t})
         alpha, beta = _fit_line(rows, ys)
+        if beta <= 0.0:
+            # Noise at small sizes can leave no slope: charge the largest size's time to
+            # bandwidth alone, so the link is never modeled as infinitely fast.
+            alpha, beta = 0.0, max(ys[-1], 1e-9) / rows[-1][1]
         links[name] = {"alpha": alpha, "beta": beta}
         samples[f"ring.{name}"] = raw
         measured.append(f"links.{name}")
