@@ -79,7 +79,7 @@ def _cli(*argv: str) -> None:
 
 
 def measure_world(
-    args: argparse.Namespace, processes: int, devices: int, tmp: pathlib.Path
+    args: argparse.Namespace, processes: int, devices: int, tmp: pathlib.Path, profiles: dict
 ) -> list[dict]:
     """Probes, measures and predicts one world; returns one row per (algorithm, size)."""
     algorithms = [a for a in args.algorithms if devices > 1 or a not in HIER]
@@ -119,6 +119,7 @@ def measure_world(
         tau=args.tau,
         threshold_fraction=args.threshold_fraction,
     )
+    profiles[f"{processes}x{devices}"] = profile.to_json()
     rows = []
     for (algorithm, n), recs in sorted(grouped.items()):
         measured = statistics.median(r["step_time_s"] for r in recs)
@@ -137,7 +138,10 @@ def measure_world(
                 "predicted_communication_s": p.communication_seconds,
                 "error": (p.seconds - measured) / measured,
                 "measured_bytes": statistics.median(r["bytes_sent"] for r in recs),
-                "predicted_bytes": p.bytes_sent_per_rank,
+                # The job logs process 0's mean over its devices (world ranks 0..D-1).
+                "predicted_bytes": statistics.mean(
+                    cost.bytes_sent(algorithm, n, world, options, r) for r in range(devices)
+                ),
             }
         )
     for n in sorted({r["elements"] for r in rows}):
@@ -154,8 +158,48 @@ def measure_world(
     return rows
 
 
+def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> None:
+    """Prints a markdown table of the model's predictions for large clusters (no measurement).
+
+    Worlds of P ranks, flat (P processes x 1) and hierarchical (P/8 nodes x 8 local ranks), at
+    10, 100 and 400 Gbit/s between processes (alpha 10 us), with the local kernels (gamma)
+    and same-process links of the given profile (default: the built-in one).
+    """
+    base = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
+    options = cost.Options(density=density)
+    shown = ["ring", "topk_allgather", "gtopk", "onebit", "adaptive"]
+    print(f"| network | P | layout | {' | '.join(shown)} | hier_ring | hier_adaptive | pick |")
+    print("|---" * (len(shown) + 6) + "|")
+    for gbit in (10, 100, 400):
+        link = cost.Link(alpha=10e-6, beta=8 / (gbit * 1e9))
+        profile = cost.Profile(
+            links={**base.links, "across_hosts": link},
+            gamma=base.gamma,
+            psum=link,
+            call=base.call,
+            inter_process="across_hosts",
+        )
+        for p in (8, 64, 256, 1024):
+            for layout, world in (
+                ("flat", cost.World(p, 1, "across_hosts")),
+                ("8 per node", cost.World(p // 8, 8, "across_hosts")),
+            ):
+                algos = shown + (["hier_ring", "hier_adaptive"] if layout != "flat" else [])
+                times = {a: cost.predict(a, n, world, profile, options).seconds for a in algos}
+                cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in shown]
+                cells += [f"{times[a] * 1e3:.0f}" if a in times else "" for a in HIER[::2]]
+                pick = min(times, key=times.get)
+                print(f"| {gbit} Gbit/s | {p} | {layout} | {' | '.join(cells)} | {pick} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--extrapolate",
+        action="store_true",
+        help="only print the model's table for P up to 1024 at 10/100/400 Gbit/s (ms, 25M floats)",
+    )
+    parser.add_argument("--profile", type=pathlib.Path, help="profile for --extrapolate")
     parser.add_argument("--backend", choices=["local", "emulated"], default="local")
     parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
     parser.add_argument("--worlds", nargs="+", default=["2x1", "4x1", "2x2"])
@@ -176,6 +220,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
+    if args.extrapolate:
+        extrapolate(args.profile, 25_000_000, args.density)
+        return
     if args.repeats < 5:
         parser.error("--repeats must be >= 5")
     worlds = []
@@ -188,9 +235,10 @@ def main() -> None:
 
     start = time.monotonic()
     rows: list[dict] = []
+    profiles: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for p, d in worlds:
-            rows += measure_world(args, p, d, pathlib.Path(tmp))
+            rows += measure_world(args, p, d, pathlib.Path(tmp), profiles)
     wall = time.monotonic() - start
 
     header = (
@@ -233,7 +281,12 @@ def main() -> None:
     )
     (args.out / f"{tag}.json").write_text(
         json.dumps(
-            {"args": vars(args) | {"out": str(args.out)}, "summary": summary, "rows": rows},
+            {
+                "args": vars(args) | {"out": str(args.out)},
+                "summary": summary,
+                "profiles": profiles,
+                "rows": rows,
+            },
             indent=2,
         )
     )
