@@ -58,17 +58,31 @@ DEFAULT_KERNEL_ELEMENTS = 1 << 22
 LOCAL = ("proc", "local")
 
 
-def _timed(fn: Callable[[], Any], barrier: Callable[[], None], repeats: int) -> float:
-    """Median seconds of ``fn()`` (blocked on), after one warm-up; all ranks start together."""
-    jax.block_until_ready(fn())
-    jax.block_until_ready(fn())  # a second warm-up: first calls set up connections, pages
-    times = []
-    for _ in range(repeats):
-        barrier()
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+class _Rounds:
+    """Times named calls in interleaved rounds: every call once per round, ``repeats`` rounds.
+
+    On a machine shared with other work a burst of load then slows one sample of every call
+    instead of all samples of one call, so the medians stay comparable with each other.
+    """
+
+    def __init__(self, barrier: Callable[[], None]) -> None:
+        self.barrier = barrier
+        self.calls: dict[str, Callable[[], Any]] = {}
+
+    def add(self, name: str, fn: Callable[[], Any]) -> None:
+        jax.block_until_ready(fn())  # compile
+        jax.block_until_ready(fn())  # a second warm-up: first calls set up connections, pages
+        self.calls[name] = fn
+
+    def run(self, repeats: int) -> dict[str, float]:
+        samples: dict[str, list[float]] = {name: [] for name in self.calls}
+        for _ in range(repeats):
+            for name, fn in self.calls.items():
+                self.barrier()  # every rank starts the call together
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn())
+                samples[name].append(time.perf_counter() - t0)
+        return {name: statistics.median(ts) for name, ts in samples.items()}
 
 
 def _placed(mesh: Mesh, spec: P, local: np.ndarray) -> jax.Array:
@@ -142,16 +156,12 @@ def run(ctx: JobContext) -> None:
         if ranks > 1:
             jax.block_until_ready(barrier_fn(tiny))
 
-    samples: dict[str, Any] = {}
+    samples: dict[str, Any] = {"kernel_elements": kernel_n}
     measured: list[str] = []
+    rounds = _Rounds(barrier)
 
-    # Per-call overhead: a jitted shard_mapped step that does (almost) nothing.
-    trivial = jax.jit(jax.shard_map(lambda v: v + 1.0, mesh=flat, in_specs=spec, out_specs=spec))
-    call = _timed(lambda: trivial(tiny), barrier, repeats)
-    measured.append("call")
-
-    # gamma: local kernels on every device at once.
-    def per_device(fn: Callable, *arrays: np.ndarray) -> float:
+    def per_device(fn: Callable, *arrays: np.ndarray, donate: tuple[int, ...] = ()) -> Callable:
+        """A call of ``fn`` on every local device at once (a jitted shard_map)."""
         placed = [_placed(flat, spec, a) for a in arrays]
         f = jax.jit(
             jax.shard_map(
@@ -159,151 +169,163 @@ def run(ctx: JobContext) -> None:
                 mesh=flat,
                 in_specs=(spec,) * len(placed),
                 out_specs=spec,
-            )
+            ),
+            donate_argnums=donate,
         )
-        return _timed(lambda: f(*placed), barrier, repeats)
+        if not donate:
+            return lambda: f(*placed)
 
+        def call() -> Any:  # the donated operand is the previous call's output (in place)
+            placed[0] = f(*placed)
+            return placed[0]
+
+        return call
+
+    # Per-call overhead: a jitted shard_mapped step that does (almost) nothing.
+    rounds.add("call", per_device(lambda v: v + 1.0, np.ones((local, 1), np.float32)))
+
+    # Kernels through jaxcomm.ops, on every device at once.
     x = rng.standard_normal((local, kernel_n)).astype(np.float32)
     zeros = np.zeros_like(x)
-    gamma: dict[str, float] = {}
     # sum: in place (the accumulator donated and fed back), as the C++ reductions add into
     # their buffer; a fresh output per call would time page faults instead.
-    add = jax.jit(
-        jax.shard_map(lambda a, b: a + b, mesh=flat, in_specs=(spec, spec), out_specs=spec),
-        donate_argnums=0,
-    )
-    acc = [_placed(flat, spec, np.zeros_like(x))]
-    addend = _placed(flat, spec, x)
-
-    def accumulate() -> jax.Array:
-        acc[0] = add(acc[0], addend)
-        return acc[0]
-
-    gamma["sum"] = _timed(accumulate, barrier, repeats) / kernel_n
-    gamma["topk"] = (
-        per_device(lambda a, r: jaxcomm.ops.compress(a, r, jaxcomm.TopK(0.001)), x, zeros)
-        / kernel_n
-    )
+    rounds.add("gamma.sum", per_device(lambda a, b: a + b, zeros, x, donate=(0,)))
+    topk = jaxcomm.TopK(0.001)
+    rounds.add("gamma.topk", per_device(lambda a, r: jaxcomm.ops.compress(a, r, topk), x, zeros))
     quantizers = {
         "onebit": jaxcomm.OneBit(),
         "threshold": jaxcomm.Threshold(3.0),
         "adaptive": jaxcomm.Adaptive(64.0),
     }
     for kind, q in quantizers.items():
-        gamma[f"quantize.{kind}"] = (
-            per_device(lambda a, r, q=q: jaxcomm.ops.compress(a, r, q), x, zeros) / kernel_n
+        rounds.add(
+            f"gamma.quantize.{kind}",
+            per_device(lambda a, r, q=q: jaxcomm.ops.compress(a, r, q), x, zeros),
         )
         packed, _ = jax.jit(lambda a, r, q=q: jaxcomm.ops.compress(a, r, q))(x[0], zeros[0])
         packed = np.tile(np.asarray(packed), (local, 1))
-        gamma[f"decode.{kind}"] = (
-            per_device(lambda p, q=q: jaxcomm.ops.decompress(p, q, kernel_n), packed) / kernel_n
+        rounds.add(
+            f"gamma.decode.{kind}",
+            per_device(lambda p, q=q: jaxcomm.ops.decompress(p, q, kernel_n), packed),
         )
     k = max(1, kernel_n // 64)
     idx = np.stack([np.sort(rng.choice(kernel_n, k, replace=False)) for _ in range(2 * local)])
     idx = idx.astype(np.int32)
     val = rng.standard_normal((2 * local, k)).astype(np.float32)
-    gamma["merge"] = per_device(
-        lambda ia, va, ib, vb: jaxcomm.ops.sparse_merge(ia, va, ib, vb, k),
-        idx[:local],
-        val[:local],
-        idx[local:],
-        val[local:],
-    ) / (2 * k)
-    measured += [f"gamma.{name}" for name in gamma]
-    samples["kernel_elements"] = kernel_n
+    rounds.add(
+        "gamma.merge",
+        per_device(
+            lambda ia, va, ib, vb: jaxcomm.ops.sparse_merge(ia, va, ib, vb, k),
+            idx[:local],
+            val[:local],
+            idx[local:],
+            val[local:],
+        ),
+    )
 
-    # Links: jaxcomm's ring (flat), and within each process when there are several of each.
+    # Links: jaxcomm's ring over all ranks, and within each process when there are several
+    # of each; lax.psum over all ranks.
     inter = _inter_process_link(ctx)
-    links: dict[str, dict[str, float]] = {}
+    rings: dict[str, tuple[int, list[int]]] = {}  # link class -> (ring size, sizes)
 
-    def fit_ring(mesh: Mesh, axis: str | tuple[str, ...], mspec: P, parts: int, name: str):
-        rows, ys, raw = [], [], []
+    def add_ring(mesh: Mesh, axis: str, mspec: P, parts: int, name: str) -> None:
+        rings[name] = (parts, sizes)
         for n in sizes:
-            data = rng.standard_normal((local, n)).astype(np.float32)
-            placed = _placed(mesh, mspec, data)
+            placed = _placed(mesh, mspec, rng.standard_normal((local, n)).astype(np.float32))
             f = jax.jit(
                 jax.shard_map(
-                    lambda v: jaxcomm.allreduce(v[0], axis)[None],
+                    lambda v, a=axis: jaxcomm.allreduce(v[0], a)[None],
                     mesh=mesh,
                     in_specs=mspec,
                     out_specs=mspec,
                 )
             )
-            t = _timed(lambda f=f, placed=placed: f(placed), barrier, repeats)
-            messages, nbytes = cost.ring_path(n, parts)
-            chunk = -(-n // parts)
-            t_comm = max(0.0, t - call - gamma["sum"] * (n + (parts - 1) * chunk))
-            rows.append([messages, nbytes])
-            ys.append(t_comm)
-            raw.append({"elements": n, "seconds": t})
-        alpha, beta = _fit_line(rows, ys)
-        if beta <= 0.0:
-            # Noise at small sizes can leave no slope: charge the largest size's time to
-            # bandwidth alone, so the link is never modeled as infinitely fast.
-            alpha, beta = 0.0, max(ys[-1], 1e-9) / rows[-1][1]
-        links[name] = {"alpha": alpha, "beta": beta}
-        samples[f"ring.{name}"] = raw
-        measured.append(f"links.{name}")
+            rounds.add(f"ring.{name}.{n}", lambda f=f, placed=placed: f(placed))
 
     if ranks > 1:
-        fit_ring(flat, AXIS, spec, ranks, "same_process" if jax.process_count() == 1 else inter)
+        add_ring(flat, AXIS, spec, ranks, "same_process" if jax.process_count() == 1 else inter)
+        psum = jax.jit(
+            jax.shard_map(lambda v: lax.psum(v, AXIS), mesh=flat, in_specs=spec, out_specs=spec)
+        )
+        for n in sizes:
+            placed = _placed(flat, spec, rng.standard_normal((local, n)).astype(np.float32))
+            rounds.add(f"psum.{n}", lambda placed=placed: psum(placed))
     if jax.process_count() > 1 and local > 1:
         proc_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), local), LOCAL)
-        fit_ring(proc_mesh, "local", P(LOCAL), local, "same_process")
+        add_ring(proc_mesh, "local", P(LOCAL), local, "same_process")
 
-    # Calibrate gamma inside the collectives: a kernel inside a collective does not run as it
-    # does alone (other buffers, the handler's threads, memory shared with the transport), so
-    # each compressed collective is timed at kernel_elements and its local part, what the
-    # links and the other kernels do not explain, sets its kernels' gamma (split between
-    # quantize and decode in the ratio the ops measured).
-    base = cost.Profile.from_json(
-        {"version": 1, "links": links, "gamma": gamma, "call": call, "inter_process": inter}
-    )
-    world = cost.World(jax.process_count(), local, inter)
-    options = cost.Options(density=0.001, tau=3.0, threshold_fraction=0.0027)
+    # The compressed collectives at kernel_elements, to calibrate gamma inside them.
     calibrations = {
         "gtopk": (jaxcomm.GTopK(0.001), ("topk",)),
         **{kind: (q, (f"quantize.{kind}", f"decode.{kind}")) for kind, q in quantizers.items()},
     }
-    fresh = rng.standard_normal((local, kernel_n)).astype(np.float32)
-    x_placed = _placed(flat, spec, fresh)
-    for algorithm, (compressor, kernels) in calibrations.items():
+    x_placed = _placed(flat, spec, rng.standard_normal((local, kernel_n)).astype(np.float32))
+    zero_r = _placed(flat, spec, np.zeros((local, kernel_n), np.float32))
+    for algorithm, (compressor, _) in calibrations.items():
 
         def reduce(v: jax.Array, r: jax.Array, c: Any = compressor) -> tuple:
             summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], AXIS, c)
             return summed[None], new_r[None]
 
         f = jax.jit(jax.shard_map(reduce, mesh=flat, in_specs=(spec, spec), out_specs=(spec, spec)))
-        zero_r = _placed(flat, spec, np.zeros_like(fresh))  # a fresh residual every call
-        t = _timed(lambda f=f, z=zero_r: f(x_placed, z), barrier, repeats)
-        without = dict(base.gamma, **{k: 0.0 for k in kernels})
-        p0 = dataclasses.replace(base, gamma=without)
-        rest = cost.predict(algorithm, kernel_n, world, p0, options).seconds
-        unit = cost.predict(algorithm, kernel_n, world, base, options).seconds - rest
-        samples[f"calibration.{algorithm}"] = {"elements": kernel_n, "seconds": t}
-        if unit > 0 and t > rest:
-            scale = (t - rest) / unit
-            for k in kernels:
-                gamma[k] *= scale
-            samples[f"calibration.{algorithm}"]["scale"] = scale
+        rounds.add(f"calibration.{algorithm}", lambda f=f: f(x_placed, zero_r))
 
-    # lax.psum (XLA's collectives): alpha + beta * ring bytes.
-    psum = None
-    if ranks > 1:
-        rows, ys, raw = [], [], []
-        for n in sizes:
-            placed = _placed(flat, spec, rng.standard_normal((local, n)).astype(np.float32))
-            f = jax.jit(
-                jax.shard_map(lambda v: lax.psum(v, AXIS), mesh=flat, in_specs=spec, out_specs=spec)
+    t = rounds.run(repeats)
+    samples["medians"] = t
+
+    # Fits.
+    call = t["call"]
+    measured.append("call")
+    gamma = {k: t[f"gamma.{k}"] / kernel_n for k in cost.KERNELS if k != "merge"}
+    gamma["merge"] = t["gamma.merge"] / (2 * k)
+    measured += [f"gamma.{name}" for name in gamma]
+    links: dict[str, dict[str, float]] = {}
+    for name, (parts, ns) in rings.items():
+        rows, ys = [], []
+        for n in ns:
+            steps, nbytes = cost.ring_path(n, parts)
+            chunk = -(-n // parts)
+            rows.append([steps, nbytes])
+            ys.append(
+                max(0.0, t[f"ring.{name}.{n}"] - call - gamma["sum"] * (n + (parts - 1) * chunk))
             )
-            t = _timed(lambda f=f, placed=placed: f(placed), barrier, repeats)
-            rows.append([1.0, cost.ring_bytes(n, ranks, 0)])
-            ys.append(max(0.0, t - call))
-            raw.append({"elements": n, "seconds": t})
+        alpha, beta = _fit_line(rows, ys)
+        if beta <= 0.0:
+            # Noise at small sizes can leave no slope: charge the largest size's time to
+            # bandwidth alone, so the link is never modeled as infinitely fast.
+            alpha, beta = 0.0, max(ys[-1], 1e-9) / rows[-1][1]
+        links[name] = {"alpha": alpha, "beta": beta}
+        measured.append(f"links.{name}")
+    psum_line = None
+    if ranks > 1:
+        rows = [[1.0, cost.ring_bytes(n, ranks, 0)] for n in sizes]
+        ys = [max(0.0, t[f"psum.{n}"] - call) for n in sizes]
         a, b = _fit_line(rows, ys)
-        psum = {"alpha": a, "beta": b}
-        samples["psum"] = raw
+        psum_line = {"alpha": a, "beta": b}
         measured.append("psum")
+
+    # Calibrate gamma inside the collectives: a kernel inside a collective does not run as it
+    # does alone (other buffers, the handler's threads, memory shared with the transport), so
+    # each compressed collective's time beyond what the links and the other kernels explain
+    # sets its kernels' gamma (split between quantize and decode in the ratio the ops gave).
+    base = cost.Profile.from_json(
+        {"version": 1, "links": links, "gamma": gamma, "call": call, "inter_process": inter}
+    )
+    world = cost.World(jax.process_count(), local, inter)
+    options = cost.Options(density=0.001, tau=3.0, threshold_fraction=0.0027)
+    scales = {}
+    for algorithm, (_, kernels) in calibrations.items():
+        measured_t = t[f"calibration.{algorithm}"]
+        without = dict(base.gamma, **{name: 0.0 for name in kernels})
+        rest = cost.predict(
+            algorithm, kernel_n, world, dataclasses.replace(base, gamma=without), options
+        ).seconds
+        unit = cost.predict(algorithm, kernel_n, world, base, options).seconds - rest
+        if unit > 0 and measured_t > rest:
+            scales[algorithm] = (measured_t - rest) / unit
+            for name in kernels:
+                gamma[name] *= scales[algorithm]
+    samples["calibration_scales"] = scales
 
     if not ctx.is_main:
         return
@@ -326,8 +348,8 @@ def run(ctx: JobContext) -> None:
         },
         "samples": samples,
     }
-    if psum is not None:
-        data["psum"] = psum
+    if psum_line is not None:
+        data["psum"] = psum_line
     profile = cost.Profile.from_json(data)  # validates; fills unmeasured entries
     full = {**profile.to_json(), "world": data["world"], "samples": samples}
     text = json.dumps(full, indent=2) + "\n"
