@@ -180,10 +180,10 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
             inter_process="across_hosts",
         )
         for p in (8, 64, 256, 1024):
-            for layout, world in (
-                ("flat", cost.World(p, 1, "across_hosts")),
-                ("8 per node", cost.World(p // 8, 8, "across_hosts")),
-            ):
+            layouts = [("flat", cost.World(p, 1, "across_hosts"))]
+            if p > 8:  # 8 ranks at 8 per node is one process: no network
+                layouts.append(("8 per node", cost.World(p // 8, 8, "across_hosts")))
+            for layout, world in layouts:
                 algos = shown + (["hier_ring", "hier_adaptive"] if layout != "flat" else [])
                 times = {a: cost.predict(a, n, world, profile, options).seconds for a in algos}
                 cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in shown]

@@ -35,8 +35,8 @@ Example:
   >>> from jaxcomm import cost
   >>> world = cost.World(processes=4, devices_per_process=1, inter_process="across_hosts")
   >>> p = cost.predict("gtopk", 25_000_000, world, options=cost.Options(density=0.001))
-  >>> p.bytes_sent_per_rank
-  400000.0
+  >>> p.bytes_sent_per_rank  # 2(P-1) sets of 2k words over P ranks
+  300000.0
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ class Link:
       beta: seconds per byte.
 
     Example:
-      >>> Link(alpha=50e-6, beta=8e-9).seconds(messages=2, nbytes=1000)
+      >>> round(Link(alpha=50e-6, beta=8e-9).seconds(messages=2, nbytes=1000), 9)
       0.000108
     """
 
@@ -339,29 +339,32 @@ class Profile:
         pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
-# Measured on the development machine (2 cores shared, jax 0.10.2): `jaxcomm probe` of a local
-# 2-process world (same_process/same_host, psum, gamma; 2026-11-22) and of
-# recipes/emulated-1gbit.yaml (across_hosts, tbf 1 Gbit/s links).
+# Measured on the development machine (2 cores shared with other jobs, jax 0.10.2, 2026-11-22),
+# by `python benchmarks/cost_model.py` (its probes are saved in benchmarks/results/
+# cost-model-*.json): kernels, call overhead, psum and same_host from the local 2 x 1 world,
+# same_process from the local 2 x 2 world, across_hosts from the emulated 4 x 1 world on
+# 1 Gbit/s tbf links (network namespaces: its alpha includes the emulation's CPU cost).
 DEFAULT_PROFILE = Profile(
     links={
-        "same_process": Link(alpha=2.0e-5, beta=2.0e-10),
-        "same_host": Link(alpha=5.0e-5, beta=6.0e-10),
-        "across_hosts": Link(alpha=1.0e-4, beta=8.6e-9),
+        "same_process": Link(alpha=4.6e-5, beta=6.2e-10),
+        "same_host": Link(alpha=1.9e-4, beta=1.17e-9),
+        "across_hosts": Link(alpha=1.15e-3, beta=9.28e-9),
     },
     gamma={
-        "topk": 6.0e-10,
-        "merge": 3.0e-8,
-        "sum": 6.0e-10,
-        "quantize.onebit": 5.0e-10,
-        "quantize.threshold": 2.5e-9,
-        "quantize.adaptive": 2.2e-9,
-        "decode.onebit": 6.0e-10,
-        "decode.threshold": 3.0e-10,
-        "decode.adaptive": 3.0e-10,
+        "topk": 2.08e-9,
+        "merge": 1.95e-8,
+        "sum": 3.8e-10,
+        "quantize.onebit": 3.31e-9,
+        "quantize.threshold": 3.17e-9,
+        "quantize.adaptive": 1.07e-8,
+        "decode.onebit": 5.6e-10,
+        "decode.threshold": 3.3e-10,
+        "decode.adaptive": 8.5e-10,
     },
-    psum=Link(alpha=2.0e-4, beta=1.1e-9),
+    psum=Link(alpha=0.0, beta=1.62e-9),
+    call=6.2e-5,
     inter_process="same_host",
-    source="built-in default (see jaxcomm/cost.py)",
+    source="built-in default (jaxcomm/cost.py: 2-core development machine, 2026-11-22)",
 )
 
 
@@ -417,7 +420,7 @@ def gtopk_sends(rank: int, parts: int) -> int:
 
     Example:
       >>> [gtopk_sends(r, 4) for r in range(4)]
-      [2, 2, 1, 1]
+      [2, 1, 2, 1]
     """
     return sum(1 for op, _ in _gtopk_schedule(rank, parts) if op == "send")
 
@@ -539,7 +542,7 @@ def quantized_bytes(kind: str, n: int, parts: int, rank: int, options: Options) 
 
     Example:
       >>> quantized_bytes("onebit", 2048, 2, 0, Options())
-      140
+      280
     """
     if parts <= 1:
         return 0
@@ -1041,8 +1044,10 @@ def resolve_auto(
       None for the dense ring allreduce, else a jaxcomm compressor (``GTopK``, ...).
 
     Example:
-      >>> resolve_auto("auto", 1000, 2, 2, 1) is None   # tiny buckets stay dense
+      >>> resolve_auto(Auto(allowed=("dense",)), 1000, 2, 2, 1) is None
       True
+      >>> resolve_auto(Auto(allowed=("gtopk",)), 1000, 2, 2, 1)
+      GTopK(density=0.001)
     """
     import jaxcomm  # only here: the rest of this module needs neither JAX nor the library
 
