@@ -321,6 +321,14 @@ def test_plan_table_allowed_profile_and_dry_run(tmp_path):
     unknown = _plan(str(custom), cwd=tmp_path)
     assert unknown.returncode == 2 and "--elements" in unknown.stderr
     assert _plan(str(custom), "--elements", "1000", cwd=tmp_path).returncode == 0
+    # Overlap on with a long backward pass hides all communication: only kernels remain.
+    hidden = _plan(
+        str(custom), "--elements", "1000000", "--overlap-ms", "1e6", "--json", cwd=tmp_path
+    )
+    rows = json.loads(hidden.stdout)["predictions"]
+    ring = next(r for r in rows if r["algorithm"] == "ring")
+    world = cost.World(2)
+    assert ring["seconds"] == pytest.approx(cost.predict("ring", 1_000_000, world).compute_seconds)
     dry = run_cli("launch", recipe, "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert "# pick:" in dry.stdout and "# plan for digits-dense" in dry.stdout

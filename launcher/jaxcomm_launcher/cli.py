@@ -300,6 +300,7 @@ def recipe_plan(
     profile_path: pathlib.Path | None = None,
     elements: list[int] | None = None,
     allowed: list[str] | None = None,
+    overlap_seconds: float | None = None,
 ) -> tuple[dict[str, Any], str, Any]:
     """Predicts every algorithm for a recipe's world and gradient (``jaxcomm plan``).
 
@@ -308,6 +309,8 @@ def recipe_plan(
         profile_path: A profile from ``jaxcomm probe`` (None: the built-in default).
         elements: Explicit gradient sizes.
         allowed: Algorithms the pick may be (None: all).
+        overlap_seconds: Overlap on: communication hides behind this much compute per call
+            (None: overlap off).
 
     Returns:
         ``(plan, where the sizes came from, profile)``; ``plan`` is ``jaxcomm.cost.plan``'s
@@ -335,7 +338,15 @@ def recipe_plan(
         recipe.world.processes, recipe.world.devices_per_process, _inter_process(recipe)
     )
     try:
-        result = cost.plan(sizes, world, profile, _options(cost, recipe), allowed=allowed)
+        result = cost.plan(
+            sizes,
+            world,
+            profile,
+            _options(cost, recipe),
+            allowed=allowed,
+            overlap=overlap_seconds is not None,
+            hidden_seconds=overlap_seconds or 0.0,
+        )
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
     return result, source, profile
@@ -395,6 +406,14 @@ def plan(
         str | None,
         typer.Option("--allowed", help="Comma-separated algorithms the pick may be."),
     ] = None,
+    overlap_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--overlap-ms",
+            help="Overlap on: communication hides behind this much backward compute per call.",
+            min=0.0,
+        ),
+    ] = None,
 ) -> None:
     """Predict each algorithm's bytes and seconds per step for RECIPE, and pick the fastest.
 
@@ -404,7 +423,8 @@ def plan(
     try:
         rec = load_recipe(_resolve_recipe(recipe), set_ or [])
         names = [a.strip() for a in allowed.split(",") if a.strip()] if allowed else None
-        result, source, prof = recipe_plan(rec, profile, elements, names)
+        hidden = None if overlap_ms is None else overlap_ms / 1e3
+        result, source, prof = recipe_plan(rec, profile, elements, names, hidden)
     except RecipeError as exc:
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
