@@ -973,7 +973,8 @@ class Auto:
         return self.profile if isinstance(self.profile, Profile) else DEFAULT_PROFILE
 
 
-_MODEL_NAME = {"dense": "ring"}
+MODEL_NAME = {"dense": "ring"}
+"""Model algorithm of each auto choice whose name differs (``dense`` is jaxcomm's ring)."""
 _decisions: list[dict[str, Any]] = []
 
 
@@ -1013,7 +1014,7 @@ def choose(
     for name in allowed:
         if name not in AUTO_CHOICES:
             raise ValueError(f"unknown auto choice {name!r}; allowed: {AUTO_CHOICES}")
-        model = _MODEL_NAME.get(name, name)
+        model = MODEL_NAME.get(name, name)
         if hierarchical:
             model = "hier_" + model
         seconds = predict(model, n, world, profile, options).seconds
