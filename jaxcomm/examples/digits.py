@@ -36,12 +36,13 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm
+from jaxcomm import cost
 from jaxcomm import optax as jc_optax
 
 AXIS = "dp"
 TEST_SIZE = 297  # of 1797 images; the other 1500 train
 SPLIT_SEED = 1234  # the file is ordered by writer: shuffle once, the same way everywhere
-ALGORITHMS = ("psum", "dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold")
+ALGORITHMS = ("psum", "dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,9 @@ class DigitsConfig:
         (91 %: too few entries per step for so small a model).
       tau: threshold of ``threshold``.
       bucket_size: most elements per collective call.
+      allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
+        None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).
+      profile: ``auto``: a profile JSON written by ``jaxcomm probe`` (None: the built-in one).
     """
 
     model: str = "mlp"
@@ -83,6 +87,8 @@ class DigitsConfig:
     proportion: float = 16.0
     tau: float = 0.001
     bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
+    allowed: tuple[str, ...] | None = None
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         if self.model not in ("mlp", "cnn"):
@@ -155,6 +161,13 @@ def make_reducer(config: DigitsConfig) -> optax.GradientTransformation | None:
         "adaptive": lambda: jaxcomm.Adaptive(config.proportion),
         "onebit": lambda: jaxcomm.OneBit(),
         "threshold": lambda: jaxcomm.Threshold(config.tau),
+        "auto": lambda: cost.Auto(
+            allowed=config.allowed or cost.DEFAULT_ALLOWED,
+            profile=config.profile,
+            options=cost.Options(
+                density=config.density, proportion=config.proportion, tau=config.tau
+            ),
+        ),
     }
     compressor = compressors[a]()
     schedule = None
@@ -302,6 +315,10 @@ def _config_from(ctx: Any, overrides: dict[str, Any]) -> DigitsConfig:
         if s is not None:
             algorithm = {"topk": "topk_allgather"}.get(s.algorithm, s.algorithm)
             fields.update(algorithm=algorithm, density=s.density)
+            if getattr(s, "allowed", None):
+                fields["allowed"] = tuple({"topk": "topk_allgather"}.get(a, a) for a in s.allowed)
+            if getattr(s, "profile", None):
+                fields["profile"] = s.profile
         fields.update(getattr(ctx, "args", None) or {})
     fields.update(overrides)
     known = {f.name for f in dataclasses.fields(DigitsConfig)}
@@ -385,6 +402,8 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
         "seconds": seconds,
         "compilations": trainer.trace_count(),
     }
+    if cfg.algorithm == "auto":  # what the cost model chose for each bucket
+        result["auto_choices"] = cost.auto_decisions()
     if run_dir is not None and jax.process_index() == 0:
         path = pathlib.Path(run_dir) / f"digits-{cfg.model}-{cfg.algorithm}.json"
         path.write_text(json.dumps(result, indent=2))

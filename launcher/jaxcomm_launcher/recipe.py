@@ -28,6 +28,7 @@ BUNDLED_JOBS: dict[str, str] = {
     "smoke": "jaxcomm_launcher.jobs.smoke:run",
     "digits": "jaxcomm_launcher.jobs.digits:run",
     "allreduce": "jaxcomm_launcher.jobs.allreduce:run",
+    "probe": "jaxcomm_launcher.jobs.probe:run",
 }
 
 ALGORITHMS = ("dense", "topk", "gtopk", "adaptive", "onebit", "threshold")
@@ -142,13 +143,17 @@ BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
 class JaxcommSettings(_Strict):
     """How gradients are reduced; passed to the job (the digits job uses them)."""
 
-    algorithm: Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] = (
-        "dense"
-    )
+    algorithm: Literal[
+        "psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold", "auto"
+    ] = "dense"
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float = Field(0.01, gt=0.0, le=1.0, description="fraction of gradient entries sent")
     hierarchical: bool = False
     label: str | None = Field(None, description="name of this entry in tables and plots")
+    allowed: list[Literal["dense", "gtopk", "topk", "adaptive", "onebit", "threshold"]] | None = (
+        Field(None, description="algorithm auto may choose (default: all but threshold)")
+    )
+    profile: str | None = Field(None, description="auto: profile JSON from `jaxcomm probe`")
 
     def display_label(self) -> str:
         """Returns the name used for this setting in run directories, tables and plots.
@@ -174,12 +179,16 @@ class JaxcommOverride(_Strict):
     """One sweep entry: any subset of :class:`JaxcommSettings` fields."""
 
     algorithm: (
-        Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] | None
+        Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold", "auto"] | None
     ) = None
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float | None = Field(None, gt=0.0, le=1.0)
     hierarchical: bool | None = None
     label: str | None = None
+    allowed: list[Literal["dense", "gtopk", "topk", "adaptive", "onebit", "threshold"]] | None = (
+        None
+    )
+    profile: str | None = None
 
 
 class Train(_Strict):
