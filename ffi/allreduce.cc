@@ -115,9 +115,7 @@ namespace {
 
 ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
                          ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                         int64_t world, ffi::Span<const int64_t> world_devices,
-                         ffi::Span<const int64_t> mesh_axis_sizes,
-                         ffi::Span<const int64_t> reduce_axes, ffi::Buffer<ffi::F32> x,
+                         const CollectiveAttrs& attrs, ffi::Buffer<ffi::F32> x,
                          ffi::ResultBuffer<ffi::F32> out,
                          ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
@@ -125,9 +123,8 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
     return ffi::Error::InvalidArgument(std::string(kAllreduceOp) + ": output size mismatch");
   }
   std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kAllreduceOp, device_id, coordinates, world,
-                                                    world_devices, mesh_axis_sizes, reduce_axes),
-                                       &group));
+  JAXCOMM_RETURN_IF_ERROR(
+      Group::Begin(MakeCallSite(kAllreduceOp, device_id, coordinates, attrs), &group));
   if (out->typed_data() != x.typed_data()) {
     std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
   }

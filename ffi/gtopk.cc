@@ -152,16 +152,14 @@ class GTopKRun {
 
 ffi::Error GTopKImpl(const kernels::TaskRunner& run, int32_t device_id,
                      ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                     int64_t world, ffi::Span<const int64_t> world_devices,
-                     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
-                     int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
-                     ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
+                     const CollectiveAttrs& attrs, int64_t k, ffi::Buffer<ffi::F32> x,
+                     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+                     ffi::ResultBuffer<ffi::F32> new_residual,
                      ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(
-      MakeCallSite(kOp, device_id, coordinates, world, world_devices, mesh_axis_sizes, reduce_axes),
-      k, x, residual, summed, new_residual, &group));
+  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, attrs), k,
+                                                x, residual, summed, new_residual, &group));
 
   SparseSet local, current;
   local.Resize(k);

@@ -186,10 +186,9 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
 
 ffi::Error QuantizedAllreduceImpl(
     const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
-    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes, int64_t kind,
-    int64_t column_size, int64_t sample_size, double proportion, float tau, double max_density,
-    ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+    ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs, int64_t kind, int64_t column_size,
+    int64_t sample_size, double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
+    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
   JAXCOMM_RETURN_IF_ERROR(
@@ -200,9 +199,8 @@ ffi::Error QuantizedAllreduceImpl(
   JAXCOMM_RETURN_IF_ERROR(
       ReadSpec(kQuantizedOp, kind, column_size, sample_size, proportion, tau, max_density, &spec));
   std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kQuantizedOp, device_id, coordinates, world,
-                                                    world_devices, mesh_axis_sizes, reduce_axes),
-                                       &group));
+  JAXCOMM_RETURN_IF_ERROR(
+      Group::Begin(MakeCallSite(kQuantizedOp, device_id, coordinates, attrs), &group));
   JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduce(*group, spec, x.typed_data(), residual.typed_data(), n,
                                              summed->typed_data(), new_residual->typed_data(),
                                              run));
@@ -267,11 +265,10 @@ struct HierarchicalGroups {
 };
 
 ffi::Error BeginHierarchical(const char* op, int32_t device_id, ffi::Buffer<ffi::S32, 1> coords,
-                             int64_t world, ffi::Span<const int64_t> world_devices,
-                             ffi::Span<const int64_t> mesh_axis_sizes,
-                             ffi::Span<const int64_t> reduce_axes, int64_t node_axis,
-                             int64_t local_axis, HierarchicalGroups* groups) {
-  const int64_t axes = static_cast<int64_t>(mesh_axis_sizes.size());
+                             const CollectiveAttrs& attrs, int64_t node_axis, int64_t local_axis,
+                             HierarchicalGroups* groups) {
+  const int64_t axes = static_cast<int64_t>(attrs.mesh_axis_sizes.size());
+  const ffi::Span<const int64_t> reduce_axes = attrs.reduce_axes;
   if (node_axis < 0 || node_axis >= axes || local_axis < 0 || local_axis >= axes ||
       node_axis == local_axis || !reduce_axes[node_axis] || !reduce_axes[local_axis]) {
     return Invalid(op, "node_axis and local_axis must be two distinct reduced mesh axes");
@@ -282,16 +279,13 @@ ffi::Error BeginHierarchical(const char* op, int32_t device_id, ffi::Buffer<ffi:
   node_mask = local_mask;
   local_mask[node_axis] = 0;
   node_mask[local_axis] = 0;
-  JAXCOMM_RETURN_IF_ERROR(Group::Begin(
-      MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes, reduce_axes),
-      &groups->all));
-  JAXCOMM_RETURN_IF_ERROR(
-      Group::Begin(MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes,
-                                ffi::Span<const int64_t>(local_mask.data(), local_mask.size())),
-                   &groups->local));
-  return Group::Begin(MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes,
-                                   ffi::Span<const int64_t>(node_mask.data(), node_mask.size())),
-                      &groups->node);
+  const CallSite all = MakeCallSite(op, device_id, coords, attrs);
+  CallSite local = all, node = all;
+  local.reduce_axes = ffi::Span<const int64_t>(local_mask.data(), local_mask.size());
+  node.reduce_axes = ffi::Span<const int64_t>(node_mask.data(), node_mask.size());
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(all, &groups->all));
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(local, &groups->local));
+  return Group::Begin(node, &groups->node);
 }
 
 // Allreduce of data[0, n) across nodes: dense ring, or quantized with the residual of the
@@ -347,18 +341,17 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
   return ffi::Error::Success();
 }
 
-ffi::Error HierarchicalDenseImpl(
-    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
-    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
-    int64_t node_axis, int64_t local_axis, int64_t leaders, ffi::Buffer<ffi::F32> x,
-    ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error HierarchicalDenseImpl(const kernels::TaskRunner& run, int32_t device_id,
+                                 ffi::Buffer<ffi::S32, 1> coordinates,
+                                 ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                                 int64_t node_axis, int64_t local_axis, int64_t leaders,
+                                 ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out,
+                                 ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
   JAXCOMM_RETURN_IF_ERROR(CheckSizes(kHierarchicalOp, n, {ffi_common::NumElements(*out)}));
   HierarchicalGroups g;
-  JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalOp, device_id, coordinates, world,
-                                            world_devices, mesh_axis_sizes, reduce_axes, node_axis,
-                                            local_axis, &g));
+  JAXCOMM_RETURN_IF_ERROR(
+      BeginHierarchical(kHierarchicalOp, device_id, coordinates, attrs, node_axis, local_axis, &g));
   if (out->typed_data() != x.typed_data()) {
     std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
   }
@@ -373,10 +366,9 @@ ffi::Error HierarchicalDenseImpl(
 
 ffi::Error HierarchicalQuantizedImpl(
     const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
-    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
-    int64_t node_axis, int64_t local_axis, int64_t leaders, int64_t kind, int64_t column_size,
-    int64_t sample_size, double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
+    ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs, int64_t node_axis,
+    int64_t local_axis, int64_t leaders, int64_t kind, int64_t column_size, int64_t sample_size,
+    double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
@@ -388,9 +380,8 @@ ffi::Error HierarchicalQuantizedImpl(
   JAXCOMM_RETURN_IF_ERROR(ReadSpec(kHierarchicalQuantizedOp, kind, column_size, sample_size,
                                    proportion, tau, max_density, &spec));
   HierarchicalGroups g;
-  JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, device_id, coordinates, world,
-                                            world_devices, mesh_axis_sizes, reduce_axes, node_axis,
-                                            local_axis, &g));
+  JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, device_id, coordinates, attrs,
+                                            node_axis, local_axis, &g));
   float* out = summed->typed_data();
   const float* xs = x.typed_data();
   const float* rs = residual.typed_data();

@@ -85,3 +85,15 @@ def before_cpu_backend(hook: Any) -> bool:
         c_api=registration.c_api,
     )
     return True
+
+
+def dict_attribute(**values: Any) -> dict[str, Any]:
+    """An FFI dictionary attribute (a struct on the C++ side) whose arrays JAX can hash.
+
+    jax.ffi.ffi_call hashes its attributes; arrays at the top level are wrapped for that, arrays
+    inside a dictionary are not, so they are wrapped here (lowered like top-level arrays).
+    """
+    import numpy as np
+    from jax._src.hashable_array import HashableArray
+
+    return {k: HashableArray(v) if isinstance(v, np.ndarray) else v for k, v in values.items()}

@@ -203,10 +203,10 @@ ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& tok
 }
 
 ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                          const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
-                          ffi::Span<const int64_t> world_devices,
-                          ffi::Span<const int64_t> mesh_axis_sizes,
-                          ffi::Span<const int64_t> reduce_axes, GpuSite* out) {
+                          const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
+                          GpuSite* out) {
+  const int64_t world = attrs.world;
+  const ffi::Span<const int64_t> world_devices = attrs.world_devices;
   Tables& t = tables();
   int self = -1;
   {
@@ -228,7 +228,7 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_
   if (self >= static_cast<int64_t>(world_devices.size())) {
     return Fail(name, "world_devices is shorter than the GPU world");
   }
-  const std::vector<int64_t> sizes(mesh_axis_sizes.begin(), mesh_axis_sizes.end());
+  const std::vector<int64_t> sizes(attrs.mesh_axis_sizes.begin(), attrs.mesh_axis_sizes.end());
   const auto key = std::make_tuple(world, static_cast<int>(device_ordinal), sizes);
   {
     std::lock_guard<std::mutex> lock(t.mutex);
@@ -256,21 +256,17 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_
                        world,
                        world_devices[self],
                        world_devices,
-                       mesh_axis_sizes,
-                       reduce_axes,
+                       attrs.mesh_axis_sizes,
+                       attrs.reduce_axes,
                        out->coordinates.data(),
                        static_cast<int64_t>(out->coordinates.size())};
   return ffi::Error::Success();
 }
 
 ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                        const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
-                        ffi::Span<const int64_t> world_devices,
-                        ffi::Span<const int64_t> mesh_axis_sizes,
-                        ffi::Span<const int64_t> reduce_axes, GpuSite* site,
-                        std::unique_ptr<GpuGroup>* group) {
-  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(name, stream, device_ordinal, coordinates, world,
-                                         world_devices, mesh_axis_sizes, reduce_axes, site));
+                        const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
+                        GpuSite* site, std::unique_ptr<GpuGroup>* group) {
+  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(name, stream, device_ordinal, coordinates, attrs, site));
   return GpuGroup::Begin(*site, site->site, group);
 }
 

@@ -46,10 +46,9 @@ struct DeviceSet {
 
 ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
                      ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                     int64_t world, ffi::Span<const int64_t> world_devices,
-                     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
-                     int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
-                     ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
+                     const CollectiveAttrs& attrs, int64_t k, ffi::Buffer<ffi::F32> x,
+                     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+                     ffi::ResultBuffer<ffi::F32> new_residual,
                      ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
@@ -61,8 +60,8 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   }
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
-                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(
+      BeginGpuCall(kOp, stream, device_ordinal, coordinates, attrs, &site, &group));
   const std::vector<gtopk::Step> schedule = gtopk::Schedule(group->rank(), group->size());
   const int merges = gtopk::CountMerges(schedule);
 

@@ -27,13 +27,13 @@ constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUD
 
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
-ffi::Error TopKAllgatherCuda(
-    cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
-    ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token, int64_t world,
-    ffi::Span<const int64_t> world_devices, ffi::Span<const int64_t> mesh_axis_sizes,
-    ffi::Span<const int64_t> reduce_axes, int64_t k, ffi::Buffer<ffi::F32> x,
-    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                             int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
+                             ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                             int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                             ffi::ResultBuffer<ffi::F32> summed,
+                             ffi::ResultBuffer<ffi::F32> new_residual,
+                             ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
                                                summed->element_count(),
@@ -44,8 +44,8 @@ ffi::Error TopKAllgatherCuda(
   }
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
-                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(
+      BeginGpuCall(kOp, stream, device_ordinal, coordinates, attrs, &site, &group));
   const int parts = group->size();
   const int rank = group->rank();
 

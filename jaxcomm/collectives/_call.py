@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomm import _ffi, _ordering, _world
+from jaxcomm import _ffi, _jax_compat, _ordering, _world
 from jaxcomm.collectives import _mesh
 
 
@@ -57,9 +57,12 @@ def collective_call(
         layout.coordinates(),
         token,
         *operands,
-        world=np.int64(world.handle),
-        world_devices=np.asarray(world.device_ids, np.int64),
-        **layout.attributes(),
+        # One dictionary attribute, decoded once into the handlers' CollectiveAttrs.
+        collective=_jax_compat.dict_attribute(
+            world=np.int64(world.handle),
+            world_devices=np.asarray(world.device_ids, np.int64),
+            **layout.attributes(),
+        ),
         **attributes,
     )
     _ordering.token_out(outputs[-1])
