@@ -142,8 +142,4 @@ JAXCOMM_EXPORT_HANDLER(JaxcommAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommAllreduce,
     jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::AllreduceImpl>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: this rank's data
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the group sum
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindDenseData(jaxcomm::collectives::BindCollective()));

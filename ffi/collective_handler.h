@@ -58,6 +58,44 @@ inline auto BindCollective() {
       .Attr<CollectiveAttrs>("collective");  // world and mesh layout
 }
 
+// What the collectives bind after their common operands and own attributes, shared by the CPU
+// and GPU handlers so that one ffi_call lowers to either platform unchanged.
+
+// x in; the sum and the token out (dense allreduce, flat or hierarchical).
+template <typename Binding>
+auto BindDenseData(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::F32>>()     // x: this rank's data
+      .template Ret<ffi::Buffer<ffi::F32>>()     // out: the group sum
+      .template Ret<ffi::BufferR0<ffi::S32>>();  // token out
+}
+
+// x and residual in; the sum, the new residual and the token out (compressed allreduce).
+template <typename Binding>
+auto BindCompressedData(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::F32>>()     // x: local gradient
+      .template Arg<ffi::Buffer<ffi::F32>>()     // residual in
+      .template Ret<ffi::Buffer<ffi::F32>>()     // summed (identical on all ranks)
+      .template Ret<ffi::Buffer<ffi::F32>>()     // new residual
+      .template Ret<ffi::BufferR0<ffi::S32>>();  // token out
+}
+
+// The sparse collectives (TopK-allgather, gTop-k): k, then the compressed data.
+template <typename Binding>
+auto BindSparseCollective(Binding binding) {
+  return BindCompressedData(std::move(binding).template Attr<int64_t>("k"));  // set size
+}
+
+// The hierarchical collectives' mesh roles.
+template <typename Binding>
+auto BindHierarchy(Binding binding) {
+  return std::move(binding)
+      .template Attr<int64_t>("node_axis")   // index of the node axis
+      .template Attr<int64_t>("local_axis")  // index of the local axis
+      .template Attr<int64_t>("leaders");    // 1 = single leader, else L
+}
+
 inline CallSite MakeCallSite(const char* name, int32_t device_id,
                              ffi::Buffer<ffi::S32, 1> coordinates, const CollectiveAttrs& attrs) {
   return CallSite{name,

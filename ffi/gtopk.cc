@@ -201,11 +201,4 @@ ffi::Error GTopKImpl(const kernels::TaskRunner& run, int32_t device_id,
 JAXCOMM_EXPORT_HANDLER(JaxcommGTopK);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommGTopK, jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::GTopKImpl>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Attr<int64_t>("k")                        // size of every sparse set
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::BindCollective()));

@@ -406,38 +406,20 @@ JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommQuantizedAllreduce,
     jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::QuantizedAllreduceImpl>::Handler,
-    JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective())
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (identical on all ranks)
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindCompressedData(
+        JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective())));
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommHierarchicalAllreduce,
     jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::HierarchicalDenseImpl>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Attr<int64_t>("node_axis")                // index of the node axis
-        .Attr<int64_t>("local_axis")               // index of the local axis
-        .Attr<int64_t>("leaders")                  // 1 = single leader, else L
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the sum
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindDenseData(
+        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::BindCollective())));
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalQuantized);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalQuantized,
-                              jaxcomm::collectives::AsyncCollective<
-                                  &jaxcomm::collectives::HierarchicalQuantizedImpl>::Handler,
-                              JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective()
-                                                          .Attr<int64_t>("node_axis")
-                                                          .Attr<int64_t>("local_axis")
-                                                          .Attr<int64_t>("leaders"))
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommHierarchicalQuantized,
+    jaxcomm::collectives::AsyncCollective<
+        &jaxcomm::collectives::HierarchicalQuantizedImpl>::Handler,
+    jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
+        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::BindCollective()))));

@@ -81,11 +81,4 @@ JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgather);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommTopKAllgather,
     jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::TopKAllgatherImpl>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Attr<int64_t>("k")                        // entries each rank contributes
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::BindCollective()));

@@ -42,9 +42,6 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
 }  // namespace jaxcomm::collectives::gpu
 
 JAXCOMM_EXPORT_HANDLER(JaxcommAllreduceCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllreduceCuda, jaxcomm::collectives::gpu::AllreduceCuda,
-                              jaxcomm::collectives::gpu::BindGpuCollective()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: this rank's data
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the group sum
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommAllreduceCuda, jaxcomm::collectives::gpu::AllreduceCuda,
+    jaxcomm::collectives::BindDenseData(jaxcomm::collectives::gpu::BindGpuCollective()));

@@ -178,12 +178,6 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
 }  // namespace jaxcomm::collectives::gpu
 
 JAXCOMM_EXPORT_HANDLER(JaxcommGTopKCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGTopKCuda, jaxcomm::collectives::gpu::GTopKCuda,
-                              jaxcomm::collectives::gpu::BindGpuCollective()
-                                  .Attr<int64_t>("k")  // size of every sparse set
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommGTopKCuda, jaxcomm::collectives::gpu::GTopKCuda,
+    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::gpu::BindGpuCollective()));

@@ -577,38 +577,19 @@ ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator 
 }  // namespace jaxcomm::collectives::gpu
 
 JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduceCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommQuantizedAllreduceCuda, jaxcomm::collectives::gpu::QuantizedAllreduceCuda,
-    JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::gpu::BindGpuCollective())
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (identical on all ranks)
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommQuantizedAllreduceCuda,
+                              jaxcomm::collectives::gpu::QuantizedAllreduceCuda,
+                              jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
+                                  jaxcomm::collectives::gpu::BindGpuCollective())));
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalAllreduceCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalAllreduceCuda,
-                              jaxcomm::collectives::gpu::HierarchicalDenseCuda,
-                              jaxcomm::collectives::gpu::BindGpuCollective()
-                                  .Attr<int64_t>("node_axis")   // index of the node axis
-                                  .Attr<int64_t>("local_axis")  // index of the local axis
-                                  .Attr<int64_t>("leaders")     // 1 = single leader, else L
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the sum
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommHierarchicalAllreduceCuda, jaxcomm::collectives::gpu::HierarchicalDenseCuda,
+    jaxcomm::collectives::BindDenseData(
+        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::gpu::BindGpuCollective())));
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalQuantizedCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalQuantizedCuda,
-                              jaxcomm::collectives::gpu::HierarchicalQuantizedCuda,
-                              JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::gpu::BindGpuCollective()
-                                                          .Attr<int64_t>("node_axis")
-                                                          .Attr<int64_t>("local_axis")
-                                                          .Attr<int64_t>("leaders"))
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommHierarchicalQuantizedCuda, jaxcomm::collectives::gpu::HierarchicalQuantizedCuda,
+    jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
+        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::gpu::BindGpuCollective()))));

@@ -95,13 +95,6 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
 }  // namespace jaxcomm::collectives::gpu
 
 JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgatherCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAllgatherCuda,
-                              jaxcomm::collectives::gpu::TopKAllgatherCuda,
-                              jaxcomm::collectives::gpu::BindGpuCollective()
-                                  .Attr<int64_t>("k")  // entries each rank contributes
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommTopKAllgatherCuda, jaxcomm::collectives::gpu::TopKAllgatherCuda,
+    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::gpu::BindGpuCollective()));

@@ -7,12 +7,14 @@ or usage, 124 timeout, 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import pathlib
 import sys
 import types
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -35,6 +37,22 @@ app = typer.Typer(
 _width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
 console = Console(width=_width)
 err_console = Console(stderr=True, width=_width)
+
+
+@contextlib.contextmanager
+def _exit_on_launch_errors() -> Iterator[None]:
+    """Turns a backend or launch failure into one error line and the CLI's exit code."""
+    from jaxcomm_launcher.backends import BackendError
+    from jaxcomm_launcher.runner import LaunchFailed
+
+    try:
+        yield
+    except BackendError as exc:
+        _print_error(exc)
+        raise typer.Exit(1) from None
+    except LaunchFailed as exc:
+        _print_error(exc)
+        raise typer.Exit(exc.exit_code) from None
 
 
 def _print_error(exc: BaseException | str) -> None:
@@ -119,9 +137,8 @@ def launch(
 
     Example: jaxcomm launch recipes/digits-dense.yaml --set world.processes=4
     """
-    from jaxcomm_launcher.backends import BackendError, make_backend
+    from jaxcomm_launcher.backends import make_backend
     from jaxcomm_launcher.runner import (
-        LaunchFailed,
         default_run_dir,
         run_recipe,
         run_slurm_recipe,
@@ -140,7 +157,7 @@ def launch(
             "add --set backend.kind=slurm"
         )
         raise typer.Exit(2)
-    try:
+    with _exit_on_launch_errors():
         if rec.backend.kind == "slurm":
             if dry_run:
                 # The compute nodes read the run directory by its absolute path.
@@ -161,12 +178,6 @@ def launch(
             _echo_plan_comment(rec, profile)
             return
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)
-    except BackendError as exc:
-        _print_error(exc)
-        raise typer.Exit(1) from None
-    except LaunchFailed as exc:
-        _print_error(exc)
-        raise typer.Exit(exc.exit_code) from None
 
 
 @app.command("recipes")
@@ -535,8 +546,8 @@ def probe(
 
     Example: jaxcomm probe recipes/digits-dense.yaml --out profile.json
     """
-    from jaxcomm_launcher.backends import BackendError, make_backend
-    from jaxcomm_launcher.runner import LaunchFailed, default_run_dir, run_recipe
+    from jaxcomm_launcher.backends import make_backend
+    from jaxcomm_launcher.runner import default_run_dir, run_recipe
 
     try:
         rec = load_recipe(_resolve_recipe(recipe), set_ or [])
@@ -561,7 +572,7 @@ def probe(
         _print_error(exc)
         raise typer.Exit(2) from None
     target = run_dir or default_run_dir(probe_recipe)
-    try:
+    with _exit_on_launch_errors():
         backend = None
         if probe_recipe.backend.kind == "slurm":
             backend = make_backend(probe_recipe, target)
@@ -580,12 +591,6 @@ def probe(
         if out.exists():
             out.unlink()  # a stale profile must not pass for this run's
         run_recipe(probe_recipe, target, console, timeout=timeout, quiet=quiet)
-    except BackendError as exc:
-        _print_error(exc)
-        raise typer.Exit(1) from None
-    except LaunchFailed as exc:
-        _print_error(exc)
-        raise typer.Exit(exc.exit_code) from None
     if not out.exists():
         _print_error(f"the probe ran but wrote no profile to {out}")
         raise typer.Exit(1)
