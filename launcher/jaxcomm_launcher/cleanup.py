@@ -5,8 +5,10 @@ and a bridge ``jcb<id>``, and removes them when the run ends. A launcher that is
 cannot; its ranks die with it (``PR_SET_PDEATHSIG``), but anything started inside a namespace
 by another route, the namespaces and the links stay. Each emulated run therefore records its
 owner (``<state dir>/emulated-<id>.pid``); a run whose owner is no longer alive is stale.
-:func:`sweep` removes stale runs: ``jaxcomm cleanup`` calls it, and so does every emulated
-launch before it creates its own namespaces.
+:func:`sweep` removes stale runs, and only those: every emulated launch calls it before it
+creates its own namespaces. ``jaxcomm cleanup`` also removes runs without an owner record (made
+by an older jaxcomm, or with another state directory) whose namespaces hold no process: a
+run that still has a process inside is somebody's live run and is never touched.
 """
 
 from __future__ import annotations
@@ -101,11 +103,12 @@ def _run_id(name: str) -> str | None:
     return match.group(1) if match else None
 
 
-def sweep(dry_run: bool = False) -> list[str]:
+def sweep(dry_run: bool = False, unowned: bool = False) -> list[str]:
     """Removes the namespaces, links, processes and files of emulated runs whose launcher died.
 
     Args:
       dry_run: only report what would be removed.
+      unowned: also remove runs that have no owner record and no process in any namespace.
 
     Returns:
       One line per thing removed (or that would be), e.g. ``"namespace jcm1a2br0"``.
@@ -116,13 +119,21 @@ def sweep(dry_run: bool = False) -> list[str]:
     """
     done: list[str] = []
     stale: dict[str, bool] = {}
+    namespaces = _namespaces()
 
     def is_stale(run_id: str) -> bool:
         if run_id not in stale:
-            stale[run_id] = not _owner_alive(run_id)
+            if _owner_file(run_id).exists():
+                stale[run_id] = not _owner_alive(run_id)
+            else:
+                stale[run_id] = unowned and not any(
+                    _lines(["ip", "netns", "pids", ns])
+                    for ns in namespaces
+                    if _run_id(ns) == run_id
+                )
         return stale[run_id]
 
-    for ns in _namespaces():
+    for ns in namespaces:
         run_id = _run_id(ns)
         if run_id is None or not is_stale(run_id):
             continue

@@ -240,12 +240,13 @@ def cleanup_command(
 ) -> None:
     """Remove what a killed launcher left behind: emulated-cluster namespaces, links, processes.
 
-    Runs of a launcher that is still alive are never touched. Every emulated launch also does
-    this first. Example: sudo jaxcomm cleanup --dry-run
+    Runs of a launcher that is still alive, and runs with a process inside, are never touched.
+    Every emulated launch first removes the runs whose recorded launcher died.
+    Example: sudo jaxcomm cleanup --dry-run
     """
     from jaxcomm_launcher import cleanup
 
-    removed = cleanup.sweep(dry_run=dry_run)
+    removed = cleanup.sweep(dry_run=dry_run, unowned=True)
     verb = "would remove" if dry_run else "removed"
     for line in removed:
         console.print(f"{verb} {line}", highlight=False, markup=False)
