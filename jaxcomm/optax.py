@@ -219,7 +219,10 @@ def allreduce_gradients(
     ) -> tuple[Any, AllreduceGradientsState]:
         del params
         leaves, treedef = jax.tree.flatten(updates)
-        xs = [jnp.ravel(g).astype(jnp.float32) for g in leaves]
+        # Dense buckets travel in the gradients' common dtype (an all-bf16 tree uses the 16-bit
+        # wire of jaxcomm.allreduce); compressed ones in float32, the dtype of the residuals.
+        wire = jnp.result_type(*leaves) if compressor is None and leaves else jnp.float32
+        xs = [jnp.ravel(g).astype(wire) for g in leaves]
         rs = None
         if compressor is not None:
             r_leaves = treedef.flatten_up_to(state.residuals)

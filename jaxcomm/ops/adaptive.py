@@ -48,7 +48,7 @@ def compress(
     ``x + residual == decompress(packed) + new_residual`` up to float rounding.
 
     Args:
-      x: float32 array of any shape with 1 to 2**31 - 1 elements.
+      x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape with 1 to 2**31 - 1 elements.
       residual: float32 array of ``x``'s shape (zeros at the first step). Its buffer is reused
         for ``new_residual`` when the caller donates it.
       compressor: a :class:`jaxcomm.Adaptive`.
