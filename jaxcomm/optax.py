@@ -7,7 +7,8 @@ ranks, and hands the average to the rest of the chain.
 
 Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``):
 
-- **Buckets.** Leaves are raveled and concatenated, in tree order, into float32 buckets of at
+- **Buckets.** Leaves are raveled and concatenated, in tree order, into float32 buckets (dense
+  reduction: the leaves' common dtype, so an all-bf16 tree uses the 16-bit wire) of at
   most ``bucket_size`` elements (a larger leaf is a bucket of its own): one collective per
   bucket instead of one per leaf. A small model is a single bucket, so gTop-k selects the k
   largest entries of the whole model, as in the paper.

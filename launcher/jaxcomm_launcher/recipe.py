@@ -28,6 +28,8 @@ BUNDLED_JOBS: dict[str, str] = {
     "smoke": "jaxcomm_launcher.jobs.smoke:run",
     "digits": "jaxcomm_launcher.jobs.digits:run",
     "allreduce": "jaxcomm_launcher.jobs.allreduce:run",
+    "lbann-mlp": "jaxcomm_launcher.jobs.lbann_mlp:run",
+    "bytes-lm": "jaxcomm_launcher.jobs.bytes_lm:run",
 }
 
 ALGORITHMS = ("dense", "topk", "gtopk", "adaptive", "onebit", "threshold")
@@ -147,6 +149,9 @@ class JaxcommSettings(_Strict):
     )
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float = Field(0.01, gt=0.0, le=1.0, description="fraction of gradient entries sent")
+    grad_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype each rank's gradient is cast to before it is reduced"
+    )
     hierarchical: bool = False
     label: str | None = Field(None, description="name of this entry in tables and plots")
 
@@ -165,6 +170,8 @@ class JaxcommSettings(_Strict):
         name = self.algorithm
         if self.algorithm in ("topk", "gtopk"):
             name += f"-d{self.density:g}"
+        if self.grad_dtype == "bfloat16":
+            name += "-bf16"
         if self.hierarchical:
             name += "-hier"
         return name
@@ -178,6 +185,7 @@ class JaxcommOverride(_Strict):
     ) = None
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float | None = Field(None, gt=0.0, le=1.0)
+    grad_dtype: Literal["float32", "bfloat16"] | None = None
     hierarchical: bool | None = None
     label: str | None = None
 
