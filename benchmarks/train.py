@@ -26,9 +26,9 @@ import argparse
 import json
 import math
 import pathlib
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import yaml
@@ -141,19 +141,22 @@ def main() -> None:
     tag = f"train-{args.workload}-{args.backend}"
     if args.backend == "emulated":
         tag += f"-{args.bandwidth}"
-    with tempfile.TemporaryDirectory() as tmp:
-        recipe_path = pathlib.Path(tmp) / "recipe.yaml"
-        recipe = write_recipe(args, recipe_path)
-        run_dir = pathlib.Path(tmp) / "run"
-        command = ["jaxcomm", "launch", str(recipe_path), "--out", str(run_dir), "-q"]
-        start = time.monotonic()
-        launched = subprocess.run(command, text=True)
-        wall = time.monotonic() - start
-        results = {}
-        for path in sorted(run_dir.glob("*/*.json")):
-            data = json.loads(path.read_text())
-            if isinstance(data, dict) and "history" in data:
-                results[data["label"]] = data
+    # The run directory (ranks' logs and metrics) is kept next to the results.
+    run_dir = args.out / f"{tag}-run"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    recipe_path = run_dir / "bench-recipe.yaml"
+    recipe = write_recipe(args, recipe_path)
+    command = ["jaxcomm", "launch", str(recipe_path), "--out", str(run_dir), "-q"]
+    start = time.monotonic()
+    launched = subprocess.run(command, text=True)
+    wall = time.monotonic() - start
+    results = {}
+    for path in sorted(run_dir.glob("*/*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "history" in data:
+            results[data["label"]] = data
     if launched.returncode != 0:
         print(f"jaxcomm launch exited with {launched.returncode}; reporting the runs that finished")
     if "psum" not in results:

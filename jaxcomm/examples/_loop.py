@@ -60,11 +60,11 @@ class Reduction:
         if self.grad_dtype not in GRAD_DTYPES:
             raise ValueError(f"grad_dtype must be one of {GRAD_DTYPES}, got {self.grad_dtype!r}")
 
-    def reducer(self, steps_per_epoch: int) -> optax.GradientTransformation | None:
+    def reducer(self, warmup_phase_steps: int) -> optax.GradientTransformation | None:
         """The jaxcomm gradient transformation (None for the ``psum`` baseline).
 
         Args:
-          steps_per_epoch: optimizer steps per epoch (for the warm-up schedule).
+          warmup_phase_steps: steps per warm-up density (the paper: an epoch).
 
         Returns:
           ``jaxcomm.optax.allreduce_gradients(...)`` or None.
@@ -85,7 +85,7 @@ class Reduction:
         }
         schedule = None
         if a in ("gtopk", "topk_allgather") and self.warmup:
-            schedule = jc_optax.gtopk_warmup_schedule(steps_per_epoch, self.density)
+            schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
         return jc_optax.allreduce_gradients(
             AXIS, compressors[a](), density_schedule=schedule, bucket_size=self.bucket_size
         )
@@ -108,7 +108,7 @@ class Step:
         (``metric``: a scalar such as the accuracy; averaged over ranks).
       optimizer: the optimizer applied to the averaged float32 gradient.
       reduction: how gradients are reduced.
-      steps_per_epoch: for the gTop-k warm-up schedule.
+      warmup_phase_steps: steps per density of the gTop-k warm-up.
       mesh: the ``dp`` mesh.
       batch_args: number of batch arrays, each sharded over ``dp`` on its first axis.
 
@@ -123,13 +123,13 @@ class Step:
         loss_fn: Callable[..., tuple[jax.Array, jax.Array]],
         optimizer: optax.GradientTransformation,
         reduction: Reduction,
-        steps_per_epoch: int,
+        warmup_phase_steps: int,
         mesh: Mesh,
         batch_args: int,
     ) -> None:
         self.mesh = mesh
         self.traces = 0
-        reducer = reduction.reducer(steps_per_epoch)
+        reducer = reduction.reducer(warmup_phase_steps)
         # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
         widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
         self.tx = optax.chain(*([reducer] if reducer is not None else []), widen, optimizer)

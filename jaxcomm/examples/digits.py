@@ -51,6 +51,8 @@ class DigitsConfig:
       algorithm: one of :data:`ALGORITHMS`.
       density: ρ of the sparse algorithms after warm-up.
       warmup: use the gTop-k paper's warm-up densities in the first epochs (sparse only).
+      warmup_phase_steps: steps per warm-up density (None: one epoch, as in the paper; short
+        runs scale the warm-up down with it).
       epochs: passes over the 1500 training images (ignored when ``steps`` is set).
       steps: total optimizer steps (overrides ``epochs``).
       batch_size: global batch, split evenly across all devices.
@@ -76,6 +78,7 @@ class DigitsConfig:
     algorithm: str = "dense"
     density: float = 0.01
     warmup: bool = True
+    warmup_phase_steps: int | None = None
     epochs: int = 20
     steps: int | None = None
     batch_size: int = 64
@@ -160,6 +163,11 @@ def steps_per_epoch(config: DigitsConfig) -> int:
     return (len(load_digits_split()[0])) // config.batch_size
 
 
+def warmup_phase_steps(config: DigitsConfig) -> int:
+    """Steps per density of the gTop-k warm-up: ``warmup_phase_steps``, else an epoch."""
+    return config.warmup_phase_steps or steps_per_epoch(config)
+
+
 def total_steps(config: DigitsConfig) -> int:
     """Steps of the run: ``config.steps``, or ``epochs`` full passes."""
     return config.steps if config.steps is not None else config.epochs * steps_per_epoch(config)
@@ -167,7 +175,7 @@ def total_steps(config: DigitsConfig) -> int:
 
 def make_reducer(config: DigitsConfig) -> optax.GradientTransformation | None:
     """The gradient allreduce of ``config.algorithm`` (None for the ``psum`` baseline)."""
-    return config.reduction().reducer(steps_per_epoch(config))
+    return config.reduction().reducer(warmup_phase_steps(config))
 
 
 class Trainer(NamedTuple):
@@ -219,7 +227,7 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
         return loss, jnp.mean(jnp.argmax(logits, -1) == y)
 
     sgd = optax.sgd(config.learning_rate, momentum=config.momentum or None)
-    step = _loop.Step(loss_fn, sgd, config.reduction(), steps_per_epoch(config), mesh, 2)
+    step = _loop.Step(loss_fn, sgd, config.reduction(), warmup_phase_steps(config), mesh, 2)
 
     def init() -> tuple[Any, Any]:
         return step.init(model.init(jax.random.key(config.seed), jnp.zeros((1, 64), jnp.float32)))

@@ -7,7 +7,8 @@ architecture on the 8x8 digits (64 inputs: 64·4096 + 2·4096² + 4096·10 weigh
 parameters, a 136 MB float32 gradient) with :mod:`jaxcomm.examples.digits`. Recipe fields as for
 ``digits`` (``train.hidden`` should be 4096, ``train.batch_size`` 10 per rank); ``args`` may
 set ``layers`` (default 3), ``proportion`` (default 64, LBANN's), ``epochs`` (overrides
-``train.steps``), ``grad_dtype``, ``warmup``, ``sync_every``.
+``train.steps``), ``warmup``, ``warmup_phase_steps`` (steps per warm-up density; default an
+epoch), ``sync_every``.
 """
 
 from __future__ import annotations
