@@ -378,7 +378,9 @@ def main() -> None:
     overrides = {k: v for k, v in args.items() if v is not None}
     if "warmup" in overrides:
         overrides["warmup"] = bool(overrides["warmup"])
-    print(json.dumps(train(**overrides), indent=2))
+    result = train(**overrides)
+    result.pop("history")
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
