@@ -21,9 +21,9 @@ import pytest
 WORKER = pathlib.Path(__file__).with_name("adaptive_training_worker.py")
 STEPS = 150
 # Measured (2026-11-22): after 150 steps adaptive 91.9 % (loss 0.07), dense 98.0 %, one-bit
-# 75.4 % (loss 1.08); before the
-# fix adaptive's loss was 9.3 at step 99 and growing. Adaptive still lags dense this early
-# (a NumPy simulation of the same loop reaches 97-98 % by step 400), hence the tolerance.
+# 75.4 % (loss 1.08); before the fix adaptive's loss was 9.3 at step 99 and growing. Adaptive
+# still lags dense this early (a NumPy simulation of the same loop reaches 97-98 % by step
+# 400), hence the tolerance.
 ACCURACY_TOLERANCE = 0.10
 
 
