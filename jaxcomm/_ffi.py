@@ -36,6 +36,8 @@ TARGETS: dict[str, tuple[str, bool]] = {
     "jaxcomm_sparse_merge": ("JaxcommSparseMerge", True),
     # collectives (jaxcomm/collectives/)
     "jaxcomm_allreduce": ("JaxcommAllreduce", True),
+    "jaxcomm_allreduce_bf16": ("JaxcommAllreduceBf16", False),  # 16-bit wire, CPU only
+    "jaxcomm_allreduce_f16": ("JaxcommAllreduceF16", False),
     "jaxcomm_topk_allgather": ("JaxcommTopKAllgather", True),
     "jaxcomm_gtopk": ("JaxcommGTopK", True),
     "jaxcomm_quantized_allreduce": ("JaxcommQuantizedAllreduce", True),

@@ -46,6 +46,11 @@ def quantizer_attributes(c: Quantizer) -> dict[str, np.generic]:
     return attrs
 
 
+def group_size(axis_name: str | Sequence[str], api: str) -> int:
+    """Number of ranks a collective over `axis_name` reduces (inside shard_map)."""
+    return _mesh.resolve(axis_name, api).group_size
+
+
 def hierarchical_attributes(
     axis_name: str | Sequence[str], scheme: str, api: str
 ) -> dict[str, np.int64]:

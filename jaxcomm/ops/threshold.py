@@ -32,7 +32,7 @@ def compress(
     and the others stay whole in the residual.
 
     Args:
-      x: float32 array of any shape, 1 to 2**31 - 1 elements.
+      x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape, 1 to 2**31 - 1 elements.
       residual: float32 array of ``x``'s shape (the previous call's ``new_residual``).
       compressor: the :class:`jaxcomm.Threshold` spec (``tau`` is used as float32).
 

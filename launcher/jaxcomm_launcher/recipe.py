@@ -29,6 +29,8 @@ BUNDLED_JOBS: dict[str, str] = {
     "digits": "jaxcomm_launcher.jobs.digits:run",
     "allreduce": "jaxcomm_launcher.jobs.allreduce:run",
     "probe": "jaxcomm_launcher.jobs.probe:run",
+    "lbann-mlp": "jaxcomm_launcher.jobs.lbann_mlp:run",
+    "bytes-lm": "jaxcomm_launcher.jobs.bytes_lm:run",
 }
 
 ALGORITHMS = ("dense", "topk", "gtopk", "adaptive", "onebit", "threshold")
@@ -148,6 +150,9 @@ class JaxcommSettings(_Strict):
     ] = "dense"
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float = Field(0.01, gt=0.0, le=1.0, description="fraction of gradient entries sent")
+    grad_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype each rank's gradient is cast to before it is reduced"
+    )
     hierarchical: bool = False
     label: str | None = Field(None, description="name of this entry in tables and plots")
     allowed: list[Literal["dense", "gtopk", "topk", "adaptive", "onebit", "threshold"]] | None = (
@@ -170,6 +175,8 @@ class JaxcommSettings(_Strict):
         name = self.algorithm
         if self.algorithm in ("topk", "gtopk"):
             name += f"-d{self.density:g}"
+        if self.grad_dtype == "bfloat16":
+            name += "-bf16"
         if self.hierarchical:
             name += "-hier"
         return name
@@ -183,6 +190,7 @@ class JaxcommOverride(_Strict):
     ) = None
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float | None = Field(None, gt=0.0, le=1.0)
+    grad_dtype: Literal["float32", "bfloat16"] | None = None
     hierarchical: bool | None = None
     label: str | None = None
     allowed: list[Literal["dense", "gtopk", "topk", "adaptive", "onebit", "threshold"]] | None = (

@@ -1,4 +1,6 @@
-"""Bundled jobs: ``smoke`` (launcher self-test), ``digits`` (data-parallel MLP), ``allreduce``.
+"""Bundled jobs: ``smoke`` (launcher self-test), ``digits`` (data-parallel MLP), ``allreduce``,
+``lbann-mlp`` (LBANN's 3x4096 MLP on the digits) and ``bytes-lm`` (byte-level transformer on
+the Python standard library's source).
 
 A job is any ``module:function`` taking a :class:`jaxcomm_launcher.context.JobContext`.
 """
