@@ -475,8 +475,12 @@ def _slice_range(n: int, parts: int, q: int, unit: int) -> tuple[int, int]:
     return min(n, unit_begin(q) * unit), min(n, unit_begin(q + 1) * unit)
 
 
-def _adaptive_keep(count: float, proportion: float) -> int:
-    return math.ceil(count / proportion) if count > 0 else 0
+def _adaptive_keep(count: float, zeros: float, proportion: float) -> int:
+    """Entries adaptive sends for one sign (kernels/adaptive.cc's AdaptiveSignKeep): 1/π of the
+    sign's values counting the column's zeros, at most the sign's nonzero values."""
+    if count <= 0:
+        return 0
+    return min(math.ceil(count), math.ceil(round((count + zeros) / proportion, 9)))
 
 
 def _quantized_words(kind: str, m: int, options: Options, parts: int, stage: str) -> int:
@@ -492,23 +496,27 @@ def _quantized_words(kind: str, m: int, options: Options, parts: int, stage: str
     if kind == "threshold":
         capacity = min(m, max(1, math.ceil(options.max_density * m)))
         return 1 + min(capacity, math.ceil(options.threshold_fraction * m))
-    # adaptive: per column, ceil(k+/π) + ceil(k-/π) entries (kernels/adaptive.cc); signs are
-    # assumed balanced (k+ = ceil(L/2), k- = floor(L/2)).
+    # adaptive: per column and sign, min(k±, ceil((k± + k0)/π)) entries (kernels/adaptive.cc,
+    # k0 = the column's zeros); signs are assumed balanced (k+ = ceil(L/2), k- = floor(L/2)).
     pi = options.proportion
     words = 1
     for length, count in ((cs, m // cs), (m % cs, 1 if m % cs else 0)):
         if not count:
             continue
-        per_column = 2
-        for sign_count in (_ceil_div(length, 2), length // 2):
-            keep = _adaptive_keep(sign_count, pi)
-            if stage == "sum":
-                # Nonzeros of the sum at this sign: `keep` when every rank picked the same
-                # positions, the expected union of `parts` independent picks otherwise.
+        signs = (_ceil_div(length, 2), length // 2)
+        kept = [_adaptive_keep(sign_count, 0, pi) for sign_count in signs]
+        if stage == "sum":
+            # Nonzeros of the sum at each sign: `keep` when every rank picked the same
+            # positions, the expected union of `parts` independent picks otherwise; the rest
+            # of the column is zeros, which count toward each sign's share.
+            nonzeros = []
+            for sign_count, keep in zip(signs, kept, strict=True):
                 union = sign_count * (1.0 - (1.0 - keep / sign_count) ** parts) if keep else 0
-                nonzero = options.selection_overlap * keep + (1 - options.selection_overlap) * union
-                keep = _adaptive_keep(round(nonzero, 6), pi)
-            per_column += keep
+                overlap = options.selection_overlap
+                nonzeros.append(round(overlap * keep + (1 - overlap) * union, 6))
+            zeros = length - sum(nonzeros)
+            kept = [_adaptive_keep(nz, zeros, pi) for nz in nonzeros]
+        per_column = 2 + sum(kept)
         words += count * per_column
     return words
 
