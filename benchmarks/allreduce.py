@@ -1,7 +1,7 @@
 """Allreduce benchmark: lax.psum vs jaxcomm's ring, TopK-allgather and gTop-k (and quantized).
 
 Starts P rank-processes through the launcher (``jaxcomm launch``, job ``allreduce``) on this
-machine (``--backend local``) or on the emulated cluster of DESIGN.md §5 (``--backend
+machine (``--backend local``) or on the emulated cluster of docs/DESIGN.md §5 (``--backend
 emulated``: network namespaces on a bridge with tbf-shaped links, root needed). Every
 algorithm is measured in the same run, per size, median of ``--repeats`` calls. Prints a
 table, writes JSON and a PNG (median time vs size per algorithm).

@@ -27,12 +27,9 @@ ffi::Error AdaptiveCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                 int64_t column_size, int64_t sample_size) {
   const int64_t n = NumElements(x);
   kernels::AdaptiveLayout layout{};
-  if (ffi::Error error = compress_checks::AdaptiveCompress(
-          n, NumElements(residual), NumElements(*new_residual), proportion, column_size,
-          sample_size, NumElements(*packed), &layout);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(compress_checks::AdaptiveCompress(
+      n, NumElements(residual), NumElements(*new_residual), proportion, column_size, sample_size,
+      NumElements(*packed), &layout));
   int64_t bad = -1;
   try {
     bad = kernels::AdaptiveCompress(x.typed_data(), residual.typed_data(), layout, sample_size,
@@ -54,11 +51,8 @@ ffi::Error AdaptiveDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffe
                                   double proportion, int64_t column_size) {
   const int64_t words = NumElements(packed);
   kernels::AdaptiveLayout layout{};
-  if (ffi::Error error = compress_checks::AdaptiveDecompress(NumElements(*x_hat), proportion,
-                                                             column_size, words, &layout);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(compress_checks::AdaptiveDecompress(NumElements(*x_hat), proportion,
+                                                              column_size, words, &layout));
   const std::string problem =
       kernels::AdaptiveDecompress(packed.typed_data(), words, layout, x_hat->typed_data());
   if (!problem.empty()) return InvalidArgument(kDecompressOp, problem);

@@ -87,9 +87,9 @@ ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float
       }
       for (int64_t j = 0; j < count; ++j) {
         size_t got = 0;
-        if (ffi::Error e = group.Wait(&recvs[j], 1, &got); !e.success()) return e;
+        JAXCOMM_RETURN_IF_ERROR(group.Wait(&recvs[j], 1, &got));
         const size_t expected = sizeof(float) * segment_length(c, j);
-        if (ffi::Error e = CheckReceived(group, got, expected, left); !e.success()) return e;
+        JAXCOMM_RETURN_IF_ERROR(CheckReceived(group, got, expected, left));
         if (reduce) {
           kernels::AddInto(data + begin(c) + j * segment, scratch->data() + j * segment,
                            segment_length(c, j));
@@ -104,11 +104,8 @@ ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float
   };
 
   // Reduce-scatter: after it, this rank holds the full sum of chunk (rank + 1) % P.
-  if (ffi::Error e = phase(
-          0, rank, [&](int s) { return (rank - s - 1 + parts) % parts; }, true);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(phase(
+      0, rank, [&](int s) { return (rank - s - 1 + parts) % parts; }, true));
   // Allgather of the reduced chunks.
   return phase(
       parts - 1, (rank + 1) % parts, [&](int s) { return (rank - s + parts) % parts; }, false);
@@ -118,9 +115,7 @@ namespace {
 
 ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
                          ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                         int64_t world, ffi::Span<const int64_t> world_devices,
-                         ffi::Span<const int64_t> mesh_axis_sizes,
-                         ffi::Span<const int64_t> reduce_axes, ffi::Buffer<ffi::F32> x,
+                         const CollectiveAttrs& attrs, ffi::Buffer<ffi::F32> x,
                          ffi::ResultBuffer<ffi::F32> out,
                          ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
@@ -128,17 +123,13 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
     return ffi::Error::InvalidArgument(std::string(kAllreduceOp) + ": output size mismatch");
   }
   std::unique_ptr<Group> group;
-  if (ffi::Error e = Group::Begin(MakeCallSite(kAllreduceOp, device_id, coordinates, world,
-                                               world_devices, mesh_axis_sizes, reduce_axes),
-                                  &group);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      Group::Begin(MakeCallSite(kAllreduceOp, device_id, coordinates, attrs), &group));
   if (out->typed_data() != x.typed_data()) {
     std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
   }
   thread_local std::vector<float> scratch;
-  if (ffi::Error e = RingAllreduce(*group, out->typed_data(), n, &scratch); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(RingAllreduce(*group, out->typed_data(), n, &scratch));
   group->Finish("ring", n);
   token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
@@ -151,8 +142,4 @@ JAXCOMM_EXPORT_HANDLER(JaxcommAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommAllreduce,
     jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::AllreduceImpl>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: this rank's data
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the group sum
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindDenseData(jaxcomm::collectives::BindCollective()));

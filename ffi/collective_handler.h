@@ -3,38 +3,107 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "ffi/common.h"
+#include "ffi/engine.h"
 #include "ffi/group.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
 
+// What every collective call says about its world and mesh: one dictionary attribute,
+// "collective", built by jaxcomm/collectives/_call.py and decoded once (CPU and GPU alike).
+struct CollectiveAttrs {
+  int64_t world;                             // handle from jaxcomm/_world.py
+  ffi::Span<const int64_t> world_devices;    // device ids in world-rank order
+  ffi::Span<const int64_t> mesh_axis_sizes;  // sizes of the manual mesh axes
+  ffi::Span<const int64_t> reduce_axes;      // 1 for each reduced axis
+};
+
+}  // namespace jaxcomm::collectives
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    jaxcomm::collectives::CollectiveAttrs, ::xla::ffi::StructMember<int64_t>("world"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("world_devices"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("mesh_axis_sizes"),
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("reduce_axes"));
+
+namespace jaxcomm::collectives {
+
+// CollectiveAttrs kept past the handler for the engine (its spans point into the call frame).
+template <>
+struct Kept<CollectiveAttrs> {
+  explicit Kept(const CollectiveAttrs& attrs)
+      : world(attrs.world),
+        world_devices(attrs.world_devices),
+        mesh_axis_sizes(attrs.mesh_axis_sizes),
+        reduce_axes(attrs.reduce_axes) {}
+  CollectiveAttrs view() const {
+    return {world, world_devices.view(), mesh_axis_sizes.view(), reduce_axes.view()};
+  }
+  int64_t world;
+  Kept<ffi::Span<const int64_t>> world_devices, mesh_axis_sizes, reduce_axes;
+};
+
 // Binds, in order: Ctx<ThreadPool>, Ctx<DeviceOrdinal>, Arg coordinates (S32[axes]), Arg token
-// (S32[]), Attr world, world_devices, mesh_axis_sizes, reduce_axes. Each handler then adds its data
+// (S32[]), Attr collective (CollectiveAttrs). Each handler then adds its own attributes, data
 // arguments and results.
 inline auto BindCollective() {
   return ffi::Ffi::Bind()
-      .Ctx<ffi::ThreadPool>()           // intra-op threads for local kernels
-      .Ctx<ffi::DeviceOrdinal>()        // global device id (CPU): finds our world rank
-      .Arg<ffi::Buffer<ffi::S32, 1>>()  // coordinates: lax.axis_index of each mesh axis
-      .Arg<ffi::Buffer<ffi::S32, 0>>()  // token: orders collectives (jaxcomm/_ordering.py)
-      .Attr<int64_t>("world")           // handle from jaxcomm/_world.py
-      .Attr<ffi::Span<const int64_t>>("world_devices")    // device ids in world-rank order
-      .Attr<ffi::Span<const int64_t>>("mesh_axis_sizes")  // sizes of the manual mesh axes
-      .Attr<ffi::Span<const int64_t>>("reduce_axes");     // 1 for each reduced axis
+      .Ctx<ffi::ThreadPool>()                // intra-op threads for local kernels
+      .Ctx<ffi::DeviceOrdinal>()             // global device id (CPU): finds our world rank
+      .Arg<ffi::Buffer<ffi::S32, 1>>()       // coordinates: lax.axis_index of each mesh axis
+      .Arg<ffi::Buffer<ffi::S32, 0>>()       // token: orders collectives (jaxcomm/_ordering.py)
+      .Attr<CollectiveAttrs>("collective");  // world and mesh layout
+}
+
+// What the collectives bind after their common operands and own attributes, shared by the CPU
+// and GPU handlers so that one ffi_call lowers to either platform unchanged.
+
+// x in; the sum and the token out (dense allreduce, flat or hierarchical).
+template <typename Binding>
+auto BindDenseData(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::F32>>()     // x: this rank's data
+      .template Ret<ffi::Buffer<ffi::F32>>()     // out: the group sum
+      .template Ret<ffi::BufferR0<ffi::S32>>();  // token out
+}
+
+// x and residual in; the sum, the new residual and the token out (compressed allreduce).
+template <typename Binding>
+auto BindCompressedData(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::F32>>()     // x: local gradient
+      .template Arg<ffi::Buffer<ffi::F32>>()     // residual in
+      .template Ret<ffi::Buffer<ffi::F32>>()     // summed (identical on all ranks)
+      .template Ret<ffi::Buffer<ffi::F32>>()     // new residual
+      .template Ret<ffi::BufferR0<ffi::S32>>();  // token out
+}
+
+// The sparse collectives (TopK-allgather, gTop-k): k, then the compressed data.
+template <typename Binding>
+auto BindSparseCollective(Binding binding) {
+  return BindCompressedData(std::move(binding).template Attr<int64_t>("k"));  // set size
+}
+
+// The hierarchical collectives' mesh roles.
+template <typename Binding>
+auto BindHierarchy(Binding binding) {
+  return std::move(binding)
+      .template Attr<int64_t>("node_axis")   // index of the node axis
+      .template Attr<int64_t>("local_axis")  // index of the local axis
+      .template Attr<int64_t>("leaders");    // 1 = single leader, else L
 }
 
 inline CallSite MakeCallSite(const char* name, int32_t device_id,
-                             ffi::Buffer<ffi::S32, 1> coordinates, int64_t world,
-                             ffi::Span<const int64_t> world_devices,
-                             ffi::Span<const int64_t> mesh_axis_sizes,
-                             ffi::Span<const int64_t> reduce_axes) {
+                             ffi::Buffer<ffi::S32, 1> coordinates, const CollectiveAttrs& attrs) {
   return CallSite{name,
-                  world,
+                  attrs.world,
                   device_id,
-                  world_devices,
-                  mesh_axis_sizes,
-                  reduce_axes,
+                  attrs.world_devices,
+                  attrs.mesh_axis_sizes,
+                  attrs.reduce_axes,
                   coordinates.typed_data(),
                   static_cast<int64_t>(coordinates.element_count())};
 }
@@ -60,11 +129,9 @@ inline ffi::Error BeginSparseCollective(const CallSite& site, int64_t k,
                                         ffi::ResultBuffer<ffi::F32>& summed,
                                         ffi::ResultBuffer<ffi::F32>& new_residual,
                                         std::unique_ptr<Group>* group) {
-  if (ffi::Error e = CheckSparseArguments(site.name, k, x.element_count(), residual.element_count(),
-                                          summed->element_count(), new_residual->element_count());
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(site.name, k, x.element_count(),
+                                               residual.element_count(), summed->element_count(),
+                                               new_residual->element_count()));
   return Group::Begin(site, group);
 }
 

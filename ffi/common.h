@@ -1,4 +1,5 @@
-// Helpers shared by every FFI handler: thread-pool adapter, argument checks, error text.
+// The status header of every FFI handler (CPU and GPU): error propagation
+// (JAXCOMM_RETURN_IF_ERROR), error text, thread-pool adapter, argument checks.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,16 @@
 // Declare each one with this before XLA_FFI_DEFINE_HANDLER_SYMBOL.
 #define JAXCOMM_EXPORT_HANDLER(fn) \
   extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* fn(XLA_FFI_CallFrame* call_frame)
+
+// Returns the ffi::Error of the expression unless it succeeded: the one way handlers
+// propagate errors.
+// Variadic so that an argument with braces ({a, b}) stays one expression.
+#define JAXCOMM_RETURN_IF_ERROR(...)                                                   \
+  do {                                                                                 \
+    if (::xla::ffi::Error jaxcomm_error_ = (__VA_ARGS__); !jaxcomm_error_.success()) { \
+      return jaxcomm_error_;                                                           \
+    }                                                                                  \
+  } while (0)
 
 namespace jaxcomm::ffi_common {
 

@@ -56,7 +56,7 @@ inline ffi::Error TopKElements(const char* op, int64_t n) {
 
 // topk_abs: k = values' size, indices of the same size.
 inline ffi::Error TopKAbs(int64_t n, int64_t k, int64_t indices) {
-  if (ffi::Error error = TopKElements(kTopKAbsOp, n); error.failure()) return error;
+  JAXCOMM_RETURN_IF_ERROR(TopKElements(kTopKAbsOp, n));
   if (k < 1 || k > n) return InvalidArgument(kTopKAbsOp, "k must be in [1, x.size]");
   if (indices != k) return InvalidArgument(kTopKAbsOp, "values/indices size mismatch");
   return ffi::Error::Success();
@@ -70,11 +70,8 @@ inline ffi::Error TopKPacked(const char* op, int64_t n, int64_t words) {
 }
 
 inline ffi::Error TopKCompress(int64_t n, int64_t residual, int64_t new_residual, int64_t words) {
-  if (ffi::Error error = ResidualShape(kTopKCompressOp, n, residual, new_residual);
-      error.failure()) {
-    return error;
-  }
-  if (ffi::Error error = TopKElements(kTopKCompressOp, n); error.failure()) return error;
+  JAXCOMM_RETURN_IF_ERROR(ResidualShape(kTopKCompressOp, n, residual, new_residual));
+  JAXCOMM_RETURN_IF_ERROR(TopKElements(kTopKCompressOp, n));
   return TopKPacked(kTopKCompressOp, n, words);
 }
 
@@ -142,23 +139,14 @@ inline ffi::Error OneBitPacked(const char* op, int64_t words, int64_t n, int64_t
 
 inline ffi::Error OneBitCompress(int64_t n, int64_t column_size, int64_t sample_size,
                                  int64_t residual, int64_t new_residual, int64_t words) {
-  if (ffi::Error error = OneBitParams(kOneBitCompressOp, n, column_size, sample_size);
-      error.failure()) {
-    return error;
-  }
-  if (ffi::Error error = ResidualShape(kOneBitCompressOp, n, residual, new_residual);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(OneBitParams(kOneBitCompressOp, n, column_size, sample_size));
+  JAXCOMM_RETURN_IF_ERROR(ResidualShape(kOneBitCompressOp, n, residual, new_residual));
   return OneBitPacked(kOneBitCompressOp, words, n, column_size);
 }
 
 inline ffi::Error OneBitDecompress(int64_t n, int64_t column_size, int64_t sample_size,
                                    int64_t words) {
-  if (ffi::Error error = OneBitParams(kOneBitDecompressOp, n, column_size, sample_size);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(OneBitParams(kOneBitDecompressOp, n, column_size, sample_size));
   return OneBitPacked(kOneBitDecompressOp, words, n, column_size);
 }
 
@@ -181,9 +169,7 @@ inline ffi::Error Threshold(const char* op, int64_t n, float tau, int64_t words)
 
 inline ffi::Error ThresholdCompress(int64_t n, float tau, int64_t words, int64_t residual,
                                     int64_t new_residual) {
-  if (ffi::Error error = Threshold(kThresholdCompressOp, n, tau, words); error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Threshold(kThresholdCompressOp, n, tau, words));
   return ResidualShape(kThresholdCompressOp, n, residual, new_residual);
 }
 
@@ -227,10 +213,7 @@ inline ffi::Error AdaptiveLayout(const char* op, int64_t n, double proportion, i
 inline ffi::Error AdaptiveCompress(int64_t n, int64_t residual, int64_t new_residual,
                                    double proportion, int64_t column_size, int64_t sample_size,
                                    int64_t packed_words, kernels::AdaptiveLayout* layout) {
-  if (ffi::Error error = ResidualShape(kAdaptiveCompressOp, n, residual, new_residual);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(ResidualShape(kAdaptiveCompressOp, n, residual, new_residual));
   if (sample_size < 0) {
     return InvalidArgument(kAdaptiveCompressOp,
                            "sample_size must be >= 0, got " + std::to_string(sample_size));

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -111,7 +112,7 @@ struct AsyncCollective;
 template <auto Impl, typename... Args>
 struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, int32_t, Args...)> {
   static ffi::Future Handler(ffi::ThreadPool /*pool*/, int32_t device_id, Args... args) {
-    auto kept = std::make_shared<std::tuple<Kept<Args>...>>(std::forward<Args>(args)...);
+    auto kept = std::make_shared<std::tuple<Kept<std::decay_t<Args>>...>>(args...);
     return SubmitToEngine(device_id, [device_id, kept](const kernels::TaskRunner& run) {
       return std::apply([&](const auto&... k) { return Impl(run, device_id, k.view()...); }, *kept);
     });

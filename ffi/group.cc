@@ -179,10 +179,7 @@ ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
   auto table_it = state->mesh_tables.find(sizes);
   if (table_it == state->mesh_tables.end()) {
     std::vector<int> table;
-    if (ffi::Error error = DiscoverMesh(world, *state, site.name, self, position, sizes, &table);
-        !error.success()) {
-      return error;
-    }
+    JAXCOMM_RETURN_IF_ERROR(DiscoverMesh(world, *state, site.name, self, position, sizes, &table));
     table_it = state->mesh_tables.emplace(sizes, std::move(table)).first;
   }
   const std::vector<int>& table = table_it->second;

@@ -103,7 +103,7 @@ class GTopKRun {
           e = ReceiveExact(step.peer, current_, step.tag);
           break;
       }
-      if (!e.success()) return e;
+      JAXCOMM_RETURN_IF_ERROR(e);
     }
     return ffi::Error::Success();
   }
@@ -113,10 +113,7 @@ class GTopKRun {
  private:
   ffi::Error ReceiveExact(int from, SparseSet* into, uint32_t step) {
     size_t got = 0;
-    if (ffi::Error e = group_.Recv(from, into->words.data(), into->bytes(), &got, step);
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(group_.Recv(from, into->words.data(), into->bytes(), &got, step));
     if (got != into->bytes()) {
       return ffi_common::InvalidArgument(
           kOp, "group rank " + std::to_string(from) + " sent " + std::to_string(got) +
@@ -127,7 +124,7 @@ class GTopKRun {
   }
 
   ffi::Error ReceiveAndMerge(int from, uint32_t step) {
-    if (ffi::Error e = ReceiveExact(from, &received_, step); !e.success()) return e;
+    JAXCOMM_RETURN_IF_ERROR(ReceiveExact(from, &received_, step));
     const kernels::SparseMergeScratch scratch{scratch_indices_.data(), scratch_values_.data(),
                                               scratch_keys_.data(), 2 * k_};
     const kernels::SparseMergeStatus status = kernels::SparseMergeTopK(
@@ -155,20 +152,14 @@ class GTopKRun {
 
 ffi::Error GTopKImpl(const kernels::TaskRunner& run, int32_t device_id,
                      ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                     int64_t world, ffi::Span<const int64_t> world_devices,
-                     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
-                     int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
-                     ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
+                     const CollectiveAttrs& attrs, int64_t k, ffi::Buffer<ffi::F32> x,
+                     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+                     ffi::ResultBuffer<ffi::F32> new_residual,
                      ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   std::unique_ptr<Group> group;
-  if (ffi::Error e =
-          BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, world, world_devices,
-                                             mesh_axis_sizes, reduce_axes),
-                                k, x, residual, summed, new_residual, &group);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, attrs), k,
+                                                x, residual, summed, new_residual, &group));
 
   SparseSet local, current;
   local.Resize(k);
@@ -177,7 +168,7 @@ ffi::Error GTopKImpl(const kernels::TaskRunner& run, int32_t device_id,
                    r_out, run);
   current = local;
   GTopKRun schedule(*group, k);
-  if (ffi::Error e = schedule.Run(&current); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(schedule.Run(&current));
 
   float* out = summed->typed_data();
   std::memset(out, 0, sizeof(float) * n);
@@ -210,11 +201,4 @@ ffi::Error GTopKImpl(const kernels::TaskRunner& run, int32_t device_id,
 JAXCOMM_EXPORT_HANDLER(JaxcommGTopK);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommGTopK, jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::GTopKImpl>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Attr<int64_t>("k")                        // size of every sparse set
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::BindCollective()));

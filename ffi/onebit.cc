@@ -24,12 +24,9 @@ ffi::Error OneBitCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                               int64_t sample_size, ffi::ResultBuffer<ffi::U32> packed,
                               ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = NumElements(x);
-  if (ffi::Error error =
-          compress_checks::OneBitCompress(n, column_size, sample_size, NumElements(residual),
-                                          NumElements(*new_residual), NumElements(*packed));
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      compress_checks::OneBitCompress(n, column_size, sample_size, NumElements(residual),
+                                      NumElements(*new_residual), NumElements(*packed)));
   const kernels::OneBitParams params{column_size, sample_size};
   const kernels::QuantizeStatus status = kernels::OneBitCompress(
       x.typed_data(), residual.typed_data(), n, params, packed->typed_data(),
@@ -43,10 +40,7 @@ ffi::Error OneBitDecompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> pack
                                 ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  if (ffi::Error error = compress_checks::OneBitDecompress(n, column_size, sample_size, words);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(compress_checks::OneBitDecompress(n, column_size, sample_size, words));
   const kernels::OneBitParams params{column_size, sample_size};
   if (packed.typed_data()[0] != static_cast<uint32_t>(words)) {
     return InvalidArgument(kDecompressOp,

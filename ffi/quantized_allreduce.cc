@@ -115,12 +115,9 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
     const int src = (rank - k + parts) % parts;
     const uint32_t* send = s.mine.data() + s.offsets[dst];
     size_t got = 0;
-    if (ffi::Error e = group.SendRecv(dst, send, sizeof(uint32_t) * send[0], src,
-                                      s.incoming.data() + my_words * src,
-                                      sizeof(uint32_t) * my_words, &got, step);
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(group.SendRecv(dst, send, sizeof(uint32_t) * send[0], src,
+                                           s.incoming.data() + my_words * src,
+                                           sizeof(uint32_t) * my_words, &got, step));
     if (got % sizeof(uint32_t) != 0) {
       return Invalid(group.name(), "group rank " + std::to_string(src) + " sent " +
                                        std::to_string(got) + " bytes, not whole words");
@@ -161,12 +158,9 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
     const uint32_t* send = s.gathered.data() + s.offsets[send_slice];
     const int64_t capacity = s.offsets[recv_slice + 1] - s.offsets[recv_slice];
     size_t got = 0;
-    if (ffi::Error e = group.SendRecv(right, send, sizeof(uint32_t) * s.words[send_slice], left,
-                                      s.gathered.data() + s.offsets[recv_slice],
-                                      sizeof(uint32_t) * capacity, &got, step);
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(group.SendRecv(right, send, sizeof(uint32_t) * s.words[send_slice],
+                                           left, s.gathered.data() + s.offsets[recv_slice],
+                                           sizeof(uint32_t) * capacity, &got, step));
     if (got % sizeof(uint32_t) != 0) {
       return Invalid(group.name(), "group rank " + std::to_string(left) + " sent " +
                                        std::to_string(got) + " bytes, not whole words");
@@ -192,37 +186,24 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
 
 ffi::Error QuantizedAllreduceImpl(
     const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
-    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes, int64_t kind,
-    int64_t column_size, int64_t sample_size, double proportion, float tau, double max_density,
-    ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+    ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs, int64_t kind, int64_t column_size,
+    int64_t sample_size, double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
+    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  if (ffi::Error e =
-          CheckSizes(kQuantizedOp, n,
-                     {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                      ffi_common::NumElements(*new_residual)});
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckSizes(kQuantizedOp, n,
+                 {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
+                  ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
-  if (ffi::Error e = ReadSpec(kQuantizedOp, kind, column_size, sample_size, proportion, tau,
-                              max_density, &spec);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      ReadSpec(kQuantizedOp, kind, column_size, sample_size, proportion, tau, max_density, &spec));
   std::unique_ptr<Group> group;
-  if (ffi::Error e = Group::Begin(MakeCallSite(kQuantizedOp, device_id, coordinates, world,
-                                               world_devices, mesh_axis_sizes, reduce_axes),
-                                  &group);
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = QuantizedAllreduce(*group, spec, x.typed_data(), residual.typed_data(), n,
-                                        summed->typed_data(), new_residual->typed_data(), run);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      Group::Begin(MakeCallSite(kQuantizedOp, device_id, coordinates, attrs), &group));
+  JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduce(*group, spec, x.typed_data(), residual.typed_data(), n,
+                                             summed->typed_data(), new_residual->typed_data(),
+                                             run));
   group->Finish(KindLabel(spec.kind), n);
   token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
@@ -243,13 +224,9 @@ ffi::Error RingReduceScatter(Group& group, float* data, int64_t n, std::vector<f
     const int send_chunk = (rank - k + parts) % parts;
     const int recv_chunk = (rank - k - 1 + parts) % parts;
     size_t got = 0;
-    if (ffi::Error e =
-            group.SendRecv((rank + 1) % parts, data + begin(send_chunk),
-                           sizeof(float) * size(send_chunk), (rank + parts - 1) % parts,
-                           scratch->data(), sizeof(float) * scratch->size(), &got, *step);
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(group.SendRecv(
+        (rank + 1) % parts, data + begin(send_chunk), sizeof(float) * size(send_chunk),
+        (rank + parts - 1) % parts, scratch->data(), sizeof(float) * scratch->size(), &got, *step));
     if (got != sizeof(float) * size(recv_chunk)) {
       return Invalid(group.name(),
                      "a local rank sent a chunk of the wrong size; every rank must "
@@ -270,13 +247,10 @@ ffi::Error RingAllgather(Group& group, float* data, int64_t n, uint32_t* step) {
     const int send_chunk = (rank + 1 - k + parts) % parts;
     const int recv_chunk = (rank - k + parts) % parts;
     size_t got = 0;
-    if (ffi::Error e =
-            group.SendRecv((rank + 1) % parts, data + begin(send_chunk),
-                           sizeof(float) * size(send_chunk), (rank + parts - 1) % parts,
-                           data + begin(recv_chunk), sizeof(float) * size(recv_chunk), &got, *step);
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(group.SendRecv((rank + 1) % parts, data + begin(send_chunk),
+                                           sizeof(float) * size(send_chunk),
+                                           (rank + parts - 1) % parts, data + begin(recv_chunk),
+                                           sizeof(float) * size(recv_chunk), &got, *step));
     if (got != sizeof(float) * size(recv_chunk)) {
       return Invalid(group.name(), "a local rank sent a chunk of the wrong size");
     }
@@ -291,11 +265,10 @@ struct HierarchicalGroups {
 };
 
 ffi::Error BeginHierarchical(const char* op, int32_t device_id, ffi::Buffer<ffi::S32, 1> coords,
-                             int64_t world, ffi::Span<const int64_t> world_devices,
-                             ffi::Span<const int64_t> mesh_axis_sizes,
-                             ffi::Span<const int64_t> reduce_axes, int64_t node_axis,
-                             int64_t local_axis, HierarchicalGroups* groups) {
-  const int64_t axes = static_cast<int64_t>(mesh_axis_sizes.size());
+                             const CollectiveAttrs& attrs, int64_t node_axis, int64_t local_axis,
+                             HierarchicalGroups* groups) {
+  const int64_t axes = static_cast<int64_t>(attrs.mesh_axis_sizes.size());
+  const ffi::Span<const int64_t> reduce_axes = attrs.reduce_axes;
   if (node_axis < 0 || node_axis >= axes || local_axis < 0 || local_axis >= axes ||
       node_axis == local_axis || !reduce_axes[node_axis] || !reduce_axes[local_axis]) {
     return Invalid(op, "node_axis and local_axis must be two distinct reduced mesh axes");
@@ -306,22 +279,13 @@ ffi::Error BeginHierarchical(const char* op, int32_t device_id, ffi::Buffer<ffi:
   node_mask = local_mask;
   local_mask[node_axis] = 0;
   node_mask[local_axis] = 0;
-  if (ffi::Error e = Group::Begin(
-          MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes, reduce_axes),
-          &groups->all);
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e =
-          Group::Begin(MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes,
-                                    ffi::Span<const int64_t>(local_mask.data(), local_mask.size())),
-                       &groups->local);
-      !e.success()) {
-    return e;
-  }
-  return Group::Begin(MakeCallSite(op, device_id, coords, world, world_devices, mesh_axis_sizes,
-                                   ffi::Span<const int64_t>(node_mask.data(), node_mask.size())),
-                      &groups->node);
+  const CallSite all = MakeCallSite(op, device_id, coords, attrs);
+  CallSite local = all, node = all;
+  local.reduce_axes = ffi::Span<const int64_t>(local_mask.data(), local_mask.size());
+  node.reduce_axes = ffi::Span<const int64_t>(node_mask.data(), node_mask.size());
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(all, &groups->all));
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(local, &groups->local));
+  return Group::Begin(node, &groups->node);
 }
 
 // Allreduce of data[0, n) across nodes: dense ring, or quantized with the residual of the
@@ -343,30 +307,22 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
   const int parts = local.size();
   const int rank = local.rank();
   uint32_t step = 0;
-  if (ffi::Error e = RingReduceScatter(local, out, n, &scratch, &step); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(RingReduceScatter(local, out, n, &scratch, &step));
   const int owned = (rank + 1) % parts;
   const int64_t begin = EvenBegin(n, parts, owned);
   const int64_t size = EvenBegin(n, parts, owned + 1) - begin;
   if (leaders > 1 || parts == 1) {
-    if (ffi::Error e = InterNode(*g.node, spec, out + begin, size,
-                                 residual_out ? residual_out + begin : nullptr, run);
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
+                                      residual_out ? residual_out + begin : nullptr, run));
     return RingAllgather(local, out, n, &step);
   }
   // Single leader: gather the reduced chunks on local rank 0, allreduce there, send back.
   const uint32_t gather_step = step++;
   const uint32_t bcast_step = step++;
   if (rank != 0) {
-    if (ffi::Error e = local.Send(0, out + begin, sizeof(float) * size, gather_step);
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(local.Send(0, out + begin, sizeof(float) * size, gather_step));
     size_t got = 0;
-    if (ffi::Error e = local.Recv(0, out, sizeof(float) * n, &got, bcast_step); !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(local.Recv(0, out, sizeof(float) * n, &got, bcast_step));
     if (got != sizeof(float) * n) return Invalid(local.name(), "the leader sent a short vector");
     return ffi::Error::Success();
   }
@@ -375,44 +331,32 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
     const int64_t b = EvenBegin(n, parts, c);
     const int64_t len = EvenBegin(n, parts, c + 1) - b;
     size_t got = 0;
-    if (ffi::Error e = local.Recv(q, out + b, sizeof(float) * len, &got, gather_step);
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(local.Recv(q, out + b, sizeof(float) * len, &got, gather_step));
     if (got != sizeof(float) * len) return Invalid(local.name(), "a local rank sent a short chunk");
   }
-  if (ffi::Error e = InterNode(*g.node, spec, out, n, residual_out, run); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out, n, residual_out, run));
   for (int q = 1; q < parts; ++q) {
-    if (ffi::Error e = local.Send(q, out, sizeof(float) * n, bcast_step); !e.success()) return e;
+    JAXCOMM_RETURN_IF_ERROR(local.Send(q, out, sizeof(float) * n, bcast_step));
   }
   return ffi::Error::Success();
 }
 
-ffi::Error HierarchicalDenseImpl(
-    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
-    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
-    int64_t node_axis, int64_t local_axis, int64_t leaders, ffi::Buffer<ffi::F32> x,
-    ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error HierarchicalDenseImpl(const kernels::TaskRunner& run, int32_t device_id,
+                                 ffi::Buffer<ffi::S32, 1> coordinates,
+                                 ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                                 int64_t node_axis, int64_t local_axis, int64_t leaders,
+                                 ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out,
+                                 ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  if (ffi::Error e = CheckSizes(kHierarchicalOp, n, {ffi_common::NumElements(*out)});
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckSizes(kHierarchicalOp, n, {ffi_common::NumElements(*out)}));
   HierarchicalGroups g;
-  if (ffi::Error e =
-          BeginHierarchical(kHierarchicalOp, device_id, coordinates, world, world_devices,
-                            mesh_axis_sizes, reduce_axes, node_axis, local_axis, &g);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      BeginHierarchical(kHierarchicalOp, device_id, coordinates, attrs, node_axis, local_axis, &g));
   if (out->typed_data() != x.typed_data()) {
     std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
   }
-  if (ffi::Error e = HierarchicalAllreduce(g, nullptr, leaders, out->typed_data(), n, nullptr, run);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      HierarchicalAllreduce(g, nullptr, leaders, out->typed_data(), n, nullptr, run));
   g.all->Absorb(*g.local);
   g.all->Absorb(*g.node);
   g.all->Finish(leaders > 1 ? "hierarchical_ring" : "hierarchical_ring_leader", n);
@@ -422,44 +366,30 @@ ffi::Error HierarchicalDenseImpl(
 
 ffi::Error HierarchicalQuantizedImpl(
     const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
-    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
-    int64_t node_axis, int64_t local_axis, int64_t leaders, int64_t kind, int64_t column_size,
-    int64_t sample_size, double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
+    ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs, int64_t node_axis,
+    int64_t local_axis, int64_t leaders, int64_t kind, int64_t column_size, int64_t sample_size,
+    double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  if (ffi::Error e =
-          CheckSizes(kHierarchicalQuantizedOp, n,
-                     {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                      ffi_common::NumElements(*new_residual)});
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckSizes(kHierarchicalQuantizedOp, n,
+                 {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
+                  ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
-  if (ffi::Error e = ReadSpec(kHierarchicalQuantizedOp, kind, column_size, sample_size, proportion,
-                              tau, max_density, &spec);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(ReadSpec(kHierarchicalQuantizedOp, kind, column_size, sample_size,
+                                   proportion, tau, max_density, &spec));
   HierarchicalGroups g;
-  if (ffi::Error e =
-          BeginHierarchical(kHierarchicalQuantizedOp, device_id, coordinates, world, world_devices,
-                            mesh_axis_sizes, reduce_axes, node_axis, local_axis, &g);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, device_id, coordinates, attrs,
+                                            node_axis, local_axis, &g));
   float* out = summed->typed_data();
   const float* xs = x.typed_data();
   const float* rs = residual.typed_data();
   for (int64_t i = 0; i < n; ++i) out[i] = xs[i] + rs[i];
   // Only the part this rank quantizes gets an error; the dense phases lose nothing.
   std::fill(new_residual->typed_data(), new_residual->typed_data() + n, 0.0f);
-  if (ffi::Error e =
-          HierarchicalAllreduce(g, &spec, leaders, out, n, new_residual->typed_data(), run);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      HierarchicalAllreduce(g, &spec, leaders, out, n, new_residual->typed_data(), run));
   g.all->Absorb(*g.local);
   g.all->Absorb(*g.node);
   const std::string label =
@@ -476,38 +406,20 @@ JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommQuantizedAllreduce,
     jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::QuantizedAllreduceImpl>::Handler,
-    JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective())
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (identical on all ranks)
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindCompressedData(
+        JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective())));
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalAllreduce);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommHierarchicalAllreduce,
     jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::HierarchicalDenseImpl>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Attr<int64_t>("node_axis")                // index of the node axis
-        .Attr<int64_t>("local_axis")               // index of the local axis
-        .Attr<int64_t>("leaders")                  // 1 = single leader, else L
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the sum
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindDenseData(
+        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::BindCollective())));
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalQuantized);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalQuantized,
-                              jaxcomm::collectives::AsyncCollective<
-                                  &jaxcomm::collectives::HierarchicalQuantizedImpl>::Handler,
-                              JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective()
-                                                          .Attr<int64_t>("node_axis")
-                                                          .Attr<int64_t>("local_axis")
-                                                          .Attr<int64_t>("leaders"))
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommHierarchicalQuantized,
+    jaxcomm::collectives::AsyncCollective<
+        &jaxcomm::collectives::HierarchicalQuantizedImpl>::Handler,
+    jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
+        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::BindCollective()))));

@@ -39,11 +39,8 @@ ffi::Error SparseMergeImpl(ffi::Buffer<ffi::S32> idx_a, ffi::Buffer<ffi::F32> va
   const int64_t ka = NumElements(idx_a);
   const int64_t kb = NumElements(idx_b);
   const int64_t k = NumElements(*idx);
-  if (ffi::Error error = compress_checks::SparseMerge(ka, NumElements(val_a), kb,
-                                                      NumElements(val_b), k, NumElements(*val));
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(compress_checks::SparseMerge(ka, NumElements(val_a), kb,
+                                                       NumElements(val_b), k, NumElements(*val)));
   const kernels::SparseMergeStatus status =
       kernels::SparseMergeTopK(idx_a.typed_data(), val_a.typed_data(), ka, idx_b.typed_data(),
                                val_b.typed_data(), kb, k, idx->typed_data(), val->typed_data(),

@@ -25,11 +25,8 @@ ffi::Error ThresholdCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                  ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = NumElements(x);
   const int64_t words = NumElements(*packed);
-  if (ffi::Error error = compress_checks::ThresholdCompress(n, tau, words, NumElements(residual),
-                                                            NumElements(*new_residual));
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(compress_checks::ThresholdCompress(n, tau, words, NumElements(residual),
+                                                             NumElements(*new_residual)));
   const kernels::QuantizeStatus status = kernels::ThresholdCompress(
       x.typed_data(), residual.typed_data(), n, {tau, words - 1}, packed->typed_data(),
       new_residual->typed_data(), ffi_common::PoolRunner(&pool));
@@ -41,9 +38,7 @@ ffi::Error ThresholdDecompressImpl(ffi::Buffer<ffi::U32> packed, float tau,
                                    ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  if (ffi::Error error = compress_checks::ThresholdDecompress(n, tau, words); error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(compress_checks::ThresholdDecompress(n, tau, words));
   const uint32_t used = packed.typed_data()[0];
   if (used < 1 || used > words) {
     return InvalidArgument(kDecompressOp, "packed[0] = " + std::to_string(used) +

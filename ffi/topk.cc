@@ -23,9 +23,7 @@ ffi::Error TopKAbsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                        ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::S32> indices) {
   const int64_t n = NumElements(x);
   const int64_t k = NumElements(*values);
-  if (ffi::Error error = compress_checks::TopKAbs(n, k, NumElements(*indices)); error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(compress_checks::TopKAbs(n, k, NumElements(*indices)));
   kernels::TopKAbs(x.typed_data(), nullptr, n, k, indices->typed_data(), values->typed_data(),
                    nullptr, ffi_common::PoolRunner(&pool));
   return ffi::Error::Success();
@@ -39,11 +37,8 @@ ffi::Error TopKCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int64_t n = NumElements(x);
   const int64_t words = NumElements(*packed);
   const int64_t k = (words - 1) / 2;
-  if (ffi::Error error = compress_checks::TopKCompress(n, NumElements(residual),
-                                                       NumElements(*new_residual), words);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      compress_checks::TopKCompress(n, NumElements(residual), NumElements(*new_residual), words));
   uint32_t* out = packed->typed_data();
   out[0] = static_cast<uint32_t>(words);
   auto* out_indices = reinterpret_cast<int32_t*>(out + 1);
@@ -57,7 +52,7 @@ ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ff
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
   const int64_t k = (words - 1) / 2;
-  if (ffi::Error error = compress_checks::TopKDecompress(n, words); error.failure()) return error;
+  JAXCOMM_RETURN_IF_ERROR(compress_checks::TopKDecompress(n, words));
   const uint32_t* in = packed.typed_data();
   if (in[0] != static_cast<uint32_t>(words)) {
     return InvalidArgument(kTopKDecompressOp,

@@ -18,21 +18,16 @@ namespace {
 
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
 
-ffi::Error TopKAllgatherImpl(
-    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, int64_t world, ffi::Span<const int64_t> world_devices,
-    ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes, int64_t k,
-    ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error TopKAllgatherImpl(const kernels::TaskRunner& run, int32_t device_id,
+                             ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
+                             const CollectiveAttrs& attrs, int64_t k, ffi::Buffer<ffi::F32> x,
+                             ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+                             ffi::ResultBuffer<ffi::F32> new_residual,
+                             ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   std::unique_ptr<Group> group;
-  if (ffi::Error e =
-          BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, world, world_devices,
-                                             mesh_axis_sizes, reduce_axes),
-                                k, x, residual, summed, new_residual, &group);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, attrs), k,
+                                                x, residual, summed, new_residual, &group));
   const int parts = group->size();
   const int rank = group->rank();
   // slots[q] = [k indices][k values] of group rank q
@@ -50,12 +45,9 @@ ffi::Error TopKAllgatherImpl(
     const int send_slot = (rank - s + parts) % parts;
     const int recv_slot = (rank - s - 1 + parts) % parts;
     size_t got = 0;
-    if (ffi::Error e = group->SendRecv(right, slots.data() + slot_words * send_slot, slot_bytes,
-                                       left, slots.data() + slot_words * recv_slot, slot_bytes,
-                                       &got, static_cast<uint32_t>(s));
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(group->SendRecv(right, slots.data() + slot_words * send_slot,
+                                            slot_bytes, left, slots.data() + slot_words * recv_slot,
+                                            slot_bytes, &got, static_cast<uint32_t>(s)));
     if (got != slot_bytes) {
       return ffi_common::InvalidArgument(
           kOp, "a peer sent " + std::to_string(got) + " bytes instead of " +
@@ -89,11 +81,4 @@ JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgather);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxcommTopKAllgather,
     jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::TopKAllgatherImpl>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Attr<int64_t>("k")                        // entries each rank contributes
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::BindCollective()));

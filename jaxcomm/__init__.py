@@ -5,7 +5,7 @@ Example:
   >>> values, indices = jaxcomm.ops.topk_abs(jnp.array([1.0, -4.0, 2.0]), 1)
 """
 
-from jaxcomm import ops, optax, timeline
+from jaxcomm import _ffi, ops, optax, timeline
 from jaxcomm.collectives import allreduce, compressed_allreduce
 from jaxcomm.compressors import (
     Adaptive,
@@ -17,9 +17,15 @@ from jaxcomm.compressors import (
     TopKAllgather,
 )
 from jaxcomm.metrics import metrics, reset_metrics
-from jaxcomm.pacing import CollectiveError, Paced, paced
+from jaxcomm.pacing import CollectiveError, Paced, paced, size_cpu_launch_pool
 
 __version__ = "0.1.0"
+
+_ffi.register_all()  # every FFI target, from the one table in jaxcomm/_ffi.py
+
+# Before JAX creates its CPU client: a launch pool that several devices cannot starve
+# (jaxcomm/pacing.py).
+size_cpu_launch_pool()
 
 __all__ = [
     "Adaptive",

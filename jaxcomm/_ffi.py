@@ -1,7 +1,7 @@
-"""Loads libjaxcomm_ffi.so once and registers its XLA FFI targets on demand.
+"""Loads libjaxcomm_ffi.so once and registers its XLA FFI targets from one table.
 
-Each op module calls :func:`register` for the handlers it uses at import time; registration
-is idempotent, so importing a module twice (or from several threads) registers once.
+:data:`TARGETS` lists every handler the library exports; ``import jaxcomm`` registers them all
+(:func:`register_all`, idempotent). ``tests/test_cuda_build.py`` reads the same table.
 """
 
 from __future__ import annotations
@@ -18,6 +18,34 @@ _LIBRARY_NAME = "libjaxcomm_ffi.so"
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _registered: set[tuple[str, str]] = set()
+
+# Every XLA FFI target of the library: target name -> (CPU handler symbol, has a CUDA handler).
+# The CUDA handler is the CPU symbol + "Cuda", registered for platform "CUDA" when the library
+# was built with CUDA (JAXCOMM_ENABLE_CUDA=ON).
+TARGETS: dict[str, tuple[str, bool]] = {
+    # single-device ops (jaxcomm/ops/)
+    "jaxcomm_topk_abs": ("JaxcommTopKAbs", True),
+    "jaxcomm_topk_compress": ("JaxcommTopKCompress", True),
+    "jaxcomm_topk_decompress": ("JaxcommTopKDecompress", True),
+    "jaxcomm_onebit_compress": ("JaxcommOneBitCompress", True),
+    "jaxcomm_onebit_decompress": ("JaxcommOneBitDecompress", True),
+    "jaxcomm_threshold_compress": ("JaxcommThresholdCompress", True),
+    "jaxcomm_threshold_decompress": ("JaxcommThresholdDecompress", True),
+    "jaxcomm_adaptive_compress": ("JaxcommAdaptiveCompress", True),
+    "jaxcomm_adaptive_decompress": ("JaxcommAdaptiveDecompress", True),
+    "jaxcomm_sparse_merge": ("JaxcommSparseMerge", True),
+    # collectives (jaxcomm/collectives/)
+    "jaxcomm_allreduce": ("JaxcommAllreduce", True),
+    "jaxcomm_allreduce_bf16": ("JaxcommAllreduceBf16", False),  # 16-bit wire, CPU only
+    "jaxcomm_allreduce_f16": ("JaxcommAllreduceF16", False),
+    "jaxcomm_topk_allgather": ("JaxcommTopKAllgather", True),
+    "jaxcomm_gtopk": ("JaxcommGTopK", True),
+    "jaxcomm_quantized_allreduce": ("JaxcommQuantizedAllreduce", True),
+    "jaxcomm_hierarchical_allreduce": ("JaxcommHierarchicalAllreduce", True),
+    "jaxcomm_hierarchical_quantized": ("JaxcommHierarchicalQuantized", True),
+    # timeline (jaxcomm/timeline.py)
+    "jaxcomm_mark": ("JaxcommMark", False),
+}
 
 
 def library() -> ctypes.CDLL:
@@ -77,6 +105,14 @@ def read_json(symbol: str) -> Any:
     buffer = ctypes.create_string_buffer(size + 1)
     fn(buffer, size + 1)
     return json.loads(buffer.value.decode())
+
+
+def register_all() -> None:
+    """Registers every target of :data:`TARGETS` (CPU, and CUDA where built), once."""
+    for target, (symbol, has_gpu) in TARGETS.items():
+        register(target, symbol)
+        if has_gpu:
+            register_gpu(target, symbol + "Cuda")
 
 
 def has_gpu_kernels() -> bool:

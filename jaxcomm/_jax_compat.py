@@ -32,3 +32,68 @@ def forget_runtime_tokens() -> None:
     from jax._src import dispatch
 
     dispatch.runtime_tokens.clear()
+
+
+def cpu_backend_started() -> bool:
+    """Whether JAX already created its CPU client (settings read at creation come too late)."""
+    from jax._src import xla_bridge
+
+    return "cpu" in xla_bridge._backends
+
+
+def cpu_device_count_setting() -> int:
+    """CPU devices per process JAX will create: jax_num_cpu_devices, else the XLA flag, else 1."""
+    import os
+    import re
+
+    from jax._src import xla_bridge
+
+    if xla_bridge.num_cpu_devices.value >= 0:
+        return int(xla_bridge.num_cpu_devices.value)
+    match = re.search(
+        r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+    )
+    return int(match.group(1)) if match else 1
+
+
+def before_cpu_backend(hook: Any) -> bool:
+    """Runs ``hook()`` right before JAX creates its CPU client, whenever that happens.
+
+    Returns:
+      False when the CPU client exists already (the hook is not installed).
+    """
+    from jax._src import xla_bridge
+
+    if cpu_backend_started():
+        return False
+    registration = xla_bridge._backend_factories.get("cpu")
+    if registration is None or getattr(registration.factory, "_jaxcomm_hook", False):
+        return registration is not None
+    original = registration.factory
+
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        hook()
+        return original(*args, **kwargs)
+
+    factory._jaxcomm_hook = True  # type: ignore[attr-defined]
+    xla_bridge.register_backend_factory(
+        "cpu",
+        factory,
+        priority=registration.priority,
+        fail_quietly=registration.fail_quietly,
+        experimental=registration.experimental,
+        c_api=registration.c_api,
+    )
+    return True
+
+
+def dict_attribute(**values: Any) -> dict[str, Any]:
+    """An FFI dictionary attribute (a struct on the C++ side) whose arrays JAX can hash.
+
+    jax.ffi.ffi_call hashes its attributes; arrays at the top level are wrapped for that, arrays
+    inside a dictionary are not, so they are wrapped here (lowered like top-level arrays).
+    """
+    import numpy as np
+    from jax._src.hashable_array import HashableArray
+
+    return {k: HashableArray(v) if isinstance(v, np.ndarray) else v for k, v in values.items()}

@@ -11,6 +11,11 @@ import numpy as np
 
 MAX_ELEMENTS = 2**31 - 1  # indices travel as int32 / 31-bit fields on the wire
 
+# Floating dtypes the collectives and compressors accept. 16-bit inputs are widened to float32
+# before encoding (the kernels work in float32 and residuals stay float32); results come back in
+# the input's dtype. The dense allreduce sends 16-bit words and sums in float32.
+FLOAT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
 
 def float32_array(x: Any, name: str, *, ndim: int | None = None) -> jnp.ndarray:
     """Returns `x` as a JAX array after checking it is float32 (and of rank `ndim`)."""
@@ -25,6 +30,20 @@ def float32_array(x: Any, name: str, *, ndim: int | None = None) -> jnp.ndarray:
         raise ValueError(
             f"{name} must have rank {ndim}, got shape {tuple(x.shape)}"
             + (f"; flatten it with {name}.ravel()" if ndim == 1 else "")
+        )
+    if x.size > MAX_ELEMENTS:
+        raise ValueError(f"{name} has {x.size} elements; jaxcomm supports at most 2**31 - 1")
+    return x
+
+
+def float_array(x: Any, name: str) -> jnp.ndarray:
+    """Returns `x` as a JAX array after checking it is float32, bfloat16 or float16."""
+    if not hasattr(x, "dtype"):
+        x = jnp.asarray(x)
+    if jnp.dtype(x.dtype) not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be float32, bfloat16 or float16, got {x.dtype}. Cast it, e.g. "
+            f"{name}.astype(jnp.float32)"
         )
     if x.size > MAX_ELEMENTS:
         raise ValueError(f"{name} has {x.size} elements; jaxcomm supports at most 2**31 - 1")
@@ -66,16 +85,24 @@ def finite_float(value: Any, name: str) -> float:
 
 
 def residual_like(x: Any, residual: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Checks an (x, residual) pair of error feedback: both float32, same shape, non-empty.
+    """Checks an (x, residual) pair of error feedback: x float32/bfloat16/float16, the residual
+    float32 (error feedback is kept in float32 whatever x's dtype), same shape.
 
     Returns:
-      ``(x, residual)`` as JAX arrays.
+      ``(x as float32, residual)`` as JAX arrays (16-bit x is widened exactly).
     """
-    x = float32_array(x, "x")
-    residual = float32_array(residual, "residual")
+    x = float_array(x, "x")
+    if not hasattr(residual, "dtype"):
+        residual = jnp.asarray(residual)
+    if residual.dtype != jnp.float32:
+        raise TypeError(
+            f"residual must be float32, got {residual.dtype}: error feedback is kept in float32 "
+            f"even for {x.dtype} inputs (16-bit residuals would round away the small values "
+            "that error feedback exists to keep). Start with jnp.zeros(x.shape, jnp.float32)"
+        )
     if residual.shape != x.shape:
         raise ValueError(
             f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}; "
-            "start with jnp.zeros_like(x)"
+            "start with jnp.zeros(x.shape, jnp.float32)"
         )
-    return x, residual
+    return x.astype(jnp.float32), residual

@@ -169,9 +169,14 @@ class Threshold:
 class Adaptive:
     """Adaptive quantization with error feedback (Dryden et al. 2016, §3.3).
 
-    Per column, the ``ceil(k+ / proportion)`` largest positive and ``ceil(k- / proportion)``
-    most negative values are sent (k+/k-: the column's positive/negative counts), each
-    decoded to the mean of the values of its sign that were sent. Zeros are never sent.
+    Per column, the ``min(k+, ceil((k+ + k0) / proportion))`` largest positive and
+    ``min(k-, ceil((k- + k0) / proportion))`` most negative values are sent (k+/k-/k0: the
+    column's positive/negative/zero counts), each decoded to the mean of the values of its
+    sign that were sent. Zeros are never sent, but they count: the paper takes k as the
+    number of *non-negative* values (§3.3), mirrored here for the negative sign. On a dense
+    gradient this is ``ceil(k± / proportion)``; on the sparse sum that the quantized
+    allreduce requantizes (§3.4) it keeps about 1/π of the column instead of 1/π of the
+    sum's few nonzeros, which is what keeps the owners' residuals bounded.
 
     Args:
       proportion: π >= 1; about 1/π of each sign's values are sent per column.

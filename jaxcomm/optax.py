@@ -8,7 +8,8 @@ ranks, and hands the average to the rest of the chain.
 Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``):
 
 - **Buckets, in the order backward produces them.** Leaves are raveled and concatenated into
-  float32 buckets of at most ``bucket_size`` elements (a larger leaf is a bucket of its own),
+  float32 buckets (dense reduction: the leaves' common dtype, so an all-bf16 tree uses the
+  16-bit wire) of at most ``bucket_size`` elements (a larger leaf is a bucket of its own),
   walking the leaves in *reverse* tree order: backward computes the last layer's gradient first,
   and a model's tree lists layers first to last (PyTorch DDP buckets in reverse parameter order
   for the same reason). Each bucket's collective depends only on its own leaves, and the
@@ -44,7 +45,7 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from jaxcomm import _ordering
+from jaxcomm import _ordering, cost
 from jaxcomm.collectives import allreduce, compressed_allreduce
 
 AxisName = str | tuple[str, ...]
@@ -163,7 +164,9 @@ def allreduce_gradients(
       axis_name: the data-parallel mesh axis (or tuple of axes) to reduce over.
       compressor: ``None`` for the dense ring allreduce, or an algorithm that
         ``jaxcomm.compressed_allreduce`` accepts, e.g. ``jaxcomm.GTopK(0.01)`` or
-        ``jaxcomm.TopKAllgather(0.01)`` (error feedback is kept in the state).
+        ``jaxcomm.TopKAllgather(0.01)`` (error feedback is kept in the state), or ``"auto"``
+        / ``jaxcomm.cost.Auto(allowed=("dense", "gtopk"), profile="profile.json")``: each
+        bucket's algorithm is chosen at trace time by the cost model (:mod:`jaxcomm.cost`).
       hierarchical: reduce within a node first, then across nodes (``axis_name`` must then
         be a ("node", "local") pair of mesh axes; see ``jaxcomm.allreduce``).
       mean: divide the sum by the number of ranks (else return the sum).
@@ -187,7 +190,6 @@ def allreduce_gradients(
     if int(bucket_size) < 1:
         raise ValueError(f"bucket_size must be >= 1 element, got {bucket_size}")
     bucket_size = int(bucket_size)
-    collective = allreduce if compressor is None else compressed_allreduce
     extra: dict[str, Any] = {}
     if hierarchical:
         extra["hierarchical"] = True
@@ -212,11 +214,15 @@ def allreduce_gradients(
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
         for group in _buckets([x.size for x in xs], bucket_size):
             x = jnp.concatenate([xs[i] for i in group]) if len(group) > 1 else xs[group[0]]
-            if algo is None:
-                summed = collective(x, axis_name, **extra)
-            else:
+            if algo is not None:
                 r = jnp.concatenate([rs[i] for i in group]) if len(group) > 1 else rs[group[0]]
-                summed, r = collective(x, r, axis_name, algo, **extra)
+            # "auto" picks per bucket from the cost model (static: the same on every rank);
+            # a bucket it sends dense keeps its (zero) residual.
+            chosen = cost.auto_compressor(algo, x.size, axis_name, hierarchical)
+            if chosen is None:
+                summed = allreduce(x, axis_name, **extra)
+            else:
+                summed, r = compressed_allreduce(x, r, axis_name, chosen, **extra)
             offset = 0
             for i in group:
                 n = xs[i].size
@@ -231,7 +237,10 @@ def allreduce_gradients(
     ) -> tuple[Any, AllreduceGradientsState]:
         del params
         leaves, treedef = jax.tree.flatten(updates)
-        xs = [jnp.ravel(g).astype(jnp.float32) for g in leaves]
+        # Dense buckets travel in the gradients' common dtype (an all-bf16 tree uses the 16-bit
+        # wire of jaxcomm.allreduce); compressed ones in float32, the dtype of the residuals.
+        wire = jnp.result_type(*leaves) if compressor is None and leaves else jnp.float32
+        xs = [jnp.ravel(g).astype(wire) for g in leaves]
         rs = None
         if compressor is not None:
             r_leaves = treedef.flatten_up_to(state.residuals)

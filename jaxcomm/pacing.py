@@ -1,12 +1,24 @@
 """Training loops without a synchronization per step, and short errors when a step fails.
 
 JAX dispatches jitted steps asynchronously: the host queues step i + 1 while the devices still
-run step i. With several CPU devices in one process, XLA:CPU deadlocks when the host runs too
-far ahead of collectives (its own ``lax.psum`` and jaxcomm's alike; root cause in
-``docs/xla-cpu-async-hang.md``). :func:`paced` is the supported way to run such loops: it keeps
-at most ``max_in_flight`` steps queued, waiting for the oldest one's outputs before returning
-from the next call. The host still runs ahead of the devices (dispatch overlaps compute), just
-not without bound.
+run step i. With several CPU devices in one process, XLA:CPU can deadlock when the host runs
+far ahead of steps that hold collectives, its own ``lax.psum`` and jaxcomm's alike (root cause
+in ``docs/xla-cpu-async-hang.md``): one thread pool, of max(cores, devices) threads, both
+launches the devices' executions and runs them; a running execution holds its thread until its
+collectives complete, and once a device has 32 executions in flight a launch holds its thread
+waiting for a slot. With 2 cores and 2-8 devices, launches waiting for slots take the threads
+that the other devices' executions need to reach the collective.
+
+Two remedies, both applied:
+
+- :func:`size_cpu_launch_pool` (called when jaxcomm is imported) makes that pool large enough,
+  2 x devices + 2 threads, through ``PJRT_NPROC`` just before JAX creates its CPU client, so
+  a plain loop of dependent steps no longer deadlocks. It cannot act when JAX's CPU client
+  already exists (import jaxcomm before using JAX's devices), or when ``PJRT_NPROC`` is set.
+- :func:`paced` keeps at most ``max_in_flight`` steps queued, waiting for the oldest one's
+  outputs before returning from the next call, so no device ever has 32 executions in flight
+  (the host still runs ahead of the devices, so dispatch overlaps compute). This is the
+  supported way for any loop, and it turns a failure into one short error.
 
 A failed step surfaces from XLA as a chain: every step dispatched behind it prefixes its own
 ``Error dispatching computation:``. :func:`paced` notices a failure within ``max_in_flight``
@@ -16,6 +28,7 @@ steps and raises :class:`CollectiveError` with the first failure's message, once
 from __future__ import annotations
 
 import collections
+import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +40,47 @@ from jaxcomm import _jax_compat
 # Steps a paced loop keeps in flight. Two keep the host one step ahead of the devices (dispatch
 # hides behind compute) and stay far below XLA:CPU's per-device limit, where it deadlocks.
 DEFAULT_MAX_IN_FLIGHT = 2
+
+
+# Threads the CPU launch pool needs: every device's running execution, every device's launch
+# waiting for an in-flight slot, and the host's transfers.
+def cpu_launch_threads(devices: int) -> int:
+    """Threads XLA:CPU's launch pool needs so that ``devices`` devices cannot starve it.
+
+    Args:
+      devices: CPU devices of this process.
+
+    Returns:
+      ``max(cores, 2 * devices + 2)``.
+
+    Example:
+      >>> cpu_launch_threads(4) >= 10
+      True
+    """
+    return max(os.cpu_count() or 1, 2 * int(devices) + 2)
+
+
+def _set_launch_pool_size() -> None:
+    devices = _jax_compat.cpu_device_count_setting()
+    if devices > 1 and "PJRT_NPROC" not in os.environ:
+        os.environ["PJRT_NPROC"] = str(cpu_launch_threads(devices))
+
+
+def size_cpu_launch_pool() -> bool:
+    """Sizes XLA:CPU's launch pool for the process's CPU devices when JAX creates its client.
+
+    Sets ``PJRT_NPROC`` to :func:`cpu_launch_threads` right before the CPU client is created,
+    unless the process has a single CPU device or ``PJRT_NPROC`` is already set. Importing
+    jaxcomm calls this.
+
+    Returns:
+      False when JAX's CPU client already existed (nothing can be changed; use :func:`paced`).
+
+    Example:
+      >>> import jaxcomm  # calls size_cpu_launch_pool()
+    """
+    return _jax_compat.before_cpu_backend(_set_launch_pool_size)
+
 
 _CHAIN_PREFIX = re.compile(r"^(?:[A-Z_]+: )?(?:Error dispatching computation: )*")
 
@@ -76,7 +130,7 @@ class Paced:
         outputs = self._guard(lambda: self.fn(*args, **kwargs))
         self._in_flight.append(outputs)
         while len(self._in_flight) > self.max_in_flight:
-            self._wait(self._in_flight.popleft())
+            self._wait_oldest()
         return outputs
 
     def wait(self) -> None:
@@ -86,17 +140,22 @@ class Paced:
           None.
         """
         while self._in_flight:
-            self._wait(self._in_flight.popleft())
+            self._wait_oldest()
 
     @property
     def in_flight(self) -> int:
         """Steps queued and not yet waited for."""
         return len(self._in_flight)
 
-    def _wait(self, outputs: Any) -> None:
-        # Outputs donated to a later step are gone; the live ones tell when this step ended.
-        live = [x for x in jax.tree.leaves(outputs) if not _is_deleted(x)]
-        self._guard(lambda: jax.block_until_ready(live))
+    def _wait_oldest(self) -> None:
+        oldest = self._in_flight.popleft()
+        # Outputs donated to a later step are gone. If all of the oldest step's are, wait for
+        # the first later step that still has live outputs: it ran after the oldest one.
+        for outputs in (oldest, *self._in_flight):
+            live = [x for x in jax.tree.leaves(outputs) if not _is_deleted(x)]
+            if live:
+                self._guard(lambda live=live: jax.block_until_ready(live))
+                return
 
     def _guard(self, call: Callable[[], Any]) -> Any:
         try:

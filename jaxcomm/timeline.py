@@ -16,8 +16,6 @@ import jax
 
 from jaxcomm import _ffi
 
-_ffi.register("jaxcomm_mark", "JaxcommMark")
-
 
 def mark(x: jax.Array, label: str) -> jax.Array:
     """Returns ``x`` unchanged and records, per device, when it was computed.

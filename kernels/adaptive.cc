@@ -152,11 +152,12 @@ void GatherCandidates(int64_t count, At at, int64_t want_pos, int64_t want_neg, 
          s, num_pos, num_neg);
 }
 
-// Cuts for exact mode: the ceil(k/π) values of largest magnitude per sign.
+// Cuts for exact mode: the AdaptiveSignKeep values of largest magnitude per sign.
 void ExactCuts(const float* acc, int64_t len, const ColumnCounts& counts, double proportion,
                Scratch* s, Cut* pos_cut, Cut* neg_cut) {
-  const int64_t keep_pos = AdaptiveKeep(counts.positives, proportion);
-  const int64_t keep_neg = AdaptiveKeep(counts.negatives, proportion);
+  const int64_t zeros = len - counts.positives - counts.negatives;
+  const int64_t keep_pos = AdaptiveSignKeep(counts.positives, zeros, proportion);
+  const int64_t keep_neg = AdaptiveSignKeep(counts.negatives, zeros, proportion);
   // Keeping every value of a sign needs no selection: the cut sits at zero.
   *pos_cut = keep_pos == 0 ? kSendNone : Cut{0.0f, 0};
   *neg_cut = keep_neg == 0 ? Cut{-kInf, 0} : Cut{-0.0f, 0};
@@ -178,7 +179,8 @@ void ExactCuts(const float* acc, int64_t len, const ColumnCounts& counts, double
   }
 }
 
-// Cuts for sampled mode: thresholds at rank ceil(s±/π) of the sampled values of each sign.
+// Cuts for sampled mode: thresholds at rank AdaptiveSignKeep(s±, s0) of the sampled values of
+// each sign (s0: sampled zeros).
 void SampledCuts(const float* acc, int64_t len, int64_t column, int64_t sample_size,
                  double proportion, Scratch* s, Cut* pos_cut, Cut* neg_cut) {
   float* sample = s->sample.data();
@@ -190,8 +192,9 @@ void SampledCuts(const float* acc, int64_t len, int64_t column, int64_t sample_s
     sampled_pos += a > 0.0f;
     sampled_neg += a < 0.0f;
   }
-  const int64_t keep_pos = AdaptiveKeep(sampled_pos, proportion);
-  const int64_t keep_neg = AdaptiveKeep(sampled_neg, proportion);
+  const int64_t sampled_zeros = sample_size - sampled_pos - sampled_neg;
+  const int64_t keep_pos = AdaptiveSignKeep(sampled_pos, sampled_zeros, proportion);
+  const int64_t keep_neg = AdaptiveSignKeep(sampled_neg, sampled_zeros, proportion);
   int64_t num_pos = 0;
   int64_t num_neg = 0;
   GatherCandidates(
@@ -278,6 +281,10 @@ int64_t AdaptiveKeep(int64_t count, double proportion) {
   return static_cast<int64_t>(std::ceil(static_cast<double>(count) / proportion));
 }
 
+int64_t AdaptiveSignKeep(int64_t count, int64_t zeros, double proportion) {
+  return std::min(count, AdaptiveKeep(count + zeros, proportion));
+}
+
 int64_t AdaptiveLayout::ColumnLength(int64_t column) const {
   return std::min(column_size, n - ColumnBegin(column));
 }
@@ -297,8 +304,9 @@ int64_t AdaptiveExactUsed(const AdaptiveLayout& layout, const int64_t* positives
                           const int64_t* negatives) {
   int64_t used = layout.HeaderWords();
   for (int64_t c = 0; c < layout.NumColumns(); ++c) {
-    used += AdaptiveKeep(positives[c], layout.proportion) +
-            AdaptiveKeep(negatives[c], layout.proportion);
+    const int64_t zeros = layout.ColumnLength(c) - positives[c] - negatives[c];
+    used += AdaptiveSignKeep(positives[c], zeros, layout.proportion) +
+            AdaptiveSignKeep(negatives[c], zeros, layout.proportion);
   }
   return used;
 }

@@ -4,11 +4,12 @@
 // What the CPU kernel computes per column (the hints and partial sorts there only decide how
 // much work is done, never the result):
 // - acc = x + r (float), stored into residual_out; counts of acc > 0 and acc < 0.
-// - per sign, a cut (tau, ties): exact mode keeps q = ceil(count / proportion) values of the
+// - per sign, a cut (tau, ties): exact mode keeps q = AdaptiveSignKeep(count, zeros) values of the
 //   sign: tau is the q-th largest positive (q-th smallest negative) value and ties = q - the
 //   number of values beyond tau, so the ties taken are the first ones by index. q == count
 //   takes every value of the sign (tau = +-0.0), q == 0 none (tau = +-inf). Sampled mode takes
-//   tau at rank ceil(s / proportion) among the s sampled values of the sign and takes every tie.
+//   tau at rank AdaptiveSignKeep(s, s0) among the s sampled values of the sign (s0 sampled zeros)
+//   and takes every tie.
 // - one pass in index order sends an entry for each value beyond its sign's cut (or a tie still
 //   to take), stopping at the column's capacity; the means are double sums of the sent values,
 //   each sign in index order, divided by the count and rounded to float once.
@@ -47,9 +48,9 @@ constexpr uint32_t kAllTies = 0xffffffffu;  // more than any column holds
 constexpr uint32_t kPositiveInf = 0x7f800000u;
 constexpr uint32_t kNegativeInf = 0xff800000u;
 
-// kernels::AdaptiveKeep, the same double expression.
-__device__ int64_t Keep(int64_t count, double proportion) {
-  return static_cast<int64_t>(ceil(static_cast<double>(count) / proportion));
+// kernels::AdaptiveSignKeep, the same double expression: min(count, ceil((count + zeros) / π)).
+__device__ int64_t Keep(int64_t count, int64_t zeros, double proportion) {
+  return min(count, static_cast<int64_t>(ceil(static_cast<double>(count + zeros) / proportion)));
 }
 
 struct ColumnParams {
@@ -201,8 +202,9 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     const int64_t column_pos = static_cast<uint32_t>(sh.signs);
     const int64_t column_neg = static_cast<uint32_t>(sh.signs >> 32);
-    const int64_t keep_pos = Keep(column_pos, p.proportion);
-    const int64_t keep_neg = Keep(column_neg, p.proportion);
+    const int64_t zeros = len - column_pos - column_neg;
+    const int64_t keep_pos = Keep(column_pos, zeros, p.proportion);
+    const int64_t keep_neg = Keep(column_neg, zeros, p.proportion);
     // Keeping every value of a sign (or none) needs no selection: the cut sits at 0 (or inf).
     const bool select_pos = keep_pos > 0 && keep_pos < column_pos;
     const bool select_neg = keep_neg > 0 && keep_neg < column_neg;
@@ -236,8 +238,11 @@ __global__ void __launch_bounds__(kThreads)
       return sample_staged ? __uint_as_float(aux[j]) : vals[detail::SamplePosition(c, j, len)];
     };
     CountSigns(at, samples, sh);
-    const int64_t keep_pos = Keep(static_cast<uint32_t>(sh.signs), p.proportion);
-    const int64_t keep_neg = Keep(static_cast<uint32_t>(sh.signs >> 32), p.proportion);
+    const int64_t sampled_pos = static_cast<uint32_t>(sh.signs);
+    const int64_t sampled_neg = static_cast<uint32_t>(sh.signs >> 32);
+    const int64_t sampled_zeros = samples - sampled_pos - sampled_neg;
+    const int64_t keep_pos = Keep(sampled_pos, sampled_zeros, p.proportion);
+    const int64_t keep_neg = Keep(sampled_neg, sampled_zeros, p.proportion);
     if (keep_pos > 0 || keep_neg > 0) {
       SelectBoth(at, samples, static_cast<uint32_t>(keep_pos), static_cast<uint32_t>(keep_neg), sh);
     }

@@ -16,6 +16,15 @@ namespace jaxcomm::kernels {
 // sides agree on every count even for proportions that are not integers.
 int64_t AdaptiveKeep(int64_t count, double proportion);
 
+// How many values of one sign a column sends: min(count, ceil((count + zeros) / proportion)).
+// Dryden et al. §3.3 take k as the number of *non-negative* updates and send the largest k/π;
+// mirrored for the negative sign, zeros count toward both signs' k, and since a zero carries
+// nothing it is never sent (hence the cap at `count`). On a dense gradient this is ceil(count/π);
+// it matters for the sparse sum that the owner requantizes in the allreduce (§3.4): counting
+// only the nonzeros there kept 1/π of a sum that was already ~P/π sparse, so the owners'
+// residuals absorbed almost every contribution and grew until training diverged.
+int64_t AdaptiveSignKeep(int64_t count, int64_t zeros, double proportion);
+
 // How n elements split into columns and how many words their packed form takes.
 // Requires n >= 1, column_size >= 1, proportion >= 1 (the caller validates).
 struct AdaptiveLayout {
@@ -38,9 +47,9 @@ struct AdaptiveLayout {
 };
 
 // `used` that exact mode (sample_size == 0) produces, given each column's number of positive
-// and of negative values of acc (ncols entries each): header + sum of
-// ceil(k+ / proportion) + ceil(k- / proportion). Lets collectives and tests size or check a
-// message without running the quantizer.
+// and of negative values of acc (ncols entries each): header + sum over columns of
+// AdaptiveSignKeep(k+, zeros) + AdaptiveSignKeep(k-, zeros). Lets collectives and tests size or
+// check a message without running the quantizer.
 int64_t AdaptiveExactUsed(const AdaptiveLayout& layout, const int64_t* positives,
                           const int64_t* negatives);
 

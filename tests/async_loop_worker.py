@@ -16,25 +16,19 @@ One process of a (processes x devices) CPU world. Modes:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
 import signal
 import time
 
+from collectives_harness import parse_worker_args
+
 STEPS = int(os.environ.get("JAXCOMM_TEST_STEPS", "300"))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--processes", type=int, required=True)
-    parser.add_argument("--process-id", type=int, required=True)
-    parser.add_argument("--devices", type=int, required=True)
-    parser.add_argument("--coordinator", default="")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--mode", default="paced", choices=["paced", "raw", "killed", "overlap"])
-    args = parser.parse_args()
+    args = parse_worker_args(["paced", "raw", "killed", "overlap"])
 
     import jax
 

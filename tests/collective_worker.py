@@ -7,23 +7,15 @@ every case inside jax.jit + jax.shard_map, and saves its devices' results to
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 
+from collectives_harness import parse_worker_args
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--processes", type=int, required=True)
-    parser.add_argument("--process-id", type=int, required=True)
-    parser.add_argument("--devices", type=int, required=True)
-    parser.add_argument("--coordinator", default="")
-    parser.add_argument("--out", required=True)
-    parser.add_argument(
-        "--mode", default="cases", choices=["cases", "die", "mismatch", "steps", "quantized"]
-    )
-    args = parser.parse_args()
+    args = parse_worker_args(["cases", "die", "mismatch", "steps", "quantized"])
 
     import jax
 

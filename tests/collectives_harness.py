@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import pathlib
@@ -14,6 +15,18 @@ import time
 import numpy as np
 
 WORKER = pathlib.Path(__file__).with_name("collective_worker.py")
+
+
+def parse_worker_args(modes: list[str]) -> argparse.Namespace:
+    """The command line run_world gives a worker (processes, process id, devices, ...)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--process-id", type=int, required=True)
+    parser.add_argument("--devices", type=int, required=True)
+    parser.add_argument("--coordinator", default="")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--mode", default=modes[0], choices=modes)
+    return parser.parse_args()
 
 
 def free_port() -> int:

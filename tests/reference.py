@@ -1,6 +1,6 @@
 """NumPy references of the compressed allreduce algorithms over all ranks' inputs.
 
-Written from the papers (Shi et al. 2019 Alg. 1-4) and DESIGN.md §4: magnitude ties break
+Written from the papers (Shi et al. 2019 Alg. 1-4) and docs/DESIGN.md §4: magnitude ties break
 toward the lower index; P need not be a power of two (extra ranks fold into the first ones).
 """
 
@@ -117,16 +117,25 @@ def threshold_quantize(acc: np.ndarray, tau: float, max_density: float) -> np.nd
     return out
 
 
+def adaptive_keep(count: int, zeros: int, proportion: float) -> int:
+    """Values of one sign a column sends: Dryden et al. §3.3 send the largest k/π of the k
+    non-negative (mirrored: non-positive) values; zeros count toward k but are never sent."""
+    return min(count, math.ceil((count + zeros) / proportion))
+
+
 def adaptive_quantize(acc: np.ndarray, proportion: float, column_size: int) -> np.ndarray:
-    """Decoded adaptive encoding (exact mode): per column, the ceil(k/π) largest of each sign,
-    each decoded to the mean of the sent values of its sign."""
+    """Decoded adaptive encoding (exact mode): per column, the adaptive_keep largest of each
+    sign, each decoded to the mean of the sent values of its sign."""
     out = np.zeros_like(acc)
     for begin in range(0, acc.size, column_size):
         col = acc[begin : begin + column_size]
         pos = np.flatnonzero(col > 0)
         neg = np.flatnonzero(col < 0)
-        pos = pos[np.argsort(-col[pos], kind="stable")[: math.ceil(pos.size / proportion)]]
-        neg = neg[np.argsort(col[neg], kind="stable")[: math.ceil(neg.size / proportion)]]
+        zeros = col.size - pos.size - neg.size
+        pos = pos[
+            np.argsort(-col[pos], kind="stable")[: adaptive_keep(pos.size, zeros, proportion)]
+        ]
+        neg = neg[np.argsort(col[neg], kind="stable")[: adaptive_keep(neg.size, zeros, proportion)]]
         for chosen in (pos, neg):
             if chosen.size:
                 out[begin + chosen] = np.float32(col[chosen].astype(np.float64).mean())

@@ -3,12 +3,11 @@ format documented in jaxcomm/compressors.py."""
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from reference import adaptive_keep
 
 import jaxcomm
 from jaxcomm.ops import adaptive
@@ -42,20 +41,24 @@ def reference(acc: np.ndarray, c: jaxcomm.Adaptive):
         begin = col * c.column_size
         a = acc[begin : begin + c.column_size]
         if c.sample_size == 0:
-            # Exactly ceil(k/π) per sign; a stable sort puts the lower index first among ties.
+            # Exactly adaptive_keep per sign; a stable sort puts the lower index first among ties.
             pos = np.flatnonzero(a > 0)
             neg = np.flatnonzero(a < 0)
-            pos = pos[np.argsort(-a[pos], kind="stable")[: math.ceil(pos.size / c.proportion)]]
-            neg = neg[np.argsort(a[neg], kind="stable")[: math.ceil(neg.size / c.proportion)]]
+            zeros = a.size - pos.size - neg.size
+            keep_pos = adaptive_keep(pos.size, zeros, c.proportion)
+            keep_neg = adaptive_keep(neg.size, zeros, c.proportion)
+            pos = pos[np.argsort(-a[pos], kind="stable")[:keep_pos]]
+            neg = neg[np.argsort(a[neg], kind="stable")[:keep_neg]]
         else:
             sample = a[_sample_positions(col, c.sample_size, a.size)]
             qualifies = np.zeros(a.size, bool)
             s_pos = np.sort(sample[sample > 0])[::-1]
-            if s_pos.size:
-                qualifies |= a >= s_pos[math.ceil(s_pos.size / c.proportion) - 1]
             s_neg = np.sort(sample[sample < 0])
+            s_zeros = sample.size - s_pos.size - s_neg.size
+            if s_pos.size:
+                qualifies |= a >= s_pos[adaptive_keep(s_pos.size, s_zeros, c.proportion) - 1]
             if s_neg.size:
-                qualifies |= a <= s_neg[math.ceil(s_neg.size / c.proportion) - 1]
+                qualifies |= a <= s_neg[adaptive_keep(s_neg.size, s_zeros, c.proportion) - 1]
             sent = np.flatnonzero(qualifies)[: c.column_capacity(a.size)]
             pos, neg = sent[a[sent] > 0], sent[a[sent] < 0]
         for j, chosen in enumerate((pos, neg)):
@@ -122,13 +125,15 @@ def test_matches_reference(n, proportion, sample_size):
     c = jaxcomm.Adaptive(proportion=proportion, column_size=1024, sample_size=sample_size)
     packed = check_against_reference(x, r, c)
     if sample_size == 0:
-        # Exact mode sends ceil(k+/π) + ceil(k-/π) per column.
+        # Exact mode sends adaptive_keep(k+, k0) + adaptive_keep(k-, k0) per column.
         acc = x + r
         expected = 1 + 2 * c.num_columns(n)
         for begin in range(0, n, c.column_size):
             a = acc[begin : begin + c.column_size]
-            expected += math.ceil((a > 0).sum() / proportion) + math.ceil(
-                (a < 0).sum() / proportion
+            pos, neg = int((a > 0).sum()), int((a < 0).sum())
+            zeros = a.size - pos - neg
+            expected += adaptive_keep(pos, zeros, proportion) + adaptive_keep(
+                neg, zeros, proportion
             )
         assert packed[0] == expected
 

@@ -89,6 +89,7 @@ def test_failing_rank_stops_the_others_and_is_named(tmp_path, mode):
     res = run_cli("launch", str(recipe), "--out", str(out), cwd=tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "rank 1 failed" in res.stderr
+    assert "error: " in res.stderr and "[bold red]" not in res.stderr  # text, not markup
     assert time.monotonic() - t0 < 60  # the others were stopped, not waited for (400 steps)
     if mode == "raise":
         assert "failed on purpose" in res.stderr  # its last log lines are shown

@@ -1,4 +1,5 @@
-"""Launcher backends: mpirun with 2 ranks, slurm script rendering (golden), emulated cluster."""
+"""Launcher backends: mpirun with 2 ranks, slurm script (golden) and result reading, emulated
+cluster. The slurm backend on a real Slurm: tests/test_slurm.py."""
 
 from __future__ import annotations
 
@@ -163,3 +164,89 @@ def test_mpirun_output_of_two_ranks_glued_in_one_line_is_split():
     ]
     assert route_tagged_line("[1,0]<stdout>:text[1,1]<stderr>:") == [(0, "text")]
     assert route_tagged_line("mpirun noticed something") == [(None, "mpirun noticed something")]
+
+
+def test_worker_takes_its_coordinator_from_slurm():
+    from jaxcomm_launcher.worker import coordinator_address, first_host
+
+    assert first_host("node[07-09,12],gpu3") == "node07"
+    assert first_host("a,b") == "a" and first_host("n[1-2]-ib") == "n1-ib"
+    assert first_host("solo") == "solo"
+    slurm = {"SLURM_PROCID": "1", "SLURM_JOB_NODELIST": "n[3-4]", "SLURM_STEP_ID": "2"}
+    assert coordinator_address({**slurm, "JAXCOMM_COORDINATOR_PORT": "29500"}) == "n3:29502"
+    assert (
+        coordinator_address({**slurm, "SLURM_STEP_NODELIST": "n4", "JAXCOMM_COORDINATOR_PORT": "1"})
+        == "n4:3"
+    )
+    assert coordinator_address({**slurm, "JAXCOMM_COORDINATOR": "h:5"}) == "h:5"
+    with pytest.raises(RuntimeError, match="JAXCOMM_COORDINATOR_PORT"):
+        coordinator_address(slurm)
+    with pytest.raises(RuntimeError, match="not a Slurm step"):
+        coordinator_address({})
+
+
+def _slurm_step(vdir: pathlib.Path, exit_code: int, srun_log: str, statuses: dict) -> None:
+    (vdir / "step.json").write_text(
+        json.dumps({"exit_code": exit_code, "started": 100.0, "ended": 112.5})
+    )
+    (vdir / "srun.log").write_text(srun_log)
+    for rank in (0, 1):
+        (vdir / f"rank{rank}.log").write_text(f"rank {rank} log line\n")
+    for rank, status in statuses.items():
+        (vdir / f"rank{rank}.status.json").write_text(json.dumps({"rank": rank, **status}))
+
+
+def test_slurm_collect_names_the_failed_rank_and_node(tmp_path):
+    """srun may notice the peer that lost its connection before the killed task; the killed
+    task is blamed, and srun's later SIGTERM of the others never is."""
+    from jaxcomm_launcher.backends.slurm import JobState, SlurmBackendRunner, collect
+    from jaxcomm_launcher.recipe import Recipe
+
+    recipe = Recipe(
+        name="s",
+        job="smoke",
+        backend="slurm",
+        sweep=[
+            {"label": "killed"},
+            {"label": "raised"},
+            {"label": "fine"},
+            {"label": "cut"},
+            {"label": "later"},
+        ],
+    )
+    SlurmBackendRunner(recipe, tmp_path).write()
+    _slurm_step(
+        tmp_path / "killed",
+        137,
+        "srun: error: n1: task 0: Exited with exit code 1\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=7.0\n"
+        "srun: error: n2: task 1: Killed\n",
+        {0: {"ok": False, "host": "n1", "error": "JaxRuntimeError: Connection closed by peer"}},
+    )
+    _slurm_step(
+        tmp_path / "raised",
+        1,
+        "srun: error: n2: task 1: Exited with exit code 1\nsrun: error: n1: task 0: Terminated\n",
+        {1: {"ok": False, "host": "n2", "error": "RuntimeError: bad batch"}},
+    )
+    _slurm_step(tmp_path / "fine", 0, "", {0: {"ok": True}, 1: {"ok": True}})
+    (tmp_path / "cut" / "rank0.log").write_text("started\n")  # no step.json: cancelled
+    run = collect(tmp_path, JobState("CANCELLED", nodes="n[1-2]"))
+    by = {v["label"]: v for v in run["variants"]}
+    assert by["killed"]["status"] == "failed"
+    assert (by["killed"]["failed_rank"], by["killed"]["failed_node"]) == (1, "n2")
+    assert by["killed"]["reason"] == "rank 1 on node n2 failed (srun: task 1: Killed)"
+    assert (by["raised"]["failed_rank"], by["raised"]["failed_node"]) == (1, "n2")
+    assert by["raised"]["error"] == "RuntimeError: bad batch"
+    assert by["fine"]["status"] == "ok" and by["fine"]["wall_s"] == 12.5
+    assert by["cut"]["status"] == "interrupted" and by["later"]["status"] == "not run"
+    assert json.loads((tmp_path / "run.json").read_text())["slurm"]["state"] == "CANCELLED"
+
+    run = collect(tmp_path, JobState("RUNNING", nodes="n[1-2]"))
+    by = {v["label"]: v for v in run["variants"]}
+    assert by["cut"]["status"] == "running" and by["later"]["status"] == "waiting"
+
+    # Slurm cannot tell (no scontrol here): an entry without step.json is not guessed at.
+    run = collect(tmp_path, None)
+    by = {v["label"]: v for v in run["variants"]}
+    assert by["cut"]["status"] == "unknown" and by["killed"]["failed_rank"] == 1

@@ -53,10 +53,16 @@ def test_matches_reference_identical_and_conserves(world_run, processes, devices
 
 
 def model_words(decoded: np.ndarray, unit: int, proportion: float) -> float:
-    """The paper's model of one adaptive message: header, two means per column, and 1/π of
-    each sign's values per column."""
-    ncols = -(-decoded.size // unit) if decoded.size else 0
-    return 1 + 2 * ncols + np.count_nonzero(decoded) / proportion
+    """The paper's model of one adaptive message: header, two means per column, and per
+    column and sign 1/π of the values not of the other sign (reference.adaptive_keep)."""
+    words = 1
+    for begin in range(0, decoded.size, unit):
+        col = decoded[begin : begin + unit]
+        pos, neg = int(np.count_nonzero(col > 0)), int(np.count_nonzero(col < 0))
+        zeros = col.size - pos - neg
+        words += 2 + reference.adaptive_keep(pos, zeros, proportion)
+        words += reference.adaptive_keep(neg, zeros, proportion)
+    return words
 
 
 @pytest.mark.parametrize("processes,devices", [(1, 3), (2, 2)], ids=str)

@@ -14,11 +14,8 @@ constexpr char kOp[] = "jaxcomm.allreduce";
 
 ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
                          int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
-                         ffi::Buffer<ffi::S32, 0> token, int64_t world,
-                         ffi::Span<const int64_t> world_devices,
-                         ffi::Span<const int64_t> mesh_axis_sizes,
-                         ffi::Span<const int64_t> reduce_axes, ffi::Buffer<ffi::F32> x,
-                         ffi::ResultBuffer<ffi::F32> out,
+                         ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                         ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out,
                          ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   if (static_cast<int64_t>(out->element_count()) != n) {
@@ -26,16 +23,13 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
   }
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
-                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
-  if (ffi::Error e =
-          group->Check(group->nccl().all_reduce(x.typed_data(), out->typed_data(), n, ncclFloat32,
-                                                ncclSum, group->comm(), stream),
-                       "ncclAllReduce");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(
+      BeginGpuCall(kOp, stream, device_ordinal, coordinates, attrs, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(
+      group->Check(group->nccl().all_reduce(x.typed_data(), out->typed_data(), n, ncclFloat32,
+                                            ncclSum, group->comm(), stream),
+                   "ncclAllReduce"));
+  JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
   // What a ring sends and receives per rank: 2 (P - 1) / P of the vector.
   const int parts = group->size();
   const uint64_t bytes = 2 * sizeof(float) * static_cast<uint64_t>(n) * (parts - 1) / parts;
@@ -48,9 +42,6 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
 }  // namespace jaxcomm::collectives::gpu
 
 JAXCOMM_EXPORT_HANDLER(JaxcommAllreduceCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAllreduceCuda, jaxcomm::collectives::gpu::AllreduceCuda,
-                              jaxcomm::collectives::gpu::BindGpuCollective()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: this rank's data
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the group sum
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommAllreduceCuda, jaxcomm::collectives::gpu::AllreduceCuda,
+    jaxcomm::collectives::BindDenseData(jaxcomm::collectives::gpu::BindGpuCollective()));

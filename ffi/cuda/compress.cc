@@ -49,9 +49,7 @@ ffi::Error TopKAbsCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::
                        ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::S32> indices) {
   const int64_t n = NumElements(x);
   const int64_t k = NumElements(*values);
-  if (ffi::Error error = checks::TopKAbs(n, k, NumElements(*indices)); error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(checks::TopKAbs(n, k, NumElements(*indices)));
   const size_t bytes = gpu::TopKScratchBytes(n);
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kTopKAbsOp, bytes);
@@ -67,11 +65,8 @@ ffi::Error TopKCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
   const int64_t n = NumElements(x);
   const int64_t words = NumElements(*packed);
   const int64_t k = (words - 1) / 2;
-  if (ffi::Error error =
-          checks::TopKCompress(n, NumElements(residual), NumElements(*new_residual), words);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      checks::TopKCompress(n, NumElements(residual), NumElements(*new_residual), words));
   const size_t bytes = gpu::TopKScratchBytes(n);
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kTopKCompressOp, bytes);
@@ -91,7 +86,7 @@ ffi::Error TopKDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch
                               ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  if (ffi::Error error = checks::TopKDecompress(n, words); error.failure()) return error;
+  JAXCOMM_RETURN_IF_ERROR(checks::TopKDecompress(n, words));
   const size_t bytes = gpu::TopKDecompressScratchBytes();
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kTopKDecompressOp, bytes);
@@ -109,12 +104,9 @@ ffi::Error SparseMergeCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
   const int64_t ka = NumElements(idx_a);
   const int64_t kb = NumElements(idx_b);
   const int64_t k = NumElements(*idx);
-  if (ffi::Error error =
-          checks::SparseMerge(ka, NumElements(val_a), kb, NumElements(val_b), k, NumElements(*val));
-      error.failure()) {
-    return error;
-  }
-  if (ffi::Error error = checks::SparseMergeDeviceLimit(ka, kb); error.failure()) return error;
+  JAXCOMM_RETURN_IF_ERROR(
+      checks::SparseMerge(ka, NumElements(val_a), kb, NumElements(val_b), k, NumElements(*val)));
+  JAXCOMM_RETURN_IF_ERROR(checks::SparseMergeDeviceLimit(ka, kb));
   const size_t bytes = gpu::SparseMergeScratchBytes(ka, kb);
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kSparseMergeOp, bytes);
@@ -131,11 +123,8 @@ ffi::Error OneBitCompressCuda(cudaStream_t stream, ffi::Buffer<ffi::F32> x,
                               int64_t sample_size, ffi::ResultBuffer<ffi::U32> packed,
                               ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = NumElements(x);
-  if (ffi::Error error = checks::OneBitCompress(n, column_size, sample_size, NumElements(residual),
-                                                NumElements(*new_residual), NumElements(*packed));
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(checks::OneBitCompress(n, column_size, sample_size, NumElements(residual),
+                                                 NumElements(*new_residual), NumElements(*packed)));
   return Launched(
       checks::kOneBitCompressOp,
       gpu::OneBitCompress(x.typed_data(), residual.typed_data(), n, column_size, sample_size,
@@ -147,10 +136,7 @@ ffi::Error OneBitDecompressCuda(cudaStream_t stream, ffi::Buffer<ffi::U32> packe
                                 ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  if (ffi::Error error = checks::OneBitDecompress(n, column_size, sample_size, words);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(checks::OneBitDecompress(n, column_size, sample_size, words));
   return Launched(checks::kOneBitDecompressOp,
                   gpu::OneBitDecompress(packed.typed_data(), words, n, column_size,
                                         x_hat->typed_data(), stream));
@@ -164,11 +150,8 @@ ffi::Error ThresholdCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scra
                                  ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = NumElements(x);
   const int64_t words = NumElements(*packed);
-  if (ffi::Error error = checks::ThresholdCompress(n, tau, words, NumElements(residual),
-                                                   NumElements(*new_residual));
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      checks::ThresholdCompress(n, tau, words, NumElements(residual), NumElements(*new_residual)));
   const size_t bytes = gpu::ThresholdScratchBytes(n);
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kThresholdCompressOp, bytes);
@@ -183,9 +166,7 @@ ffi::Error ThresholdDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator sc
                                    ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  if (ffi::Error error = checks::ThresholdDecompress(n, tau, words); error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(checks::ThresholdDecompress(n, tau, words));
   const size_t bytes = gpu::ThresholdDecompressScratchBytes();
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kThresholdDecompressOp, bytes);
@@ -203,15 +184,10 @@ ffi::Error AdaptiveCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scrat
                                 int64_t column_size, int64_t sample_size) {
   const int64_t n = NumElements(x);
   kernels::AdaptiveLayout layout{};
-  if (ffi::Error error =
-          checks::AdaptiveCompress(n, NumElements(residual), NumElements(*new_residual), proportion,
-                                   column_size, sample_size, NumElements(*packed), &layout);
-      error.failure()) {
-    return error;
-  }
-  if (ffi::Error error = checks::AdaptiveDeviceSampleLimit(sample_size); error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      checks::AdaptiveCompress(n, NumElements(residual), NumElements(*new_residual), proportion,
+                               column_size, sample_size, NumElements(*packed), &layout));
+  JAXCOMM_RETURN_IF_ERROR(checks::AdaptiveDeviceSampleLimit(sample_size));
   const size_t bytes = gpu::AdaptiveCompressScratchBytes(n, column_size, proportion, sample_size);
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kAdaptiveCompressOp, bytes);
@@ -227,10 +203,7 @@ ffi::Error AdaptiveDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scr
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
   kernels::AdaptiveLayout layout{};
-  if (ffi::Error error = checks::AdaptiveDecompress(n, proportion, column_size, words, &layout);
-      error.failure()) {
-    return error;
-  }
+  JAXCOMM_RETURN_IF_ERROR(checks::AdaptiveDecompress(n, proportion, column_size, words, &layout));
   const size_t bytes = gpu::AdaptiveDecompressScratchBytes();
   auto work = Scratch(scratch, bytes);
   if (!work) return NoScratch(checks::kAdaptiveDecompressOp, bytes);

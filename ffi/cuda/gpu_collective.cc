@@ -150,11 +150,11 @@ ffi::Error CreateComm(Group& group, int device_ordinal, std::shared_ptr<CommStat
                                   nccl::NcclErrorString(*api, "ncclGetUniqueId", result));
     }
     for (int peer = 1; peer < group.size(); ++peer) {
-      if (ffi::Error e = group.Send(peer, &id, sizeof(id), kSetupStep); !e.success()) return e;
+      JAXCOMM_RETURN_IF_ERROR(group.Send(peer, &id, sizeof(id), kSetupStep));
     }
   } else {
     size_t got = 0;
-    if (ffi::Error e = group.Recv(0, &id, sizeof(id), &got, kSetupStep); !e.success()) return e;
+    JAXCOMM_RETURN_IF_ERROR(group.Recv(0, &id, sizeof(id), &got, kSetupStep));
     if (got != sizeof(id)) return Fail(group.name(), "short NCCL unique id from group rank 0");
   }
   auto state = std::make_shared<CommState>();
@@ -203,10 +203,10 @@ ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& tok
 }
 
 ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                          const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
-                          ffi::Span<const int64_t> world_devices,
-                          ffi::Span<const int64_t> mesh_axis_sizes,
-                          ffi::Span<const int64_t> reduce_axes, GpuSite* out) {
+                          const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
+                          GpuSite* out) {
+  const int64_t world = attrs.world;
+  const ffi::Span<const int64_t> world_devices = attrs.world_devices;
   Tables& t = tables();
   int self = -1;
   {
@@ -228,7 +228,7 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_
   if (self >= static_cast<int64_t>(world_devices.size())) {
     return Fail(name, "world_devices is shorter than the GPU world");
   }
-  const std::vector<int64_t> sizes(mesh_axis_sizes.begin(), mesh_axis_sizes.end());
+  const std::vector<int64_t> sizes(attrs.mesh_axis_sizes.begin(), attrs.mesh_axis_sizes.end());
   const auto key = std::make_tuple(world, static_cast<int>(device_ordinal), sizes);
   {
     std::lock_guard<std::mutex> lock(t.mutex);
@@ -240,19 +240,13 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_
     const size_t count = coordinates.element_count();
     if (count != sizes.size()) return Fail(name, "mesh attributes and coordinates disagree");
     out->coordinates.assign(count, 0);
-    if (ffi::Error e =
-            CheckCuda(name,
-                      cudaMemcpyAsync(out->coordinates.data(), coordinates.typed_data(),
-                                      sizeof(int32_t) * count, cudaMemcpyDeviceToHost, stream),
-                      "reading the mesh coordinates");
-        !e.success()) {
-      return e;
-    }
-    if (ffi::Error e =
-            CheckCuda(name, cudaStreamSynchronize(stream), "reading the mesh coordinates");
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(
+        CheckCuda(name,
+                  cudaMemcpyAsync(out->coordinates.data(), coordinates.typed_data(),
+                                  sizeof(int32_t) * count, cudaMemcpyDeviceToHost, stream),
+                  "reading the mesh coordinates"));
+    JAXCOMM_RETURN_IF_ERROR(
+        CheckCuda(name, cudaStreamSynchronize(stream), "reading the mesh coordinates"));
     std::lock_guard<std::mutex> lock(t.mutex);
     t.coordinates[key] = out->coordinates;
   }
@@ -262,28 +256,24 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_
                        world,
                        world_devices[self],
                        world_devices,
-                       mesh_axis_sizes,
-                       reduce_axes,
+                       attrs.mesh_axis_sizes,
+                       attrs.reduce_axes,
                        out->coordinates.data(),
                        static_cast<int64_t>(out->coordinates.size())};
   return ffi::Error::Success();
 }
 
 ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                        const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
-                        ffi::Span<const int64_t> world_devices,
-                        ffi::Span<const int64_t> mesh_axis_sizes,
-                        ffi::Span<const int64_t> reduce_axes, GpuSite* site,
-                        std::unique_ptr<GpuGroup>* group) {
-  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(name, stream, device_ordinal, coordinates, world,
-                                         world_devices, mesh_axis_sizes, reduce_axes, site));
+                        const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
+                        GpuSite* site, std::unique_ptr<GpuGroup>* group) {
+  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(name, stream, device_ordinal, coordinates, attrs, site));
   return GpuGroup::Begin(*site, site->site, group);
 }
 
 ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
                            std::unique_ptr<GpuGroup>* out) {
   auto result = std::make_unique<GpuGroup>();
-  if (ffi::Error e = Group::Begin(site, &result->group_); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(site, &result->group_));
   Group& group = *result->group_;
   std::vector<int> members;
   for (int r = 0; r < group.size(); ++r) members.push_back(group.world_rank(r));
@@ -296,7 +286,7 @@ ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
     if (it != t.comms.end()) state = it->second;
   }
   if (!state) {
-    if (ffi::Error e = CreateComm(group, gpu.device_ordinal, &state); !e.success()) return e;
+    JAXCOMM_RETURN_IF_ERROR(CreateComm(group, gpu.device_ordinal, &state));
     std::lock_guard<std::mutex> lock(t.mutex);
     t.comms[key] = state;
   }
@@ -324,12 +314,8 @@ ffi::Error GpuGroup::Check(ncclResult_t result, const char* what) const {
 
 ffi::Error GpuGroup::Watch(cudaStream_t stream) {
   cudaEvent_t event;
-  if (ffi::Error e =
-          CheckCuda(group_->name(), cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-                    "cudaEventCreate");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckCuda(
+      group_->name(), cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate"));
   if (ffi::Error e = CheckCuda(group_->name(), cudaEventRecord(event, stream), "cudaEventRecord");
       !e.success()) {
     cudaEventDestroy(event);

@@ -29,35 +29,24 @@
 #include <vector>
 
 #include "ffi/collective_handler.h"
+#include "ffi/common.h"
 #include "ffi/cuda/nccl_api.h"
 #include "ffi/group.h"
 #include "xla/ffi/api/ffi.h"
 
-// Returns the ffi::Error of `expr` unless it succeeded.
-#define JAXCOMM_RETURN_IF_ERROR(expr)                                           \
-  do {                                                                          \
-    if (::xla::ffi::Error jaxcomm_error_ = (expr); !jaxcomm_error_.success()) { \
-      return jaxcomm_error_;                                                    \
-    }                                                                           \
-  } while (0)
-
 namespace jaxcomm::collectives::gpu {
 
 // Binds, in order: Ctx<PlatformStream>, Ctx<ScratchAllocator>, Ctx<DeviceOrdinal>, Arg
-// coordinates, Arg token, Attr world, world_devices, mesh_axis_sizes, reduce_axes: the same
-// operands and attributes as BindCollective (the CPU handlers), so one ffi_call lowers to
-// either platform.
+// coordinates, Arg token, Attr collective (CollectiveAttrs): the same operands and attributes
+// as BindCollective (the CPU handlers), so one ffi_call lowers to either platform.
 inline auto BindGpuCollective() {
   return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()           // XLA's stream: all work goes here
-      .Ctx<ffi::ScratchAllocator>()                       // device working memory
-      .Ctx<ffi::DeviceOrdinal>()                          // local CUDA ordinal
-      .Arg<ffi::Buffer<ffi::S32, 1>>()                    // coordinates (device memory)
-      .Arg<ffi::Buffer<ffi::S32, 0>>()                    // token: orders collectives
-      .Attr<int64_t>("world")                             // GPU world of jaxcomm/_world.py
-      .Attr<ffi::Span<const int64_t>>("world_devices")    // device ids in world-rank order
-      .Attr<ffi::Span<const int64_t>>("mesh_axis_sizes")  // sizes of the manual mesh axes
-      .Attr<ffi::Span<const int64_t>>("reduce_axes");     // 1 for each reduced axis
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream: all work goes here
+      .Ctx<ffi::ScratchAllocator>()              // device working memory
+      .Ctx<ffi::DeviceOrdinal>()                 // local CUDA ordinal
+      .Arg<ffi::Buffer<ffi::S32, 1>>()           // coordinates (device memory)
+      .Arg<ffi::Buffer<ffi::S32, 0>>()           // token: orders collectives
+      .Attr<CollectiveAttrs>("collective");      // GPU world and mesh layout
 }
 
 // A call's site resolved to host values: `site` is what Group::Begin takes on CPU (device_id =
@@ -80,10 +69,8 @@ struct GpuSite {
 // Resolves the handler's context and common operands into a GpuSite (see the file comment
 // for the one blocking read of the coordinates).
 ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                          const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
-                          ffi::Span<const int64_t> world_devices,
-                          ffi::Span<const int64_t> mesh_axis_sizes,
-                          ffi::Span<const int64_t> reduce_axes, GpuSite* out);
+                          const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
+                          GpuSite* out);
 
 // One group of a GPU call: membership, sequence number and metrics as on CPU, plus its NCCL
 // communicator (NCCL rank == group rank).
@@ -118,11 +105,8 @@ class GpuGroup {
 
 // ResolveGpuSite, then GpuGroup::Begin on the site as it is: the opening of a one-group call.
 ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                        const ffi::Buffer<ffi::S32, 1>& coordinates, int64_t world,
-                        ffi::Span<const int64_t> world_devices,
-                        ffi::Span<const int64_t> mesh_axis_sizes,
-                        ffi::Span<const int64_t> reduce_axes, GpuSite* site,
-                        std::unique_ptr<GpuGroup>* group);
+                        const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
+                        GpuSite* site, std::unique_ptr<GpuGroup>* group);
 
 // `bytes` rounded up to the 256-byte alignment of every piece carved out of one scratch block.
 inline size_t AlignScratch(size_t bytes) { return (bytes + 255) & ~size_t{255}; }

@@ -46,10 +46,9 @@ struct DeviceSet {
 
 ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
                      ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                     int64_t world, ffi::Span<const int64_t> world_devices,
-                     ffi::Span<const int64_t> mesh_axis_sizes, ffi::Span<const int64_t> reduce_axes,
-                     int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
-                     ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
+                     const CollectiveAttrs& attrs, int64_t k, ffi::Buffer<ffi::F32> x,
+                     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+                     ffi::ResultBuffer<ffi::F32> new_residual,
                      ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
@@ -61,8 +60,8 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   }
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
-                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(
+      BeginGpuCall(kOp, stream, device_ordinal, coordinates, attrs, &site, &group));
   const std::vector<gtopk::Step> schedule = gtopk::Schedule(group->rank(), group->size());
   const int merges = gtopk::CountMerges(schedule);
 
@@ -77,7 +76,7 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   const size_t total = topk_bytes + merge_bytes + set_bytes * (2 + 2 * merges) +
                        dropped_bytes * merges + sizeof(uint32_t);
   void* memory = nullptr;
-  if (ffi::Error e = AllocateScratch(scratch, kOp, total, &memory); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(AllocateScratch(scratch, kOp, total, &memory));
   char* p = static_cast<char*>(memory);
   auto carve = [&p](size_t bytes) {
     char* at = p;
@@ -101,16 +100,11 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   auto* bad = reinterpret_cast<uint32_t*>(carve(sizeof(uint32_t)));
 
   float* r_out = new_residual->typed_data();
-  if (ffi::Error e = Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = Launched(cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
-                                            local.idx(), local.val(), r_out, topk_scratch, stream),
-                              "TopKAbs");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset"));
+  JAXCOMM_RETURN_IF_ERROR(
+      Launched(cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k, local.idx(), local.val(),
+                             r_out, topk_scratch, stream),
+               "TopKAbs"));
 
   // The schedule. `current` is this rank's set so far: local, then each merge result, then the
   // global set (ffi/gtopk.cc GTopKRun::Run).
@@ -123,89 +117,58 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   for (const gtopk::Step& step : schedule) {
     switch (step.op) {
       case gtopk::Op::kSend:
-        if (ffi::Error e = group->Check(
-                api.send(current.words, words, ncclUint32, step.peer, group->comm(), stream),
-                "ncclSend");
-            !e.success()) {
-          return e;
-        }
+        JAXCOMM_RETURN_IF_ERROR(group->Check(
+            api.send(current.words, words, ncclUint32, step.peer, group->comm(), stream),
+            "ncclSend"));
         sent += message_bytes;
         break;
       case gtopk::Op::kReceiveMerge: {
         const DeviceSet& in = received[merge];
         const DeviceSet& out = merged[merge];
-        if (ffi::Error e = group->Check(
-                api.recv(in.words, words, ncclUint32, step.peer, group->comm(), stream),
-                "ncclRecv");
-            !e.success()) {
-          return e;
-        }
+        JAXCOMM_RETURN_IF_ERROR(group->Check(
+            api.recv(in.words, words, ncclUint32, step.peer, group->comm(), stream), "ncclRecv"));
         got += message_bytes;
-        if (ffi::Error e =
-                Launched(cuda::SparseMergeTopK(current.idx(), current.val(), k, in.idx(), in.val(),
-                                               k, k, out.idx(), out.val(), merge_scratch, stream),
-                         "SparseMergeTopK");
-            !e.success()) {
-          return e;
-        }
-        if (ffi::Error e = Launched(
-                cuda::CollectDropped(current.idx(), current.val(), k, in.idx(), in.val(), k,
-                                     out.idx(), k, dropped_idx[merge], dropped_val[merge], stream),
-                "CollectDropped");
-            !e.success()) {
-          return e;
-        }
+        JAXCOMM_RETURN_IF_ERROR(
+            Launched(cuda::SparseMergeTopK(current.idx(), current.val(), k, in.idx(), in.val(), k,
+                                           k, out.idx(), out.val(), merge_scratch, stream),
+                     "SparseMergeTopK"));
+        JAXCOMM_RETURN_IF_ERROR(Launched(
+            cuda::CollectDropped(current.idx(), current.val(), k, in.idx(), in.val(), k, out.idx(),
+                                 k, dropped_idx[merge], dropped_val[merge], stream),
+            "CollectDropped"));
         current = out;
         ++merge;
         break;
       }
       case gtopk::Op::kReceiveExact:
-        if (ffi::Error e = group->Check(
-                api.recv(global.words, words, ncclUint32, step.peer, group->comm(), stream),
-                "ncclRecv");
-            !e.success()) {
-          return e;
-        }
+        JAXCOMM_RETURN_IF_ERROR(group->Check(
+            api.recv(global.words, words, ncclUint32, step.peer, group->comm(), stream),
+            "ncclRecv"));
         got += message_bytes;
         current = global;
         break;
     }
   }
-  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
 
   // `current` is now the global set (ascending), on every rank.
   float* out = summed->typed_data();
-  if (ffi::Error e = Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e =
-          Launched(cuda::ScatterSetSparse(current.idx(), current.val(), k, out, n, bad, stream),
-                   "ScatterSetSparse");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset"));
+  JAXCOMM_RETURN_IF_ERROR(
+      Launched(cuda::ScatterSetSparse(current.idx(), current.val(), k, out, n, bad, stream),
+               "ScatterSetSparse"));
   // Alg. 4 line 10: local values outside the global set return to the residual (whose selected
   // entries TopKAbs zeroed).
-  if (ffi::Error e = Launched(
-          cuda::AddOutsideSet(local.idx(), local.val(), k, current.idx(), k, r_out, n, stream),
-          "AddOutsideSet");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      Launched(cuda::AddOutsideSet(local.idx(), local.val(), k, current.idx(), k, r_out, n, stream),
+               "AddOutsideSet"));
   // Partial sums this rank dropped at indices that still made it into the global set.
   for (int s = 0; s < merges; ++s) {
-    if (ffi::Error e = Launched(cuda::AddInsideSet(dropped_idx[s], dropped_val[s], 2 * k,
-                                                   current.idx(), k, r_out, n, stream),
-                                "AddInsideSet");
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(Launched(cuda::AddInsideSet(dropped_idx[s], dropped_val[s], 2 * k,
+                                                        current.idx(), k, r_out, n, stream),
+                                     "AddInsideSet"));
   }
-  if (ffi::Error e = Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
   group->CountTraffic(sent, got);
   group->Finish("gtopk", n);
   return ForwardToken(stream, token, token_out);
@@ -215,12 +178,6 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
 }  // namespace jaxcomm::collectives::gpu
 
 JAXCOMM_EXPORT_HANDLER(JaxcommGTopKCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommGTopKCuda, jaxcomm::collectives::gpu::GTopKCuda,
-                              jaxcomm::collectives::gpu::BindGpuCollective()
-                                  .Attr<int64_t>("k")  // size of every sparse set
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommGTopKCuda, jaxcomm::collectives::gpu::GTopKCuda,
+    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::gpu::BindGpuCollective()));

@@ -291,14 +291,15 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   return ffi::Error::Success();
 }
 
-ffi::Error QuantizedAllreduceCuda(
-    cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
-    ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token, int64_t world,
-    ffi::Span<const int64_t> world_devices, ffi::Span<const int64_t> mesh_axis_sizes,
-    ffi::Span<const int64_t> reduce_axes, int64_t kind, int64_t column_size, int64_t sample_size,
-    double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
-    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                                  int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
+                                  ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                                  int64_t kind, int64_t column_size, int64_t sample_size,
+                                  double proportion, float tau, double max_density,
+                                  ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                                  ffi::ResultBuffer<ffi::F32> summed,
+                                  ffi::ResultBuffer<ffi::F32> new_residual,
+                                  ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
   JAXCOMM_RETURN_IF_ERROR(
       quantized::CheckSizes(kQuantizedOp, n,
@@ -309,8 +310,8 @@ ffi::Error QuantizedAllreduceCuda(
                                               proportion, tau, max_density, &spec));
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kQuantizedOp, stream, device_ordinal, coordinates, world,
-                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(
+      BeginGpuCall(kQuantizedOp, stream, device_ordinal, coordinates, attrs, &site, &group));
   if (n > 0) {
     JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduceGpu(*group, scratch, stream, spec, x.typed_data(),
                                                   residual.typed_data(), n, summed->typed_data(),
@@ -508,20 +509,16 @@ ffi::Error FinishHierarchy(Hierarchy& h, cudaStream_t stream, const std::string&
 
 ffi::Error HierarchicalDenseCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                                  int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
-                                 ffi::Buffer<ffi::S32, 0> token, int64_t world,
-                                 ffi::Span<const int64_t> world_devices,
-                                 ffi::Span<const int64_t> mesh_axis_sizes,
-                                 ffi::Span<const int64_t> reduce_axes, int64_t node_axis,
-                                 int64_t local_axis, int64_t leaders, ffi::Buffer<ffi::F32> x,
-                                 ffi::ResultBuffer<ffi::F32> out,
+                                 ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                                 int64_t node_axis, int64_t local_axis, int64_t leaders,
+                                 ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out,
                                  ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
   JAXCOMM_RETURN_IF_ERROR(
       quantized::CheckSizes(kHierarchicalOp, n, {ffi_common::NumElements(*out)}));
   GpuSite site;
-  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(kHierarchicalOp, stream, device_ordinal, coordinates,
-                                         world, world_devices, mesh_axis_sizes, reduce_axes,
-                                         &site));
+  JAXCOMM_RETURN_IF_ERROR(
+      ResolveGpuSite(kHierarchicalOp, stream, device_ordinal, coordinates, attrs, &site));
   Hierarchy h;
   JAXCOMM_RETURN_IF_ERROR(BeginHierarchy(kHierarchicalOp, site, node_axis, local_axis, &h));
   if (n > 0) {
@@ -534,15 +531,16 @@ ffi::Error HierarchicalDenseCuda(cudaStream_t stream, ffi::ScratchAllocator scra
                          n, token, token_out);
 }
 
-ffi::Error HierarchicalQuantizedCuda(
-    cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
-    ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token, int64_t world,
-    ffi::Span<const int64_t> world_devices, ffi::Span<const int64_t> mesh_axis_sizes,
-    ffi::Span<const int64_t> reduce_axes, int64_t node_axis, int64_t local_axis, int64_t leaders,
-    int64_t kind, int64_t column_size, int64_t sample_size, double proportion, float tau,
-    double max_density, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
-    ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual,
-    ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                                     int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
+                                     ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                                     int64_t node_axis, int64_t local_axis, int64_t leaders,
+                                     int64_t kind, int64_t column_size, int64_t sample_size,
+                                     double proportion, float tau, double max_density,
+                                     ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                                     ffi::ResultBuffer<ffi::F32> summed,
+                                     ffi::ResultBuffer<ffi::F32> new_residual,
+                                     ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const char* op = kHierarchicalQuantizedOp;
   const int64_t n = ffi_common::NumElements(x);
   JAXCOMM_RETURN_IF_ERROR(
@@ -553,8 +551,7 @@ ffi::Error HierarchicalQuantizedCuda(
   JAXCOMM_RETURN_IF_ERROR(
       quantized::ReadSpec(op, kind, column_size, sample_size, proportion, tau, max_density, &spec));
   GpuSite site;
-  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(op, stream, device_ordinal, coordinates, world,
-                                         world_devices, mesh_axis_sizes, reduce_axes, &site));
+  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(op, stream, device_ordinal, coordinates, attrs, &site));
   Hierarchy h;
   JAXCOMM_RETURN_IF_ERROR(BeginHierarchy(op, site, node_axis, local_axis, &h));
   if (n > 0) {
@@ -580,38 +577,19 @@ ffi::Error HierarchicalQuantizedCuda(
 }  // namespace jaxcomm::collectives::gpu
 
 JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduceCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommQuantizedAllreduceCuda, jaxcomm::collectives::gpu::QuantizedAllreduceCuda,
-    JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::gpu::BindGpuCollective())
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (identical on all ranks)
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommQuantizedAllreduceCuda,
+                              jaxcomm::collectives::gpu::QuantizedAllreduceCuda,
+                              jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
+                                  jaxcomm::collectives::gpu::BindGpuCollective())));
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalAllreduceCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalAllreduceCuda,
-                              jaxcomm::collectives::gpu::HierarchicalDenseCuda,
-                              jaxcomm::collectives::gpu::BindGpuCollective()
-                                  .Attr<int64_t>("node_axis")   // index of the node axis
-                                  .Attr<int64_t>("local_axis")  // index of the local axis
-                                  .Attr<int64_t>("leaders")     // 1 = single leader, else L
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // out: the sum
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommHierarchicalAllreduceCuda, jaxcomm::collectives::gpu::HierarchicalDenseCuda,
+    jaxcomm::collectives::BindDenseData(
+        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::gpu::BindGpuCollective())));
 
 JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalQuantizedCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommHierarchicalQuantizedCuda,
-                              jaxcomm::collectives::gpu::HierarchicalQuantizedCuda,
-                              JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::gpu::BindGpuCollective()
-                                                          .Attr<int64_t>("node_axis")
-                                                          .Attr<int64_t>("local_axis")
-                                                          .Attr<int64_t>("leaders"))
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommHierarchicalQuantizedCuda, jaxcomm::collectives::gpu::HierarchicalQuantizedCuda,
+    jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
+        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::gpu::BindGpuCollective()))));

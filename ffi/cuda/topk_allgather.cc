@@ -27,13 +27,13 @@ constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUD
 
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
-ffi::Error TopKAllgatherCuda(
-    cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
-    ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token, int64_t world,
-    ffi::Span<const int64_t> world_devices, ffi::Span<const int64_t> mesh_axis_sizes,
-    ffi::Span<const int64_t> reduce_axes, int64_t k, ffi::Buffer<ffi::F32> x,
-    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                             int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
+                             ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                             int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                             ffi::ResultBuffer<ffi::F32> summed,
+                             ffi::ResultBuffer<ffi::F32> new_residual,
+                             ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
                                                summed->element_count(),
@@ -44,8 +44,8 @@ ffi::Error TopKAllgatherCuda(
   }
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, device_ordinal, coordinates, world,
-                                       world_devices, mesh_axis_sizes, reduce_axes, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(
+      BeginGpuCall(kOp, stream, device_ordinal, coordinates, attrs, &site, &group));
   const int parts = group->size();
   const int rank = group->rank();
 
@@ -54,57 +54,36 @@ ffi::Error TopKAllgatherCuda(
   const size_t topk_bytes = AlignScratch(cuda::TopKScratchBytes(n));
   const size_t slots_bytes = AlignScratch(sizeof(uint32_t) * slot_words * parts);
   void* memory = nullptr;
-  if (ffi::Error e =
-          AllocateScratch(scratch, kOp, topk_bytes + slots_bytes + sizeof(uint32_t), &memory);
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(
+      AllocateScratch(scratch, kOp, topk_bytes + slots_bytes + sizeof(uint32_t), &memory));
   char* base = static_cast<char*>(memory);
   void* topk_scratch = base;
   auto* slots = reinterpret_cast<uint32_t*>(base + topk_bytes);
   auto* bad = reinterpret_cast<uint32_t*>(base + topk_bytes + slots_bytes);
   uint32_t* mine = slots + slot_words * rank;
 
-  if (ffi::Error e = Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = Launched(
-          cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
-                        reinterpret_cast<int32_t*>(mine), reinterpret_cast<float*>(mine + k),
-                        new_residual->typed_data(), topk_scratch, stream),
-          "TopKAbs");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream), "memset"));
+  JAXCOMM_RETURN_IF_ERROR(
+      Launched(cuda::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
+                             reinterpret_cast<int32_t*>(mine), reinterpret_cast<float*>(mine + k),
+                             new_residual->typed_data(), topk_scratch, stream),
+               "TopKAbs"));
   // In place (sendbuff == recvbuff + rank * sendcount): slot q ends up holding rank q's set.
-  if (ffi::Error e = group->Check(
-          group->nccl().all_gather(mine, slots, slot_words, ncclUint32, group->comm(), stream),
-          "ncclAllGather");
-      !e.success()) {
-    return e;
-  }
-  if (ffi::Error e = group->Watch(stream); !e.success()) return e;
+  JAXCOMM_RETURN_IF_ERROR(group->Check(
+      group->nccl().all_gather(mine, slots, slot_words, ncclUint32, group->comm(), stream),
+      "ncclAllGather"));
+  JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
 
   float* out = summed->typed_data();
-  if (ffi::Error e = Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "memset"));
   for (int q = 0; q < parts; ++q) {
     const uint32_t* slot = slots + slot_words * q;
-    if (ffi::Error e = Launched(cuda::ScatterAddSparse(reinterpret_cast<const int32_t*>(slot),
-                                                       reinterpret_cast<const float*>(slot + k), k,
-                                                       out, n, bad, stream),
-                                "ScatterAddSparse");
-        !e.success()) {
-      return e;
-    }
+    JAXCOMM_RETURN_IF_ERROR(Launched(
+        cuda::ScatterAddSparse(reinterpret_cast<const int32_t*>(slot),
+                               reinterpret_cast<const float*>(slot + k), k, out, n, bad, stream),
+        "ScatterAddSparse"));
   }
-  if (ffi::Error e = Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad");
-      !e.success()) {
-    return e;
-  }
+  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
   // What a ring allgather sends and receives per rank: the P - 1 other slots.
   const uint64_t bytes = sizeof(uint32_t) * slot_words * static_cast<uint64_t>(parts - 1);
   group->CountTraffic(bytes, bytes);
@@ -116,13 +95,6 @@ ffi::Error TopKAllgatherCuda(
 }  // namespace jaxcomm::collectives::gpu
 
 JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgatherCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAllgatherCuda,
-                              jaxcomm::collectives::gpu::TopKAllgatherCuda,
-                              jaxcomm::collectives::gpu::BindGpuCollective()
-                                  .Attr<int64_t>("k")  // entries each rank contributes
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // x: local gradient
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()    // residual in
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // summed (all ranks)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()    // new_residual
-                                  .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxcommTopKAllgatherCuda, jaxcomm::collectives::gpu::TopKAllgatherCuda,
+    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::gpu::BindGpuCollective()));

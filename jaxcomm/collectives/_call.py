@@ -9,15 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomm import _ffi, _ordering, _world
+from jaxcomm import _ffi, _jax_compat, _ordering, _world
 from jaxcomm.collectives import _mesh
-
-_ffi.register("jaxcomm_allreduce", "JaxcommAllreduce")
-_ffi.register_gpu("jaxcomm_allreduce", "JaxcommAllreduceCuda")
-_ffi.register("jaxcomm_topk_allgather", "JaxcommTopKAllgather")
-_ffi.register_gpu("jaxcomm_topk_allgather", "JaxcommTopKAllgatherCuda")
-_ffi.register("jaxcomm_gtopk", "JaxcommGTopK")
-_ffi.register_gpu("jaxcomm_gtopk", "JaxcommGTopKCuda")
 
 
 def collective_call(
@@ -64,9 +57,12 @@ def collective_call(
         layout.coordinates(),
         token,
         *operands,
-        world=np.int64(world.handle),
-        world_devices=np.asarray(world.device_ids, np.int64),
-        **layout.attributes(),
+        # One dictionary attribute, decoded once into the handlers' CollectiveAttrs.
+        collective=_jax_compat.dict_attribute(
+            world=np.int64(world.handle),
+            world_devices=np.asarray(world.device_ids, np.int64),
+            **layout.attributes(),
+        ),
         **attributes,
     )
     _ordering.token_out(outputs[-1])

@@ -6,17 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jaxcomm import _ffi
 from jaxcomm.collectives import _mesh
 from jaxcomm.compressors import Adaptive, OneBit, Threshold
-
-_ffi.register("jaxcomm_quantized_allreduce", "JaxcommQuantizedAllreduce")
-_ffi.register("jaxcomm_hierarchical_allreduce", "JaxcommHierarchicalAllreduce")
-_ffi.register("jaxcomm_hierarchical_quantized", "JaxcommHierarchicalQuantized")
-# The same targets on GPU meshes (ffi/cuda/quantized_allreduce.cc: NCCL on XLA's stream).
-_ffi.register_gpu("jaxcomm_quantized_allreduce", "JaxcommQuantizedAllreduceCuda")
-_ffi.register_gpu("jaxcomm_hierarchical_allreduce", "JaxcommHierarchicalAllreduceCuda")
-_ffi.register_gpu("jaxcomm_hierarchical_quantized", "JaxcommHierarchicalQuantizedCuda")
 
 Quantizer = OneBit | Threshold | Adaptive
 QUANTIZERS = (OneBit, Threshold, Adaptive)
@@ -53,6 +44,11 @@ def quantizer_attributes(c: Quantizer) -> dict[str, np.generic]:
             proportion=np.float64(c.proportion),
         )
     return attrs
+
+
+def group_size(axis_name: str | Sequence[str], api: str) -> int:
+    """Number of ranks a collective over `axis_name` reduces (inside shard_map)."""
+    return _mesh.resolve(axis_name, api).group_size
 
 
 def hierarchical_attributes(

@@ -9,8 +9,15 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomm import _validate
-from jaxcomm.collectives import _quantized
+from jaxcomm.collectives import _mesh, _quantized
 from jaxcomm.collectives._call import collective_call
+
+# 16-bit dense allreduce targets (ffi/allreduce_half.cc): 2 bytes per element on the wire,
+# float32 sums rounded once. CPU only; GPU meshes widen to float32 and use NCCL.
+_HALF_TARGETS = {
+    jnp.dtype(jnp.bfloat16): "jaxcomm_allreduce_bf16",
+    jnp.dtype(jnp.float16): "jaxcomm_allreduce_f16",
+}
 
 
 def allreduce(
@@ -25,8 +32,15 @@ def allreduce(
     is bit-identical on every rank; it may differ from ``lax.psum`` by float rounding (another
     summation order).
 
+    bfloat16 and float16 inputs travel as 16-bit words (half the bytes of float32) and are
+    summed in float32: each rank sends its 16-bit chunk straight to the chunk's owner, which
+    adds the P contributions in float32 and rounds once, then a ring allgather shares the
+    rounded chunks. The result has ``x``'s dtype and is the float32 sum rounded once (a
+    16-bit ``lax.psum`` may round at every step). ``hierarchical=True`` and GPU meshes widen
+    16-bit inputs to float32 for the transfer and round the result back.
+
     Args:
-      x: float32 array of any shape (the same on every rank).
+      x: float32, bfloat16 or float16 array of any shape (the same on every rank).
       axis_name: mesh axis name, or a tuple of names reduced jointly. With
         ``hierarchical=True``: ``(node_axis, local_axis)``, e.g. ``("node", "local")``.
       hierarchical: reduce inside each node over ``local_axis`` first, allreduce across nodes
@@ -48,7 +62,16 @@ def allreduce(
       >>> f = jax.jit(jax.shard_map(lambda v: jaxcomm.allreduce(v, "dp"), mesh=mesh,
       ...                           in_specs=P("dp"), out_specs=P("dp")))
     """
-    x = _validate.float32_array(x, "x")
+    x = _validate.float_array(x, "x")
+    if x.dtype != jnp.float32:
+        if x.size == 0:
+            return x
+        if hierarchical or _mesh.resolve(axis_name, "jaxcomm.allreduce").platform != "cpu":
+            wide = allreduce(x.astype(jnp.float32), axis_name, hierarchical, hierarchical_scheme)
+            return wide.astype(x.dtype)
+        target = _HALF_TARGETS[jnp.dtype(x.dtype)]
+        (out,) = collective_call(target, "jaxcomm.allreduce", axis_name, [x], [(x.shape, x.dtype)])
+        return out
     if hierarchical:
         attrs = _quantized.hierarchical_attributes(
             axis_name, hierarchical_scheme, "jaxcomm.allreduce"

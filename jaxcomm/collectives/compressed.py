@@ -42,9 +42,15 @@ def compressed_allreduce(
     ``axis_name=(node_axis, local_axis)`` the sum is reduced densely inside each node, only the
     inter-node allreduce is quantized, and the result is shared inside the node.
 
+    bfloat16 / float16 ``x``: encoded from float32 (``x`` is widened exactly), the residual
+    stays float32, and ``summed`` comes back in ``x``'s dtype. The rounding of the float32
+    sum to 16 bits is error-fed too: every rank adds 1/P of it to its residual, so the
+    conservation identity still holds (up to float32 rounding).
+
     Args:
-      x: float32 array of any shape (same shape on every rank).
-      residual: float32 array of x's shape: this rank's error-feedback state.
+      x: float32, bfloat16 or float16 array of any shape (same shape on every rank).
+      residual: float32 array of x's shape: this rank's error-feedback state (float32 for
+        16-bit x too).
       axis_name: mesh axis name (or tuple) to reduce over, inside ``jax.shard_map``; with
         ``hierarchical=True``: ``(node_axis, local_axis)``.
       algorithm: ``jaxcomm.TopKAllgather(density)``, ``jaxcomm.GTopK(density)``,
@@ -54,7 +60,8 @@ def compressed_allreduce(
         :func:`jaxcomm.allreduce`.
 
     Returns:
-      ``(summed, new_residual)``, both with x's shape.
+      ``(summed, new_residual)``, both with x's shape; ``summed`` in x's dtype,
+      ``new_residual`` float32.
 
     Raises:
       TypeError: an unknown algorithm.
@@ -77,7 +84,31 @@ def compressed_allreduce(
         raise ValueError(
             f"hierarchical=True supports OneBit, Threshold and Adaptive, not {algorithm!r}"
         )
+    dtype = _validate.float_array(x, "x").dtype
     x, residual = _validate.residual_like(x, residual)
+    summed, new_residual = _compressed_f32(
+        x, residual, axis_name, algorithm, quantized, hierarchical, hierarchical_scheme
+    )
+    if dtype == jnp.float32:
+        return summed, new_residual
+    rounded = summed.astype(dtype)
+    # Error feedback of the final rounding: the P ranks' residuals together keep what
+    # rounding dropped from the (identical) sum.
+    size = _quantized.group_size(axis_name, "jaxcomm.compressed_allreduce")
+    lost = (summed - rounded.astype(jnp.float32)) * np.float32(1.0 / size)
+    return rounded, new_residual + lost
+
+
+def _compressed_f32(
+    x: jax.Array,
+    residual: jax.Array,
+    axis_name: str | Sequence[str],
+    algorithm: TopKAllgather | GTopK | OneBit | Threshold | Adaptive,
+    quantized: bool,
+    hierarchical: bool,
+    hierarchical_scheme: str,
+) -> tuple[jax.Array, jax.Array]:
+    """The float32 collective call of :func:`compressed_allreduce` (arguments checked)."""
     api = "jaxcomm.compressed_allreduce"
     if quantized:
         attrs = _quantized.quantizer_attributes(algorithm)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -31,17 +30,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import jaxcomm
+from jaxcomm import cost
 from jaxcomm import optax as jc_optax
+from jaxcomm.examples import _loop
+from jaxcomm.examples._loop import ALGORITHMS, AXIS, GRAD_DTYPES
+from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT
 
-AXIS = "dp"
+__all__ = ["ALGORITHMS", "GRAD_DTYPES", "DigitsConfig", "Trainer", "build", "train"]
 TEST_SIZE = 297  # of 1797 images; the other 1500 train
 SPLIT_SEED = 1234  # the file is ordered by writer: shuffle once, the same way everywhere
-ALGORITHMS = ("psum", "dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,12 +53,20 @@ class DigitsConfig:
       algorithm: one of :data:`ALGORITHMS`.
       density: ρ of the sparse algorithms after warm-up.
       warmup: use the gTop-k paper's warm-up densities in the first epochs (sparse only).
+      warmup_phase_steps: steps per warm-up density (None: one epoch, as in the paper; short
+        runs scale the warm-up down with it).
       epochs: passes over the 1500 training images (ignored when ``steps`` is set).
       steps: total optimizer steps (overrides ``epochs``).
       batch_size: global batch, split evenly across all devices.
       learning_rate: SGD learning rate.
       momentum: SGD momentum (0 for none).
       hidden: MLP hidden width (CNN: channels of the second conv layer).
+      layers: number of hidden layers of the MLP (LBANN's MNIST model: 3 of width 4096).
+      grad_dtype: ``"bfloat16"`` casts each rank's gradients to bf16 before they are reduced
+        (``psum``: a bf16 ``lax.pmean``; jaxcomm: its 16-bit dense wire, or bf16 input to a
+        compressor); parameters and optimizer stay float32.
+      max_in_flight: training steps queued ahead of the devices (``jaxcomm.paced``; 0 waits
+        for every step).
       seed: parameter initialization and batch order (identical on every process).
       eval_every: steps between test-accuracy evaluations (the last step is always one).
       proportion: π of ``adaptive`` (about 1/π of each sign's values sent per column); 16
@@ -66,39 +74,67 @@ class DigitsConfig:
         (91 %: too few entries per step for so small a model).
       tau: threshold of ``threshold``.
       bucket_size: most elements per collective call.
+      allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
+        None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).
+      profile: ``auto``: a profile JSON written by ``jaxcomm probe`` (None: the built-in one).
     """
 
     model: str = "mlp"
     algorithm: str = "dense"
     density: float = 0.01
     warmup: bool = True
+    warmup_phase_steps: int | None = None
     epochs: int = 20
     steps: int | None = None
     batch_size: int = 64
     learning_rate: float = 0.05
     momentum: float = 0.9
     hidden: int = 64
+    layers: int = 1
+    grad_dtype: str = "float32"
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     seed: int = 0
     eval_every: int = 25
     proportion: float = 16.0
     tau: float = 0.001
     bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
+    allowed: tuple[str, ...] | None = None
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         if self.model not in ("mlp", "cnn"):
             raise ValueError(f"model must be 'mlp' or 'cnn', got {self.model!r}")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        self.reduction()  # checks algorithm and grad_dtype
+        if self.layers < 1:
+            raise ValueError(f"layers must be >= 1, got {self.layers}")
+        if self.max_in_flight < 0:
+            raise ValueError(f"max_in_flight must be >= 0, got {self.max_in_flight}")
+
+    def reduction(self) -> _loop.Reduction:
+        """How this run reduces gradients."""
+        return _loop.Reduction(
+            algorithm=self.algorithm,
+            density=self.density,
+            warmup=self.warmup,
+            proportion=self.proportion,
+            tau=self.tau,
+            grad_dtype=self.grad_dtype,
+            bucket_size=self.bucket_size,
+            allowed=self.allowed,
+            profile=self.profile,
+        )
 
 
 class MLP(nn.Module):
-    """64 → hidden → 10 with ReLU."""
+    """64 → hidden (× layers) → 10 with ReLU."""
 
     hidden: int = 64
+    layers: int = 1
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = nn.relu(nn.Dense(self.hidden)(x))
+        for _ in range(self.layers):
+            x = nn.relu(nn.Dense(self.hidden)(x))
         return nn.Dense(10)(x)
 
 
@@ -138,6 +174,11 @@ def steps_per_epoch(config: DigitsConfig) -> int:
     return (len(load_digits_split()[0])) // config.batch_size
 
 
+def warmup_phase_steps(config: DigitsConfig) -> int:
+    """Steps per density of the gTop-k warm-up: ``warmup_phase_steps``, else an epoch."""
+    return config.warmup_phase_steps or steps_per_epoch(config)
+
+
 def total_steps(config: DigitsConfig) -> int:
     """Steps of the run: ``config.steps``, or ``epochs`` full passes."""
     return config.steps if config.steps is not None else config.epochs * steps_per_epoch(config)
@@ -145,24 +186,7 @@ def total_steps(config: DigitsConfig) -> int:
 
 def make_reducer(config: DigitsConfig) -> optax.GradientTransformation | None:
     """The gradient allreduce of ``config.algorithm`` (None for the ``psum`` baseline)."""
-    a = config.algorithm
-    if a == "psum":
-        return None
-    compressors: dict[str, Callable[[], Any]] = {
-        "dense": lambda: None,
-        "gtopk": lambda: jaxcomm.GTopK(config.density),
-        "topk_allgather": lambda: jaxcomm.TopKAllgather(config.density),
-        "adaptive": lambda: jaxcomm.Adaptive(config.proportion),
-        "onebit": lambda: jaxcomm.OneBit(),
-        "threshold": lambda: jaxcomm.Threshold(config.tau),
-    }
-    compressor = compressors[a]()
-    schedule = None
-    if a in ("gtopk", "topk_allgather") and config.warmup:
-        schedule = jc_optax.gtopk_warmup_schedule(steps_per_epoch(config), config.density)
-    return jc_optax.allreduce_gradients(
-        AXIS, compressor, density_schedule=schedule, bucket_size=config.bucket_size
-    )
+    return config.reduction().reducer(warmup_phase_steps(config))
 
 
 class Trainer(NamedTuple):
@@ -201,63 +225,24 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
       >>> params, state = t.init()
       >>> params, state, loss, acc = t.step(params, state, *t.batch(0))
     """
-    mesh = mesh if mesh is not None else Mesh(np.asarray(jax.devices()), (AXIS,))
+    mesh = mesh if mesh is not None else _loop.data_parallel_mesh()
     n_dev = mesh.size
     if config.batch_size % n_dev:
         raise ValueError(f"batch_size={config.batch_size} must be a multiple of {n_dev} devices")
     x_train, y_train, _, _ = load_digits_split()
-    model = MLP(config.hidden) if config.model == "mlp" else CNN(config.hidden // 2)
-    reducer = make_reducer(config)
+    model = MLP(config.hidden, config.layers) if config.model == "mlp" else CNN(config.hidden // 2)
+
+    def loss_fn(p: Any, x: jax.Array, y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = model.apply(p, x)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        return loss, jnp.mean(jnp.argmax(logits, -1) == y)
+
     sgd = optax.sgd(config.learning_rate, momentum=config.momentum or None)
-    tx = optax.chain(reducer, sgd) if reducer is not None else sgd
-    replicated = NamedSharding(mesh, P())
+    step = _loop.Step(loss_fn, sgd, config.reduction(), warmup_phase_steps(config), mesh, 2)
 
     def init() -> tuple[Any, Any]:
-        params = model.init(jax.random.key(config.seed), jnp.zeros((1, 64), jnp.float32))
-        params = jax.device_put(params, replicated)
-        specs = jc_optax.partition_specs(jax.eval_shape(tx.init, params), AXIS)
-        # init under shard_map: the residual leaves come out per rank, sharded over dp.
-        state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs))(params)
-        return params, state
+        return step.init(model.init(jax.random.key(config.seed), jnp.zeros((1, 64), jnp.float32)))
 
-    traces = [0]
-
-    def local_step(params: Any, state: Any, x: jax.Array, y: jax.Array) -> tuple:
-        traces[0] += 1  # runs at trace time only
-
-        def loss_fn(p: Any) -> tuple[jax.Array, jax.Array]:
-            logits = model.apply(p, x)
-            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), logits
-
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        if reducer is None:
-            grads = lax.pmean(grads, AXIS)
-        updates, state = tx.update(grads, state, params)
-        params = optax.apply_updates(params, updates)
-        acc = jnp.mean(jnp.argmax(logits, -1) == y)
-        return params, state, lax.pmean(loss, AXIS), lax.pmean(acc, AXIS)
-
-    state_specs = None
-
-    def step(params: Any, state: Any, x: jax.Array, y: jax.Array) -> tuple:
-        nonlocal state_specs, compiled
-        if state_specs is None:
-            state_specs = jc_optax.partition_specs(state, AXIS)
-            # check_vma=False: jaxcomm's sums are identical on every rank but typed as
-            # varying; the parameters leave the step replicated (P()).
-            compiled = jax.jit(
-                jax.shard_map(
-                    local_step,
-                    mesh=mesh,
-                    in_specs=(P(), state_specs, P(AXIS), P(AXIS)),
-                    out_specs=(P(), state_specs, P(), P()),
-                    check_vma=False,
-                ),
-                donate_argnums=(0, 1),
-            )
-        return compiled(params, state, x, y)
-
-    compiled = None
     accuracy = jax.jit(lambda p, x, y: jnp.mean(jnp.argmax(model.apply(p, x), -1) == y))
 
     per_process = config.batch_size // jax.process_count()
@@ -275,11 +260,7 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
             jax.make_array_from_process_local_data(data_sharding, y_train[mine]),
         )
 
-    return Trainer(mesh, init, step, accuracy, batch, lambda: traces[0])
-
-
-def _host(x: jax.Array) -> float:
-    return float(np.asarray(x.addressable_data(0)).reshape(-1)[0])
+    return Trainer(mesh, init, step, accuracy, batch, lambda: step.traces)
 
 
 def _config_from(ctx: Any, overrides: dict[str, Any]) -> DigitsConfig:
@@ -302,6 +283,12 @@ def _config_from(ctx: Any, overrides: dict[str, Any]) -> DigitsConfig:
         if s is not None:
             algorithm = {"topk": "topk_allgather"}.get(s.algorithm, s.algorithm)
             fields.update(algorithm=algorithm, density=s.density)
+            if getattr(s, "grad_dtype", None):
+                fields["grad_dtype"] = s.grad_dtype
+            if getattr(s, "allowed", None):
+                fields["allowed"] = tuple({"topk": "topk_allgather"}.get(a, a) for a in s.allowed)
+            if getattr(s, "profile", None):
+                fields["profile"] = s.profile
         fields.update(getattr(ctx, "args", None) or {})
     fields.update(overrides)
     known = {f.name for f in dataclasses.fields(DigitsConfig)}
@@ -322,9 +309,14 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
         ``run_dir`` (rank 0 writes ``digits-<model>-<algorithm>.json`` there).
 
     Returns:
-      ``{"algorithm", "model", "steps", "test_accuracy", "train_loss",
-      "bytes_sent_per_step", "dense_bytes_per_step", "seconds", "compilations"}``;
-      bytes are per rank and step, from ``jaxcomm.metrics()`` (``psum``: the ring's bytes).
+      ``{"algorithm", "model", "grad_dtype", "steps", "test_accuracy", "train_loss",
+      "bytes_sent_per_step", "dense_bytes_per_step", "comm_seconds_per_step",
+      "step_seconds", "seconds", "history", "compilations"}``; bytes are per rank and step,
+      from ``jaxcomm.metrics()`` (``psum``: a ring's bytes at the gradient dtype's width);
+      ``comm_seconds_per_step`` is the time inside jaxcomm's collectives (None for ``psum``,
+      whose time XLA does not report); ``seconds`` is training wall clock from the end of the
+      first (compiling) step, evaluations excluded; ``history`` lists ``{"step", "seconds",
+      "loss", "test_accuracy"}`` at every evaluation.
 
     Example:
       >>> result = train(algorithm="gtopk", density=0.01, epochs=5)
@@ -340,60 +332,51 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
     y_test_d = jax.device_put(y_test, NamedSharding(trainer.mesh, P()))
     params, state = trainer.init()
     n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
-    dense_bytes = round(2 * (n_dev - 1) / n_dev * n_params * 4) if n_dev > 1 else 0
     steps = total_steps(cfg)
-    jaxcomm.reset_metrics()
-    start = time.perf_counter()
-    loss = test_acc = float("nan")
-    window_start, window_first = time.perf_counter(), 0
-    # No sync per step: the host runs ahead of the devices, by at most two steps (jaxcomm.paced:
-    # unbounded run-ahead deadlocks XLA:CPU with several devices per process).
-    step = jaxcomm.paced(trainer.step)
-    for i in range(steps):
-        params, state, loss_d, acc_d = step(params, state, *trainer.batch(i))
-        last = i == steps - 1
-        if i % cfg.eval_every == 0 or last:
-            loss = _host(loss_d)  # waits for the step: the window's time is the steps' time
-            step_time = (time.perf_counter() - window_start) / (i + 1 - window_first)
-            test_acc = _host(trainer.accuracy(params, x_test_d, y_test_d))
-            if logger is not None:
-                logger.log(
-                    i,
-                    force=True,
-                    loss=loss,
-                    accuracy=_host(acc_d),
-                    test_accuracy=test_acc,
-                    step_time_s=step_time,
-                )
-            window_start, window_first = time.perf_counter(), i + 1
-    step.wait()
-    seconds = time.perf_counter() - start
-    totals = [t for t in jaxcomm.metrics()["totals"] if t["calls"]]
-    ranks = {t["world_rank"] for t in totals}
-    sent = sum(t["bytes_sent"] for t in totals) / max(1, len(ranks)) / steps
+    loop = _loop.train_loop(
+        trainer.step,
+        params,
+        state,
+        trainer.batch,
+        lambda p: _loop.host_scalar(trainer.accuracy(p, x_test_d, y_test_d)),
+        steps=steps,
+        eval_every=cfg.eval_every,
+        max_in_flight=cfg.max_in_flight,
+        logger=logger,
+    )
+    reduction = cfg.reduction()
+    comm = _loop.communication_summary(reduction, n_params, n_dev, loop.timed_steps)
     result = {
+        "workload": "digits",
         "algorithm": cfg.algorithm,
+        "label": reduction.label(),
         "model": cfg.model,
+        "grad_dtype": cfg.grad_dtype,
         "density": cfg.density if cfg.algorithm in ("gtopk", "topk_allgather") else None,
+        "proportion": cfg.proportion if cfg.algorithm == "adaptive" else None,
         "steps": steps,
         "devices": n_dev,
         "parameters": n_params,
-        "test_accuracy": test_acc,
-        "train_loss": loss,
-        "bytes_sent_per_step": dense_bytes if cfg.algorithm == "psum" else sent,
-        "dense_bytes_per_step": dense_bytes,
-        "seconds": seconds,
+        "test_accuracy": loop.evaluation,
+        "train_loss": loop.loss,
+        **comm,
+        "step_seconds": loop.seconds / loop.timed_steps,
+        "seconds": loop.seconds,
+        "history": loop.history,
         "compilations": trainer.trace_count(),
     }
+    if cfg.algorithm == "auto":  # what the cost model chose for each bucket
+        result["auto_choices"] = cost.auto_decisions()
     if run_dir is not None and jax.process_index() == 0:
-        path = pathlib.Path(run_dir) / f"digits-{cfg.model}-{cfg.algorithm}.json"
+        path = pathlib.Path(run_dir) / f"digits-{cfg.model}-{reduction.label()}.json"
         path.write_text(json.dumps(result, indent=2))
     if logger is not None:
         logger.log(
             steps - 1,
             force=True,
             bytes_sent=result["bytes_sent_per_step"],
-            compression_ratio=dense_bytes / max(1.0, result["bytes_sent_per_step"]),
+            compression_ratio=result["dense_bytes_per_step"]
+            / max(1.0, result["bytes_sent_per_step"]),
         )
     return result
 
@@ -412,7 +395,9 @@ def main() -> None:
     overrides = {k: v for k, v in args.items() if v is not None}
     if "warmup" in overrides:
         overrides["warmup"] = bool(overrides["warmup"])
-    print(json.dumps(train(**overrides), indent=2))
+    result = train(**overrides)
+    result.pop("history")
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

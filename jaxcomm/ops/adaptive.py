@@ -17,11 +17,6 @@ import numpy as np
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Adaptive
 
-_ffi.register("jaxcomm_adaptive_compress", "JaxcommAdaptiveCompress")
-_ffi.register("jaxcomm_adaptive_decompress", "JaxcommAdaptiveDecompress")
-_ffi.register_gpu("jaxcomm_adaptive_compress", "JaxcommAdaptiveCompressCuda")
-_ffi.register_gpu("jaxcomm_adaptive_decompress", "JaxcommAdaptiveDecompressCuda")
-
 
 def _check(compressor: Adaptive) -> None:
     if not isinstance(compressor, Adaptive):
@@ -42,13 +37,13 @@ def compress(
 ) -> tuple[jax.Array, jax.Array]:
     """Quantizes ``acc = x + residual`` column by column, with error feedback.
 
-    Per column, about 1/π of the positive and 1/π of the negative values of largest magnitude
-    are sent as ``sign << 31 | index`` entries that decode to the mean of the values of their
-    sign that were sent. The residual keeps everything else, so
+    Per column and sign, the ``min(k±, ceil((k± + k0) / π))`` values of largest magnitude
+    (k±: the values of that sign, k0: the zeros) are sent as ``sign << 31 | index`` entries
+    that decode to the mean of the values of their sign that were sent. The residual keeps everything else, so
     ``x + residual == decompress(packed) + new_residual`` up to float rounding.
 
     Args:
-      x: float32 array of any shape with 1 to 2**31 - 1 elements.
+      x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape with 1 to 2**31 - 1 elements.
       residual: float32 array of ``x``'s shape (zeros at the first step). Its buffer is reused
         for ``new_residual`` when the caller donates it.
       compressor: a :class:`jaxcomm.Adaptive`.
@@ -69,7 +64,7 @@ def compress(
       >>> c = jaxcomm.Adaptive(proportion=2, column_size=8)
       >>> packed, r = jaxcomm.ops.adaptive.compress(x, jnp.zeros_like(x), c)
       >>> int(packed[0]), r.tolist()
-      (7, [-0.5, -1.0, 2.0, 0.0, -1.5, 0.5, 1.0, 1.5])
+      (8, [0.0, -1.0, -1.0, 0.0, -1.5, 1.0, 1.0, 1.5])
     """
     _check(compressor)
     x, residual = _validate.residual_like(x, residual)
@@ -109,7 +104,7 @@ def decompress(packed: jax.Array, compressor: Adaptive, shape: int | Sequence[in
       >>> c = jaxcomm.Adaptive(proportion=2, column_size=8)
       >>> packed, _ = jaxcomm.ops.adaptive.compress(x, jnp.zeros_like(x), c)
       >>> jaxcomm.ops.adaptive.decompress(packed, c, 8).tolist()
-      [3.5, 0.0, 0.0, 0.0, -3.5, 3.5, 0.0, -3.5]
+      [3.0, 0.0, 3.0, 0.0, -3.5, 3.0, 0.0, -3.5]
     """
     _check(compressor)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)

@@ -44,7 +44,7 @@ def compress(
     poison its column's reconstruction values.
 
     Args:
-      x: float32 array of any shape with at least one element.
+      x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape with at least one element.
       residual: float32 array of ``x``'s shape (zeros at the first step).
       compressor: ``jaxcomm.TopK``, ``OneBit``, ``Threshold`` or ``Adaptive``.
 

@@ -16,11 +16,6 @@ import numpy as np
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import OneBit
 
-_ffi.register("jaxcomm_onebit_compress", "JaxcommOneBitCompress")
-_ffi.register("jaxcomm_onebit_decompress", "JaxcommOneBitDecompress")
-_ffi.register_gpu("jaxcomm_onebit_compress", "JaxcommOneBitCompressCuda")
-_ffi.register_gpu("jaxcomm_onebit_decompress", "JaxcommOneBitDecompressCuda")
-
 
 def _check(compressor: OneBit) -> None:
     if not isinstance(compressor, OneBit):
@@ -42,7 +37,7 @@ def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax
     sign with no values in the column (or its sample) has mean 0.0.
 
     Args:
-      x: float32 array of any shape, 1 to 2**31 - 1 elements.
+      x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape, 1 to 2**31 - 1 elements.
       residual: float32 array of ``x``'s shape (the previous call's ``new_residual``).
       compressor: the :class:`jaxcomm.OneBit` spec.
 

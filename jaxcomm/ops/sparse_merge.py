@@ -9,9 +9,6 @@ import jax.numpy as jnp
 
 from jaxcomm import _ffi, _validate
 
-_ffi.register("jaxcomm_sparse_merge", "JaxcommSparseMerge")
-_ffi.register_gpu("jaxcomm_sparse_merge", "JaxcommSparseMergeCuda")
-
 
 def _sparse_pair(idx: Any, val: Any, side: str) -> tuple[jax.Array, jax.Array]:
     idx = _validate.int_array(idx, f"idx_{side}", ndim=1)

@@ -16,11 +16,6 @@ import numpy as np
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Threshold
 
-_ffi.register("jaxcomm_threshold_compress", "JaxcommThresholdCompress")
-_ffi.register("jaxcomm_threshold_decompress", "JaxcommThresholdDecompress")
-_ffi.register_gpu("jaxcomm_threshold_compress", "JaxcommThresholdCompressCuda")
-_ffi.register_gpu("jaxcomm_threshold_decompress", "JaxcommThresholdDecompressCuda")
-
 
 def _check(compressor: Threshold) -> None:
     if not isinstance(compressor, Threshold):
@@ -37,7 +32,7 @@ def compress(
     and the others stay whole in the residual.
 
     Args:
-      x: float32 array of any shape, 1 to 2**31 - 1 elements.
+      x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape, 1 to 2**31 - 1 elements.
       residual: float32 array of ``x``'s shape (the previous call's ``new_residual``).
       compressor: the :class:`jaxcomm.Threshold` spec (``tau`` is used as float32).
 

@@ -8,13 +8,6 @@ import jax.numpy as jnp
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import TopK
 
-_ffi.register("jaxcomm_topk_abs", "JaxcommTopKAbs")
-_ffi.register("jaxcomm_topk_compress", "JaxcommTopKCompress")
-_ffi.register("jaxcomm_topk_decompress", "JaxcommTopKDecompress")
-_ffi.register_gpu("jaxcomm_topk_abs", "JaxcommTopKAbsCuda")
-_ffi.register_gpu("jaxcomm_topk_compress", "JaxcommTopKCompressCuda")
-_ffi.register_gpu("jaxcomm_topk_decompress", "JaxcommTopKDecompressCuda")
-
 
 def topk_abs(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """Exact top-k of a vector by magnitude, in O(n) expected time.

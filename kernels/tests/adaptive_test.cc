@@ -90,6 +90,11 @@ TEST(AdaptiveLayoutTest, MatchesPythonCapacities) {
   EXPECT_EQ(AdaptiveKeep(0, 2.5), 0);
   EXPECT_EQ(AdaptiveKeep(5, 2.5), 2);
   EXPECT_EQ(AdaptiveKeep(6, 2.5), 3);
+  // Zeros count toward both signs' k; a sign never sends more values than it has.
+  EXPECT_EQ(AdaptiveSignKeep(5, 0, 2.5), 2);
+  EXPECT_EQ(AdaptiveSignKeep(2, 98, 64.0), 2);
+  EXPECT_EQ(AdaptiveSignKeep(40, 984, 64.0), 16);
+  EXPECT_EQ(AdaptiveSignKeep(0, 1024, 64.0), 0);
 }
 
 TEST(AdaptiveTest, HandCheckedColumn) {
@@ -98,16 +103,18 @@ TEST(AdaptiveTest, HandCheckedColumn) {
   const Result res = Compress(x, {}, layout, 0);
   ASSERT_EQ(res.bad, -1);
   ASSERT_EQ(res.packed.size(), 1u + 2 + 8);
-  // Positives 3,2,4,1 keep ceil(4/2) = 2: 4 and 3. Negatives -1,-5,-2 keep 2: -5 and -2.
-  EXPECT_EQ(res.packed[0], 7u);
-  EXPECT_FLOAT_EQ(MeanBits(res.packed, 0, true), 3.5f);
+  // Positives 3,2,4,1 and one zero: 5 non-negative values keep min(4, ceil(5/2)) = 3: 4, 3, 2.
+  // Negatives -1,-5,-2 and the zero: 4 non-positive values keep min(3, ceil(4/2)) = 2: -5, -2.
+  EXPECT_EQ(res.packed[0], 8u);
+  EXPECT_FLOAT_EQ(MeanBits(res.packed, 0, true), 3.0f);
   EXPECT_FLOAT_EQ(MeanBits(res.packed, 0, false), -3.5f);
-  const std::vector<uint32_t> entries(res.packed.begin() + 3, res.packed.begin() + 7);
-  EXPECT_EQ(entries, (std::vector<uint32_t>{wire::Entry(true, 0), wire::Entry(false, 4),
-                                            wire::Entry(true, 5), wire::Entry(false, 7)}));
-  for (size_t j = 7; j < res.packed.size(); ++j) EXPECT_EQ(res.packed[j], 0u);
-  EXPECT_EQ(res.residual, (std::vector<float>{-0.5f, -1, 2, 0, -1.5f, 0.5f, 1, 1.5f}));
-  EXPECT_EQ(Decode(res.packed, layout), (std::vector<float>{3.5f, 0, 0, 0, -3.5f, 3.5f, 0, -3.5f}));
+  const std::vector<uint32_t> entries(res.packed.begin() + 3, res.packed.begin() + 8);
+  EXPECT_EQ(entries, (std::vector<uint32_t>{wire::Entry(true, 0), wire::Entry(true, 2),
+                                            wire::Entry(false, 4), wire::Entry(true, 5),
+                                            wire::Entry(false, 7)}));
+  for (size_t j = 8; j < res.packed.size(); ++j) EXPECT_EQ(res.packed[j], 0u);
+  EXPECT_EQ(res.residual, (std::vector<float>{0, -1, -1, 0, -1.5f, 1, 1, 1.5f}));
+  EXPECT_EQ(Decode(res.packed, layout), (std::vector<float>{3, 0, 3, 0, -3.5f, 3, 0, -3.5f}));
 }
 
 TEST(AdaptiveTest, TiesGoToLowerIndex) {
@@ -176,8 +183,9 @@ void CheckExactSelection(int64_t n, int64_t column_size, double proportion, uint
       kp += acc[i] > 0;
       kn += acc[i] < 0;
     }
-    ASSERT_EQ(static_cast<int64_t>(cols[c].pos.size()), AdaptiveKeep(kp, proportion)) << c;
-    ASSERT_EQ(static_cast<int64_t>(cols[c].neg.size()), AdaptiveKeep(kn, proportion)) << c;
+    const int64_t kz = static_cast<int64_t>(acc.size()) - kp - kn;
+    ASSERT_EQ(static_cast<int64_t>(cols[c].pos.size()), AdaptiveSignKeep(kp, kz, proportion)) << c;
+    ASSERT_EQ(static_cast<int64_t>(cols[c].neg.size()), AdaptiveSignKeep(kn, kz, proportion)) << c;
     float min_sent = std::numeric_limits<float>::infinity();
     double sum = 0;
     std::vector<bool> sent(acc.size(), false);
@@ -249,8 +257,9 @@ TEST(AdaptiveTest, SampledModeFollowsSampleThresholds) {
     }
     std::sort(pos.rbegin(), pos.rend());
     std::sort(neg.begin(), neg.end());
-    const float tau_pos = pos[AdaptiveKeep(pos.size(), proportion) - 1];
-    const float tau_neg = neg[AdaptiveKeep(neg.size(), proportion) - 1];
+    const int64_t zeros = sample - static_cast<int64_t>(pos.size() + neg.size());
+    const float tau_pos = pos[AdaptiveSignKeep(pos.size(), zeros, proportion) - 1];
+    const float tau_neg = neg[AdaptiveSignKeep(neg.size(), zeros, proportion) - 1];
     std::vector<int64_t> want_pos, want_neg;
     int64_t taken = 0;
     for (int64_t i = begin; i < begin + len && taken < layout.ColumnCapacity(c); ++i) {
@@ -323,7 +332,8 @@ TEST(AdaptiveTest, DecompressAccumulates) {
   const Result res = Compress(x, {}, layout, 0);
   std::vector<float> out(8, 1.0f);
   ASSERT_EQ("", AdaptiveDecompress(res.packed.data(), res.packed[0], layout, out.data(), true));
-  EXPECT_EQ(out, (std::vector<float>{4.5f, 1, 1, 1, -2.5f, 4.5f, 1, -2.5f}));
+  // HandCheckedColumn's decoding (3, 0, 3, 0, -3.5, 3, 0, -3.5) added to ones.
+  EXPECT_EQ(out, (std::vector<float>{4, 1, 4, 1, -2.5f, 4, 1, -2.5f}));
 }
 
 TEST(AdaptiveTest, DecompressRejectsBadMessages) {

@@ -1,4 +1,5 @@
-"""The ``jaxcomm`` command: ``launch``, ``recipes``, ``report``, ``--version``.
+"""The ``jaxcomm`` command: ``launch``, ``probe``, ``plan``, ``recipes``, ``report``, ``cleanup``,
+``--version``.
 
 Exit codes: 0 success, 1 run failed (a rank failed, a backend is unusable), 2 invalid recipe
 or usage, 124 timeout, 130 interrupted.
@@ -6,18 +7,24 @@ or usage, 124 timeout, 130 interrupted.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import json
 import os
 import pathlib
 import sys
-from typing import Annotated
+import types
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from jaxcomm_launcher import __version__
-from jaxcomm_launcher.recipe import RecipeError, load_recipe
+from jaxcomm_launcher.recipe import Recipe, RecipeError, load_recipe
 
 app = typer.Typer(
     name="jaxcomm",
@@ -30,6 +37,27 @@ app = typer.Typer(
 _width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
 console = Console(width=_width)
 err_console = Console(stderr=True, width=_width)
+
+
+@contextlib.contextmanager
+def _exit_on_launch_errors() -> Iterator[None]:
+    """Turns a backend or launch failure into one error line and the CLI's exit code."""
+    from jaxcomm_launcher.backends import BackendError
+    from jaxcomm_launcher.runner import LaunchFailed
+
+    try:
+        yield
+    except BackendError as exc:
+        _print_error(exc)
+        raise typer.Exit(1) from None
+    except LaunchFailed as exc:
+        _print_error(exc)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _print_error(exc: BaseException | str) -> None:
+    """Prints ``error: <message>`` (red label, message verbatim: never read as markup)."""
+    err_console.print(Text("error: ", style="bold red") + Text(str(exc)), soft_wrap=True)
 
 
 def bundled_recipes_dir() -> pathlib.Path:
@@ -96,28 +124,48 @@ def launch(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Do not echo rank logs (files still get them).")
     ] = False,
+    detach: Annotated[
+        bool,
+        typer.Option("--detach", help="slurm: only submit the job (then: jaxcomm report RUN_DIR)."),
+    ] = False,
+    profile: Annotated[
+        pathlib.Path | None,
+        typer.Option("--profile", help="Profile (from `jaxcomm probe`) for --dry-run's plan."),
+    ] = None,
 ) -> None:
     """Run RECIPE: start its ranks, stream their logs, then write summary.json and plots.
 
     Example: jaxcomm launch recipes/digits-dense.yaml --set world.processes=4
     """
-    from jaxcomm_launcher.backends import BackendError, make_backend
-    from jaxcomm_launcher.runner import LaunchFailed, default_run_dir, run_recipe
+    from jaxcomm_launcher.backends import make_backend
+    from jaxcomm_launcher.runner import (
+        default_run_dir,
+        run_recipe,
+        run_slurm_recipe,
+    )
 
     path = _resolve_recipe(recipe)
     try:
         rec = load_recipe(path, set_ or [])
     except RecipeError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        _print_error(exc)
         raise typer.Exit(2) from None
     run_dir = out or default_run_dir(rec)
-    try:
+    if detach and rec.backend.kind != "slurm":
+        _print_error(
+            f"--detach needs backend slurm (this recipe: {rec.backend.kind}); "
+            "add --set backend.kind=slurm"
+        )
+        raise typer.Exit(2)
+    with _exit_on_launch_errors():
         if rec.backend.kind == "slurm":
-            backend = make_backend(rec, run_dir)
             if dry_run:
+                # The compute nodes read the run directory by its absolute path.
+                backend = make_backend(rec, run_dir.resolve())
                 typer.echo(backend.render(), nl=False)  # verbatim: no wrapping, no markup
+                _echo_plan_comment(rec, profile)
                 return
-            backend.submit(console)
+            run_slurm_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet, detach=detach)
             return
         if dry_run:
             backend = make_backend(rec, run_dir)
@@ -127,16 +175,9 @@ def launch(
                 typer.echo(f"# {settings.display_label()}")
                 for line in backend.describe(spec):
                     typer.echo(line)
+            _echo_plan_comment(rec, profile)
             return
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)
-    except BackendError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
-    except LaunchFailed as exc:
-        err_console.print(
-            f"[bold red]error:[/] {exc}", highlight=False, markup=False, soft_wrap=True
-        )
-        raise typer.Exit(exc.exit_code) from None
 
 
 @app.command("recipes")
@@ -166,18 +207,395 @@ def list_recipes() -> None:
 def report(
     run_dir: Annotated[pathlib.Path, typer.Argument(help="A run directory made by `launch`.")],
 ) -> None:
-    """Re-read RUN_DIR's metrics: rewrite summary.json, redraw the PNGs, print the table."""
+    """Re-read RUN_DIR's metrics: rewrite summary.json, redraw the PNGs, print the table.
+
+    For a slurm run (also a detached one) the entries' statuses are first read from the
+    files the job wrote, and the job's state from Slurm.
+    """
     from jaxcomm_launcher import metrics
 
     try:
+        run = metrics.read_run(run_dir)
+        if run.get("backend") == "slurm":
+            from jaxcomm_launcher.backends.slurm import collect
+
+            slurm = collect(run_dir).get("slurm", {})
+            if slurm.get("state"):
+                console.print(f"slurm job {slurm.get('job_id')}: {slurm['state']}", highlight=False)
         summary = metrics.write_summary(run_dir)
     except FileNotFoundError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        _print_error(exc)
         raise typer.Exit(2) from None
     plots = metrics.draw_plots(run_dir)
     metrics.print_table(summary, console)
     for p in plots:
         console.print(f"plot: {p}", highlight=False, soft_wrap=True)
+
+
+@app.command("cleanup")
+def cleanup_command(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only list what would be removed.")
+    ] = False,
+) -> None:
+    """Remove what a killed launcher left behind: emulated-cluster namespaces, links, processes.
+
+    Runs of a launcher that is still alive, and runs with a process inside, are never touched.
+    Every emulated launch first removes the runs whose recorded launcher died.
+    Example: sudo jaxcomm cleanup --dry-run
+    """
+    from jaxcomm_launcher import cleanup
+
+    removed = cleanup.sweep(dry_run=dry_run, unowned=True)
+    verb = "would remove" if dry_run else "removed"
+    for line in removed:
+        console.print(f"{verb} {line}", highlight=False, markup=False)
+    if not removed:
+        console.print("nothing to clean up", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# probe and plan: the cost model (jaxcomm/cost.py)
+
+
+def cost_model() -> types.ModuleType:
+    """Returns ``jaxcomm.cost`` without importing the rest of jaxcomm.
+
+    ``import jaxcomm`` imports JAX and loads the C++ library (about 1.5 s here); the cost model
+    needs neither, so ``jaxcomm plan`` loads ``jaxcomm/cost.py`` on its own and answers in
+    well under 2 s. When jaxcomm is already imported, its module is returned.
+
+    Returns:
+        The ``jaxcomm.cost`` module (or a standalone copy of it).
+
+    Raises:
+        ModuleNotFoundError: jaxcomm is not installed.
+
+    Example:
+        >>> cost_model().ALGORITHMS[0]
+        'psum'
+    """
+    if "jaxcomm.cost" in sys.modules:
+        return sys.modules["jaxcomm.cost"]
+    name = "jaxcomm_launcher._jaxcomm_cost"
+    if name in sys.modules:
+        return sys.modules[name]
+    package = importlib.util.find_spec("jaxcomm")  # locates the package without importing it
+    if package is None or package.origin is None:
+        raise ModuleNotFoundError("jaxcomm is not installed: python -m pip install .")
+    spec = importlib.util.spec_from_file_location(
+        name, pathlib.Path(package.origin).parent / "cost.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def _digits_parameters(model: str, hidden: int) -> int:
+    # jaxcomm/examples/digits.py's models (tests/test_cost.py checks these against Flax):
+    # MLP 64 -> hidden -> 10; CNN conv 3x3 1->16, conv 3x3 stride 2 16->hidden (8x8 -> 4x4),
+    # dense 4*4*hidden -> 10.
+    if model == "cnn":
+        return (9 * 16 + 16) + (9 * 16 * hidden + hidden) + (16 * hidden * 10 + 10)
+    return 64 * hidden + hidden + hidden * 10 + 10
+
+
+def gradient_sizes(recipe: Recipe, elements: list[int] | None = None) -> tuple[list[int], str]:
+    """The gradient sizes a recipe reduces per step, in float32 elements per rank.
+
+    Args:
+        recipe: The recipe.
+        elements: Explicit sizes (``--elements``), which win.
+
+    Returns:
+        ``(sizes, where they came from)``: the allreduce job's ``args.sizes`` (one call per
+        size), or the digits model's parameter count (one bucket).
+
+    Raises:
+        RecipeError: The job's gradient size is unknown (a custom job without ``--elements``).
+
+    Example:
+        >>> gradient_sizes(Recipe(name="x", job="digits"))
+        ([4810], 'digits mlp parameters (hidden 64)')
+    """
+    if elements:
+        return [int(e) for e in elements], "--elements"
+    if recipe.job == "allreduce":
+        if "sizes" in recipe.args:
+            return [int(s) for s in recipe.args["sizes"]], "args.sizes"
+        from jaxcomm_launcher.jobs.allreduce import DEFAULT_SIZES
+
+        return list(DEFAULT_SIZES), "the allreduce job's default sizes"
+    if recipe.job == "digits":
+        model = str(recipe.args.get("model", "mlp"))
+        hidden = int(recipe.args.get("hidden", recipe.train.hidden))
+        return [_digits_parameters(model, hidden)], f"digits {model} parameters (hidden {hidden})"
+    raise RecipeError(
+        f"the gradient size of job {recipe.job!r} is unknown: pass --elements N (float32 "
+        "elements per rank, repeatable)"
+    )
+
+
+def _inter_process(recipe: Recipe) -> str:
+    kind = recipe.backend.kind
+    if kind == "emulated":
+        return "across_hosts"
+    if kind == "mpirun" and len(set(recipe.backend.hosts)) > 1:
+        return "across_hosts"
+    if kind == "slurm" and recipe.backend.nodes > 1:
+        return "across_hosts"
+    return "same_host"
+
+
+def _options(cost: types.ModuleType, recipe: Recipe) -> Any:
+    # The allreduce job reads density/proportion/tau from args (density default 0.001); the
+    # training jobs read density from the jaxcomm settings.
+    args = recipe.args
+    density = args.get("density", 0.001) if recipe.job == "allreduce" else recipe.jaxcomm.density
+    fields = {"density": float(density)}
+    for name in ("proportion", "tau"):
+        if name in args:
+            fields[name] = float(args[name])
+    return cost.Options(**fields)
+
+
+def recipe_plan(
+    recipe: Recipe,
+    profile_path: pathlib.Path | None = None,
+    elements: list[int] | None = None,
+    allowed: list[str] | None = None,
+    overlap_seconds: float | None = None,
+) -> tuple[dict[str, Any], str, Any]:
+    """Predicts every algorithm for a recipe's world and gradient (``jaxcomm plan``).
+
+    Args:
+        recipe: The recipe.
+        profile_path: A profile from ``jaxcomm probe`` (None: the built-in default).
+        elements: Explicit gradient sizes.
+        allowed: Algorithms the pick may be (None: all).
+        overlap_seconds: Overlap on: communication hides behind this much compute per call
+            (None: overlap off).
+
+    Returns:
+        ``(plan, where the sizes came from, profile)``; ``plan`` is ``jaxcomm.cost.plan``'s
+        ``{"pick": ..., "predictions": [...]}``.
+
+    Raises:
+        RecipeError: Unknown gradient size, unreadable profile or unknown algorithm names.
+
+    Example:
+        >>> plan, _, _ = recipe_plan(Recipe(name="x", job="digits"))
+        >>> plan["pick"]["algorithm"]  # doctest: +SKIP
+        'ring'
+    """
+    cost = cost_model()
+    sizes, source = gradient_sizes(recipe, elements)
+    try:
+        profile = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    if allowed:
+        unknown = sorted(set(allowed) - set(cost.ALGORITHMS))
+        if unknown:
+            raise RecipeError(f"--allowed: unknown {unknown}; known: {', '.join(cost.ALGORITHMS)}")
+    world = cost.World(
+        recipe.world.processes, recipe.world.devices_per_process, _inter_process(recipe)
+    )
+    try:
+        result = cost.plan(
+            sizes,
+            world,
+            profile,
+            _options(cost, recipe),
+            allowed=allowed,
+            overlap=overlap_seconds is not None,
+            hidden_seconds=overlap_seconds or 0.0,
+        )
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    return result, source, profile
+
+
+def _plan_lines(recipe: Recipe, result: dict[str, Any], source: str, profile: Any) -> list[str]:
+    w = recipe.world
+    lines = [
+        f"plan for {recipe.name}: {w.processes} processes x {w.devices_per_process} devices "
+        f"({_inter_process(recipe)} between processes); gradient: {source}",
+        f"profile: {profile.source}",
+        f"{'algorithm':18s} {'elements':>11s} {'bytes sent/rank':>16s} {'predicted':>12s}",
+    ]
+    for row in result["predictions"]:
+        lines.append(
+            f"{row['algorithm']:18s} {row['elements']:>11d} {row['bytes_sent_per_rank']:>16.0f} "
+            f"{row['seconds'] * 1e3:>9.3f} ms"
+        )
+    pick = result["pick"]
+    lines.append(
+        f"pick: {pick['algorithm']} ({pick['seconds'] * 1e3:.3f} ms and "
+        f"{pick['bytes_sent_per_rank']:.0f} bytes per rank for {pick['elements']} elements)"
+    )
+    return lines
+
+
+def _echo_plan_comment(recipe: Recipe, profile: pathlib.Path | None) -> None:
+    # --dry-run: the same plan as `jaxcomm plan`, as comment lines after what would run.
+    try:
+        result, source, prof = recipe_plan(recipe, profile)
+    except RecipeError as exc:
+        typer.echo(f"# plan: {exc}")
+        return
+    for line in _plan_lines(recipe, result, source, prof):
+        typer.echo(f"# {line}")
+
+
+@app.command()
+def plan(
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML file, or the name of a bundled one.")],
+    profile: Annotated[
+        pathlib.Path | None,
+        typer.Option("--profile", help="Profile JSON from `jaxcomm probe` (default: built-in)."),
+    ] = None,
+    json_: Annotated[
+        bool, typer.Option("--json", help="Print {pick, predictions} as JSON.")
+    ] = False,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a recipe field (repeatable)."),
+    ] = None,
+    elements: Annotated[
+        list[int] | None,
+        typer.Option("--elements", help="Gradient size in float32 elements (repeatable).", min=1),
+    ] = None,
+    allowed: Annotated[
+        str | None,
+        typer.Option("--allowed", help="Comma-separated algorithms the pick may be."),
+    ] = None,
+    overlap_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--overlap-ms",
+            help="Overlap on: communication hides behind this much backward compute per call.",
+            min=0.0,
+        ),
+    ] = None,
+) -> None:
+    """Predict each algorithm's bytes and seconds per step for RECIPE, and pick the fastest.
+
+    Example: jaxcomm probe recipes/emulated-1gbit.yaml --out p.json; jaxcomm plan
+    recipes/emulated-1gbit.yaml --profile p.json
+    """
+    try:
+        rec = load_recipe(_resolve_recipe(recipe), set_ or [])
+        names = [a.strip() for a in allowed.split(",") if a.strip()] if allowed else None
+        hidden = None if overlap_ms is None else overlap_ms / 1e3
+        result, source, prof = recipe_plan(rec, profile, elements, names, hidden)
+    except RecipeError as exc:
+        _print_error(exc)
+        raise typer.Exit(2) from None
+    if json_:
+        keys = ("algorithm", "elements", "processes", "devices_per_process")
+        out = {
+            "pick": result["pick"],
+            "predictions": [
+                {
+                    **{k: r[k] for k in keys},
+                    "bytes_sent_per_rank": r["bytes_sent_per_rank"],
+                    "seconds": r["seconds"],
+                }
+                for r in result["predictions"]
+            ],
+        }
+        typer.echo(json.dumps(out, indent=2))
+        return
+    for line in _plan_lines(rec, result, source, prof):
+        typer.echo(line)
+
+
+@app.command()
+def probe(
+    recipe: Annotated[str, typer.Argument(help="Recipe YAML file, or the name of a bundled one.")],
+    out: Annotated[
+        pathlib.Path, typer.Option("--out", help="Where to write the profile JSON.")
+    ] = pathlib.Path("profile.json"),
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a recipe field (repeatable)."),
+    ] = None,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per point.", min=1)] = 5,
+    sizes: Annotated[
+        list[int] | None,
+        typer.Option("--sizes", help="Ring/psum sizes in elements (repeatable).", min=1),
+    ] = None,
+    kernel_elements: Annotated[
+        int, typer.Option("--kernel-elements", help="Elements per kernel timing.", min=64)
+    ] = 1 << 22,
+    run_dir: Annotated[
+        pathlib.Path | None, typer.Option("--run-dir", help="Run directory (default runs/...).")
+    ] = None,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Seconds for the whole run.", min=0.001)
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would run.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo rank logs.")] = False,
+) -> None:
+    """Measure the cost model (alpha, beta per link class, gamma per kernel) on RECIPE's world.
+
+    Runs the `probe` job with the recipe's world and backend (local, emulated, mpirun; slurm
+    submits it, and the job writes --out when it runs) and writes the profile that
+    `jaxcomm plan --profile` and `compressor="auto"` read.
+
+    Example: jaxcomm probe recipes/digits-dense.yaml --out profile.json
+    """
+    from jaxcomm_launcher.backends import make_backend
+    from jaxcomm_launcher.runner import default_run_dir, run_recipe
+
+    try:
+        rec = load_recipe(_resolve_recipe(recipe), set_ or [])
+        args: dict[str, Any] = {
+            "repeats": repeats,
+            "kernel_elements": kernel_elements,
+            "out": str(out.resolve()),
+        }
+        if sizes:
+            args["sizes"] = list(sizes)
+        data = rec.model_dump(mode="json")
+        data.update(
+            name=f"{rec.name}-probe",
+            job="probe",
+            sweep=[],
+            jaxcomm={"label": "probe"},
+            args=args,
+            metrics={**data["metrics"], "plots": False},
+        )
+        probe_recipe = Recipe.model_validate(data)
+    except (RecipeError, ValueError) as exc:
+        _print_error(exc)
+        raise typer.Exit(2) from None
+    target = run_dir or default_run_dir(probe_recipe)
+    with _exit_on_launch_errors():
+        backend = None
+        if probe_recipe.backend.kind == "slurm":
+            backend = make_backend(probe_recipe, target)
+            if dry_run:
+                typer.echo(backend.render(), nl=False)
+                return
+            backend.submit(console)
+            console.print(f"the probe job writes {out} when it has run", highlight=False)
+            return
+        if dry_run:
+            backend = make_backend(probe_recipe, target)
+            typer.echo(f"# probe of {rec.name}: {probe_recipe.backend.kind}, run dir {target}")
+            for line in backend.describe(target / "probe" / "spec.json"):
+                typer.echo(line)
+            return
+        if out.exists():
+            out.unlink()  # a stale profile must not pass for this run's
+        run_recipe(probe_recipe, target, console, timeout=timeout, quiet=quiet)
+    if not out.exists():
+        _print_error(f"the probe ran but wrote no profile to {out}")
+        raise typer.Exit(1)
+    console.print(f"profile: {out}", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,8 @@ def write_summary(run_dir: pathlib.Path) -> dict[str, Any]:
         "world": run.get("world"),
         "variants": variants,
     }
+    if "slurm" in run:  # job id, final state and nodes of a slurm run
+        summary["slurm"] = run["slurm"]
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 

@@ -149,6 +149,54 @@ def describe_returncode(code: int) -> str:
     return f"exit code {code}"
 
 
+class RankEcho:
+    """Prints output lines with a colored rank prefix and keeps each rank's last lines.
+
+    Supervised backends feed it the lines they read from their processes' pipes; the slurm
+    backend feeds it the lines it reads from the rank log files that ``srun`` writes.
+
+    Args:
+        console: Where lines are printed.
+        quiet: Keep the tails, print nothing.
+
+    Example:
+        >>> echo = RankEcho(Console(), quiet=True)
+        >>> echo.line(1, "hello")
+        >>> list(echo.tails[1])
+        ['hello']
+    """
+
+    def __init__(self, console: Console, quiet: bool = False) -> None:
+        self.console = console
+        self.quiet = quiet
+        self.tails: dict[int | None, collections.deque[str]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=TAIL_LINES)
+        )
+
+    def line(self, rank: int | None, text: str, name: str = "launcher") -> None:
+        """Records one line of `rank` (None: a launch engine called `name`) and prints it.
+
+        Args:
+            rank: The rank the line came from, or None for an engine's own output.
+            text: The line, without its newline.
+            name: Prefix shown for engine lines (``mpirun``, ``srun``, ...).
+
+        Returns:
+            None.
+
+        Example:
+            >>> RankEcho(Console()).line(0, "step 3")  # prints "[r0] step 3"  # doctest: +SKIP
+        """
+        self.tails[rank].append(text)
+        if self.quiet:
+            return
+        label = f"r{rank}" if rank is not None else name
+        color = RANK_COLORS[rank % len(RANK_COLORS)] if rank is not None else "white"
+        self.console.print(
+            f"[{color}]\\[{label}][/] {escape(text)}", highlight=False, soft_wrap=True
+        )
+
+
 class Supervisor:
     """Starts processes, prefixes and files their output per rank, and stops them together.
 
@@ -169,9 +217,8 @@ class Supervisor:
         self.log_dir = log_dir
         self.quiet = quiet
         self.procs: list[Proc] = []
-        self.tails: dict[int | None, collections.deque[str]] = collections.defaultdict(
-            lambda: collections.deque(maxlen=TAIL_LINES)
-        )
+        self.echo = RankEcho(console, quiet)
+        self.tails = self.echo.tails
         self._files: dict[str, IO[str]] = {}
         self._lock = threading.Lock()
 
@@ -236,17 +283,7 @@ class Supervisor:
             for rank, text in router(line) if router else [(proc.rank, line)]:
                 with self._lock:
                     self._file_for(rank, proc.name).write(text + "\n")
-                    self.tails[rank].append(text)
-                    if not self.quiet:
-                        label = f"r{rank}" if rank is not None else proc.name
-                        color = (
-                            RANK_COLORS[rank % len(RANK_COLORS)] if rank is not None else "white"
-                        )
-                        self.console.print(
-                            f"[{color}]\\[{label}][/] {escape(text)}",
-                            highlight=False,
-                            soft_wrap=True,
-                        )
+                    self.echo.line(rank, text, proc.name)
 
     # -- waiting and stopping -------------------------------------------------------------
 

@@ -28,6 +28,9 @@ BUNDLED_JOBS: dict[str, str] = {
     "smoke": "jaxcomm_launcher.jobs.smoke:run",
     "digits": "jaxcomm_launcher.jobs.digits:run",
     "allreduce": "jaxcomm_launcher.jobs.allreduce:run",
+    "probe": "jaxcomm_launcher.jobs.probe:run",
+    "lbann-mlp": "jaxcomm_launcher.jobs.lbann_mlp:run",
+    "bytes-lm": "jaxcomm_launcher.jobs.bytes_lm:run",
     "overlap": "jaxcomm_launcher.jobs.overlap:run",
 }
 
@@ -143,13 +146,20 @@ BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
 class JaxcommSettings(_Strict):
     """How gradients are reduced; passed to the job (the digits job uses them)."""
 
-    algorithm: Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] = (
-        "dense"
-    )
+    algorithm: Literal[
+        "psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold", "auto"
+    ] = "dense"
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float = Field(0.01, gt=0.0, le=1.0, description="fraction of gradient entries sent")
+    grad_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype each rank's gradient is cast to before it is reduced"
+    )
     hierarchical: bool = False
     label: str | None = Field(None, description="name of this entry in tables and plots")
+    allowed: list[Literal["dense", "gtopk", "topk", "adaptive", "onebit", "threshold"]] | None = (
+        Field(None, description="algorithm auto may choose (default: all but threshold)")
+    )
+    profile: str | None = Field(None, description="auto: profile JSON from `jaxcomm probe`")
 
     def display_label(self) -> str:
         """Returns the name used for this setting in run directories, tables and plots.
@@ -166,6 +176,8 @@ class JaxcommSettings(_Strict):
         name = self.algorithm
         if self.algorithm in ("topk", "gtopk"):
             name += f"-d{self.density:g}"
+        if self.grad_dtype == "bfloat16":
+            name += "-bf16"
         if self.hierarchical:
             name += "-hier"
         return name
@@ -175,12 +187,17 @@ class JaxcommOverride(_Strict):
     """One sweep entry: any subset of :class:`JaxcommSettings` fields."""
 
     algorithm: (
-        Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold"] | None
+        Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold", "auto"] | None
     ) = None
     compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
     density: float | None = Field(None, gt=0.0, le=1.0)
+    grad_dtype: Literal["float32", "bfloat16"] | None = None
     hierarchical: bool | None = None
     label: str | None = None
+    allowed: list[Literal["dense", "gtopk", "topk", "adaptive", "onebit", "threshold"]] | None = (
+        None
+    )
+    profile: str | None = None
 
 
 class Train(_Strict):

@@ -7,6 +7,7 @@ import json
 import pathlib
 import signal
 import time
+from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -136,7 +137,8 @@ def run_recipe(
     """Runs every jaxcomm setting of `recipe` and writes summary, table and plots.
 
     Args:
-        recipe: The validated recipe (backend local, emulated or mpirun).
+        recipe: The validated recipe (backend local, emulated or mpirun; slurm recipes go
+            through :func:`run_slurm_recipe`).
         run_dir: Output directory (created).
         console: For logs, warnings and the table.
         timeout: Seconds for the whole run (overrides ``recipe.timeout``).
@@ -198,7 +200,7 @@ def run_recipe(
                     entry["status"] = "ok"
                     save_run()
                     continue
-                failure = _failure(outcome, variant_dir, label, sup, recipe)
+                failure = _failure(outcome, variant_dir, label, sup.tails)
                 entry.update(
                     status=outcome.reason,
                     reason=str(failure).splitlines()[0],
@@ -212,16 +214,113 @@ def run_recipe(
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
         save_run()
+    return _finish(recipe, run_dir, console, failure)
+
+
+def _finish(
+    recipe: Recipe, run_dir: pathlib.Path, console: Console, failure: LaunchFailed | None
+) -> dict[str, Any]:
+    # Every backend ends the same way: summary.json, plots, the table, then the verdict.
     summary = metrics.write_summary(run_dir)
     if recipe.metrics.plots:
         metrics.draw_plots(run_dir)
     metrics.print_table(summary, console)
     if failure is not None:
         raise failure
-    if not any(v.get("status") == "ok" for v in run["variants"]):
+    if not any(v.get("status") == "ok" for v in summary["variants"]):
         raise LaunchFailed("no entry of the recipe could run in this build", exit_code=1)
     console.print(f"[bold green]done[/]: results in {run_dir}")
     return summary
+
+
+def run_slurm_recipe(
+    recipe: Recipe,
+    run_dir: pathlib.Path,
+    console: Console,
+    timeout: float | None = None,
+    quiet: bool = False,
+    detach: bool = False,
+) -> dict[str, Any] | None:
+    """Submits a slurm recipe, follows the job, then writes summary, table and plots.
+
+    Args:
+        recipe: The validated recipe (``backend.kind == "slurm"``).
+        run_dir: Output directory, on a filesystem the compute nodes share (created).
+        console: For the job state, rank logs, warnings and the table.
+        timeout: Seconds after submission before the job is cancelled (overrides
+            ``recipe.timeout``; queue time counts).
+        quiet: Do not echo rank logs (srun still writes them to ``rank<R>.log``).
+        detach: Only submit; ``jaxcomm report RUN_DIR`` reads the results later.
+
+    Returns:
+        The summary (also in ``run_dir/summary.json``), None when detached.
+
+    Raises:
+        LaunchFailed: A step failed (the message names the rank and its node), the job
+            failed, timed out (it was cancelled) or the launcher was interrupted (ditto).
+        BackendError: ``sbatch`` is missing or refused the job.
+
+    Example:
+        >>> run_slurm_recipe(load_recipe("recipes/digits-dense.yaml", ["backend.kind=slurm"]),
+        ...                  pathlib.Path("runs/s"), Console())  # doctest: +SKIP
+    """
+    from jaxcomm_launcher.backends.slurm import SlurmBackendRunner, collect
+
+    timeout = timeout if timeout is not None else recipe.timeout
+    backend = SlurmBackendRunner(recipe, run_dir.resolve())
+    job_id = backend.submit(console)
+    if detach:
+        console.print(
+            f"detached: follow it with squeue -j {job_id}; results: jaxcomm report {run_dir}",
+            highlight=False,
+        )
+        return None
+    old_term = _install_sigterm()
+    try:
+        outcome, state = backend.follow(job_id, console, timeout=timeout, quiet=quiet)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    run = collect(
+        run_dir, state, cancelled=None if outcome.reason in ("ok", "failed") else outcome.reason
+    )
+    failure = None
+    if outcome.reason == "interrupted":
+        failure = LaunchFailed(
+            f"interrupted: slurm job {job_id} was cancelled (scancel)", exit_code=130
+        )
+    elif outcome.reason == "timeout":
+        failure = LaunchFailed(
+            f"{outcome.detail}: slurm job {job_id} was cancelled (scancel)", exit_code=124
+        )
+    else:
+        failed = [v for v in run["variants"] if v.get("status") == "failed"]
+        if failed:
+            v = failed[0]
+            vdir = run_dir / v["label"]
+            rank = v.get("failed_rank")
+            failure = _failure(
+                Outcome(False, "failed", rank, detail=v["detail"]),
+                vdir,
+                v["label"],
+                {rank: _file_tail(vdir / f"rank{rank}.log"), None: _file_tail(vdir / "srun.log")},
+                node=v.get("failed_node"),
+            )
+        elif not outcome.ok:
+            tail = "\n".join("    " + t for t in _file_tail(run_dir / f"slurm-{job_id}.out"))
+            failure = LaunchFailed(
+                f"{outcome.detail} (exit {state.exit_code if state else '?'})"
+                + (f"; last lines of {run_dir}/slurm-{job_id}.out:\n{tail}" if tail else ""),
+                exit_code=1,
+            )
+    return _finish(recipe, run_dir, console, failure)
+
+
+def _file_tail(path: pathlib.Path, n: int = 40) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-n:]
+    except OSError:
+        return []
 
 
 def _progress(variant_dir: pathlib.Path) -> str:
@@ -246,8 +345,8 @@ def _failure(
     outcome: Outcome,
     variant_dir: pathlib.Path,
     label: str,
-    sup: Supervisor,
-    recipe: Recipe,
+    tails: Mapping[int | None, Iterable[str]],
+    node: str | None = None,
 ) -> LaunchFailed:
     if outcome.reason == "interrupted":
         return LaunchFailed(f"{label}: interrupted; every rank was stopped", exit_code=130)
@@ -256,12 +355,14 @@ def _failure(
     rank = _failed_rank(outcome, variant_dir)
     error = _status_error(variant_dir, rank)
     who = f"rank {rank}" if rank is not None else "a rank"
+    where = f" on node {node}" if node else ""
     how = outcome.detail if rank == outcome.failed_rank else f"it raised first; {outcome.detail}"
-    lines = [f"{label}: {who} failed ({how}); the other ranks were stopped."]
+    lines = [f"{label}: {who}{where} failed ({how}); the other ranks were stopped."]
     if error:
         lines.append(f"  error: {error}")
-    tail = list(sup.tails.get(rank, [])) or list(sup.tails.get(None, []))
+    tail = list(tails.get(rank, [])) or list(tails.get(None, []))
     if tail:
-        lines.append(f"  last lines of {who} (full log: {variant_dir}/rank{rank}.log):")
+        log = variant_dir / f"rank{rank}.log" if rank is not None else variant_dir
+        lines.append(f"  last lines of {who} (full log: {log}):")
         lines.extend("    " + t for t in tail[-15:])
     return LaunchFailed("\n".join(lines), exit_code=1)

@@ -12,6 +12,8 @@ import importlib
 import json
 import os
 import pathlib
+import re
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Mapping
@@ -47,6 +49,74 @@ def rank_and_size(env: Mapping[str, str]) -> tuple[int, int]:
             return int(env[rank_var]), int(env[size_var])
     names = ", ".join(f"{r}/{s}" for r, s in RANK_ENV)
     raise RuntimeError(f"cannot tell this process's rank: none of {names} is set")
+
+
+def first_host(nodelist: str) -> str:
+    """Returns the first host of a Slurm host list such as ``node[07-09,12],gpu3``.
+
+    Args:
+        nodelist: ``SLURM_JOB_NODELIST`` or ``SLURM_STEP_NODELIST`` (Slurm's compact form:
+            comma-separated names, each with at most one bracketed range list).
+
+    Returns:
+        The first host name, zero-padding kept (``node07``).
+
+    Raises:
+        RuntimeError: When the list is empty or not in Slurm's format.
+
+    Example:
+        >>> first_host("node[07-09,12],gpu3")
+        'node07'
+    """
+    match = re.match(r"\s*([^,\[\]]*)(?:\[([^\]]+)\])?([^,\[\]]*)", nodelist)
+    if not match or not (match.group(1) or match.group(2)):
+        raise RuntimeError(f"cannot read the first host of the Slurm node list {nodelist!r}")
+    prefix, ranges, suffix = match.groups()
+    first = ranges.split(",")[0].split("-")[0].strip() if ranges else ""
+    return f"{prefix}{first}{suffix}"
+
+
+def coordinator_address(env: Mapping[str, str]) -> str:
+    """Returns ``host:port`` of rank 0's ``jax.distributed`` coordinator.
+
+    ``JAXCOMM_COORDINATOR`` wins (the local, emulated and mpirun backends set it). Under
+    ``srun`` rank 0 runs on the first node of the step, so the host is the first node of
+    ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST``) and the port is
+    ``JAXCOMM_COORDINATOR_PORT`` (the recipe's ``backend.port``, exported by the sbatch
+    script) plus ``SLURM_STEP_ID``: each step of a sweep gets a port of its own, so a
+    coordinator socket still closing from the previous step never refuses the next one.
+
+    Args:
+        env: The environment, usually ``os.environ``.
+
+    Returns:
+        The coordinator address.
+
+    Raises:
+        RuntimeError: When neither source is set, naming the variables to set.
+
+    Example:
+        >>> coordinator_address({"SLURM_PROCID": "1", "SLURM_JOB_NODELIST": "n[3-4]",
+        ...                      "SLURM_STEP_ID": "2", "JAXCOMM_COORDINATOR_PORT": "29500"})
+        'n3:29502'
+    """
+    if env.get("JAXCOMM_COORDINATOR"):
+        return env["JAXCOMM_COORDINATOR"]
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if "SLURM_PROCID" in env and nodelist:
+        base = env.get("JAXCOMM_COORDINATOR_PORT")
+        if not base:
+            raise RuntimeError(
+                "under srun the coordinator port comes from JAXCOMM_COORDINATOR_PORT (the "
+                "sbatch script of `jaxcomm launch` exports backend.port); it is not set"
+            )
+        step = env.get("SLURM_STEP_ID", "0")
+        port = int(base) + (int(step) if step.isdigit() else 0)
+        return f"{first_host(nodelist)}:{port}"
+    raise RuntimeError(
+        "JAXCOMM_COORDINATOR (host:port of rank 0) is not set, and this is not a Slurm step "
+        "(SLURM_PROCID / SLURM_JOB_NODELIST)"
+    )
 
 
 def resolve_job(target: str) -> Callable[..., Any]:
@@ -97,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
                 rank,
                 {
                     "rank": rank,
+                    "host": socket.gethostname(),
                     "ok": False,
                     "error": f"{type(exc).__name__}: {exc}",
                     "traceback": tb,
@@ -130,9 +201,7 @@ def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> N
     # Must happen before any backend is initialized (the first jax.devices() call).
     jax.config.update("jax_num_cpu_devices", recipe.world.devices_per_process)
     if size > 1:
-        coordinator = os.environ.get("JAXCOMM_COORDINATOR")
-        if not coordinator:
-            raise RuntimeError("JAXCOMM_COORDINATOR (host:port of rank 0) is not set")
+        coordinator = coordinator_address(os.environ)
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=size,
@@ -157,7 +226,7 @@ def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> N
         job(ctx)
     finally:
         metrics.close()
-    _write_status(run_dir, rank, {"rank": rank, "ok": True})
+    _write_status(run_dir, rank, {"rank": rank, "host": socket.gethostname(), "ok": True})
     if size > 1:
         # A clean shutdown waits for every rank to finish its collectives.
         jax.distributed.shutdown()

@@ -1,5 +1,5 @@
 """Backends start the ranks of one run: ``local``, ``emulated``, ``mpirun`` (supervised here)
-and ``slurm`` (rendered to an sbatch script and submitted).
+and ``slurm`` (an sbatch script, submitted and followed: see ``backends/slurm.py``).
 
 A supervised backend is a context manager (``with backend: ...`` sets up and always tears
 down what it creates, e.g. namespaces) with ``start(supervisor, spec_path)`` that starts the

@@ -1,4 +1,4 @@
-"""``emulated``: an N-node cluster on one machine (DESIGN.md §5; needs root).
+"""``emulated``: an N-node cluster on one machine (docs/DESIGN.md §5; needs root).
 
 Each rank runs in its own network namespace, joined to a private bridge by a veth pair whose
 two ends are shaped with ``tc qdisc ... tbf rate <bandwidth> burst <burst>``. Addresses come
@@ -22,6 +22,7 @@ import socket
 import subprocess
 from types import TracebackType
 
+from jaxcomm_launcher import cleanup
 from jaxcomm_launcher.backends import BackendError, base_env, shell_join, worker_command
 from jaxcomm_launcher.procs import Supervisor
 from jaxcomm_launcher.recipe import EmulatedBackend, Recipe
@@ -117,6 +118,9 @@ class EmulatedBackendRunner:
 
     def __enter__(self) -> EmulatedBackendRunner:
         self._check()
+        # What an earlier launcher killed outright left behind goes first (jaxcomm cleanup).
+        cleanup.sweep()
+        cleanup.claim(self.run_id)
         try:
             for cmd in self.setup_commands():
                 if cmd[:3] == ["ip", "netns", "add"]:
@@ -154,6 +158,7 @@ class EmulatedBackendRunner:
             subprocess.run(["ip", "link", "del", link], capture_output=True)
         self._created_ns.clear()
         self._created_links.clear()
+        cleanup.release(self.run_id)
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "emulated-setup.log").write_text("\n".join(self._log) + "\n")

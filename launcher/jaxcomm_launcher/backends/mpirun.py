@@ -138,7 +138,7 @@ class MpirunBackendRunner(BackendRunner):
             "-np",
             str(self.recipe.world.processes),
             # Ranks wait for each other inside collectives; yielding leaves the 2 cores to
-            # whichever rank has work (DESIGN.md §5).
+            # whichever rank has work (docs/DESIGN.md §5).
             "--mca",
             "mpi_yield_when_idle",
             "1",

@@ -1,5 +1,7 @@
 """Bundled jobs: ``smoke`` (launcher self-test), ``digits`` (data-parallel MLP), ``allreduce``,
-``overlap`` (communication hidden behind the backward pass).
+``lbann-mlp`` (LBANN's 3x4096 MLP on the digits), ``bytes-lm`` (byte-level transformer on
+the Python standard library's source) and ``overlap`` (communication hidden behind the backward
+pass).
 
 A job is any ``module:function`` taking a :class:`jaxcomm_launcher.context.JobContext`.
 """

@@ -28,7 +28,7 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     """Places identical host values on every device of `mesh` as global arrays.
 
     Replicating explicitly matters: a shard_mapped step fed a tree that still sits on one
-    device hangs in XLA's all-reduce rendezvous (DESIGN.md §2).
+    device hangs in XLA's all-reduce rendezvous (docs/DESIGN.md §2).
 
     Args:
         tree: A pytree of NumPy/JAX arrays, equal on every process.

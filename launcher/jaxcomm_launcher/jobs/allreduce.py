@@ -8,13 +8,15 @@ warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
 * ``topk_allgather``  — ``jaxcomm.compressed_allreduce`` with ``TopKAllgather(density)``
 * ``gtopk``           — ``jaxcomm.compressed_allreduce`` with ``GTopK(density)``
 * ``adaptive``/``onebit``/``threshold`` — quantized allreduce
+* ``auto`` (only when listed) — what ``compressor="auto"`` picks for the size from the cost
+  model (``jaxcomm.cost``; ``args.allowed``, ``args.profile``), printed by rank 0
 * ``hier_ring``/``hier_ring_leader``/``hier_adaptive`` — hierarchical allreduce over a
   ("node", "local") mesh (a process is a node, its devices the local ranks): multi-leader
   dense, single-leader dense, multi-leader with Adaptive(proportion) across nodes. Compare
   them with ``ring``/``psum`` in a world with ``devices_per_process`` > 1 (flat over all ranks).
 
 Recipe ``args``: sizes (float32 elements per device), repeats (>= 5), density (default
-0.001), algorithms, tau (threshold), proportion (adaptive). One metrics line per timed call:
+0.001), algorithms, tau (threshold), proportion (adaptive), allowed and profile (``auto``). One metrics line per timed call:
 algorithm, size_bytes, step_time_s, bytes_sent/bytes_received (measured by jaxcomm's
 counters for jaxcomm algorithms; the ring-allreduce volume for psum).
 """
@@ -52,6 +54,8 @@ ALL_ALGORITHMS = [
     "hier_adaptive",
 ]
 HIERARCHICAL = ("node", "local")
+# Accepted in args.algorithms but not run by default: the cost model's choice per size.
+AUTO = "auto"
 
 
 def _step(algorithm: str, args: dict) -> Callable:
@@ -59,6 +63,27 @@ def _step(algorithm: str, args: dict) -> Callable:
     import jaxcomm
 
     density = float(args.get("density", 0.001))
+    if algorithm == AUTO:
+        from jaxcomm import cost
+
+        auto = cost.Auto(
+            allowed=tuple(args.get("allowed", cost.DEFAULT_ALLOWED)),
+            profile=args.get("profile"),
+            options=cost.Options(
+                density=density,
+                proportion=float(args.get("proportion", 64)),
+                tau=float(args.get("tau", 3.0)),
+            ),
+        )
+
+        def chosen(v: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
+            c = cost.auto_compressor(auto, v[0].size, AXIS)
+            if c is None:
+                return jaxcomm.allreduce(v[0], AXIS)[None], r
+            summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], AXIS, c)
+            return summed[None], new_r[None]
+
+        return chosen
     if algorithm == "psum":
         return lambda v, r: (lax.psum(v, AXIS), r)
     if algorithm == "ring":
@@ -114,9 +139,9 @@ def run(ctx: JobContext) -> None:
     sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
     repeats = int(ctx.args.get("repeats", 5))
     algorithms = list(ctx.args.get("algorithms", ALL_ALGORITHMS))
-    unknown = sorted(set(algorithms) - set(ALL_ALGORITHMS))
+    unknown = sorted(set(algorithms) - set(ALL_ALGORITHMS) - {AUTO})
     if unknown:
-        raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {ALL_ALGORITHMS}")
+        raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {[*ALL_ALGORITHMS, AUTO]}")
     flat_mesh = data_parallel_mesh()
     # Nodes x local ranks: jax.devices() lists each process's devices together, in order.
     node_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), -1), HIERARCHICAL)
@@ -141,6 +166,12 @@ def run(ctx: JobContext) -> None:
                 donate_argnums=1,
             )
             _, residual = jax.block_until_ready(compiled(x, zeros))  # compile + warm up
+            if algorithm == AUTO and ctx.is_main:
+                from jaxcomm import cost
+
+                ctx.print(
+                    f"allreduce auto {size} elements -> {cost.auto_decisions()[-1]['choice']}"
+                )
             times = []
             for _ in range(repeats):
                 jaxcomm.reset_metrics()

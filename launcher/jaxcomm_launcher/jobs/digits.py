@@ -4,7 +4,8 @@ The training code lives in :mod:`jaxcomm.examples.digits` (one implementation fo
 launcher, the tests and users); this job hands it the rank's context. The recipe's
 ``jaxcomm.algorithm`` picks how gradients are reduced through ``jaxcomm.optax``:
 ``psum`` (``lax.pmean``, the XLA baseline), ``dense`` (jaxcomm's UCX ring), ``gtopk``,
-``topk`` (TopK-allgather), ``adaptive``, ``onebit``, ``threshold``. Recipe ``train`` fields:
+``topk`` (TopK-allgather), ``adaptive``, ``onebit``, ``threshold``, ``auto`` (per bucket,
+from the cost model; ``jaxcomm.allowed`` and ``jaxcomm.profile`` steer it). Recipe ``train`` fields:
 steps, batch_size (global), learning_rate, momentum, hidden, eval_every, seed; ``args`` may
 set model (mlp/cnn), warmup, proportion, tau, epochs.
 """
@@ -33,4 +34,10 @@ def run(ctx: JobContext) -> None:
         ctx.print(
             f"digits {result['algorithm']}: test accuracy {result['test_accuracy']:.4f}, "
             f"{result['bytes_sent_per_step']:.0f} bytes sent per rank and step"
+        )
+    # Every rank logs its own choices, so a run shows they agree.
+    for d in result.get("auto_choices", []):
+        ctx.print(
+            f"digits auto: bucket of {d['elements']} elements -> {d['choice']} "
+            f"(allowed {', '.join(d['allowed'])}; profile: {d['profile']})"
         )

@@ -1,0 +1,351 @@
+"""Cost model validation: predicted (jaxcomm.cost, probed profile) against measured allreduce time.
+
+For each world (processes x devices per process) this script, in one run:
+
+1. probes the world (``jaxcomm probe``: alpha/beta per link class, gamma per kernel, psum),
+2. measures every algorithm at every size with the ``allreduce`` launcher job (the same job as
+   ``benchmarks/allreduce.py``: median of ``--repeats`` calls on rank 0, bytes from
+   ``jaxcomm.metrics()``),
+3. predicts each point with :func:`jaxcomm.cost.predict` from the probed profile,
+
+then prints a table (predicted vs measured ms, error %, predicted vs measured bytes), the
+median and worst |error|, how often ``auto`` (:func:`jaxcomm.cost.choose` over the default
+allowed set) lands within 10 % of the best measured algorithm of that set (its pick's measured
+time, and the job's own ``auto`` run with the probed profile), and writes JSON and a PNG
+(predicted against measured, one point per case).
+
+Usage:
+  python benchmarks/cost_model.py                                   # local, 2x1 4x1 2x2
+  python benchmarks/cost_model.py --backend emulated --bandwidth 1gbit --worlds 4x1
+  python benchmarks/cost_model.py --worlds 2x1 --sizes 1000000 --algorithms ring gtopk
+
+Run it from the repository root with jaxcomm importable (``python -m pip install .``); the
+launcher is started as ``python -m jaxcomm_launcher.cli`` with this interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
+
+from jaxcomm import cost
+
+FLAT = ["psum", "ring", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
+HIER = ["hier_ring", "hier_ring_leader", "hier_adaptive"]
+
+
+def _recipe(
+    args: argparse.Namespace, processes: int, devices: int, algorithms: list, profile: pathlib.Path
+) -> dict:
+    backend: dict | str = "local"
+    if args.backend == "emulated":
+        backend = {
+            "kind": "emulated",
+            "bandwidth": args.bandwidth,
+            "burst": "128kb",
+            "ipc_isolation": True,
+            "ucx_tls": "tcp",
+        }
+    return {
+        "name": f"cost-model-{args.backend}-{processes}x{devices}",
+        "description": "benchmarks/cost_model.py",
+        "job": "allreduce",
+        "world": {"processes": processes, "devices_per_process": devices},
+        "backend": backend,
+        "args": {
+            "sizes": args.sizes,
+            "repeats": args.repeats,
+            "density": args.density,
+            "algorithms": algorithms,
+            "tau": args.tau,
+            "proportion": args.proportion,
+            # `auto` in the job: the probed profile, among the measured default choices.
+            "profile": str(profile),
+            "allowed": [a for a in cost.DEFAULT_ALLOWED if cost.MODEL_NAME.get(a, a) in algorithms],
+        },
+        "metrics": {"plots": False},
+        "timeout": args.timeout,
+    }
+
+
+def _cli(*argv: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "jaxcomm_launcher.cli", *argv], text=True)
+    if done.returncode != 0:
+        sys.exit(f"jaxcomm {argv[0]} failed with exit code {done.returncode}")
+
+
+def measure_world(
+    args: argparse.Namespace, processes: int, devices: int, tmp: pathlib.Path, profiles: dict
+) -> list[dict]:
+    """Probes, measures and predicts one world; returns one row per (algorithm, size)."""
+    algorithms = [a for a in args.algorithms if devices > 1 or a not in HIER]
+    recipe_path = tmp / f"{processes}x{devices}.yaml"
+    profile_path = tmp / f"{processes}x{devices}-profile.json"
+    recipe_path.write_text(
+        yaml.safe_dump(_recipe(args, processes, devices, algorithms, profile_path), sort_keys=False)
+    )
+    _cli(
+        "probe",
+        str(recipe_path),
+        "--out",
+        str(profile_path),
+        "--run-dir",
+        str(tmp / f"probe-{processes}x{devices}"),
+        "--repeats",
+        str(args.repeats),
+        "-q",
+    )
+    run_dir = tmp / f"run-{processes}x{devices}"
+    _cli("launch", str(recipe_path), "--out", str(run_dir), "-q")
+    records = [
+        json.loads(line)
+        for path in sorted(run_dir.rglob("rank0.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    grouped: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
+    for r in records:
+        if "algorithm" in r:
+            grouped[(r["algorithm"], r["size_bytes"] // 4)].append(r)
+    profile = cost.Profile.load(profile_path)
+    inter = "across_hosts" if args.backend == "emulated" else "same_host"
+    world = cost.World(processes, devices, inter)
+    options = cost.Options(
+        density=args.density,
+        proportion=args.proportion,
+        tau=args.tau,
+        threshold_fraction=args.threshold_fraction,
+    )
+    profiles[f"{processes}x{devices}"] = profile.to_json()
+    rows = []
+    auto_measured = {
+        n: statistics.median(r["step_time_s"] for r in recs)
+        for (a, n), recs in grouped.items()
+        if a == "auto"
+    }
+    for (algorithm, n), recs in sorted(grouped.items()):
+        if algorithm == "auto":
+            continue  # measured end to end below, against the best allowed algorithm
+        measured = statistics.median(r["step_time_s"] for r in recs)
+        p = cost.predict(algorithm, n, world, profile, options)
+        rows.append(
+            {
+                "backend": args.backend
+                + (f"-{args.bandwidth}" if args.backend == "emulated" else ""),
+                "processes": processes,
+                "devices_per_process": devices,
+                "algorithm": algorithm,
+                "elements": n,
+                "measured_s": measured,
+                "predicted_s": p.seconds,
+                "predicted_compute_s": p.compute_seconds,
+                "predicted_communication_s": p.communication_seconds,
+                "error": (p.seconds - measured) / measured,
+                "measured_bytes": statistics.median(r["bytes_sent"] for r in recs),
+                # The job logs process 0's mean over its devices (world ranks 0..D-1).
+                "predicted_bytes": statistics.mean(
+                    cost.bytes_sent(algorithm, n, world, options, r) for r in range(devices)
+                ),
+            }
+        )
+    for n in sorted({r["elements"] for r in rows}):
+        here = {r["algorithm"]: r for r in rows if r["elements"] == n}
+        allowed = [a for a in cost.DEFAULT_ALLOWED if cost.MODEL_NAME.get(a, a) in here]
+        if not allowed:
+            continue
+        pick = cost.MODEL_NAME.get(a := cost.choose(n, world, allowed, profile, options), a)
+        best = min(here[cost.MODEL_NAME.get(a, a)]["measured_s"] for a in allowed)
+        for r in rows:
+            if r["elements"] == n and r["algorithm"] == pick:
+                r["auto_pick"] = True
+                r["auto_vs_best"] = r["measured_s"] / best
+                if n in auto_measured:  # the job's own `auto` run, with its own choice
+                    r["auto_run_vs_best"] = auto_measured[n] / best
+    return rows
+
+
+def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> None:
+    """Prints a markdown table of the model's predictions for large clusters (no measurement).
+
+    Worlds of P ranks, flat (P processes x 1) and hierarchical (P/8 nodes x 8 local ranks), at
+    10, 100 and 400 Gbit/s between processes (alpha 10 us), with the local kernels (gamma)
+    and same-process links of the given profile (default: the built-in one).
+    """
+    base = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
+    options = cost.Options(density=density)
+    shown = ["ring", "topk_allgather", "gtopk", "onebit", "adaptive"]
+    print(f"| network | P | layout | {' | '.join(shown)} | hier_ring | hier_adaptive | pick |")
+    print("|---" * (len(shown) + 6) + "|")
+    for gbit in (10, 100, 400):
+        link = cost.Link(alpha=10e-6, beta=8 / (gbit * 1e9))
+        profile = cost.Profile(
+            links={**base.links, "across_hosts": link},
+            gamma=base.gamma,
+            psum=link,
+            call=base.call,
+            inter_process="across_hosts",
+        )
+        for p in (8, 64, 256, 1024):
+            layouts = [("flat", cost.World(p, 1, "across_hosts"))]
+            if p > 8:  # 8 ranks at 8 per node is one process: no network
+                layouts.append(("8 per node", cost.World(p // 8, 8, "across_hosts")))
+            for layout, world in layouts:
+                algos = shown + (["hier_ring", "hier_adaptive"] if layout != "flat" else [])
+                times = {a: cost.predict(a, n, world, profile, options).seconds for a in algos}
+                cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in shown]
+                cells += [f"{times[a] * 1e3:.0f}" if a in times else "" for a in HIER[::2]]
+                pick = min(times, key=times.get)
+                print(f"| {gbit} Gbit/s | {p} | {layout} | {' | '.join(cells)} | {pick} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--extrapolate",
+        action="store_true",
+        help="only print the model's table for P up to 1024 at 10/100/400 Gbit/s (ms, 25M floats)",
+    )
+    parser.add_argument("--profile", type=pathlib.Path, help="profile for --extrapolate")
+    parser.add_argument("--backend", choices=["local", "emulated"], default="local")
+    parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
+    parser.add_argument("--worlds", nargs="+", default=["2x1", "4x1", "2x2"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--tau", type=float, default=3.0)
+    parser.add_argument(
+        "--threshold-fraction",
+        type=float,
+        default=0.0027,
+        help="fraction of N(0,1) entries above tau (2(1 - Phi(3)) for tau = 3)",
+    )
+    parser.add_argument("--proportion", type=float, default=64.0)
+    parser.add_argument(
+        "--algorithms",
+        nargs="+",
+        default=[*FLAT, *HIER, "auto"],
+        choices=[*ALL_ALGORITHMS, "auto"],
+    )
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    args = parser.parse_args()
+    if args.extrapolate:
+        extrapolate(args.profile, 25_000_000, args.density)
+        return
+    if args.repeats < 5:
+        parser.error("--repeats must be >= 5")
+    worlds = []
+    for w in args.worlds:
+        try:
+            p, d = (int(v) for v in w.lower().split("x"))
+        except ValueError:
+            parser.error(f"--worlds: {w!r} is not PROCESSESxDEVICES, e.g. 4x1")
+        worlds.append((p, d))
+
+    start = time.monotonic()
+    rows: list[dict] = []
+    profiles: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for p, d in worlds:
+            rows += measure_world(args, p, d, pathlib.Path(tmp), profiles)
+    wall = time.monotonic() - start
+
+    header = (
+        f"{'world':8s} {'algorithm':17s} {'elements':>9s} {'measured':>10s} {'predicted':>10s} "
+        f"{'error':>7s} {'bytes meas.':>12s} {'bytes pred.':>12s}  auto"
+    )
+    print(header)
+    for r in rows:
+        auto = f"pick ({r['auto_vs_best']:.2f}x best)" if r.get("auto_pick") else ""
+        if "auto_run_vs_best" in r:
+            auto += f"; auto run {r['auto_run_vs_best']:.2f}x best"
+        print(
+            f"{r['processes']}x{r['devices_per_process']:<6d} {r['algorithm']:17s} "
+            f"{r['elements']:>9d} {r['measured_s'] * 1e3:>7.2f} ms {r['predicted_s'] * 1e3:>7.2f} ms "
+            f"{r['error'] * 100:>6.1f}% {r['measured_bytes']:>12.0f} {r['predicted_bytes']:>12.0f}  {auto}"
+        )
+    errors = [abs(r["error"]) for r in rows]
+    picks = [r["auto_vs_best"] for r in rows if r.get("auto_pick")]
+    runs = [r["auto_run_vs_best"] for r in rows if "auto_run_vs_best" in r]
+    bytes_exact = sum(
+        1 for r in rows if r["algorithm"] != "psum" and r["measured_bytes"] == r["predicted_bytes"]
+    )
+    summary = {
+        "cases": len(rows),
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "worst_abs_error": max(errors) if errors else None,
+        "auto_within_10pct": sum(1 for x in picks if x <= 1.10),
+        "auto_cases": len(picks),
+        "auto_run_within_10pct": sum(1 for x in runs if x <= 1.10),
+        "auto_run_cases": len(runs),
+        "bytes_exact": bytes_exact,
+        "bytes_cases": sum(1 for r in rows if r["algorithm"] != "psum"),
+        "wall_s": wall,
+    }
+    print(
+        f"median |error| {summary['median_abs_error'] * 100:.1f} %, worst "
+        f"{summary['worst_abs_error'] * 100:.1f} % over {len(rows)} cases; auto within 10 % of "
+        f"the best allowed in {summary['auto_within_10pct']}/{summary['auto_cases']} (its own "
+        f"run: {summary['auto_run_within_10pct']}/{summary['auto_run_cases']}); bytes "
+        f"exact in {bytes_exact}/{summary['bytes_cases']} (wall {wall:.0f} s)"
+    )
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = (
+        "cost-model-" + args.backend + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
+    )
+    (args.out / f"{tag}.json").write_text(
+        json.dumps(
+            {
+                "args": vars(args) | {"out": str(args.out)},
+                "summary": summary,
+                "profiles": profiles,
+                "rows": rows,
+            },
+            indent=2,
+        )
+    )
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no PNG")
+        return
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+        pts = [r for r in rows if r["algorithm"] == algorithm]
+        ax.scatter(
+            [r["measured_s"] * 1e3 for r in pts],
+            [r["predicted_s"] * 1e3 for r in pts],
+            label=algorithm,
+            s=22,
+        )
+    lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
+    hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.25
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.plot([lo, hi], [lo * 1.2, hi * 1.2], "k:", lw=0.6)
+    ax.plot([lo, hi], [lo / 1.2, hi / 1.2], "k:", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured ms per call")
+    ax.set_ylabel("predicted ms per call")
+    ax.set_title(f"jaxcomm.cost, {tag} (dotted: ±20 %)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out / f"{tag}.png", dpi=120)
+    print(f"wrote {args.out / (tag + '.json')} and {args.out / (tag + '.png')}")
+
+
+if __name__ == "__main__":
+    main()

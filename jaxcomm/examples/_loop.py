@@ -1,0 +1,322 @@
+"""The data-parallel training machinery the examples share (digits MLP/CNN, bytes LM).
+
+One jitted ``shard_map`` step per optimizer step over a 1-D ``dp`` mesh: each rank computes
+its gradient, optionally casts it to bf16, and reduces it with ``lax.pmean`` (``psum``, XLA's
+own allreduce) or ``jaxcomm.optax.allreduce_gradients``; the training loop dispatches steps
+through ``jaxcomm.paced`` (at most ``max_in_flight`` queued, no sync per step), waits for them
+when it evaluates, every ``eval_every`` steps, and records loss/metric against
+training wall clock, and the summary reports bytes and collective time per step from
+``jaxcomm.metrics()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxcomm
+from jaxcomm import cost
+from jaxcomm import optax as jc_optax
+
+AXIS = "dp"
+ALGORITHMS = ("psum", "dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold", "auto")
+GRAD_DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduction:
+    """How gradients are reduced over ``dp``.
+
+    Attributes:
+      algorithm: one of :data:`ALGORITHMS`.
+      density: ρ of the sparse algorithms after warm-up.
+      warmup: the gTop-k paper's warm-up densities (0.25, 0.0725, 0.015, 0.004), one per
+        epoch, for the sparse algorithms.
+      proportion: π of ``adaptive``.
+      tau: threshold of ``threshold``.
+      grad_dtype: ``"bfloat16"`` casts each rank's gradient to bf16 before the reduction.
+      bucket_size: most elements per jaxcomm collective call.
+      allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
+        None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).
+      profile: ``auto``: a profile JSON written by ``jaxcomm probe`` (None: the built-in one).
+    """
+
+    algorithm: str = "dense"
+    density: float = 0.01
+    warmup: bool = True
+    proportion: float = 64.0
+    tau: float = 0.001
+    grad_dtype: str = "float32"
+    bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
+    allowed: tuple[str, ...] | None = None
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.grad_dtype not in GRAD_DTYPES:
+            raise ValueError(f"grad_dtype must be one of {GRAD_DTYPES}, got {self.grad_dtype!r}")
+
+    def reducer(self, warmup_phase_steps: int) -> optax.GradientTransformation | None:
+        """The jaxcomm gradient transformation (None for the ``psum`` baseline).
+
+        Args:
+          warmup_phase_steps: steps per warm-up density (the paper: an epoch).
+
+        Returns:
+          ``jaxcomm.optax.allreduce_gradients(...)`` or None.
+
+        Example:
+          >>> Reduction("gtopk", density=0.01).reducer(100)  # doctest: +SKIP
+        """
+        a = self.algorithm
+        if a == "psum":
+            return None
+        compressors: dict[str, Callable[[], Any]] = {
+            "dense": lambda: None,
+            "gtopk": lambda: jaxcomm.GTopK(self.density),
+            "topk_allgather": lambda: jaxcomm.TopKAllgather(self.density),
+            "adaptive": lambda: jaxcomm.Adaptive(self.proportion),
+            "onebit": lambda: jaxcomm.OneBit(),
+            "threshold": lambda: jaxcomm.Threshold(self.tau),
+            "auto": lambda: cost.Auto(
+                allowed=self.allowed or cost.DEFAULT_ALLOWED,
+                profile=self.profile,
+                options=cost.Options(
+                    density=self.density, proportion=self.proportion, tau=self.tau
+                ),
+            ),
+        }
+        schedule = None
+        if a in ("gtopk", "topk_allgather") and self.warmup:
+            schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
+        return jc_optax.allreduce_gradients(
+            AXIS, compressors[a](), density_schedule=schedule, bucket_size=self.bucket_size
+        )
+
+    def label(self) -> str:
+        """Short name for files and tables, e.g. ``"gtopk"`` or ``"psum-bf16"``."""
+        return f"{self.algorithm}-bf16" if self.grad_dtype == "bfloat16" else self.algorithm
+
+
+def data_parallel_mesh() -> Mesh:
+    """A 1-D mesh named ``dp`` over every device of every process."""
+    return Mesh(np.asarray(jax.devices()), (AXIS,))
+
+
+class Step:
+    """The jitted, shard_mapped training step of a loss over a data-parallel mesh.
+
+    Args:
+      loss_fn: ``(params, *batch) -> (loss, metric)`` on this rank's shard of the batch
+        (``metric``: a scalar such as the accuracy; averaged over ranks).
+      optimizer: the optimizer applied to the averaged float32 gradient.
+      reduction: how gradients are reduced.
+      warmup_phase_steps: steps per density of the gTop-k warm-up.
+      mesh: the ``dp`` mesh.
+      batch_args: number of batch arrays, each sharded over ``dp`` on its first axis.
+
+    Example:
+      >>> step = Step(loss_fn, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
+      >>> params, state = step.init(params)
+      >>> params, state, loss, metric = step(params, state, x, y)
+    """
+
+    def __init__(
+        self,
+        loss_fn: Callable[..., tuple[jax.Array, jax.Array]],
+        optimizer: optax.GradientTransformation,
+        reduction: Reduction,
+        warmup_phase_steps: int,
+        mesh: Mesh,
+        batch_args: int,
+    ) -> None:
+        self.mesh = mesh
+        self.traces = 0
+        reducer = reduction.reducer(warmup_phase_steps)
+        # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
+        widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
+        self.tx = optax.chain(*([reducer] if reducer is not None else []), widen, optimizer)
+        grad_dtype = reduction.grad_dtype
+
+        def local_step(params: Any, state: Any, *batch: jax.Array) -> tuple:
+            self.traces += 1  # runs at trace time only
+            (loss, metric), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *batch)
+            if grad_dtype != "float32":
+                grads = jax.tree.map(lambda g: g.astype(grad_dtype), grads)
+            if reducer is None:
+                grads = lax.pmean(grads, AXIS)
+            updates, state = self.tx.update(grads, state, params)
+            params = optax.apply_updates(params, updates)
+            return params, state, lax.pmean(loss, AXIS), lax.pmean(metric, AXIS)
+
+        self._local_step = local_step
+        self._batch_args = batch_args
+        self._compiled: Any = None
+
+    def init(self, params: Any) -> tuple[Any, Any]:
+        """Replicates `params` on the mesh and builds the optimizer state (residuals per rank).
+
+        Returns:
+          ``(params, state)`` placed on the mesh.
+        """
+        params = jax.device_put(params, NamedSharding(self.mesh, P()))
+        specs = jc_optax.partition_specs(jax.eval_shape(self.tx.init, params), AXIS)
+        state = jax.jit(jax.shard_map(self.tx.init, mesh=self.mesh, in_specs=P(), out_specs=specs))(
+            params
+        )
+        return params, state
+
+    def __call__(self, params: Any, state: Any, *batch: jax.Array) -> tuple:
+        if self._compiled is None:
+            specs = jc_optax.partition_specs(state, AXIS)
+            # check_vma=False: jaxcomm's sums are identical on every rank but typed as
+            # varying; the parameters leave the step replicated (P()).
+            self._compiled = jax.jit(
+                jax.shard_map(
+                    self._local_step,
+                    mesh=self.mesh,
+                    in_specs=(P(), specs) + (P(AXIS),) * self._batch_args,
+                    out_specs=(P(), specs, P(), P()),
+                    check_vma=False,
+                ),
+                donate_argnums=(0, 1),
+            )
+        return self._compiled(params, state, *batch)
+
+
+def host_scalar(x: jax.Array) -> float:
+    """A replicated (or this process's first) value of a global array as a float."""
+    return float(np.asarray(x.addressable_data(0)).reshape(-1)[0])
+
+
+@dataclasses.dataclass
+class LoopResult:
+    """What :func:`train_loop` measured.
+
+    Attributes:
+      params: the final parameters.
+      loss: the last synchronized training loss.
+      evaluation: the last evaluation's value.
+      history: ``{"step", "seconds", "loss", "<eval name>"}`` at every evaluation.
+      seconds: training wall clock from the end of the first (compiling) step, evaluations
+        excluded.
+      timed_steps: steps inside ``seconds``.
+    """
+
+    params: Any
+    loss: float
+    evaluation: float
+    history: list[dict[str, float]]
+    seconds: float
+    timed_steps: int
+
+
+def train_loop(
+    step: Step,
+    params: Any,
+    state: Any,
+    batch: Callable[[int], tuple[jax.Array, ...]],
+    evaluate: Callable[[Any], float],
+    *,
+    steps: int,
+    eval_every: int,
+    max_in_flight: int = jaxcomm.pacing.DEFAULT_MAX_IN_FLIGHT,
+    eval_name: str = "test_accuracy",
+    metric_name: str = "accuracy",
+    logger: Any = None,
+) -> LoopResult:
+    """Runs `steps` training steps, synchronizing and evaluating as asked.
+
+    Args:
+      step: the training step.
+      params, state: from ``step.init``.
+      batch: ``global step -> batch arrays`` (placed, sharded over ``dp``).
+      evaluate: ``params -> float`` (e.g. test accuracy, validation bits per byte).
+      steps: optimizer steps.
+      eval_every: steps between evaluations (step 0 and the last step always evaluate).
+      max_in_flight: steps queued ahead of the devices (``jaxcomm.paced``; 0 waits for every
+        step).
+      eval_name: key of the evaluation in ``history`` and in the logged metrics.
+      metric_name: key of the step's training metric in the logged metrics.
+      logger: optional launcher metrics logger (``log(step, force=..., **fields)``).
+
+    Returns:
+      A :class:`LoopResult`.
+
+    Example:
+      >>> result = train_loop(step, params, state, batch, evaluate, steps=100, eval_every=10)
+    """
+    jaxcomm.reset_metrics()
+    loss = evaluation = float("nan")
+    history: list[dict[str, float]] = []
+    seconds = 0.0
+    clock = time.perf_counter()
+    window_first = 0
+    paced = jaxcomm.paced(step, max_in_flight)
+    for i in range(steps):
+        params, state, loss_d, metric_d = paced(params, state, *batch(i))
+        evaluate_now = i % eval_every == 0 or i == steps - 1
+        if i == 0 or evaluate_now:
+            paced.wait()  # every queued step, this one included
+            loss = host_scalar(loss_d)
+        if i == 0:
+            jaxcomm.reset_metrics()  # the compiling step is not counted
+            clock, window_first = time.perf_counter(), 1
+            if not evaluate_now:
+                continue
+        if evaluate_now:
+            now = time.perf_counter()
+            seconds += now - clock
+            step_time = (now - clock) / max(1, i + 1 - window_first)
+            evaluation = float(evaluate(params))
+            history.append({"step": i, "seconds": seconds, "loss": loss, eval_name: evaluation})
+            if logger is not None:
+                logger.log(
+                    i,
+                    force=True,
+                    loss=loss,
+                    step_time_s=step_time,
+                    train_seconds=seconds,
+                    **{eval_name: evaluation, metric_name: host_scalar(metric_d)},
+                )
+            clock, window_first = time.perf_counter(), i + 1
+    return LoopResult(params, loss, evaluation, history, seconds, max(1, steps - 1))
+
+
+def communication_summary(
+    reduction: Reduction, n_params: int, devices: int, timed_steps: int
+) -> dict[str, Any]:
+    """Bytes and collective seconds per rank and step, from ``jaxcomm.metrics()``.
+
+    ``psum`` is not measured by jaxcomm: its bytes are a ring allreduce's at the gradient
+    dtype's width and its time is None.
+
+    Returns:
+      ``{"bytes_sent_per_step", "dense_bytes_per_step", "comm_seconds_per_step"}``; dense
+      bytes are a float32 ring's.
+    """
+    dense = round(2 * (devices - 1) / devices * n_params * 4) if devices > 1 else 0
+    totals = [t for t in jaxcomm.metrics()["totals"] if t["calls"]]
+    ranks = max(1, len({t["world_rank"] for t in totals}))
+    if reduction.algorithm == "psum":
+        sent: float = dense // (2 if reduction.grad_dtype == "bfloat16" else 1)
+        comm = None
+    else:
+        sent = sum(t["bytes_sent"] for t in totals) / ranks / timed_steps
+        comm = sum(t["seconds"] for t in totals) / ranks / timed_steps
+    return {
+        "bytes_sent_per_step": sent,
+        "dense_bytes_per_step": dense,
+        "comm_seconds_per_step": comm,
+    }

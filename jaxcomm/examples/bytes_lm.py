@@ -1,0 +1,316 @@
+"""Data-parallel byte-level language model on the Python standard library's own source.
+
+A small decoder-only transformer (default 6 layers of width 384: about 10.9M parameters) learns
+to predict the next byte of the ``.py`` files under ``sysconfig.get_paths()["stdlib"]``, a
+corpus every machine has offline. The last 5 % of the corpus (files in sorted path order) is
+held out; the validation loss is reported in bits per byte. Gradients are reduced like the
+digits example's (:mod:`jaxcomm.examples._loop`): ``psum`` (XLA), ``dense`` (jaxcomm's ring),
+``gtopk`` / ``topk_allgather`` (with the gTop-k warm-up), ``adaptive``, ``onebit``,
+``threshold``, each optionally on bf16 gradients.
+
+Use it from Python (``train(algorithm="gtopk", steps=200)``), from the command line
+(``python -m jaxcomm.examples.bytes_lm --devices 4 --algorithm dense --steps 50``) or as the
+launcher job ``bytes-lm``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import sysconfig
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm.examples import _loop
+from jaxcomm.examples._loop import AXIS
+from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT
+
+VALIDATION_FRACTION = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class BytesLMConfig:
+    """Settings of one run.
+
+    Attributes:
+      algorithm, density, warmup, proportion, tau, grad_dtype, bucket_size: the gradient
+        reduction (:class:`jaxcomm.examples._loop.Reduction`).
+      warmup_phase_steps: steps per gTop-k warm-up density (the paper uses one epoch; an
+        epoch of this corpus is thousands of steps, so short runs set it).
+      steps: optimizer steps.
+      batch_size: global batch in sequences, split evenly across all devices.
+      seq_len: bytes of context per sequence.
+      width, layers, heads: the transformer (MLP width 4 x ``width``).
+      learning_rate: Adam's learning rate.
+      max_corpus_bytes: the corpus is cut to this many bytes (memory).
+      eval_every: steps between validation evaluations.
+      eval_sequences: validation windows per evaluation (fixed positions).
+      max_in_flight: training steps queued ahead of the devices (``jaxcomm.paced``; 0 waits
+        for every step).
+      seed: initialization, batch order and validation windows.
+    """
+
+    algorithm: str = "dense"
+    density: float = 0.01
+    warmup: bool = True
+    proportion: float = 64.0
+    tau: float = 0.001
+    grad_dtype: str = "float32"
+    bucket_size: int = 1 << 22
+    warmup_phase_steps: int = 50
+    steps: int = 200
+    batch_size: int = 32
+    seq_len: int = 128
+    width: int = 384
+    layers: int = 6
+    heads: int = 6
+    learning_rate: float = 1e-3
+    max_corpus_bytes: int = 16 << 20
+    eval_every: int = 50
+    eval_sequences: int = 64
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    seed: int = 0
+
+    def reduction(self) -> _loop.Reduction:
+        """How this run reduces gradients."""
+        return _loop.Reduction(
+            algorithm=self.algorithm,
+            density=self.density,
+            warmup=self.warmup,
+            proportion=self.proportion,
+            tau=self.tau,
+            grad_dtype=self.grad_dtype,
+            bucket_size=self.bucket_size,
+        )
+
+    def __post_init__(self) -> None:
+        self.reduction()
+        if self.width % self.heads:
+            raise ValueError(f"width={self.width} must be a multiple of heads={self.heads}")
+        for name in ("steps", "batch_size", "seq_len", "layers", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_in_flight < 0:
+            raise ValueError(f"max_in_flight must be >= 0, got {self.max_in_flight}")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention and a 4x GELU MLP."""
+
+    width: int
+    heads: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
+        h = nn.LayerNorm()(x)
+        x = x + nn.MultiHeadDotProductAttention(num_heads=self.heads)(h, h, mask=mask)
+        h = nn.LayerNorm()(x)
+        return x + nn.Dense(self.width)(nn.gelu(nn.Dense(4 * self.width)(h)))
+
+
+class ByteTransformer(nn.Module):
+    """Decoder-only transformer over bytes: logits of the next byte at every position."""
+
+    width: int = 384
+    layers: int = 6
+    heads: int = 6
+    seq_len: int = 128
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = nn.Embed(256, self.width)(tokens)
+        pos = self.param("pos", nn.initializers.normal(0.02), (self.seq_len, self.width))
+        x = x + pos[: tokens.shape[-1]]
+        for _ in range(self.layers):
+            x = Block(self.width, self.heads)(x)
+        return nn.Dense(256)(nn.LayerNorm()(x))
+
+
+@functools.lru_cache(maxsize=4)
+def load_corpus(max_bytes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bytes of the standard library's ``.py`` files: (train, validation) uint8 arrays.
+
+    Files are read in sorted path order (site-packages excluded) until ``max_bytes``; the last
+    5 % is the validation split. Every process of a run computes the same arrays.
+
+    Args:
+      max_bytes: most bytes read.
+
+    Returns:
+      ``(train, validation)``.
+
+    Example:
+      >>> train_bytes, val_bytes = load_corpus(1 << 20)
+    """
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    chunks: list[bytes] = []
+    total = 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts or not path.is_file():
+            continue
+        data = path.read_bytes()
+        chunks.append(data[: max_bytes - total])
+        total += len(chunks[-1])
+        if total >= max_bytes:
+            break
+    corpus = np.frombuffer(b"".join(chunks), np.uint8)
+    split = int(len(corpus) * (1 - VALIDATION_FRACTION))
+    return corpus[:split], corpus[split:]
+
+
+def _windows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    return np.stack([data[s : s + length] for s in starts]).astype(np.int32)
+
+
+def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
+    """Trains the byte LM and returns the final metrics.
+
+    Args:
+      ctx: optional launcher job context (see :func:`jaxcomm.examples.digits.train`): its
+        ``jaxcomm`` settings and ``args`` are read first, keyword arguments override them.
+      **config: :class:`BytesLMConfig` fields and ``run_dir`` (rank 0 writes
+        ``bytes-lm-<label>.json`` there).
+
+    Returns:
+      ``{"workload", "algorithm", "label", "steps", "devices", "parameters",
+      "validation_bits_per_byte", "train_loss", "bytes_sent_per_step",
+      "dense_bytes_per_step", "comm_seconds_per_step", "step_seconds", "seconds",
+      "history"}``.
+
+    Example:
+      >>> result = train(algorithm="dense", steps=20, width=64, layers=2, heads=2)
+      >>> result["validation_bits_per_byte"]  # doctest: +SKIP
+    """
+    run_dir = config.pop("run_dir", None) or getattr(ctx, "run_dir", None)
+    fields: dict[str, Any] = {}
+    if ctx is not None:
+        s = getattr(ctx, "jaxcomm", None)
+        if s is not None:
+            fields.update(
+                algorithm={"topk": "topk_allgather"}.get(s.algorithm, s.algorithm),
+                density=s.density,
+                grad_dtype=getattr(s, "grad_dtype", "float32"),
+            )
+        fields.update(getattr(ctx, "args", None) or {})
+    fields.update(config)
+    known = {f.name for f in dataclasses.fields(BytesLMConfig)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"unknown bytes-lm settings {unknown}; known: {sorted(known)}")
+    cfg = BytesLMConfig(**fields)
+
+    mesh = _loop.data_parallel_mesh()
+    n_dev = mesh.size
+    if cfg.batch_size % n_dev:
+        raise ValueError(f"batch_size={cfg.batch_size} must be a multiple of {n_dev} devices")
+    train_bytes, val_bytes = load_corpus(cfg.max_corpus_bytes)
+    model = ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
+
+    def loss_fn(p: Any, window: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = model.apply(p, window[:, :-1])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, window[:, 1:]).mean()
+        return loss, loss / math.log(2)
+
+    step = _loop.Step(
+        loss_fn,
+        optax.adam(cfg.learning_rate),
+        cfg.reduction(),
+        cfg.warmup_phase_steps,
+        mesh,
+        1,
+    )
+    params, state = step.init(
+        model.init(jax.random.key(cfg.seed), jnp.zeros((1, cfg.seq_len), jnp.int32))
+    )
+    n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
+    per_process = cfg.batch_size // jax.process_count()
+    sharding = NamedSharding(mesh, P(AXIS))
+    span = cfg.seq_len + 1
+
+    def batch(global_step: int) -> tuple[jax.Array]:
+        # Every process draws the same global windows and feeds its contiguous slice.
+        starts = np.random.default_rng([cfg.seed, global_step]).integers(
+            0, len(train_bytes) - span, cfg.batch_size
+        )
+        mine = starts[jax.process_index() * per_process : (jax.process_index() + 1) * per_process]
+        return (
+            jax.make_array_from_process_local_data(sharding, _windows(train_bytes, mine, span)),
+        )
+
+    val_starts = np.random.default_rng([cfg.seed, 1 << 30]).integers(
+        0, len(val_bytes) - span, cfg.eval_sequences
+    )
+    val = jax.device_put(_windows(val_bytes, val_starts, span), NamedSharding(mesh, P()))
+    val_bits = jax.jit(lambda p, w: loss_fn(p, w)[1])
+
+    loop = _loop.train_loop(
+        step,
+        params,
+        state,
+        batch,
+        lambda p: _loop.host_scalar(val_bits(p, val)),
+        steps=cfg.steps,
+        eval_every=cfg.eval_every,
+        max_in_flight=cfg.max_in_flight,
+        eval_name="validation_bits_per_byte",
+        metric_name="train_bits_per_byte",
+        logger=getattr(ctx, "metrics", None),
+    )
+    reduction = cfg.reduction()
+    result = {
+        "workload": "bytes-lm",
+        "algorithm": cfg.algorithm,
+        "label": reduction.label(),
+        "grad_dtype": cfg.grad_dtype,
+        "density": cfg.density if cfg.algorithm in ("gtopk", "topk_allgather") else None,
+        "proportion": cfg.proportion if cfg.algorithm == "adaptive" else None,
+        "steps": cfg.steps,
+        "devices": n_dev,
+        "parameters": n_params,
+        "corpus_bytes": int(len(train_bytes) + len(val_bytes)),
+        "validation_bits_per_byte": loop.evaluation,
+        "train_loss": loop.loss,
+        **_loop.communication_summary(reduction, n_params, n_dev, loop.timed_steps),
+        "step_seconds": loop.seconds / loop.timed_steps,
+        "seconds": loop.seconds,
+        "history": loop.history,
+        "compilations": step.traces,
+    }
+    if run_dir is not None and jax.process_index() == 0:
+        path = pathlib.Path(run_dir) / f"bytes-lm-{reduction.label()}.json"
+        path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def main() -> None:
+    """Command line: ``python -m jaxcomm.examples.bytes_lm --devices 4 --algorithm gtopk``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=4, help="CPU devices in this process")
+    for f in dataclasses.fields(BytesLMConfig):
+        kind = {"int": int, "float": float, "str": str, "bool": int}[str(f.type)]
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=None)
+    args = vars(parser.parse_args())
+    jax.config.update("jax_num_cpu_devices", args.pop("devices"))
+    overrides = {k: v for k, v in args.items() if v is not None}
+    if "warmup" in overrides:
+        overrides["warmup"] = bool(overrides["warmup"])
+    result = train(**overrides)
+    result.pop("history")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+#include "kernels/half.h"
+
+#include <cstring>
+
+namespace jaxcomm::kernels {
+namespace {
+
+inline float Bf16ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN: keep it a (quiet) NaN
+  }
+  // Round to nearest, ties to even: add 0x7fff plus the lowest kept bit, then truncate.
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+// IEEE binary16 through the compiler's _Float16 (GCC >= 12 and Clang on x86-64 and AArch64),
+// whose conversions round to nearest even.
+inline float F16ToFloat(uint16_t h) {
+  _Float16 v;
+  std::memcpy(&v, &h, sizeof(v));
+  return static_cast<float>(v);
+}
+
+inline uint16_t FloatToF16(float f) {
+  const _Float16 v = static_cast<_Float16>(f);
+  uint16_t h;
+  std::memcpy(&h, &v, sizeof(h));
+  return h;
+}
+
+}  // namespace
+
+void HalfToFloat(HalfFormat format, const uint16_t* in, float* out, int64_t n) {
+  if (format == HalfFormat::kBFloat16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = F16ToFloat(in[i]);
+  }
+}
+
+__attribute__((target_clones("avx2", "default"))) void AddHalfInto(HalfFormat format,
+                                                                   float* __restrict acc,
+                                                                   const uint16_t* __restrict in,
+                                                                   int64_t n) {
+  if (format == HalfFormat::kBFloat16) {
+    for (int64_t i = 0; i < n; ++i) acc[i] += Bf16ToFloat(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) acc[i] += F16ToFloat(in[i]);
+  }
+}
+
+void FloatToHalf(HalfFormat format, const float* in, uint16_t* out, int64_t n) {
+  if (format == HalfFormat::kBFloat16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToBf16(in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = FloatToF16(in[i]);
+  }
+}
+
+}  // namespace jaxcomm::kernels

@@ -1,0 +1,41 @@
+"""``bytes-lm``: a byte-level decoder-only transformer on the Python standard library's source.
+
+The training code is :mod:`jaxcomm.examples.bytes_lm` (default: 6 layers of width 384, about
+10.9M parameters, 128-byte context); the validation loss is reported in bits per byte. The
+recipe's ``jaxcomm`` settings pick the gradient reduction; ``args`` may set any
+``BytesLMConfig`` field (steps, batch_size, seq_len, width, layers, heads, learning_rate,
+eval_every, warmup_phase_steps, max_corpus_bytes, proportion, ...). ``train.steps`` and
+``train.batch_size`` are used unless ``args`` sets them.
+"""
+
+from __future__ import annotations
+
+from jaxcomm_launcher.context import JobContext
+
+
+def run(ctx: JobContext) -> None:
+    """Trains the byte LM on this rank and logs loss/validation bits per byte.
+
+    Args:
+        ctx: The job context of this rank.
+
+    Returns:
+        None; rank 0 also writes ``bytes-lm-<label>.json`` to the run directory.
+
+    Example:
+        >>> # jaxcomm launch recipes/bytes-lm.yaml
+    """
+    from jaxcomm.examples.bytes_lm import train
+
+    args = ctx.args or {}
+    overrides = {}
+    for name in ("steps", "batch_size", "eval_every", "seed"):
+        if name not in args and getattr(ctx.train, name, None) is not None:
+            overrides[name] = getattr(ctx.train, name)
+    result = train(ctx, **overrides)
+    if ctx.is_main:
+        ctx.print(
+            f"bytes-lm {result['label']}: validation {result['validation_bits_per_byte']:.3f} "
+            f"bits/byte after {result['steps']} steps, {result['step_seconds']:.3f} s/step, "
+            f"{result['bytes_sent_per_step'] / 1e6:.2f} MB sent per rank and step"
+        )

@@ -1,0 +1,371 @@
+"""``probe``: measure the cost model's alpha, beta per link class and gamma per kernel.
+
+``jaxcomm probe RECIPE --out profile.json`` runs this job on the recipe's own world (its
+processes, devices per process and backend), so the numbers include what that world adds:
+several ranks sharing cores, loopback or a shaped network. Every measurement runs on every
+rank at once (a barrier first), the median of ``repeats`` timed calls is kept, and rank 0
+fits the model (:mod:`jaxcomm.cost`) and writes the profile:
+
+* links: jaxcomm's ring allreduce over all ranks at several sizes, fit by least squares to
+  ``2(P-1) * (alpha + chunk bytes * beta)`` after removing the call overhead and the ring's
+  reduction kernel;
+  this measures the slowest link class of the world: between processes (``same_host``, or
+  ``across_hosts`` when the processes are on different hosts or emulated ones), or between
+  devices of one process when there is a single process. With several processes of several
+  devices, a ring over each process's devices alone measures ``same_process`` too.
+  Classes a world cannot measure keep the built-in default (``measured`` lists the others).
+* psum: ``lax.psum`` (XLA's collectives) at the same sizes, fit to ``alpha + beta * ring
+  bytes``.
+* call: the time of a jitted shard_mapped step that does nothing but add 1 to one element
+  (dispatch and synchronization), which every call pays.
+* gamma: each local kernel through ``jaxcomm.ops`` on ``args.kernel_elements`` elements per
+  device: top-k compress (``topk``), each quantizer's compress and decompress
+  (``quantize.*``, ``decode.*``), the sparse merge of two k-entry sets (``merge``, per input
+  entry) and an in-place float32 add (``sum``). Then gTop-k and each quantized allreduce run
+  at that size, and their time beyond what the links and the other kernels explain rescales
+  their kernels' gamma (the ops' ratio of quantize to decode is kept): the kernels' cost
+  inside the collective, which is what the model predicts.
+
+Recipe ``args`` (all optional): sizes (ring/psum elements per rank, default 4096, 65536,
+1048576, 4194304), kernel_elements (default 4194304), repeats (default 5), out (a path rank 0
+also writes the profile to). The profile goes to ``profile.json`` in the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import pathlib
+import socket
+import statistics
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxcomm_launcher.context import JobContext
+from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh
+
+DEFAULT_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22]
+DEFAULT_KERNEL_ELEMENTS = 1 << 22
+LOCAL = ("proc", "local")
+
+
+class _Rounds:
+    """Times named calls in interleaved rounds: every call once per round, ``repeats`` rounds.
+
+    On a machine shared with other work a burst of load then slows one sample of every call
+    instead of all samples of one call, so the medians stay comparable with each other.
+    """
+
+    def __init__(self, barrier: Callable[[], None]) -> None:
+        self.barrier = barrier
+        self.calls: dict[str, Callable[[], Any]] = {}
+
+    def add(self, name: str, fn: Callable[[], Any]) -> None:
+        jax.block_until_ready(fn())  # compile
+        jax.block_until_ready(fn())  # a second warm-up: first calls set up connections, pages
+        self.calls[name] = fn
+
+    def run(self, repeats: int) -> dict[str, float]:
+        samples: dict[str, list[float]] = {name: [] for name in self.calls}
+        for _ in range(repeats):
+            for name, fn in self.calls.items():
+                self.barrier()  # every rank starts the call together
+                t0 = time.perf_counter()
+                jax.block_until_ready(fn())
+                samples[name].append(time.perf_counter() - t0)
+        return {name: statistics.median(ts) for name, ts in samples.items()}
+
+
+def _placed(mesh: Mesh, spec: P, local: np.ndarray) -> jax.Array:
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), local)
+
+
+def _fit_line(xs: list[list[float]], ys: list[float]) -> list[float]:
+    """Non-negative least squares for a few columns (drop a column that comes out negative)."""
+    a = np.asarray(xs, np.float64)
+    y = np.asarray(ys, np.float64)
+    active = list(range(a.shape[1]))
+    while active:
+        coef, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
+        if (coef >= 0).all():
+            out = [0.0] * a.shape[1]
+            for i, c in zip(active, coef, strict=True):
+                out[i] = float(c)
+            return out
+        active.pop(int(np.argmin(coef)))
+    return [0.0] * a.shape[1]
+
+
+def _inter_process_link(ctx: JobContext) -> str:
+    """``across_hosts`` when the processes sit on different (or emulated) hosts."""
+    if jax.process_count() == 1:
+        return "same_host"
+    if ctx.recipe.backend.kind == "emulated":
+        return "across_hosts"  # each rank has its own network namespace and shaped link
+    from jax.experimental import multihost_utils
+
+    mine = np.asarray([zlib.crc32(socket.gethostname().encode())], np.int64)
+    hosts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)
+    return "same_host" if len(set(hosts.tolist())) == 1 else "across_hosts"
+
+
+def run(ctx: JobContext) -> None:
+    """Measures links, psum and kernels on this world; rank 0 writes ``profile.json``.
+
+    Args:
+        ctx: The job context of this rank.
+
+    Returns:
+        None; rank 0 writes ``profile.json`` (and ``args.out`` when given).
+
+    Example:
+        >>> # jaxcomm probe recipes/digits-dense.yaml --out profile.json
+    """
+    import jaxcomm
+    from jaxcomm import cost
+
+    sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
+    kernel_n = int(ctx.args.get("kernel_elements", DEFAULT_KERNEL_ELEMENTS))
+    repeats = int(ctx.args.get("repeats", 5))
+    if not sizes or min(sizes) < 1 or kernel_n < 64 or repeats < 1:
+        raise ValueError(
+            "args: sizes must be positive element counts, kernel_elements >= 64, repeats >= 1"
+        )
+    flat = data_parallel_mesh()
+    ranks, local = flat.size, ctx.devices_per_process
+    spec = P(AXIS)
+    rng = np.random.default_rng(1000 + ctx.rank)
+
+    tiny = _placed(flat, spec, np.ones((local, 1), np.float32))
+    barrier_fn = jax.jit(
+        jax.shard_map(
+            lambda v: jaxcomm.allreduce(v[0], AXIS)[None], mesh=flat, in_specs=spec, out_specs=spec
+        )
+    )
+
+    def barrier() -> None:
+        if ranks > 1:
+            jax.block_until_ready(barrier_fn(tiny))
+
+    samples: dict[str, Any] = {"kernel_elements": kernel_n}
+    measured: list[str] = []
+    rounds = _Rounds(barrier)
+
+    def per_device(fn: Callable, *arrays: np.ndarray, donate: tuple[int, ...] = ()) -> Callable:
+        """A call of ``fn`` on every local device at once (a jitted shard_map)."""
+        placed = [_placed(flat, spec, a) for a in arrays]
+        f = jax.jit(
+            jax.shard_map(
+                lambda *xs: jax.tree.map(lambda y: y[None], fn(*(x[0] for x in xs))),
+                mesh=flat,
+                in_specs=(spec,) * len(placed),
+                out_specs=spec,
+            ),
+            donate_argnums=donate,
+        )
+        if not donate:
+            return lambda: f(*placed)
+
+        def call() -> Any:  # the donated operand is the previous call's output (in place)
+            placed[0] = f(*placed)
+            return placed[0]
+
+        return call
+
+    # Per-call overhead: a jitted shard_mapped step that does (almost) nothing.
+    rounds.add("call", per_device(lambda v: v + 1.0, np.ones((local, 1), np.float32)))
+
+    # Kernels through jaxcomm.ops, on every device at once.
+    x = rng.standard_normal((local, kernel_n)).astype(np.float32)
+    zeros = np.zeros_like(x)
+    # sum: in place (the accumulator donated and fed back), as the C++ reductions add into
+    # their buffer; a fresh output per call would time page faults instead.
+    rounds.add("gamma.sum", per_device(lambda a, b: a + b, zeros, x, donate=(0,)))
+    topk = jaxcomm.TopK(0.001)
+    rounds.add("gamma.topk", per_device(lambda a, r: jaxcomm.ops.compress(a, r, topk), x, zeros))
+    quantizers = {
+        "onebit": jaxcomm.OneBit(),
+        "threshold": jaxcomm.Threshold(3.0),
+        "adaptive": jaxcomm.Adaptive(64.0),
+    }
+    for kind, q in quantizers.items():
+        rounds.add(
+            f"gamma.quantize.{kind}",
+            per_device(lambda a, r, q=q: jaxcomm.ops.compress(a, r, q), x, zeros),
+        )
+        packed, _ = jax.jit(lambda a, r, q=q: jaxcomm.ops.compress(a, r, q))(x[0], zeros[0])
+        packed = np.tile(np.asarray(packed), (local, 1))
+        rounds.add(
+            f"gamma.decode.{kind}",
+            per_device(lambda p, q=q: jaxcomm.ops.decompress(p, q, kernel_n), packed),
+        )
+    k = max(1, kernel_n // 64)
+    idx = np.stack([np.sort(rng.choice(kernel_n, k, replace=False)) for _ in range(2 * local)])
+    idx = idx.astype(np.int32)
+    val = rng.standard_normal((2 * local, k)).astype(np.float32)
+    rounds.add(
+        "gamma.merge",
+        per_device(
+            lambda ia, va, ib, vb: jaxcomm.ops.sparse_merge(ia, va, ib, vb, k),
+            idx[:local],
+            val[:local],
+            idx[local:],
+            val[local:],
+        ),
+    )
+
+    # Links: jaxcomm's ring over all ranks, and within each process when there are several
+    # of each; lax.psum over all ranks.
+    inter = _inter_process_link(ctx)
+    rings: dict[str, tuple[int, list[int]]] = {}  # link class -> (ring size, sizes)
+
+    def add_ring(mesh: Mesh, axis: str, mspec: P, parts: int, name: str) -> None:
+        rings[name] = (parts, sizes)
+        for n in sizes:
+            placed = _placed(mesh, mspec, rng.standard_normal((local, n)).astype(np.float32))
+            f = jax.jit(
+                jax.shard_map(
+                    lambda v, a=axis: jaxcomm.allreduce(v[0], a)[None],
+                    mesh=mesh,
+                    in_specs=mspec,
+                    out_specs=mspec,
+                )
+            )
+            rounds.add(f"ring.{name}.{n}", lambda f=f, placed=placed: f(placed))
+
+    if ranks > 1:
+        add_ring(flat, AXIS, spec, ranks, "same_process" if jax.process_count() == 1 else inter)
+        psum = jax.jit(
+            jax.shard_map(lambda v: lax.psum(v, AXIS), mesh=flat, in_specs=spec, out_specs=spec)
+        )
+        for n in sizes:
+            placed = _placed(flat, spec, rng.standard_normal((local, n)).astype(np.float32))
+            rounds.add(f"psum.{n}", lambda placed=placed: psum(placed))
+    if jax.process_count() > 1 and local > 1:
+        proc_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), local), LOCAL)
+        add_ring(proc_mesh, "local", P(LOCAL), local, "same_process")
+
+    # The compressed collectives at kernel_elements, to calibrate gamma inside them.
+    calibrations = {
+        "gtopk": (jaxcomm.GTopK(0.001), ("topk",)),
+        **{kind: (q, (f"quantize.{kind}", f"decode.{kind}")) for kind, q in quantizers.items()},
+    }
+    x_placed = _placed(flat, spec, rng.standard_normal((local, kernel_n)).astype(np.float32))
+    zero_r = _placed(flat, spec, np.zeros((local, kernel_n), np.float32))
+    for algorithm, (compressor, _) in calibrations.items():
+
+        def reduce(v: jax.Array, r: jax.Array, c: Any = compressor) -> tuple:
+            summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], AXIS, c)
+            return summed[None], new_r[None]
+
+        f = jax.jit(jax.shard_map(reduce, mesh=flat, in_specs=(spec, spec), out_specs=(spec, spec)))
+        rounds.add(f"calibration.{algorithm}", lambda f=f: f(x_placed, zero_r))
+
+    t = rounds.run(repeats)
+    samples["medians"] = t
+
+    # Fits.
+    call = t["call"]
+    measured.append("call")
+    gamma = {k: t[f"gamma.{k}"] / kernel_n for k in cost.KERNELS if k != "merge"}
+    gamma["merge"] = t["gamma.merge"] / (2 * k)
+    measured += [f"gamma.{name}" for name in gamma]
+    links: dict[str, dict[str, float]] = {}
+    for name, (parts, ns) in rings.items():
+        rows, ys = [], []
+        for n in ns:
+            steps, nbytes = cost.ring_path(n, parts)
+            chunk = -(-n // parts)
+            rows.append([steps, nbytes])
+            ys.append(
+                max(0.0, t[f"ring.{name}.{n}"] - call - gamma["sum"] * (n + (parts - 1) * chunk))
+            )
+        alpha, beta = _fit_line(rows, ys)
+        if beta <= 0.0:
+            # Noise at small sizes can leave no slope: charge the largest size's time to
+            # bandwidth alone, so the link is never modeled as infinitely fast.
+            alpha, beta = 0.0, max(ys[-1], 1e-9) / rows[-1][1]
+        links[name] = {"alpha": alpha, "beta": beta}
+        measured.append(f"links.{name}")
+    psum_line = None
+    if ranks > 1:
+        rows = [[1.0, cost.ring_bytes(n, ranks, 0)] for n in sizes]
+        ys = [max(0.0, t[f"psum.{n}"] - call) for n in sizes]
+        a, b = _fit_line(rows, ys)
+        psum_line = {"alpha": a, "beta": b}
+        measured.append("psum")
+
+    # Calibrate gamma inside the collectives: a kernel inside a collective does not run as it
+    # does alone (other buffers, the handler's threads, memory shared with the transport), so
+    # each compressed collective's time beyond what the links and the other kernels explain
+    # sets its kernels' gamma (split between quantize and decode in the ratio the ops gave).
+    base = cost.Profile.from_json(
+        {"version": 1, "links": links, "gamma": gamma, "call": call, "inter_process": inter}
+    )
+    world = cost.World(jax.process_count(), local, inter)
+    options = cost.Options(density=0.001, tau=3.0, threshold_fraction=0.0027)
+    scales = {}
+    for algorithm, (_, kernels) in calibrations.items():
+        measured_t = t[f"calibration.{algorithm}"]
+        without = dict(base.gamma, **{name: 0.0 for name in kernels})
+        rest = cost.predict(
+            algorithm, kernel_n, world, dataclasses.replace(base, gamma=without), options
+        ).seconds
+        unit = cost.predict(algorithm, kernel_n, world, base, options).seconds - rest
+        if unit > 0 and measured_t > rest:
+            scales[algorithm] = (measured_t - rest) / unit
+            for name in kernels:
+                gamma[name] *= scales[algorithm]
+    samples["calibration_scales"] = scales
+
+    if not ctx.is_main:
+        return
+    data = {
+        "version": 1,
+        "source": (
+            f"jaxcomm probe of recipe {ctx.recipe.name} ({ctx.recipe.backend.kind}, "
+            f"{jax.process_count()} processes x {local} devices, "
+            f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')})"
+        ),
+        "inter_process": inter,
+        "links": links,
+        "call": call,
+        "gamma": gamma,
+        "measured": measured,
+        "world": {
+            "processes": jax.process_count(),
+            "devices_per_process": local,
+            "backend": ctx.recipe.backend.kind,
+        },
+        "samples": samples,
+    }
+    if psum_line is not None:
+        data["psum"] = psum_line
+    profile = cost.Profile.from_json(data)  # validates; fills unmeasured entries
+    full = {**profile.to_json(), "world": data["world"], "samples": samples}
+    text = json.dumps(full, indent=2) + "\n"
+    paths = [ctx.run_dir / "profile.json"]
+    if ctx.args.get("out"):
+        paths.append(pathlib.Path(str(ctx.args["out"])))
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for name, link in profile.links.items():
+        ctx.print(
+            f"probe link {name:13s} alpha {link.alpha * 1e6:9.2f} us  "
+            f"beta {link.beta * 1e9:8.4f} ns/B ({1 / max(link.beta, 1e-30) / 1e9 * 8:8.2f} Gbit/s)"
+            + ("" if f"links.{name}" in measured else "  [default]")
+        )
+    ctx.print(f"probe call overhead {profile.call * 1e6:9.2f} us")
+    for name, g in profile.gamma.items():
+        ctx.print(f"probe gamma {name:20s} {g * 1e9:8.3f} ns/element")
+    ctx.print(f"probe profile written to {', '.join(str(p) for p in paths)}")

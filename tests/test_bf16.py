@@ -1,0 +1,142 @@
+"""bfloat16 / float16 gradients: the dense 16-bit allreduce against the float32 sum rounded once
+(and lax.psum), every compressed allreduce against tests/reference.py run on the widened
+inputs (residual conservation included), the single-device ops, and the Optax transform on a
+mixed-precision tree. One worker process per device count (tests/bf16_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import reference
+from bf16_worker import ALGORITHMS, COMPRESSED_SIZES, DENSE_SIZES, DTYPES, inputs
+
+import jaxcomm
+
+WORKER = pathlib.Path(__file__).with_name("bf16_worker.py")
+DEVICE_COUNTS = (3, 4)
+_runs: dict = {}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    def get(devices: int) -> tuple[dict, dict]:
+        if devices not in _runs:
+            out = tmp_path_factory.mktemp(f"bf16-{devices}")
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            env.pop("XLA_FLAGS", None)
+            proc = subprocess.run(
+                [sys.executable, str(WORKER), "--devices", str(devices), "--out", str(out)],
+                capture_output=True,
+                text=True,
+                timeout=240,
+                env=env,
+            )
+            if proc.returncode != 0:
+                pytest.fail(f"bf16 worker failed:\n{proc.stdout[-3000:]}{proc.stderr[-6000:]}")
+            with np.load(out / "bf16.npz") as data:
+                arrays = {k: data[k] for k in data.files}
+            _runs[devices] = (arrays, json.loads((out / "bf16.json").read_text()))
+        return _runs[devices]
+
+    return get
+
+
+def rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values rounded to `dtype` (nearest even) and widened back exactly."""
+    return np.asarray(jnp.asarray(values, jnp.float32).astype(dtype).astype(jnp.float32))
+
+
+@pytest.mark.parametrize("devices", DEVICE_COUNTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", DENSE_SIZES)
+def test_dense_is_float32_sum_rounded_once(run, devices, dtype, n):
+    arrays, info = run(devices)
+    case = f"dense/{dtype}/{n}"
+    summed = arrays[f"{case}/summed"]
+    assert arrays[f"{case}/dtype_ok"]
+    xs = rounded(inputs(devices, n, n), dtype)  # what each rank passed, widened
+    expected = rounded(xs.sum(axis=0, dtype=np.float32), dtype)
+    for rank in range(devices):
+        np.testing.assert_array_equal(summed[rank], expected)
+    # lax.psum in 16 bits rounds at every step: same sum within a few 16-bit ulps.
+    eps = float(jnp.finfo(dtype).eps)
+    scale = np.abs(xs).sum(axis=0)
+    assert np.all(np.abs(arrays[f"{case}/psum"][0] - expected) <= 2 * devices * eps * scale + 1e-6)
+    # 2 bytes per element on the wire: each rank sends every chunk but its own twice.
+    assert info[case]["algorithms"] == [f"direct_{'bf16' if dtype == 'bfloat16' else 'f16'}"]
+    assert max(info[case]["bytes_sent"]) <= 2 * 2 * n * (devices - 1) / devices + 2 * 2
+    assert sum(info[case]["bytes_sent"]) == 2 * 2 * n * (devices - 1)
+
+
+@pytest.mark.parametrize("devices", DEVICE_COUNTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("n", COMPRESSED_SIZES)
+def test_compressed_matches_reference_and_conserves(run, devices, dtype, name, n):
+    arrays, _ = run(devices)
+    case = f"compressed/{name}/{dtype}/{n}"
+    assert arrays[f"{case}/dtype_ok"]
+    summed, residuals = arrays[f"{case}/summed"], arrays[f"{case}/residual"]
+    xs = rounded(inputs(devices, n, 3 * n + 1), dtype)
+    rs = inputs(devices, n, 3 * n + 2, scale=0.1)
+    cls, params = ALGORITHMS[name]
+    algorithm = getattr(jaxcomm, cls)(**params)
+    if name in ("topk_allgather", "gtopk"):
+        ref = reference.topk_allgather if name == "topk_allgather" else reference.gtopk
+        expected32, expected_r = ref(list(xs), list(rs), algorithm.k(n))
+    else:
+        expected32, expected_r, _ = reference.quantized_allreduce(list(xs), list(rs), algorithm)
+    expected = rounded(expected32, dtype)
+    lost = (expected32 - expected) / np.float32(devices)  # rounding, fed back on every rank
+    for rank in range(devices):
+        np.testing.assert_array_equal(summed[rank], summed[0])
+        np.testing.assert_allclose(summed[rank], expected, rtol=0, atol=1e-6)
+        np.testing.assert_allclose(residuals[rank], expected_r[rank] + lost, rtol=1e-5, atol=1e-5)
+    total_in = (xs.astype(np.float64) + rs).sum(axis=0)
+    total_out = summed[0].astype(np.float64) + residuals.astype(np.float64).sum(axis=0)
+    np.testing.assert_allclose(total_out, total_in, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["topk", "onebit", "threshold", "adaptive"])
+def test_ops_compress_16bit_equals_its_float32_value(run, dtype, name):
+    arrays, _ = run(DEVICE_COUNTS[0])
+    assert arrays[f"ops/{name}/{dtype}/same"]
+
+
+@pytest.mark.parametrize("devices", DEVICE_COUNTS)
+def test_optax_mixed_precision_tree(run, devices):
+    arrays, _ = run(devices)
+    for key in ("a", "b", "c"):
+        grads = arrays[f"optax/grads/{key}"]
+        dtype = {"a": "bfloat16", "b": "float32", "c": "float16"}[key]
+        for label in ("dense", "adaptive"):
+            assert arrays[f"optax/{label}/{key}/dtype_ok"], (label, key)
+        # Dense: leaves travel in the tree's common dtype (float32 for this mixed tree), and
+        # the mean is rounded to the leaf's dtype once.
+        expected = rounded(grads.sum(axis=0, dtype=np.float32) / devices, dtype)
+        np.testing.assert_allclose(arrays[f"optax/dense/{key}/update"][0], expected, rtol=1e-6)
+        # Compressed: mean of the applied sum; sum(grads) == P * update + sum(residuals).
+        update = arrays[f"optax/adaptive/{key}/update"][0].astype(np.float64)
+        residual = arrays[f"optax/adaptive/{key}/residual"].astype(np.float64)
+        np.testing.assert_allclose(
+            devices * update + residual.sum(axis=0),
+            grads.astype(np.float64).sum(axis=0),
+            rtol=2e-2 if dtype != "float32" else 1e-5,
+            atol=1e-2 if dtype != "float32" else 1e-5,
+        )
+
+
+def test_16bit_residual_is_rejected():
+    x = jnp.ones(10, jnp.bfloat16)
+    with pytest.raises(TypeError, match="residual must be float32"):
+        jaxcomm.ops.compress(x, jnp.zeros(10, jnp.bfloat16), jaxcomm.OneBit(32))
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        jaxcomm.ops.compress(x.astype(jnp.int32), jnp.zeros(10, jnp.float32), jaxcomm.OneBit(32))

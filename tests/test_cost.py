@@ -1,0 +1,384 @@
+"""The cost model (jaxcomm.cost), `jaxcomm probe`, `jaxcomm plan` and compressor="auto".
+
+Byte counts are checked against jaxcomm.metrics() of real calls (tests/cost_worker.py);
+times against the closed forms of the seeds (gTop-k paper Table I, nccl-tests bus
+bandwidth), never against a clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from launcher_helpers import ROOT, run_cli, write_recipe
+
+import jaxcomm
+from jaxcomm import cost
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+# One link class for everything, no kernels, no call overhead: the seeds' pure alpha-beta model.
+ALPHA, BETA_WORD = 1e-4, 4e-9  # seconds per message, seconds per 4-byte word
+
+
+def pure_profile(alpha: float = ALPHA, beta_word: float = BETA_WORD) -> cost.Profile:
+    link = cost.Link(alpha, beta_word / 4)
+    return cost.Profile(
+        links={c: link for c in cost.LINK_CLASSES},
+        gamma={k: 0.0 for k in cost.KERNELS},
+        psum=link,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Closed forms and hand-computed cases
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 16, 32, 1024])
+def test_gtopk_matches_table_one(p):
+    # Shi et al. 2019, Table I / Eq. 7: 2 log2(P) alpha + 4 k log2(P) beta (beta per word).
+    n, density = 1_000_000, 0.001
+    k = math.ceil(density * n)
+    pred = cost.predict("gtopk", n, cost.World(p), pure_profile(), cost.Options(density=density))
+    expected = 2 * math.log2(p) * ALPHA + 4 * k * math.log2(p) * BETA_WORD
+    assert pred.communication_seconds == pytest.approx(expected, rel=1e-12)
+    assert pred.seconds == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 64])
+def test_topk_allgather_bandwidth_term_matches_table_one(p):
+    # Table I: log(P) alpha + 2(P-1) k beta for a recursive-doubling allgather; jaxcomm's is a
+    # ring, so the bandwidth term is the same and the latency term is (P-1) alpha.
+    n, density = 500_000, 0.002
+    k = math.ceil(density * n)
+    options = cost.Options(density=density)
+    bandwidth = cost.predict("topk_allgather", n, cost.World(p), pure_profile(0.0), options)
+    assert bandwidth.seconds == pytest.approx(2 * (p - 1) * k * BETA_WORD, rel=1e-12)
+    latency = cost.predict("topk_allgather", n, cost.World(p), pure_profile(beta_word=0.0), options)
+    assert latency.seconds == pytest.approx((p - 1) * ALPHA, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 4, 5, 8])
+def test_ring_bus_bandwidth_is_the_link_bandwidth(p):
+    # nccl-tests: busbw = algbw * 2(P-1)/P for allreduce; a bandwidth-optimal ring on links of
+    # bandwidth B has busbw == B.
+    n = 1_000_000 * p  # divisible by P
+    t = cost.predict("ring", n, cost.World(p), pure_profile(0.0)).seconds
+    algbw = n * 4 / t
+    assert algbw * 2 * (p - 1) / p == pytest.approx(4 / BETA_WORD, rel=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 3, 7])
+def test_allgather_bus_factor(p):
+    # nccl-tests: allgather busbw factor (P-1)/P: each rank sends (P-1)/P of the gathered bytes.
+    n, options = 100_000, cost.Options(density=0.01)
+    gathered = p * 2 * options.k(n) * 4
+    sent = cost.bytes_sent("topk_allgather", n, cost.World(p), options)
+    assert sent == pytest.approx(gathered * (p - 1) / p)
+
+
+def test_hand_computed_bytes():
+    # Ring of 10 floats over 3 ranks: chunks 4, 3, 3; rank 0 skips chunks 1 and 2.
+    assert [cost.ring_bytes(10, 3, r) for r in range(3)] == [56, 52, 52]
+    # gTop-k, P = 3: rank 2 folds into rank 0; rank 0 broadcasts to 1 and unfolds to 2.
+    assert [cost.gtopk_sends(r, 3) for r in range(3)] == [2, 1, 1]
+    # P = 8: up the tree 1->0, 3->2, 5->4, 7->6, 2->0, 6->4, 4->0; down 0->4, 0->2, 4->6, 0->1, ...
+    assert [cost.gtopk_sends(r, 8) for r in range(8)] == [3, 1, 2, 1, 3, 1, 2, 1]
+    # One-bit over 2 ranks, 2048 elements: slices of 1024 -> 1 + 2 + 32 words each, sent once
+    # in the reduce-scatter and once in the allgather.
+    assert cost.quantized_bytes("onebit", 2048, 2, 0, cost.Options()) == 2 * 35 * 4
+
+
+def test_options_agree_with_the_compressors():
+    for n, d in itertools.product([1, 7, 1000, 12345], [1e-4, 0.01, 0.5, 1.0]):
+        assert cost.Options(density=d).k(n) == jaxcomm.TopK(d).k(n)
+    for n in [1, 31, 32, 1024, 5000]:
+        words = cost._quantized_words("onebit", n, cost.Options(), 2, "send")
+        assert words == jaxcomm.OneBit().packed_words(n)
+
+
+@pytest.mark.parametrize("algorithm", cost.ALGORITHMS)
+def test_time_and_bytes_grow_with_n(algorithm):
+    world = cost.World(4, 2, "across_hosts")
+    prev_t = prev_b = -1.0
+    for n in [0, 1, 1000, 100_000, 1_000_000, 25_000_000]:
+        p = cost.predict(algorithm, n, world)
+        assert p.seconds >= prev_t and p.bytes_sent_per_rank >= prev_b
+        prev_t, prev_b = p.seconds, p.bytes_sent_per_rank
+
+
+def test_slower_links_never_help_and_compression_wins_on_slow_networks():
+    n = 25_000_000
+    for algorithm in cost.ALGORITHMS:
+        near = cost.predict(algorithm, n, cost.World(4, 1, "same_host")).seconds
+        far = cost.predict(algorithm, n, cost.World(4, 1, "across_hosts")).seconds
+        assert far >= near
+    options = cost.Options(density=0.001)
+    far = cost.World(4, 1, "across_hosts")
+    assert cost.choose(n, far, ("dense", "gtopk"), options=options) == "gtopk"
+    # With free links compression only costs compute: dense wins.
+    free = cost.Profile(
+        links={c: cost.Link(0.0, 0.0) for c in cost.LINK_CLASSES},
+        gamma=cost.DEFAULT_PROFILE.gamma,
+        psum=cost.Link(0.0, 0.0),
+    )
+    assert cost.choose(n, far, ("dense", "gtopk"), free, options) == "dense"
+
+
+def test_sparse_bytes_scale_as_the_papers_say():
+    n, options = 1_000_000, cost.Options(density=0.001)
+    for p in [2, 4, 8, 16, 64]:
+        ag = cost.bytes_sent("topk_allgather", n, cost.World(p), options)
+        gt = cost.bytes_sent("gtopk", n, cost.World(p), options)
+        assert gt <= ag
+        assert ag == (p - 1) * 2 * options.k(n) * 4  # O(kP)
+        assert gt == pytest.approx(2 * (p - 1) / p * 2 * options.k(n) * 4)  # mean over ranks
+    # Dense ring: 2(P-1)/P of the vector per rank.
+    assert cost.bytes_sent("ring", 8000, cost.World(8)) == pytest.approx(2 * 7 / 8 * 8000 * 4)
+
+
+def test_overlap_hides_communication_only():
+    world, n = cost.World(4, 1, "across_hosts"), 4_000_000
+    plain = cost.predict("ring", n, world)
+    hidden = cost.predict("ring", n, world, overlap=True, hidden_seconds=1.0)
+    assert hidden.seconds == pytest.approx(plain.compute_seconds)
+    partly = cost.predict("ring", n, world, overlap=True, hidden_seconds=0.01)
+    assert partly.seconds == pytest.approx(plain.seconds - 0.01)
+
+
+def test_bad_inputs_name_the_argument(tmp_path):
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        cost.predict("bf16", 10, cost.World(2))
+    with pytest.raises(ValueError, match="World.processes"):
+        cost.World(0)
+    with pytest.raises(ValueError, match="inter_process"):
+        cost.World(2, 1, "moon")
+    with pytest.raises(ValueError, match="density"):
+        cost.Options(density=2.0)
+    with pytest.raises(ValueError, match="n \\(elements\\)"):
+        cost.bytes_sent("ring", -1, cost.World(2))
+    bad = tmp_path / "p.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="p.json"):
+        cost.Profile.load(bad)
+
+
+def test_profile_round_trip(tmp_path):
+    path = tmp_path / "profile.json"
+    cost.DEFAULT_PROFILE.save(path)
+    assert cost.Profile.load(path) == cost.DEFAULT_PROFILE
+    partial = {"version": 1, "links": {"same_host": {"alpha": 1e-3, "beta": 1e-9}}}
+    loaded = cost.Profile.from_json(partial)
+    assert loaded.links["same_host"] == cost.Link(1e-3, 1e-9)
+    assert loaded.gamma == cost.DEFAULT_PROFILE.gamma  # the rest comes from the default
+
+
+# ---------------------------------------------------------------------------------------------
+# Bytes == jaxcomm.metrics() of real calls
+
+
+@pytest.mark.parametrize("devices,n", [(4, 10_001), (6, 50_001)])
+def test_predicted_bytes_equal_measured_metrics(devices, n):
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run(
+        [sys.executable, str(HERE / "cost_worker.py"), str(devices), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+        cwd=HERE.parent.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    # The worker's inputs: identical on every rank, alternating signs, |x| > tau everywhere.
+    options = cost.Options(density=0.01, threshold_fraction=1.0, selection_overlap=1.0)
+    assert set(measured) >= {"ring", "gtopk", "topk_allgather", "onebit", "adaptive", "hier_ring"}
+    for algorithm, per_rank in measured.items():
+        hier = algorithm.startswith("hier_")
+        world = cost.World(2, devices // 2) if hier else cost.World(1, devices)
+        assert len(per_rank) == devices
+        for rank, sent in per_rank.items():
+            predicted = cost.bytes_sent(algorithm, n, world, options, int(rank))
+            assert predicted == sent, (algorithm, rank)
+
+
+# ---------------------------------------------------------------------------------------------
+# auto
+
+
+def test_choose_never_leaves_allowed():
+    names = cost.AUTO_CHOICES
+    for r in range(1, 4):
+        for allowed in itertools.combinations(names, r):
+            for world in (cost.World(2), cost.World(4, 2, "across_hosts"), cost.World(1, 8)):
+                for n in (1, 10_000, 25_000_000):
+                    assert cost.choose(n, world, allowed) in allowed
+                    if "dense" in allowed or any(a in allowed for a in cost.QUANTIZER_KINDS):
+                        assert cost.choose(n, world, allowed, hierarchical=True) in allowed
+    with pytest.raises(ValueError, match="Auto.allowed"):
+        cost.Auto(allowed=("dense", "bf16"))
+    with pytest.raises(ValueError, match="hierarchical"):
+        cost.choose(10, cost.World(2, 2), ("gtopk",), hierarchical=True)
+
+
+def test_resolve_auto_builds_the_chosen_compressor(tmp_path):
+    auto = cost.Auto(allowed=("gtopk",), options=cost.Options(density=0.01))
+    assert cost.resolve_auto(auto, 1000, 4, 2, 2) == jaxcomm.GTopK(0.01)
+    assert cost.resolve_auto(cost.Auto(allowed=("dense",)), 10**7, 4, 4, 1) is None
+    # A profile file is read once, at construction.
+    path = tmp_path / "p.json"
+    cost.DEFAULT_PROFILE.save(path)
+    assert cost.Auto(profile=str(path)).resolved_profile() == cost.DEFAULT_PROFILE
+    assert cost.auto_decisions()[-1]["choice"] == "dense"
+
+
+def test_auto_chooses_identically_on_every_rank(tmp_path):
+    # 2 processes x 2 devices train the digits MLP with algorithm: auto; each rank logs its
+    # choice per bucket. Only gtopk and onebit are allowed (dense would win so small a model).
+    recipe = write_recipe(
+        tmp_path / "auto.yaml",
+        job="digits",
+        world={"processes": 2, "devices_per_process": 2},
+        jaxcomm={"algorithm": "auto", "allowed": ["gtopk", "onebit"], "density": 0.05},
+        train={"steps": 3, "eval_every": 10},
+        args={"warmup": False},
+    )
+    done = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    choices = []
+    for log in sorted((tmp_path / "run").rglob("rank*.log")):
+        lines = [ln for ln in log.read_text().splitlines() if "digits auto: bucket" in ln]
+        assert lines, log
+        choices.append([ln.split("digits auto:", 1)[1] for ln in lines])
+    assert len(choices) == 2 and choices[0] == choices[1]
+    assert all("-> gtopk" in c or "-> onebit" in c for c in choices[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# plan and probe
+
+
+def _plan(*args: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    return run_cli("plan", *args, cwd=cwd)
+
+
+def test_plan_json_schema(tmp_path):
+    done = _plan(str(ROOT / "recipes" / "emulated-1gbit.yaml"), "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert set(out) == {"pick", "predictions"}
+    keys = {
+        "algorithm",
+        "elements",
+        "processes",
+        "devices_per_process",
+        "bytes_sent_per_rank",
+        "seconds",
+    }
+    sizes = [16384, 262144, 4194304]  # the recipe's args.sizes
+    assert all(set(p) == keys for p in out["predictions"])
+    assert {p["algorithm"] for p in out["predictions"]} == set(cost.ALGORITHMS)
+    assert sorted({p["elements"] for p in out["predictions"]}) == sizes
+    assert all(p["processes"] == 4 and p["devices_per_process"] == 1 for p in out["predictions"])
+    assert out["pick"]["algorithm"] in cost.ALGORITHMS
+    assert out["pick"]["elements"] == sum(sizes)
+    # The pick is the fastest over the whole step.
+    totals = {
+        a: sum(p["seconds"] for p in out["predictions"] if p["algorithm"] == a)
+        for a in cost.ALGORITHMS
+    }
+    assert out["pick"]["seconds"] == pytest.approx(min(totals.values()))
+    # The same model, called directly, gives the same numbers.
+    row = next(
+        p for p in out["predictions"] if p["algorithm"] == "gtopk" and p["elements"] == 16384
+    )
+    direct = cost.predict("gtopk", 16384, cost.World(4, 1, "across_hosts"))
+    assert row["bytes_sent_per_rank"] == direct.bytes_sent_per_rank
+
+
+def test_plan_table_allowed_profile_and_dry_run(tmp_path):
+    profile = tmp_path / "p.json"
+    cost.DEFAULT_PROFILE.save(profile)
+    recipe = str(ROOT / "recipes" / "digits-dense.yaml")
+    done = _plan(recipe, "--profile", str(profile), "--allowed", "ring,gtopk", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "4810" in done.stdout  # the MLP's parameter count
+    pick = [ln for ln in done.stdout.splitlines() if ln.startswith("pick:")]
+    assert pick and pick[0].split()[1] in ("ring", "gtopk")
+    bad = _plan(recipe, "--allowed", "ring,bf16", cwd=tmp_path)
+    assert bad.returncode == 2 and "bf16" in bad.stderr
+    bad_profile = tmp_path / "bad.json"
+    bad_profile.write_text("not json")
+    assert _plan(recipe, "--profile", str(bad_profile), cwd=tmp_path).returncode == 2
+    custom = write_recipe(tmp_path / "custom.yaml", job="mymod:run")
+    unknown = _plan(str(custom), cwd=tmp_path)
+    assert unknown.returncode == 2 and "--elements" in unknown.stderr
+    assert _plan(str(custom), "--elements", "1000", cwd=tmp_path).returncode == 0
+    # Overlap on with a long backward pass hides all communication: only kernels remain.
+    hidden = _plan(
+        str(custom), "--elements", "1000000", "--overlap-ms", "1e6", "--json", cwd=tmp_path
+    )
+    rows = json.loads(hidden.stdout)["predictions"]
+    ring = next(r for r in rows if r["algorithm"] == "ring")
+    world = cost.World(2)
+    assert ring["seconds"] == pytest.approx(cost.predict("ring", 1_000_000, world).compute_seconds)
+    dry = run_cli("launch", recipe, "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "# pick:" in dry.stdout and "# plan for digits-dense" in dry.stdout
+
+
+@pytest.mark.parametrize("model,hidden", [("mlp", 64), ("mlp", 7), ("cnn", 32)])
+def test_plan_counts_digits_parameters_like_flax(model, hidden):
+    import jax
+    import numpy as np
+    from jaxcomm_launcher.cli import _digits_parameters
+
+    from jaxcomm.examples import digits
+
+    net = digits.MLP(hidden) if model == "mlp" else digits.CNN(hidden)
+    params = jax.eval_shape(net.init, jax.random.key(0), jax.numpy.zeros((1, 64)))
+    count = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
+    assert _digits_parameters(model, hidden) == count
+
+
+def test_probe_on_a_local_world_writes_a_valid_profile(tmp_path):
+    recipe = write_recipe(tmp_path / "w.yaml", world={"processes": 2, "devices_per_process": 2})
+    out = tmp_path / "profile.json"
+    done = run_cli(
+        "probe",
+        str(recipe),
+        "--out",
+        str(out),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--sizes",
+        "1024",
+        "--sizes",
+        "262144",
+        "--kernel-elements",
+        "65536",
+        "--repeats",
+        "1",
+        "-q",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    profile = cost.Profile.load(out)
+    data = json.loads(out.read_text())
+    assert data["world"] == {"processes": 2, "devices_per_process": 2, "backend": "local"}
+    assert profile.inter_process == "same_host"
+    measured = set(profile.measured)
+    assert {"links.same_host", "links.same_process", "psum", "call"} <= measured
+    assert {f"gamma.{k}" for k in cost.KERNELS} <= measured
+    assert "links.across_hosts" not in measured  # a local world cannot measure it
+    assert profile.links["same_host"].beta > 0 and profile.gamma["topk"] > 0
+    # plan reads it.
+    planned = _plan(str(recipe), "--profile", str(out), "--elements", "100000", cwd=tmp_path)
+    assert planned.returncode == 0 and "pick:" in planned.stdout
