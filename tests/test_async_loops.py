@@ -81,8 +81,13 @@ def test_killed_peer_while_steps_are_queued(tmp_path):
 
 
 @pytest.mark.timeout(200)
-def test_first_bucket_is_on_the_wire_before_backward_ends(tmp_path):
-    """Overlap is real: the last layer's bucket starts before the first layer's gradient exists."""
+def test_first_bucket_starts_before_backward_ends(tmp_path):
+    """The last layer's bucket starts before backward produced the first layer's gradient.
+
+    This shows the collectives are issued in backward order and that the handler does not wait
+    for the whole backward; it does not show compute and communication running at the same
+    time (they do not yet: README, 'Overlap with the backward pass').
+    """
     result = run(1, 2, tmp_path, "overlap", 150, JAXCOMM_TIMEOUT_S="60")
     assert result.returncodes == [0], outputs(result)
     steps = json.loads((tmp_path / "overlap0.json").read_text())
