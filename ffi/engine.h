@@ -4,7 +4,9 @@
 // what the algorithm needs out of the call frame, queues the algorithm on the engine thread of
 // its device and returns an ffi::Future that the engine completes. XLA's thread goes back to
 // the pool at once, so a collective that waits for its peers never holds one of XLA's threads,
-// and XLA runs the rest of the program (e.g. the backward pass of earlier layers) meanwhile.
+// and XLA may run work that neither depends on the result nor reuses the call's buffers (inside
+// a training step, XLA's buffer reuse still makes backward wait: docs/DESIGN.md §2). The
+// future is completed on the engine thread, where XLA then resumes the call's dependents.
 //
 // One engine thread per device, first-in first-out:
 //   - program order holds: a device's collectives start in the order its handlers were called

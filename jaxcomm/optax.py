@@ -12,10 +12,11 @@ Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``)
   16-bit wire) of at most ``bucket_size`` elements (a larger leaf is a bucket of its own),
   walking the leaves in *reverse* tree order: backward computes the last layer's gradient first,
   and a model's tree lists layers first to last (PyTorch DDP buckets in reverse parameter order
-  for the same reason). Each bucket's collective depends only on its own leaves, and the
-  collectives run on jaxcomm's engine without holding an XLA thread, so XLA runs the backward
-  pass of earlier layers while later layers' buckets are on the wire (overlap; measured in
-  ``benchmarks/overlap.py``). A small model is a single bucket, so gTop-k selects the k
+  for the same reason). Each bucket's collective depends only on its own leaves and starts
+  before backward has finished, but backward does not yet run *while* it is on the wire: XLA
+  reuses the collective's buffers for the ops after it, which then wait for it (measured in
+  ``benchmarks/overlap.py``; README, "Overlap with the backward pass"). A small model is a
+  single bucket, so gTop-k selects the k
   largest entries of the whole model, as in the paper.
 - **Residuals per leaf.** The error-feedback residuals are stored with the gradient's tree
   structure and shapes (float32), and concatenated into bucket order around each call. The
