@@ -118,7 +118,10 @@ def test_bad_parameters_and_inputs():
         jaxcomm.Threshold(float("nan"))
     x = jnp.ones(10, jnp.float32)
     with pytest.raises(TypeError, match="float32"):
-        jaxcomm.ops.compress(x.astype(jnp.bfloat16), x, jaxcomm.Threshold(0.1))
+        jaxcomm.ops.compress(x.astype(jnp.int32), x, jaxcomm.Threshold(0.1))
+    # bf16 gradients are accepted (issue 11): the residual stays float32.
+    _, bf16_residual = jaxcomm.ops.compress(x.astype(jnp.bfloat16), x, jaxcomm.Threshold(0.1))
+    assert bf16_residual.dtype == jnp.float32
     with pytest.raises(TypeError, match="float32"):
         threshold.compress(x, x.astype(jnp.int32), jaxcomm.Threshold(0.1))
     with pytest.raises(ValueError, match="shape"):
