@@ -28,6 +28,7 @@ import tempfile
 import time
 
 import yaml
+from _bench import recipe_backend
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -35,17 +36,7 @@ ALGORITHMS = ALL_ALGORITHMS
 
 
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
-    backend: dict | str
-    if args.backend == "emulated":
-        backend = {
-            "kind": "emulated",
-            "bandwidth": args.bandwidth,
-            "burst": "128kb",
-            "ipc_isolation": True,
-            "ucx_tls": "tcp",
-        }
-    else:
-        backend = "local"
+    backend = recipe_backend(args)
     recipe = {
         "name": f"allreduce-bench-{args.backend}",
         "description": "benchmarks/allreduce.py",

@@ -36,6 +36,7 @@ import tempfile
 import time
 
 import yaml
+from _bench import recipe_backend
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import cost
@@ -47,15 +48,7 @@ HIER = ["hier_ring", "hier_ring_leader", "hier_adaptive"]
 def _recipe(
     args: argparse.Namespace, processes: int, devices: int, algorithms: list, profile: pathlib.Path
 ) -> dict:
-    backend: dict | str = "local"
-    if args.backend == "emulated":
-        backend = {
-            "kind": "emulated",
-            "bandwidth": args.bandwidth,
-            "burst": "128kb",
-            "ipc_isolation": True,
-            "ucx_tls": "tcp",
-        }
+    backend = recipe_backend(args)
     return {
         "name": f"cost-model-{args.backend}-{processes}x{devices}",
         "description": "benchmarks/cost_model.py",

@@ -43,23 +43,14 @@ import tempfile
 import time
 
 import yaml
+from _bench import recipe_backend
 from jaxcomm_launcher.jobs.overlap import COMPRESSORS, DEFAULT_BUCKET_SIZES
 
 TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reached 84 %)
 
 
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
-    backend: dict | str
-    if args.backend == "emulated":
-        backend = {
-            "kind": "emulated",
-            "bandwidth": args.bandwidth,
-            "burst": "128kb",
-            "ipc_isolation": True,
-            "ucx_tls": "tcp",
-        }
-    else:
-        backend = "local"
+    backend = recipe_backend(args)
     recipe = {
         "name": f"overlap-bench-{args.backend}",
         "description": "benchmarks/overlap.py",

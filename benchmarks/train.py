@@ -32,6 +32,7 @@ import sys
 import time
 
 import yaml
+from _bench import recipe_backend
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # label -> sweep entry of the recipes (the launcher's display label of each entry)
@@ -67,13 +68,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> dict:
     ]
     recipe["world"] = {"processes": args.processes, "devices_per_process": 1}
     if args.backend == "emulated":
-        recipe["backend"] = {
-            "kind": "emulated",
-            "bandwidth": args.bandwidth,
-            "burst": "128kb",
-            "ipc_isolation": True,
-            "ucx_tls": "tcp",
-        }
+        recipe["backend"] = recipe_backend(args)
     recipe.setdefault("args", {})
     if args.steps is not None:
         recipe["train"]["steps"] = args.steps
