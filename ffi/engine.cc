@@ -115,9 +115,4 @@ std::string EngineStopMessage() {
   return State().stop_message;
 }
 
-void RestartEngine() {
-  std::lock_guard<std::mutex> lock(State().mu);
-  State().stop_message.clear();
-}
-
 }  // namespace jaxcomm::collectives

@@ -17,8 +17,9 @@
 //   - the deadline of a collective starts when the engine starts it, not when it was queued.
 //
 // Failure: the first transport failure (a deadline, a dead peer) stops the engine of the whole
-// process. Every collective that was queued behind it, or is called later, fails at once with
-// the same short message instead of waiting for its own deadline (fail fast, not a chain).
+// process for good (the links it touched are broken: ffi/transport/ucx_world.h; restart the
+// process, as after any lost peer). Every collective that was queued behind it, or is called
+// later, fails at once with the same short message instead of waiting for its own deadline.
 #pragma once
 
 #include <cstdint>
@@ -51,9 +52,6 @@ std::string StopEngine(const std::string& message);
 
 // The message that stopped the engine, or "" while it runs.
 std::string EngineStopMessage();
-
-// Clears a stop (tests, and jaxcomm.reset after the user rebuilt the world).
-void RestartEngine();
 
 // ---- Keeping a call's arguments alive past the handler ------------------------------------
 // XLA's call frame (buffer descriptors, attribute storage) is only valid while the handler
