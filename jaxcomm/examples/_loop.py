@@ -320,3 +320,39 @@ def communication_summary(
         "dense_bytes_per_step": dense,
         "comm_seconds_per_step": comm,
     }
+
+
+def command_line(description: str, config: type, train: Callable[..., dict[str, Any]]) -> None:
+    """The examples' command line: ``--devices N`` and one option per field of ``config``.
+
+    Sets ``jax_num_cpu_devices`` (before JAX starts), runs ``train(**options)`` and prints the
+    result without its history, as JSON.
+
+    Args:
+      description: the ``--help`` text.
+      config: the example's config dataclass (e.g. ``DigitsConfig``); ``--hidden-size 64``
+        sets ``hidden_size``; booleans take 0/1.
+      train: the example's ``train`` function.
+
+    Returns:
+      None.
+
+    Example:
+      >>> command_line(__doc__.splitlines()[0], DigitsConfig, train)  # doctest: +SKIP
+    """
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--devices", type=int, default=4, help="CPU devices in this process")
+    for f in dataclasses.fields(config):
+        kind = {"int": int, "float": float, "str": str, "bool": int}.get(str(f.type), None)
+        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind or int, default=None)
+    args = vars(parser.parse_args())
+    jax.config.update("jax_num_cpu_devices", args.pop("devices"))
+    overrides = {k: v for k, v in args.items() if v is not None}
+    if "warmup" in overrides:
+        overrides["warmup"] = bool(overrides["warmup"])
+    result = train(**overrides)
+    result.pop("history")
+    print(json.dumps(result, indent=2))

@@ -383,21 +383,7 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
 
 def main() -> None:
     """Command line: ``python -m jaxcomm.examples.digits --devices 4 --algorithm gtopk``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--devices", type=int, default=4, help="CPU devices in this process")
-    for f in dataclasses.fields(DigitsConfig):
-        kind = {"int": int, "float": float, "str": str, "bool": int}.get(str(f.type), None)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind or int, default=None)
-    args = vars(parser.parse_args())
-    jax.config.update("jax_num_cpu_devices", args.pop("devices"))
-    overrides = {k: v for k, v in args.items() if v is not None}
-    if "warmup" in overrides:
-        overrides["warmup"] = bool(overrides["warmup"])
-    result = train(**overrides)
-    result.pop("history")
-    print(json.dumps(result, indent=2))
+    _loop.command_line(__doc__.splitlines()[0], DigitsConfig, train)
 
 
 if __name__ == "__main__":

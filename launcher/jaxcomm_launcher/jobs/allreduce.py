@@ -32,6 +32,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import cost
 from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs._common import (
     AXIS,
@@ -41,18 +42,8 @@ from jaxcomm_launcher.jobs._common import (
 )
 
 DEFAULT_SIZES = [1 << 20, 1 << 22, 25_000_000]
-ALL_ALGORITHMS = [
-    "psum",
-    "ring",
-    "topk_allgather",
-    "gtopk",
-    "adaptive",
-    "onebit",
-    "threshold",
-    "hier_ring",
-    "hier_ring_leader",
-    "hier_adaptive",
-]
+# The algorithm names, declared once in the cost model (which predicts each of them).
+ALL_ALGORITHMS = list(cost.ALGORITHMS)
 HIERARCHICAL = ("node", "local")
 # Accepted in args.algorithms but not run by default: the cost model's choice per size.
 AUTO = "auto"
