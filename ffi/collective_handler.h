@@ -2,6 +2,8 @@
 #pragma once
 
 #include <memory>
+#include <tuple>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@ struct CollectiveAttrs {
   ffi::Span<const int64_t> world_devices;    // device ids in world-rank order
   ffi::Span<const int64_t> mesh_axis_sizes;  // sizes of the manual mesh axes
   ffi::Span<const int64_t> reduce_axes;      // 1 for each reduced axis
+  bool split;  // start only: jaxcomm_collective_done waits (CPU; ffi/engine.h, Tickets)
 };
 
 }  // namespace jaxcomm::collectives
@@ -27,7 +30,8 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     jaxcomm::collectives::CollectiveAttrs, ::xla::ffi::StructMember<int64_t>("world"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("world_devices"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("mesh_axis_sizes"),
-    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("reduce_axes"));
+    ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("reduce_axes"),
+    ::xla::ffi::StructMember<bool>("split"));
 
 namespace jaxcomm::collectives {
 
@@ -38,12 +42,66 @@ struct Kept<CollectiveAttrs> {
       : world(attrs.world),
         world_devices(attrs.world_devices),
         mesh_axis_sizes(attrs.mesh_axis_sizes),
-        reduce_axes(attrs.reduce_axes) {}
+        reduce_axes(attrs.reduce_axes),
+        split(attrs.split) {}
   CollectiveAttrs view() const {
-    return {world, world_devices.view(), mesh_axis_sizes.view(), reduce_axes.view()};
+    return {world, world_devices.view(), mesh_axis_sizes.view(), reduce_axes.view(), split};
   }
   int64_t world;
   Kept<ffi::Span<const int64_t>> world_devices, mesh_axis_sizes, reduce_axes;
+  bool split;
+};
+
+// Turns a blocking collective implementation
+//   ffi::Error Impl(const kernels::TaskRunner&, int32_t device_id, coordinates, token,
+//                   const CollectiveAttrs&, Data...)   (Data ends with the token result)
+// into the asynchronous CPU handler
+//   ffi::Future Handler(ffi::ThreadPool, int32_t device_id, coordinates, token,
+//                       const CollectiveAttrs&, Data...)
+// that runs Impl on the device's engine thread. Impl is written as a plain blocking algorithm;
+// only the engine ever runs it. The handler writes the token result itself: the next call's
+// ordering needs it at once, and a split call's token is its ticket.
+template <auto Impl, typename Signature = decltype(Impl)>
+struct AsyncCollective;
+
+template <auto Impl, typename... Data>
+struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, int32_t,
+                                            ffi::Buffer<ffi::S32, 1>, ffi::Buffer<ffi::S32, 0>,
+                                            const CollectiveAttrs&, Data...)> {
+  static ffi::Future Handler(ffi::ThreadPool /*pool*/, int32_t device_id,
+                             ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
+                             const CollectiveAttrs& attrs, Data... data) {
+    auto& token_out = std::get<sizeof...(Data) - 1>(std::forward_as_tuple(data...));
+    static_assert(std::is_same_v<std::decay_t<decltype(token_out)>,
+                                 ffi::Result<ffi::Buffer<ffi::S32, 0>>>,
+                  "a collective's last result is its token");
+    auto kept = std::make_shared<std::tuple<Kept<ffi::Buffer<ffi::S32, 1>>,
+                                            Kept<ffi::Buffer<ffi::S32, 0>>, Kept<CollectiveAttrs>,
+                                            Kept<std::decay_t<Data>>...>>(coordinates, token,
+                                                                          attrs, data...);
+    std::shared_ptr<Completion> completion =
+        SubmitToEngine(device_id, [device_id, kept](const kernels::TaskRunner& run) {
+          return std::apply([&](const auto&... k) { return Impl(run, device_id, k.view()...); },
+                            *kept);
+        });
+    if (!attrs.split) {
+      token_out->typed_data()[0] = token.typed_data()[0] + 1;
+      return completion->Wait();
+    }
+    std::vector<const void*> written;
+    std::apply(
+        [&](const auto&... k) {
+          auto add = [&](const auto& one) {
+            if constexpr (WrittenByEngine<std::decay_t<decltype(one)>>::value) {
+              written.push_back(one.written());
+            }
+          };
+          (add(k), ...);
+        },
+        *kept);
+    token_out->typed_data()[0] = IssueTicket(std::move(completion), std::move(written));
+    return CompletedFuture(ffi::Error::Success());
+  }
 };
 
 // Binds, in order: Ctx<ThreadPool>, Ctx<DeviceOrdinal>, Arg coordinates (S32[axes]), Arg token

@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -11,8 +12,52 @@ namespace {
 
 struct Task {
   EngineBody body;
-  ffi::Promise promise;
+  std::shared_ptr<Completion> completion;
 };
+
+// Completes futures off the engine threads. XLA resumes a call's dependents on the thread that
+// completes its future; on an engine thread they would delay that device's next collective.
+// Never destroyed, like the engines (see DeviceEngine).
+class Completer {
+ public:
+  Completer() : thread_([this] { Loop(); }) { thread_.detach(); }
+
+  void Push(std::vector<ffi::Promise> promises, const ffi::Error& error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& promise : promises) queue_.emplace_back(std::move(promise), error);
+    }
+    ready_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::pair<ffi::Promise, ffi::Error> item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        ready_.wait(lock, [this] { return !queue_.empty(); });
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (item.second.success()) {
+        item.first.SetAvailable();
+      } else {
+        item.first.SetError(std::move(item.second));
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<std::pair<ffi::Promise, ffi::Error>> queue_;
+  std::thread thread_;
+};
+
+Completer& TheCompleter() {
+  static Completer* completer = new Completer();  // leaked on purpose, see DeviceEngine
+  return *completer;
+}
 
 // One device's queue and the thread that drains it. Never destroyed: the thread may be inside
 // a collective when the process exits, and tearing it down from a static destructor would race
@@ -38,11 +83,19 @@ class DeviceEngine {
   std::thread thread_;
 };
 
-// Process-wide engine state: the device engines and the stop message.
+// The collective of a split call, between its start and its done.
+struct Ticket {
+  std::shared_ptr<Completion> completion;
+  std::vector<const void*> results;
+};
+
+// Process-wide engine state: the device engines, the stop message and the open tickets.
 struct EngineState {
   std::mutex mu;
   std::map<int64_t, DeviceEngine*> devices;
   std::string stop_message;
+  std::map<int32_t, Ticket> tickets;
+  int32_t next_ticket = 0;
 };
 
 EngineState& State() {
@@ -72,36 +125,90 @@ void DeviceEngine::Loop() {
     // A stopped engine fails what was queued behind the failure with the same message.
     const std::string stopped = EngineStopMessage();
     if (!stopped.empty()) {
-      task.promise.SetError(ffi::Error::Internal(stopped));
+      task.completion->Finish(ffi::Error::Internal(stopped));
       continue;
     }
-    ffi::Error error = task.body(RunnerForThisProcess());
-    if (error.success()) {
-      task.promise.SetAvailable();
-    } else {
-      task.promise.SetError(std::move(error));
-    }
+    task.completion->Finish(task.body(RunnerForThisProcess()));
   }
 }
 
 }  // namespace
 
-ffi::Future SubmitToEngine(int64_t device_id, EngineBody body) {
-  Task task{std::move(body), ffi::Promise()};
-  ffi::Future future(task.promise);
+ffi::Future CompletedFuture(const ffi::Error& error) {
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  if (error.success()) {
+    promise.SetAvailable();
+  } else {
+    promise.SetError(error);
+  }
+  return future;
+}
+
+ffi::Future Completion::Wait() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_) return CompletedFuture(error_);
+  ffi::Promise promise;
+  ffi::Future future(promise);
+  waiters_.push_back(std::move(promise));
+  return future;
+}
+
+void Completion::Finish(ffi::Error error) {
+  std::vector<ffi::Promise> waiters;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+    error_ = error;
+    waiters.swap(waiters_);
+  }
+  if (!waiters.empty()) TheCompleter().Push(std::move(waiters), error);
+}
+
+std::shared_ptr<Completion> SubmitToEngine(int64_t device_id, EngineBody body) {
+  auto completion = std::make_shared<Completion>();
   DeviceEngine* engine;
   {
     std::lock_guard<std::mutex> lock(State().mu);
     if (!State().stop_message.empty()) {
-      task.promise.SetError(ffi::Error::Internal(State().stop_message));
-      return future;
+      completion->Finish(ffi::Error::Internal(State().stop_message));
+      return completion;
     }
     DeviceEngine*& slot = State().devices[device_id];
     if (slot == nullptr) slot = new DeviceEngine();  // never destroyed, see DeviceEngine
     engine = slot;
   }
-  engine->Push(std::move(task));
-  return future;
+  engine->Push(Task{std::move(body), completion});
+  return completion;
+}
+
+int32_t IssueTicket(std::shared_ptr<Completion> completion, std::vector<const void*> results) {
+  std::lock_guard<std::mutex> lock(State().mu);
+  // Tickets wrap around after 2^31 calls; a ticket is redeemed within its step, long before.
+  int32_t ticket = State().next_ticket;
+  State().next_ticket = ticket == std::numeric_limits<int32_t>::max() ? 0 : ticket + 1;
+  State().tickets[ticket] = Ticket{std::move(completion), std::move(results)};
+  return ticket;
+}
+
+ffi::Error RedeemTicket(int32_t ticket, const std::vector<const void*>& results,
+                        std::shared_ptr<Completion>* completion) {
+  std::lock_guard<std::mutex> lock(State().mu);
+  auto it = State().tickets.find(ticket);
+  if (it == State().tickets.end()) {
+    return ffi::Error::Internal("jaxcomm_collective_done: ticket " + std::to_string(ticket) +
+                                " belongs to no started collective (each done must follow its "
+                                "own start, once)");
+  }
+  if (it->second.results != results) {
+    return ffi::Error::Internal(
+        "jaxcomm_collective_done: XLA handed done other buffers than the ones its collective "
+        "writes (it copied a result between start and done); please report this with the "
+        "program's HLO");
+  }
+  *completion = std::move(it->second.completion);
+  State().tickets.erase(it);
+  return ffi::Error::Success();
 }
 
 std::string StopEngine(const std::string& message) {

@@ -3,10 +3,13 @@
 // A collective handler does not run its algorithm on the XLA thread that called it. It copies
 // what the algorithm needs out of the call frame, queues the algorithm on the engine thread of
 // its device and returns an ffi::Future that the engine completes. XLA's thread goes back to
-// the pool at once, so a collective that waits for its peers never holds one of XLA's threads,
-// and XLA may run work that neither depends on the result nor reuses the call's buffers (inside
-// a training step, XLA's buffer reuse still makes backward wait: docs/DESIGN.md §2). The
-// future is completed on the engine thread, where XLA then resumes the call's dependents.
+// the pool at once, so a collective that waits for its peers never holds one of XLA's threads.
+//
+// That alone does not let backward run beside the collective: XLA:CPU reuses a call's operand
+// and result buffers for the ops after it and makes those ops wait for the call's future
+// (docs/DESIGN.md, "Overlap"). A *split* call therefore returns a ready future at once and
+// hands out a ticket; a separate jaxcomm_collective_done call, scheduled after the gradients
+// it must not delay, keeps the buffers alive and waits for the ticket (Tickets, below).
 //
 // One engine thread per device, first-in first-out:
 //   - program order holds: a device's collectives start in the order its handlers were called
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -43,8 +47,31 @@ namespace ffi = xla::ffi;
 // cores busy; on threads when the process drives a single device).
 using EngineBody = std::function<ffi::Error(const kernels::TaskRunner& run)>;
 
-// Queues `body` on the engine thread of `device_id` and returns the future it completes.
-ffi::Future SubmitToEngine(int64_t device_id, EngineBody body);
+// The end of one queued collective, shared by the engine (which finishes it) and the XLA calls
+// that wait for it: the collective's own handler, or, for a split call, its
+// jaxcomm_collective_done (see Tickets below).
+class Completion {
+ public:
+  // A future that becomes ready with the collective's status once the engine has finished it
+  // (at once if it already has). XLA resumes the waiting call's dependents on jaxcomm's
+  // completion thread, never on an engine thread, so they do not delay the next collective.
+  ffi::Future Wait();
+
+  // Records the status and completes every waiting future. Called once, by the engine.
+  void Finish(ffi::Error error);
+
+ private:
+  std::mutex mu_;
+  bool finished_ = false;
+  ffi::Error error_;
+  std::vector<ffi::Promise> waiters_;
+};
+
+// A future that is already complete with `error` (success: available).
+ffi::Future CompletedFuture(const ffi::Error& error);
+
+// Queues `body` on the engine thread of `device_id`; the returned completion tells its end.
+std::shared_ptr<Completion> SubmitToEngine(int64_t device_id, EngineBody body);
 
 // Records a transport failure: every later collective of this process fails with `message`.
 // The first failure wins; later ones are ignored. Returns the message that now stops the engine.
@@ -53,10 +80,30 @@ std::string StopEngine(const std::string& message);
 // The message that stopped the engine, or "" while it runs.
 std::string EngineStopMessage();
 
+// ---- Tickets: collectives split into start and done -----------------------------------------
+// A split call's handler queues the collective and returns at once; XLA then takes its
+// results as written. It hands out a ticket (in its token result), and the
+// jaxcomm_collective_done call that consumes the ticket, and takes the start's data operands
+// and results as operands, waits for the engine. Between the two, XLA runs whatever does not
+// depend on the sum (the rest of backward), while the data buffers stay alive because done
+// still reads them: docs/DESIGN.md, "Overlap".
+
+// Registers a split collective: its completion, and the buffers its engine body writes (done
+// must be handed exactly these, in this order). Returns the ticket.
+int32_t IssueTicket(std::shared_ptr<Completion> completion, std::vector<const void*> results);
+
+// Takes back the collective of `ticket` (each ticket is redeemed once). `results` are the
+// buffers done received to return; they must be the ones the start registered: XLA copying a
+// result between start and done would hand back a buffer the engine never wrote.
+ffi::Error RedeemTicket(int32_t ticket, const std::vector<const void*>& results,
+                        std::shared_ptr<Completion>* completion);
+
 // ---- Keeping a call's arguments alive past the handler ------------------------------------
 // XLA's call frame (buffer descriptors, attribute storage) is only valid while the handler
 // runs. Kept<T> copies an argument into storage the queued body owns and gives the same typed
-// view back (the data behind a buffer stays valid until the returned future completes).
+// view back. The data behind a buffer stays valid until the collective's future completes, or,
+// for a split call, until its done has waited for it; except for the small integer operands
+// (below), which a split call's done does not keep.
 template <typename T>
 struct Kept {
   explicit Kept(T value) : value(std::move(value)) {}
@@ -71,52 +118,76 @@ struct Kept<ffi::Span<const E>> {
   std::vector<E> values;
 };
 
-template <ffi::DataType dtype, size_t rank>
-struct Kept<ffi::Buffer<dtype, rank>> {
-  explicit Kept(const ffi::Buffer<dtype, rank>& buffer) {
-    const auto dims = buffer.dimensions();
-    dims_.assign(dims.begin(), dims.end());
+// A buffer descriptor that outlives the call frame (the data pointer is not copied from).
+class KeptDescriptor {
+ public:
+  template <typename Dims>
+  KeptDescriptor(ffi::DataType dtype, void* data, const Dims& dims) : dims_(dims.begin(), dims.end()) {
     descriptor_.struct_size = XLA_FFI_Buffer_STRUCT_SIZE;
     descriptor_.extension_start = nullptr;
     descriptor_.dtype = static_cast<XLA_FFI_DataType>(dtype);
-    descriptor_.data = buffer.untyped_data();
+    descriptor_.data = data;
     descriptor_.rank = static_cast<int64_t>(dims_.size());
     descriptor_.dims = dims_.data();
   }
   // Copies would leave descriptor_.dims pointing into the source.
-  Kept(const Kept&) = delete;
-  Kept& operator=(const Kept&) = delete;
-  ffi::Buffer<dtype, rank> view() const { return ffi::Buffer<dtype, rank>(&descriptor_); }
+  KeptDescriptor(const KeptDescriptor&) = delete;
+  KeptDescriptor& operator=(const KeptDescriptor&) = delete;
+  XLA_FFI_Buffer* get() const { return &descriptor_; }
 
  private:
   std::vector<int64_t> dims_;
-  XLA_FFI_Buffer descriptor_;
+  mutable XLA_FFI_Buffer descriptor_;
 };
 
+template <ffi::DataType dtype, size_t rank>
+struct Kept<ffi::Buffer<dtype, rank>> {
+  explicit Kept(const ffi::Buffer<dtype, rank>& buffer)
+      : descriptor(dtype, buffer.untyped_data(), buffer.dimensions()) {}
+  ffi::Buffer<dtype, rank> view() const { return ffi::Buffer<dtype, rank>(descriptor.get()); }
+  KeptDescriptor descriptor;
+};
+
+// The small integer operands (mesh coordinates, ordering token) are copied: a split call
+// returns before the engine reads them, and XLA may reuse their buffers from then on.
+template <size_t rank>
+struct Kept<ffi::Buffer<ffi::S32, rank>> {
+  explicit Kept(const ffi::Buffer<ffi::S32, rank>& buffer)
+      : values(buffer.typed_data(), buffer.typed_data() + buffer.element_count()),
+        descriptor(ffi::S32, values.data(), buffer.dimensions()) {}
+  ffi::Buffer<ffi::S32, rank> view() const { return ffi::Buffer<ffi::S32, rank>(descriptor.get()); }
+  std::vector<int32_t> values;
+  KeptDescriptor descriptor;
+};
+
+// A result the engine writes. written() is what a split call registers with its ticket.
 template <ffi::DataType dtype, size_t rank>
 struct Kept<ffi::Result<ffi::Buffer<dtype, rank>>> {
   explicit Kept(ffi::Result<ffi::Buffer<dtype, rank>> result) : buffer(*result) {}
   ffi::Result<ffi::Buffer<dtype, rank>> view() const { return buffer.view(); }
+  const void* written() const { return buffer.descriptor.get()->data; }
   Kept<ffi::Buffer<dtype, rank>> buffer;
 };
 
-// Turns a synchronous collective implementation
-//   ffi::Error Impl(const kernels::TaskRunner&, int32_t device_id, Args...)
-// into the asynchronous XLA handler
-//   ffi::Future Handler(ffi::ThreadPool, int32_t device_id, Args...)
-// that runs Impl on the device's engine thread. Impl is written as a plain blocking algorithm;
-// only the engine ever runs it.
-template <auto Impl, typename Signature = decltype(Impl)>
-struct AsyncCollective;
-
-template <auto Impl, typename... Args>
-struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, int32_t, Args...)> {
-  static ffi::Future Handler(ffi::ThreadPool /*pool*/, int32_t device_id, Args... args) {
-    auto kept = std::make_shared<std::tuple<Kept<std::decay_t<Args>>...>>(args...);
-    return SubmitToEngine(device_id, [device_id, kept](const kernels::TaskRunner& run) {
-      return std::apply([&](const auto&... k) { return Impl(run, device_id, k.view()...); }, *kept);
-    });
+// The token result is written by the handler itself (collective_handler.h): a split call's
+// token is its ticket, read by done before the engine has run. The implementation's own
+// write lands here.
+template <>
+struct Kept<ffi::Result<ffi::Buffer<ffi::S32, 0>>> {
+  explicit Kept(ffi::Result<ffi::Buffer<ffi::S32, 0>> /*token_out*/)
+      : descriptor(ffi::S32, &slot, std::vector<int64_t>{}) {}
+  ffi::Result<ffi::Buffer<ffi::S32, 0>> view() const {
+    return ffi::Buffer<ffi::S32, 0>(descriptor.get());
   }
+  int32_t slot = 0;
+  KeptDescriptor descriptor;
 };
+
+// Whether Kept<T> is a result the engine writes (has written()).
+template <typename K, typename = void>
+struct WrittenByEngine : std::false_type {};
+template <typename K>
+struct WrittenByEngine<K, std::void_t<decltype(std::declval<const K&>().written())>>
+    : std::true_type {};
 
 }  // namespace jaxcomm::collectives

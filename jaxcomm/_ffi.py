@@ -43,6 +43,8 @@ TARGETS: dict[str, tuple[str, bool]] = {
     "jaxcomm_quantized_allreduce": ("JaxcommQuantizedAllreduce", True),
     "jaxcomm_hierarchical_allreduce": ("JaxcommHierarchicalAllreduce", True),
     "jaxcomm_hierarchical_quantized": ("JaxcommHierarchicalQuantized", True),
+    # the second half of a split collective (jaxcomm/collectives/_call.py), CPU only
+    "jaxcomm_collective_done": ("JaxcommCollectiveDone", False),
     # timeline (jaxcomm/timeline.py)
     "jaxcomm_mark": ("JaxcommMark", False),
 }

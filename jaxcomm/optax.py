@@ -12,12 +12,16 @@ Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``)
   16-bit wire) of at most ``bucket_size`` elements (a larger leaf is a bucket of its own),
   walking the leaves in *reverse* tree order: backward computes the last layer's gradient first,
   and a model's tree lists layers first to last (PyTorch DDP buckets in reverse parameter order
-  for the same reason). Each bucket's collective depends only on its own leaves and starts
-  before backward has finished, but backward does not yet run *while* it is on the wire: XLA
-  reuses the collective's buffers for the ops after it, which then wait for it (measured in
-  ``benchmarks/overlap.py``; README, "Overlap with the backward pass"). A small model is a
-  single bucket, so gTop-k selects the k
-  largest entries of the whole model, as in the paper.
+  for the same reason). A small model is a single bucket, so gTop-k selects the k largest
+  entries of the whole model, as in the paper.
+- **Overlap with backward** (``overlap=True``, CPU). Each bucket's collective depends only on
+  its own leaves, so XLA starts it as soon as backward has produced them. Awaiting it where it
+  is issued would still stall backward: XLA:CPU reuses a call's buffers for the ops after it,
+  and those ops wait for the call. So each collective is split (``after`` of
+  :func:`jaxcomm.allreduce`): the start queues it on jaxcomm's engine and returns, and the done
+  that returns the sum takes the last bucket's gradients as an operand, which puts it after
+  backward. The engine runs the buckets, last layer first, while backward computes the earlier
+  layers (measured in ``benchmarks/overlap.py``; README, "Overlap with the backward pass").
 - **Residuals per leaf.** The error-feedback residuals are stored with the gradient's tree
   structure and shapes (float32), and concatenated into bucket order around each call. The
   copy costs O(n) memory traffic, far below the collective itself, and in exchange the state
@@ -152,6 +156,7 @@ def allreduce_gradients(
     mean: bool = True,
     density_schedule: Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
+    overlap: bool = True,
 ) -> optax.GradientTransformation:
     """Averages (or sums) gradients over ``axis_name`` with jaxcomm's collectives.
 
@@ -176,6 +181,10 @@ def allreduce_gradients(
         density is compiled once, as a ``lax.switch`` branch. See
         :func:`gtopk_warmup_schedule`.
       bucket_size: most elements fused into one collective call.
+      overlap: await every bucket but the last only after the last bucket's gradients exist,
+        so that, inside a jitted step that also computes the gradients, each bucket's
+        collective runs while backward computes the earlier layers (CPU; on GPU the
+        collectives are awaited where they are issued). ``False`` awaits each bucket at once.
 
     Returns:
       An ``optax.GradientTransformation`` whose state is an :class:`AllreduceGradientsState`.
@@ -213,17 +222,23 @@ def allreduce_gradients(
         """One collective per bucket over flat float32 leaves; returns (sums, residuals)."""
         sums: list[jax.Array] = list(xs)
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
-        for group in _buckets([x.size for x in xs], bucket_size):
+        groups = _buckets([x.size for x in xs], bucket_size)
+        # Every bucket but the last is awaited only after the last bucket's gradients exist
+        # (the first layers', which backward produces last): its collective runs while
+        # backward computes them (``after``, see jaxcomm.allreduce).
+        anchor = [xs[i] for i in groups[-1]] if overlap and len(groups) > 1 else None
+        for b, group in enumerate(groups):
             x = jnp.concatenate([xs[i] for i in group]) if len(group) > 1 else xs[group[0]]
             if algo is not None:
                 r = jnp.concatenate([rs[i] for i in group]) if len(group) > 1 else rs[group[0]]
+            after = anchor if b + 1 < len(groups) else None
             # "auto" picks per bucket from the cost model (static: the same on every rank);
             # a bucket it sends dense keeps its (zero) residual.
             chosen = cost.auto_compressor(algo, x.size, axis_name, hierarchical)
             if chosen is None:
-                summed = allreduce(x, axis_name, **extra)
+                summed = allreduce(x, axis_name, after=after, **extra)
             else:
-                summed, r = compressed_allreduce(x, r, axis_name, chosen, **extra)
+                summed, r = compressed_allreduce(x, r, axis_name, chosen, after=after, **extra)
             offset = 0
             for i in group:
                 n = xs[i].size

@@ -9,7 +9,10 @@ One process of a (processes x devices) CPU world. Modes:
          helper. Writes <out>/raw<i>.json: whether it finished, and the exception text if not.
   overlap A 4-layer MLP step whose gradient buckets are one layer each: writes
          <out>/overlap<i>.json with, per measured step, each device's first collective start
-         and when the first layer's gradient (computed last by backward) existed.
+         and end, and when the first layer's gradient (computed last by backward) existed.
+         With several processes, every process but 0 calls the step LATE_S seconds late, so
+         process 0's collectives cannot finish before that: if its backward still finishes
+         first, backward ran while they were on the wire.
   killed Like paced, but process 1 kills itself (SIGKILL) after a few steps while steps are
          queued; the others write <out>/killed<i>.json with what they raised and when.
 """
@@ -25,6 +28,7 @@ import time
 from collectives_harness import parse_worker_args
 
 STEPS = int(os.environ.get("JAXCOMM_TEST_STEPS", "300"))
+LATE_S = 1.0
 
 
 def main() -> None:
@@ -193,7 +197,11 @@ def overlap(args, out: pathlib.Path) -> None:
         f"l{i}": rng.standard_normal((width, width)).astype(np.float32) / np.sqrt(width)
         for i in range(layers)
     }
-    params = jax.device_put(params, NamedSharding(mesh, P()))
+    replicated = NamedSharding(mesh, P())
+    params = {
+        k: jax.make_array_from_callback(v.shape, replicated, lambda idx, v=v: v[idx])
+        for k, v in params.items()
+    }
     # One layer per bucket: the buckets go last layer first.
     tx = optax.chain(allreduce_gradients("dp", bucket_size=width * width), optax.sgd(1e-3))
     specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
@@ -220,9 +228,9 @@ def overlap(args, out: pathlib.Path) -> None:
             check_vma=False,
         )
     )
-    x = jax.device_put(
-        rng.standard_normal((mesh.size * 2048, width)).astype(np.float32),
-        NamedSharding(mesh, P("dp")),
+    rows = rng.standard_normal((mesh.size * 2048, width)).astype(np.float32)
+    x = jax.make_array_from_callback(
+        rows.shape, NamedSharding(mesh, P("dp")), lambda idx: rows[idx]
     )
     params, state = jax.block_until_ready(step(params, state, x))  # compile, warm up
     device_of_rank = _world.world("cpu").device_ids
@@ -230,15 +238,22 @@ def overlap(args, out: pathlib.Path) -> None:
     for _ in range(5):
         jaxcomm.reset_metrics()
         jaxcomm.timeline.reset_marks()
+        if args.process_id > 0:
+            time.sleep(LATE_S)
         params, state = jax.block_until_ready(step(params, state, x))
-        first_start = {}
+        first = {}  # device -> the record of its first collective (the last layer's bucket)
         for r in jaxcomm.metrics()["recent"]:
             device = device_of_rank[r["world_rank"]]
-            first_start[device] = min(first_start.get(device, np.inf), r["started"])
+            if device not in first or r["started"] < first[device]["started"]:
+                first[device] = r
         grad_l0 = {m["device_id"]: m["time"] for m in jaxcomm.timeline.marks()}
         steps.append(
             {
-                str(d): {"first_collective_started": first_start[d], "grad_l0": grad_l0[d]}
+                str(d): {
+                    "first_collective_started": first[d]["started"],
+                    "first_collective_finished": first[d]["finished"],
+                    "grad_l0": grad_l0[d],
+                }
                 for d in grad_l0
             }
         )

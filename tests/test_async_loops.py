@@ -85,8 +85,7 @@ def test_first_bucket_starts_before_backward_ends(tmp_path):
     """The last layer's bucket starts before backward produced the first layer's gradient.
 
     This shows the collectives are issued in backward order and that the handler does not wait
-    for the whole backward; it does not show compute and communication running at the same
-    time (they do not yet: README, 'Overlap with the backward pass').
+    for the whole backward (1 process x 2 devices).
     """
     result = run(1, 2, tmp_path, "overlap", 150, JAXCOMM_TIMEOUT_S="60")
     assert result.returncodes == [0], outputs(result)
@@ -95,3 +94,23 @@ def test_first_bucket_starts_before_backward_ends(tmp_path):
         assert len(step) == 2, step
         for device, times in step.items():
             assert times["first_collective_started"] < times["grad_l0"], (device, steps)
+
+
+@pytest.mark.timeout(200)
+def test_backward_runs_while_first_bucket_is_on_the_wire(tmp_path):
+    """Compute and communication run at the same time (2 processes x 1 device).
+
+    Process 1 calls every step a second late (async_loop_worker.LATE_S), so process 0's first
+    bucket cannot finish before process 1 joins it. Process 0's backward must nonetheless
+    produce the first layer's gradient before that bucket finishes: backward ran while the
+    collective was on the wire. Awaiting each bucket where it is issued fails this, because
+    XLA:CPU makes the ops that reuse the collective's buffers wait for it.
+    """
+    result = run(2, 1, tmp_path, "overlap", 150, JAXCOMM_TIMEOUT_S="60")
+    assert result.returncodes == [0, 0], outputs(result)
+    steps = json.loads((tmp_path / "overlap0.json").read_text())
+    for step in steps:
+        ((device, times),) = step.items()
+        assert times["grad_l0"] < times["first_collective_finished"], (device, steps)
+        # The bucket finished because process 1 joined, about LATE_S after it started.
+        assert times["first_collective_finished"] - times["first_collective_started"] > 0.5

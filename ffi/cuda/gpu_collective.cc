@@ -205,6 +205,10 @@ ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& tok
 ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_ordinal,
                           const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
                           GpuSite* out) {
+  if (attrs.split) {
+    // jaxcomm/collectives/_call.py splits CPU calls only: NCCL already runs on a stream.
+    return Fail(name, "a split (start/done) collective is CPU only");
+  }
   const int64_t world = attrs.world;
   const ffi::Span<const int64_t> world_devices = attrs.world_devices;
   Tables& t = tables();

@@ -20,9 +20,17 @@ def collective_call(
     operands: Sequence[jax.Array],
     results: Sequence[tuple[tuple[int, ...], Any]],
     aliases: dict[int, int] | None = None,
+    after: Any = None,
     **attributes: Any,
 ) -> list[jax.Array]:
     """Emits one ordered collective custom call and returns its data results.
+
+    With ``after`` on CPU, the call is split in two (ffi/engine.h, "Tickets"): the collective
+    call itself only queues the work on jaxcomm's engine and returns; a second call,
+    ``jaxcomm_collective_done``, takes the ticket, the results, the data operands (so their
+    buffers stay alive while the engine reads them) and ``after`` (so XLA schedules it after
+    those values exist), and returns the results once the engine has written them. XLA runs
+    whatever computes ``after`` while the collective is on the wire.
 
     Args:
       target: registered FFI target name.
@@ -32,6 +40,8 @@ def collective_call(
       results: (shape, dtype) of each data result.
       aliases: data operand index -> data result index that may reuse its buffer (a donated
         residual is then updated in place instead of allocating a new array).
+      after: a pytree of arrays to compute before the results are awaited (``None``: one
+        call that XLA awaits where it is). Ignored off CPU, where NCCL runs on a stream.
       **attributes: extra FFI attributes.
 
     Returns:
@@ -46,6 +56,7 @@ def collective_call(
             "devices (a manual shard_map over every mesh axis)"
         )
     like = operands[0]
+    split = after is not None and layout.platform == "cpu"
     token = _ordering.token_in()
     out_types = [_ffi.result_like(like, shape, dtype) for shape, dtype in results]
     out_types.append(_ffi.result_like(like, (), jnp.int32))
@@ -62,8 +73,21 @@ def collective_call(
             world=np.int64(world.handle),
             world_devices=np.asarray(world.device_ids, np.int64),
             **layout.attributes(),
+            split=np.bool_(split),
         ),
         **attributes,
     )
     _ordering.token_out(outputs[-1])
-    return list(outputs[:-1])
+    data = list(outputs[:-1])
+    if not split:
+        return data
+    # A donated operand shares its result's buffer, which done already takes.
+    kept = [x for i, x in enumerate(operands) if i not in (aliases or {})]
+    return list(
+        jax.ffi.ffi_call(
+            "jaxcomm_collective_done",
+            [_ffi.result_like(r, r.shape, r.dtype) for r in data],
+            has_side_effect=True,  # never dropped: the engine writes its buffers
+            input_output_aliases={1 + i: i for i in range(len(data))},
+        )(outputs[-1], *data, *kept, *jax.tree.leaves(after))
+    )

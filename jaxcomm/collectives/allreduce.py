@@ -4,6 +4,7 @@ hierarchical variant over a (node, local) mesh (ffi/quantized_allreduce.cc)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ def allreduce(
     axis_name: str | Sequence[str],
     hierarchical: bool = False,
     hierarchical_scheme: str = "multi_leader",
+    after: Any = None,
 ) -> jax.Array:
     """Sums ``x`` over the devices of ``axis_name``, like ``lax.psum``, over jaxcomm's UCX ring.
 
@@ -49,6 +51,12 @@ def allreduce(
       hierarchical_scheme: ``"multi_leader"`` (default: every local rank allreduces 1/L of the
         vector across nodes, after an intra-node reduce-scatter) or ``"leader"`` (local rank 0
         alone talks to the other nodes, then sends the sum to its node).
+      after: arrays (any pytree) to compute while the allreduce is on the wire. The call is
+        then split in two: the first half starts the allreduce on jaxcomm's engine and
+        returns, the second waits for it and is scheduled after ``after`` exists, so XLA runs
+        the computation of ``after`` in between. In a training step, pass the gradient that
+        backward produces last (``jaxcomm.optax.allreduce_gradients`` does this for its
+        buckets). CPU only; ignored on GPU meshes.
 
     Returns:
       The sum over the group, with ``x``'s shape.
@@ -61,16 +69,25 @@ def allreduce(
       >>> mesh = jax.make_mesh((jax.device_count(),), ("dp",))
       >>> f = jax.jit(jax.shard_map(lambda v: jaxcomm.allreduce(v, "dp"), mesh=mesh,
       ...                           in_specs=P("dp"), out_specs=P("dp")))
+
+      Overlapping the last layer's gradient allreduce with the rest of backward (``g_last``
+      and ``g_first`` from one ``jax.grad``):
+
+      >>> g_last = jaxcomm.allreduce(g_last, "dp", after=g_first)
     """
     x = _validate.float_array(x, "x")
     if x.dtype != jnp.float32:
         if x.size == 0:
             return x
         if hierarchical or _mesh.resolve(axis_name, "jaxcomm.allreduce").platform != "cpu":
-            wide = allreduce(x.astype(jnp.float32), axis_name, hierarchical, hierarchical_scheme)
+            wide = allreduce(
+                x.astype(jnp.float32), axis_name, hierarchical, hierarchical_scheme, after
+            )
             return wide.astype(x.dtype)
         target = _HALF_TARGETS[jnp.dtype(x.dtype)]
-        (out,) = collective_call(target, "jaxcomm.allreduce", axis_name, [x], [(x.shape, x.dtype)])
+        (out,) = collective_call(
+            target, "jaxcomm.allreduce", axis_name, [x], [(x.shape, x.dtype)], after=after
+        )
         return out
     if hierarchical:
         attrs = _quantized.hierarchical_attributes(
@@ -84,12 +101,18 @@ def allreduce(
             axis_name,
             [x],
             [(x.shape, jnp.float32)],
+            after=after,
             **attrs,
         )
         return out
     if x.size == 0:
         return x
     (out,) = collective_call(
-        "jaxcomm_allreduce", "jaxcomm.allreduce", axis_name, [x], [(x.shape, jnp.float32)]
+        "jaxcomm_allreduce",
+        "jaxcomm.allreduce",
+        axis_name,
+        [x],
+        [(x.shape, jnp.float32)],
+        after=after,
     )
     return out

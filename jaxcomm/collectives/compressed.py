@@ -4,6 +4,7 @@ quantized allreduce of one-bit, threshold and adaptive quantization (flat or hie
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,7 @@ def compressed_allreduce(
     algorithm: TopKAllgather | GTopK | OneBit | Threshold | Adaptive,
     hierarchical: bool = False,
     hierarchical_scheme: str = "multi_leader",
+    after: Any = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Compressed allreduce of ``x + residual`` with error feedback.
 
@@ -58,6 +60,8 @@ def compressed_allreduce(
       hierarchical: two-level allreduce over (node, local) axes (quantizers only).
       hierarchical_scheme: ``"multi_leader"`` (default) or ``"leader"``; see
         :func:`jaxcomm.allreduce`.
+      after: arrays (any pytree) to compute while the collective is on the wire; see
+        :func:`jaxcomm.allreduce`.
 
     Returns:
       ``(summed, new_residual)``, both with x's shape; ``summed`` in x's dtype,
@@ -87,7 +91,7 @@ def compressed_allreduce(
     dtype = _validate.float_array(x, "x").dtype
     x, residual = _validate.residual_like(x, residual)
     summed, new_residual = _compressed_f32(
-        x, residual, axis_name, algorithm, quantized, hierarchical, hierarchical_scheme
+        x, residual, axis_name, algorithm, quantized, hierarchical, hierarchical_scheme, after
     )
     if dtype == jnp.float32:
         return summed, new_residual
@@ -107,6 +111,7 @@ def _compressed_f32(
     quantized: bool,
     hierarchical: bool,
     hierarchical_scheme: str,
+    after: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """The float32 collective call of :func:`compressed_allreduce` (arguments checked)."""
     api = "jaxcomm.compressed_allreduce"
@@ -126,6 +131,7 @@ def _compressed_f32(
             [(x.shape, jnp.float32), (x.shape, jnp.float32)],
             # The handlers read each residual element before writing it (kernels may alias).
             aliases={1: 1},
+            after=after,
             **attrs,
         )
         return summed, new_residual
@@ -139,6 +145,7 @@ def _compressed_f32(
         [x, residual],
         [(x.shape, jnp.float32), (x.shape, jnp.float32)],
         aliases={1: 1},  # residual -> new_residual, in place when the caller donates it
+        after=after,
         k=np.int64(algorithm.k(n)),
     )
     return summed, new_residual
