@@ -2,7 +2,8 @@
 
 One process of a (processes x devices) CPU world. Modes:
   paced  One jitted step trains six copies of an MLP, one per gradient reducer (dense and every
-         compressor), so each step runs six jaxcomm collectives. The loop runs STEPS steps with
+         compressor), each in two buckets, so each step runs twelve jaxcomm collectives, six of
+         them split into start and done. The loop runs STEPS steps with
          jaxcomm.paced (no per-step synchronization, fresh inputs transferred every step), then
          again waiting for every step; writes both runs' parameters to <out>/process<i>.npz.
   raw    The same step for one reducer (dense), dispatched without any synchronization or
@@ -64,8 +65,10 @@ def main() -> None:
     }
     if args.mode == "raw":
         reducers = {"dense": None}
+    # bucket_size=1024: w2 (512 elements) and w1 (2048) are two buckets, so w2's collective is
+    # split (start, then a done after w1's gradient: overlap) and w1's is not.
     txs = {
-        name: optax.chain(allreduce_gradients("dp", c), optax.sgd(0.05))
+        name: optax.chain(allreduce_gradients("dp", c, bucket_size=1024), optax.sgd(0.05))
         for name, c in reducers.items()
     }
     rng = np.random.default_rng(0)
