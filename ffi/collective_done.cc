@@ -41,8 +41,8 @@ ffi::Error CollectedResults(ffi::RemainingArgs args, ffi::RemainingRets rets,
   return ffi::Error::Success();
 }
 
-ffi::Error Redeem(ffi::Buffer<ffi::S32, 0> ticket, ffi::RemainingArgs args,
-                  ffi::RemainingRets rets, std::shared_ptr<Completion>* completion) {
+ffi::Error Redeem(ffi::Buffer<ffi::S32, 0> ticket, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                  std::shared_ptr<Completion>* completion) {
   std::vector<const void*> results;
   JAXCOMM_RETURN_IF_ERROR(CollectedResults(args, rets, &results));
   return RedeemTicket(ticket.typed_data()[0], results, completion);
@@ -59,9 +59,8 @@ ffi::Future CollectiveDoneImpl(ffi::Buffer<ffi::S32, 0> ticket, ffi::RemainingAr
 }  // namespace jaxcomm::collectives
 
 JAXCOMM_EXPORT_HANDLER(JaxcommCollectiveDone);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommCollectiveDone,
-                              jaxcomm::collectives::CollectiveDoneImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommCollectiveDone, jaxcomm::collectives::CollectiveDoneImpl,
                               xla::ffi::Ffi::Bind()
                                   .Arg<xla::ffi::BufferR0<xla::ffi::S32>>()  // ticket
-                                  .RemainingArgs()   // start's results, then kept operands
+                                  .RemainingArgs()    // start's results, then kept operands
                                   .RemainingRets());  // start's results (aliased)

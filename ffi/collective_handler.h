@@ -2,9 +2,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <tuple>
 #include <type_traits>
-#include <string>
 #include <vector>
 
 #include "ffi/common.h"
@@ -65,20 +65,20 @@ template <auto Impl, typename Signature = decltype(Impl)>
 struct AsyncCollective;
 
 template <auto Impl, typename... Data>
-struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, int32_t,
-                                            ffi::Buffer<ffi::S32, 1>, ffi::Buffer<ffi::S32, 0>,
-                                            const CollectiveAttrs&, Data...)> {
+struct AsyncCollective<Impl,
+                       ffi::Error (*)(const kernels::TaskRunner&, int32_t, ffi::Buffer<ffi::S32, 1>,
+                                      ffi::Buffer<ffi::S32, 0>, const CollectiveAttrs&, Data...)> {
   static ffi::Future Handler(ffi::ThreadPool /*pool*/, int32_t device_id,
                              ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
                              const CollectiveAttrs& attrs, Data... data) {
     auto& token_out = std::get<sizeof...(Data) - 1>(std::forward_as_tuple(data...));
-    static_assert(std::is_same_v<std::decay_t<decltype(token_out)>,
-                                 ffi::Result<ffi::Buffer<ffi::S32, 0>>>,
-                  "a collective's last result is its token");
-    auto kept = std::make_shared<std::tuple<Kept<ffi::Buffer<ffi::S32, 1>>,
-                                            Kept<ffi::Buffer<ffi::S32, 0>>, Kept<CollectiveAttrs>,
-                                            Kept<std::decay_t<Data>>...>>(coordinates, token,
-                                                                          attrs, data...);
+    static_assert(
+        std::is_same_v<std::decay_t<decltype(token_out)>, ffi::Result<ffi::Buffer<ffi::S32, 0>>>,
+        "a collective's last result is its token");
+    auto kept =
+        std::make_shared<std::tuple<Kept<ffi::Buffer<ffi::S32, 1>>, Kept<ffi::Buffer<ffi::S32, 0>>,
+                                    Kept<CollectiveAttrs>, Kept<std::decay_t<Data>>...>>(
+            coordinates, token, attrs, data...);
     std::shared_ptr<Completion> completion =
         SubmitToEngine(device_id, [device_id, kept](const kernels::TaskRunner& run) {
           return std::apply([&](const auto&... k) { return Impl(run, device_id, k.view()...); },

@@ -122,7 +122,8 @@ struct Kept<ffi::Span<const E>> {
 class KeptDescriptor {
  public:
   template <typename Dims>
-  KeptDescriptor(ffi::DataType dtype, void* data, const Dims& dims) : dims_(dims.begin(), dims.end()) {
+  KeptDescriptor(ffi::DataType dtype, void* data, const Dims& dims)
+      : dims_(dims.begin(), dims.end()) {
     descriptor_.struct_size = XLA_FFI_Buffer_STRUCT_SIZE;
     descriptor_.extension_start = nullptr;
     descriptor_.dtype = static_cast<XLA_FFI_DataType>(dtype);
