@@ -9,10 +9,10 @@ table, writes JSON and a PNG (median time vs size per algorithm).
 Usage:
   python benchmarks/allreduce.py                                  # P=4 local, 1M..25M floats
   python benchmarks/allreduce.py --backend emulated --bandwidth 1gbit
-  python benchmarks/allreduce.py --sizes 1000000 --repeats 5 --algorithms psum ring gtopk
+  python benchmarks/allreduce.py --sizes 1000000 --repeats 5 --algorithms psum dense gtopk
   # flat vs hierarchical, 4 nodes x 2 local devices (8 ranks):
   python benchmarks/allreduce.py --devices-per-process 2 --sizes 16777216 \
-      --algorithms psum ring hier_ring hier_ring_leader adaptive hier_adaptive
+      --algorithms psum dense hier_dense hier_dense_leader adaptive hier_adaptive
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``allreduce_gradients`` goes first in an ``optax.chain`` inside a jitted, shard_mapped
 training step: it sums every rank's gradient over the data-parallel axis with a dense UCX ring
-(``compressor=None``) or a compressed allreduce with error feedback, divides by the number of
+(``algorithm=None``) or a compressed allreduce with error feedback, divides by the number of
 ranks, and hands the average to the rest of the chain.
 
 Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``):
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -75,13 +76,13 @@ def _axis_size(axis_name: AxisName) -> int:
 
 
 def _normalize_schedule(
-    schedule: Mapping[int, float] | Sequence[tuple[int, float]], compressor: Any
+    schedule: Mapping[int, float] | Sequence[tuple[int, float]], algorithm: Any
 ) -> tuple[np.ndarray, list[Any]]:
-    """Returns (start steps, compressor per phase) of a density schedule."""
-    if not hasattr(compressor, "density") or not dataclasses.is_dataclass(compressor):
+    """Returns (start steps, algorithm per phase) of a density schedule."""
+    if not hasattr(algorithm, "density") or not dataclasses.is_dataclass(algorithm):
         raise ValueError(
-            f"density_schedule needs a compressor with a density (GTopK, TopKAllgather), got "
-            f"{compressor!r}"
+            f"density_schedule needs an algorithm with a density (GTopK, TopKAllgather), got "
+            f"{algorithm!r}"
         )
     items = sorted(dict(schedule).items() if isinstance(schedule, Mapping) else schedule)
     if not items:
@@ -89,10 +90,10 @@ def _normalize_schedule(
     starts = [int(s) for s, _ in items]
     if len(set(starts)) != len(starts) or starts[0] < 0:
         raise ValueError(f"density_schedule steps must be distinct and >= 0, got {starts}")
-    phases = [dataclasses.replace(compressor, density=float(d)) for _, d in items]
-    if starts[0] > 0:  # before the first scheduled step the compressor's own density applies
+    phases = [dataclasses.replace(algorithm, density=float(d)) for _, d in items]
+    if starts[0] > 0:  # before the first scheduled step the algorithm's own density applies
         starts.insert(0, 0)
-        phases.insert(0, compressor)
+        phases.insert(0, algorithm)
     return np.asarray(starts, np.int32), phases
 
 
@@ -121,6 +122,27 @@ def _buckets(sizes: Sequence[int], bucket_size: int) -> list[list[int]]:
     return groups
 
 
+_UNSET: Any = object()
+
+
+def _deprecated_compressor(algorithm: Any, compressor: Any) -> Any:
+    """``algorithm``, or the value of the old ``compressor=`` keyword (with a warning)."""
+    if compressor is _UNSET:
+        return algorithm
+    if algorithm is not None:
+        raise TypeError(
+            "allreduce_gradients: pass the algorithm once, as `algorithm=` (`compressor=` is "
+            "its deprecated name)"
+        )
+    warnings.warn(
+        "allreduce_gradients(compressor=...) is deprecated: the argument is called "
+        "`algorithm`, as in jaxcomm.compressed_allreduce (e.g. algorithm=jaxcomm.GTopK(0.01))",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return compressor
+
+
 def gtopk_warmup_schedule(
     steps_per_epoch: int, density: float, warmup: Sequence[float] = GTOPK_WARMUP
 ) -> dict[int, float]:
@@ -146,12 +168,13 @@ def gtopk_warmup_schedule(
 
 def allreduce_gradients(
     axis_name: AxisName,
-    compressor: Any = None,
+    algorithm: Any = None,
     *,
     hierarchical: bool = False,
     mean: bool = True,
     density_schedule: Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
+    compressor: Any = _UNSET,
 ) -> optax.GradientTransformation:
     """Averages (or sums) gradients over ``axis_name`` with jaxcomm's collectives.
 
@@ -163,7 +186,7 @@ def allreduce_gradients(
 
     Args:
       axis_name: the data-parallel mesh axis (or tuple of axes) to reduce over.
-      compressor: ``None`` for the dense ring allreduce, or an algorithm that
+      algorithm: ``None`` for the dense ring allreduce, or an algorithm that
         ``jaxcomm.compressed_allreduce`` accepts, e.g. ``jaxcomm.GTopK(0.01)`` or
         ``jaxcomm.TopKAllgather(0.01)`` (error feedback is kept in the state), or ``"auto"``
         / ``jaxcomm.cost.Auto(allowed=("dense", "gtopk"), profile="profile.json")``: each
@@ -171,11 +194,13 @@ def allreduce_gradients(
       hierarchical: reduce within a node first, then across nodes (``axis_name`` must then
         be a ("node", "local") pair of mesh axes; see ``jaxcomm.allreduce``).
       mean: divide the sum by the number of ranks (else return the sum).
-      density_schedule: ``{start step: density}`` (or pairs); the compressor's density is
+      density_schedule: ``{start step: density}`` (or pairs); the algorithm's density is
         replaced by the entry of the latest start step <= the update count. Each distinct
         density is compiled once, as a ``lax.switch`` branch. See
         :func:`gtopk_warmup_schedule`.
       bucket_size: most elements fused into one collective call.
+      compressor: deprecated name of ``algorithm`` (a DeprecationWarning; passing both is a
+        TypeError).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is an :class:`AllreduceGradientsState`.
@@ -188,6 +213,7 @@ def allreduce_gradients(
       >>> state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(),
       ...                               out_specs=specs))(params)
     """
+    algorithm = _deprecated_compressor(algorithm, compressor)
     if int(bucket_size) < 1:
         raise ValueError(f"bucket_size must be >= 1 element, got {bucket_size}")
     bucket_size = int(bucket_size)
@@ -195,17 +221,17 @@ def allreduce_gradients(
     if hierarchical:
         extra["hierarchical"] = True
     if density_schedule is not None:
-        if compressor is None:
+        if algorithm is None:
             raise ValueError(
-                "density_schedule needs a compressor; the dense allreduce has no density"
+                "density_schedule needs an algorithm; the dense allreduce has no density"
             )
-        starts, phases = _normalize_schedule(density_schedule, compressor)
+        starts, phases = _normalize_schedule(density_schedule, algorithm)
     else:
-        starts, phases = np.zeros(1, np.int32), [compressor]
+        starts, phases = np.zeros(1, np.int32), [algorithm]
 
     def init_fn(params: Any) -> AllreduceGradientsState:
         residuals = None
-        if compressor is not None:
+        if algorithm is not None:
             residuals = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p) or (1,), jnp.float32), params)
         return AllreduceGradientsState(count=jnp.zeros((), jnp.int32), residuals=residuals)
 
@@ -219,7 +245,7 @@ def allreduce_gradients(
                 r = jnp.concatenate([rs[i] for i in group]) if len(group) > 1 else rs[group[0]]
             # "auto" picks per bucket from the cost model (static: the same on every rank);
             # a bucket it sends dense keeps its (zero) residual.
-            chosen = cost.auto_compressor(algo, x.size, axis_name, hierarchical)
+            chosen = cost.auto_algorithm(algo, x.size, axis_name, hierarchical)
             if chosen is None:
                 summed = allreduce(x, axis_name, **extra)
             else:
@@ -240,10 +266,10 @@ def allreduce_gradients(
         leaves, treedef = jax.tree.flatten(updates)
         # Dense buckets travel in the gradients' common dtype (an all-bf16 tree uses the 16-bit
         # wire of jaxcomm.allreduce); compressed ones in float32, the dtype of the residuals.
-        wire = jnp.result_type(*leaves) if compressor is None and leaves else jnp.float32
+        wire = jnp.result_type(*leaves) if algorithm is None and leaves else jnp.float32
         xs = [jnp.ravel(g).astype(wire) for g in leaves]
         rs = None
-        if compressor is not None:
+        if algorithm is not None:
             r_leaves = treedef.flatten_up_to(state.residuals)
             rs = [jnp.ravel(r) for r in r_leaves]
         if len(phases) == 1 or not any(x.size for x in xs):
@@ -270,7 +296,7 @@ def allreduce_gradients(
             for s, g in zip(sums, leaves, strict=True)
         ]
         residuals = None
-        if compressor is not None:
+        if algorithm is not None:
             residuals = treedef.unflatten(
                 [r.reshape(old.shape) for r, old in zip(new_rs, r_leaves, strict=True)]
             )
