@@ -137,12 +137,9 @@ def launch(
 
     Example: jaxcomm launch recipes/digits-dense.yaml --set world.processes=4
     """
-    from jaxcomm_launcher.backends import make_backend
-    from jaxcomm_launcher.runner import (
-        default_run_dir,
-        run_recipe,
-        run_slurm_recipe,
-    )
+    from jaxcomm_launcher.backends import SlurmBackendRunner, make_backend
+    from jaxcomm_launcher.rundir import default_run_dir
+    from jaxcomm_launcher.runner import run_recipe, run_slurm_recipe
 
     path = _resolve_recipe(recipe)
     try:
@@ -161,8 +158,8 @@ def launch(
         if rec.backend.kind == "slurm":
             if dry_run:
                 # The compute nodes read the run directory by its absolute path.
-                backend = make_backend(rec, run_dir.resolve())
-                typer.echo(backend.render(), nl=False)  # verbatim: no wrapping, no markup
+                script = SlurmBackendRunner(rec, run_dir.resolve()).render()
+                typer.echo(script, nl=False)  # verbatim: no wrapping, no markup
                 _echo_plan_comment(rec, profile)
                 return
             run_slurm_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet, detach=detach)
@@ -212,22 +209,22 @@ def report(
     For a slurm run (also a detached one) the entries' statuses are first read from the
     files the job wrote, and the job's state from Slurm.
     """
-    from jaxcomm_launcher import metrics
+    from jaxcomm_launcher import results
 
     try:
-        run = metrics.read_run(run_dir)
+        run = results.read_run(run_dir)
         if run.get("backend") == "slurm":
             from jaxcomm_launcher.backends.slurm import collect
 
             slurm = collect(run_dir).get("slurm", {})
             if slurm.get("state"):
                 console.print(f"slurm job {slurm.get('job_id')}: {slurm['state']}", highlight=False)
-        summary = metrics.write_summary(run_dir)
+        summary = results.write_summary(run_dir)
     except FileNotFoundError as exc:
         _print_error(exc)
         raise typer.Exit(2) from None
-    plots = metrics.draw_plots(run_dir)
-    metrics.print_table(summary, console)
+    plots = results.draw_plots(run_dir)
+    results.print_table(summary, console)
     for p in plots:
         console.print(f"plot: {p}", highlight=False, soft_wrap=True)
 
@@ -387,7 +384,7 @@ def recipe_plan(
     Example:
         >>> plan, _, _ = recipe_plan(Recipe(name="x", job="digits"))
         >>> plan["pick"]["algorithm"]  # doctest: +SKIP
-        'ring'
+        'dense'
     """
     cost = cost_model()
     sizes, source = gradient_sizes(recipe, elements)
@@ -543,12 +540,13 @@ def probe(
 
     Runs the `probe` job with the recipe's world and backend (local, emulated, mpirun; slurm
     submits it, and the job writes --out when it runs) and writes the profile that
-    `jaxcomm plan --profile` and `compressor="auto"` read.
+    `jaxcomm plan --profile` and `algorithm="auto"` read.
 
     Example: jaxcomm probe recipes/digits-dense.yaml --out profile.json
     """
-    from jaxcomm_launcher.backends import make_backend
-    from jaxcomm_launcher.runner import default_run_dir, run_recipe
+    from jaxcomm_launcher.backends import SlurmBackendRunner, make_backend
+    from jaxcomm_launcher.rundir import default_run_dir
+    from jaxcomm_launcher.runner import run_recipe
 
     try:
         rec = load_recipe(_resolve_recipe(recipe), set_ or [])
@@ -574,13 +572,12 @@ def probe(
         raise typer.Exit(2) from None
     target = run_dir or default_run_dir(probe_recipe)
     with _exit_on_launch_errors():
-        backend = None
         if probe_recipe.backend.kind == "slurm":
-            backend = make_backend(probe_recipe, target)
+            slurm = SlurmBackendRunner(probe_recipe, target)
             if dry_run:
-                typer.echo(backend.render(), nl=False)
+                typer.echo(slurm.render(), nl=False)
                 return
-            backend.submit(console)
+            slurm.submit(console)
             console.print(f"the probe job writes {out} when it has run", highlight=False)
             return
         if dry_run:
