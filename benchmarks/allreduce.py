@@ -28,7 +28,7 @@ import tempfile
 import time
 
 import yaml
-from _bench import recipe_backend
+from _bench import jaxcomm_cli, recipe_backend
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -86,7 +86,7 @@ def main() -> None:
         run_dir = pathlib.Path(tmp) / "run"
         start = time.monotonic()
         launched = subprocess.run(
-            ["jaxcomm", "launch", str(recipe), "--out", str(run_dir), "-q"], text=True
+            jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"), text=True
         )
         if launched.returncode != 0:
             sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")

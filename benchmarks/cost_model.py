@@ -36,7 +36,7 @@ import tempfile
 import time
 
 import yaml
-from _bench import recipe_backend
+from _bench import jaxcomm_cli, recipe_backend
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import cost
@@ -72,7 +72,7 @@ def _recipe(
 
 
 def _cli(*argv: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "jaxcomm_launcher.cli", *argv], text=True)
+    done = subprocess.run(jaxcomm_cli(*argv), text=True)
     if done.returncode != 0:
         sys.exit(f"jaxcomm {argv[0]} failed with exit code {done.returncode}")
 

@@ -43,7 +43,7 @@ import tempfile
 import time
 
 import yaml
-from _bench import recipe_backend
+from _bench import jaxcomm_cli, recipe_backend
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reached 84 %)
@@ -320,8 +320,7 @@ def main() -> None:
         run_dir = pathlib.Path(tmp) / "run"
         start = time.monotonic()
         launched = subprocess.run(
-            [sys.executable, "-m", "jaxcomm_launcher.cli", "launch", str(recipe)]
-            + ["--out", str(run_dir), "-q"],
+            jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"),
             text=True,
         )
         if launched.returncode != 0:

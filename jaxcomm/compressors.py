@@ -273,5 +273,3 @@ class GTopK:
         """Entries of the global result out of ``n``."""
         return TopK(self.density).k(n)
 
-
-SparseAllreduce = TopKAllgather | GTopK

@@ -123,6 +123,8 @@ def test_density_schedule_switches_without_recompiling(worker):
 def test_checkpoint_round_trip_continues_bit_identically(worker):
     _, info = worker("unit")
     assert info["restored_count"] == 6
+    assert info["restored_identical"]  # params, counts and every rank's residual shard
+    assert "was saved as float32" in info["wrong_dtype_error"]
     assert info["checkpoint_residual_nonzero"]  # the residuals were really restored
     assert info["checkpoint_leaves"] > 4
     assert info["checkpoint_identical"]
