@@ -49,6 +49,18 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _port(text: str) -> int:
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise ValueError("must be in 1-65535")
+    return port
+
+
+def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse``, with "" (unset and no default) meaning None."""
+    return lambda text: None if text == "" else parse(text)
+
+
 @dataclasses.dataclass(frozen=True)
 class Setting:
     """One environment variable.
@@ -130,6 +142,7 @@ SETTINGS: dict[str, Setting] = {
             "Python launcher/jaxcomm_launcher/worker.py",
             "This rank's process index (local and emulated backends; mpirun and Slurm ranks "
             "read OMPI_COMM_WORLD_RANK / SLURM_PROCID instead).",
+            _optional(_number(int, 0, exclusive=False)),
         ),
         Setting(
             "JAXCOMM_NUM_PROCESSES",
@@ -137,6 +150,7 @@ SETTINGS: dict[str, Setting] = {
             "an integer >= 1 (set by the launcher)",
             "Python launcher/jaxcomm_launcher/worker.py",
             "The number of processes (with JAXCOMM_PROCESS_ID).",
+            _optional(_number(int, 1, exclusive=False)),
         ),
         Setting(
             "JAXCOMM_COORDINATOR",
@@ -151,6 +165,7 @@ SETTINGS: dict[str, Setting] = {
             "a port, an integer 1-65535 (set in Slurm jobs)",
             "Python launcher/jaxcomm_launcher/worker.py",
             "Slurm: the coordinator's base port on the step's first node (plus the step id).",
+            _optional(_port),
         ),
         Setting(
             "JAXCOMM_NODE_ADDRESS",

@@ -23,6 +23,13 @@ LAUNCH_REQUIREMENTS = {
 }
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # e.g. a parent package that cannot be imported
+        return False
+
+
 def main() -> None:
     """The ``jaxcomm`` command; without the ``launch`` extra, one line saying how to get it.
 
@@ -32,7 +39,7 @@ def main() -> None:
     Example:
         $ jaxcomm launch recipes/digits-dense.yaml
     """
-    missing = [d for m, d in LAUNCH_REQUIREMENTS.items() if importlib.util.find_spec(m) is None]
+    missing = [d for m, d in LAUNCH_REQUIREMENTS.items() if not _installed(m)]
     if missing:
         print(
             f"jaxcomm: the command needs the launch extra (missing: {', '.join(missing)}): "

@@ -8,7 +8,6 @@ or usage, 124 timeout, 130 interrupted.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -24,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxcomm_launcher import __version__
+from jaxcomm_launcher._jaxcomm import standalone
 from jaxcomm_launcher.recipe import Recipe, RecipeError, load_recipe
 
 app = typer.Typer(
@@ -255,40 +255,6 @@ def cleanup_command(
 # probe and plan: the cost model (jaxcomm/cost.py)
 
 
-def cost_model() -> types.ModuleType:
-    """Returns ``jaxcomm.cost`` without importing the rest of jaxcomm.
-
-    ``import jaxcomm`` imports JAX and loads the C++ library (about 1.5 s here); the cost model
-    needs neither, so ``jaxcomm plan`` loads ``jaxcomm/cost.py`` on its own and answers in
-    well under 2 s. When jaxcomm is already imported, its module is returned.
-
-    Returns:
-        The ``jaxcomm.cost`` module (or a standalone copy of it).
-
-    Raises:
-        ModuleNotFoundError: jaxcomm is not installed.
-
-    Example:
-        >>> cost_model().ALGORITHMS[0]
-        'psum'
-    """
-    if "jaxcomm.cost" in sys.modules:
-        return sys.modules["jaxcomm.cost"]
-    name = "jaxcomm_launcher._jaxcomm_cost"
-    if name in sys.modules:
-        return sys.modules[name]
-    package = importlib.util.find_spec("jaxcomm")  # locates the package without importing it
-    if package is None or package.origin is None:
-        raise ModuleNotFoundError("jaxcomm is not installed: python -m pip install .")
-    spec = importlib.util.spec_from_file_location(
-        name, pathlib.Path(package.origin).parent / "cost.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
 def _digits_parameters(model: str, hidden: int) -> int:
     # jaxcomm/examples/digits.py's models (tests/test_cost.py checks these against Flax):
     # MLP 64 -> hidden -> 10; CNN conv 3x3 1->16, conv 3x3 stride 2 16->hidden (8x8 -> 4x4),
@@ -386,7 +352,7 @@ def recipe_plan(
         >>> plan["pick"]["algorithm"]  # doctest: +SKIP
         'dense'
     """
-    cost = cost_model()
+    cost = standalone("cost")
     sizes, source = gradient_sizes(recipe, elements)
     try:
         profile = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
