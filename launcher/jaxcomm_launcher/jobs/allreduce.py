@@ -4,7 +4,7 @@ In each rank, for each size and each algorithm in ``args.algorithms`` (default: 
 warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
 
 * ``psum``            — ``lax.psum`` (XLA's own CPU collectives, Gloo across processes): baseline
-* ``ring``            — ``jaxcomm.allreduce`` (ring reduce-scatter + allgather over UCX)
+* ``dense``           — ``jaxcomm.allreduce`` (ring reduce-scatter + allgather over UCX)
 * ``topk_allgather``  — ``jaxcomm.compressed_allreduce`` with ``TopKAllgather(density)``
 * ``gtopk``           — ``jaxcomm.compressed_allreduce`` with ``GTopK(density)``
 * ``adaptive``/``onebit``/``threshold`` — quantized allreduce
@@ -13,7 +13,7 @@ warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
 * ``hier_dense``/``hier_dense_leader``/``hier_adaptive`` — hierarchical allreduce over a
   ("node", "local") mesh (a process is a node, its devices the local ranks): multi-leader
   dense, single-leader dense, multi-leader with Adaptive(proportion) across nodes. Compare
-  them with ``ring``/``psum`` in a world with ``devices_per_process`` > 1 (flat over all ranks).
+  them with ``dense``/``psum`` in a world with ``devices_per_process`` > 1 (flat over all ranks).
 
 Recipe ``args``: sizes (float32 elements per device), repeats (>= 5), density (default
 0.001), algorithms, tau (threshold), proportion (adaptive), allowed and profile (``auto``). One metrics line per timed call:
