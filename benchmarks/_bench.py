@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: the launcher backend they run their recipe on.
+"""What the benchmark scripts share: the launcher backend they run their recipe on, and the
+launcher's command line.
 
 The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.path``.
 """
@@ -6,6 +7,7 @@ The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.p
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def recipe_backend(args: argparse.Namespace) -> dict | str:
@@ -34,3 +36,22 @@ def recipe_backend(args: argparse.Namespace) -> dict | str:
         "ipc_isolation": True,
         "ucx_tls": "tcp",
     }
+
+
+def jaxcomm_cli(*argv: str) -> list[str]:
+    """The command line of ``jaxcomm ARGV...`` with this interpreter.
+
+    ``python -m jaxcomm_launcher`` instead of the ``jaxcomm`` script: the script lives in the
+    venv's ``bin``, which need not be on ``PATH`` when the venv's python runs a benchmark.
+
+    Args:
+      *argv: the CLI's arguments, e.g. ``"launch", "recipe.yaml"``.
+
+    Returns:
+      The argv list for ``subprocess.run``.
+
+    Example:
+      >>> jaxcomm_cli("launch", "r.yaml")[1:]
+      ['-m', 'jaxcomm_launcher', 'launch', 'r.yaml']
+    """
+    return [sys.executable, "-m", "jaxcomm_launcher", *argv]

@@ -9,10 +9,10 @@ table, writes JSON and a PNG (median time vs size per algorithm).
 Usage:
   python benchmarks/allreduce.py                                  # P=4 local, 1M..25M floats
   python benchmarks/allreduce.py --backend emulated --bandwidth 1gbit
-  python benchmarks/allreduce.py --sizes 1000000 --repeats 5 --algorithms psum ring gtopk
+  python benchmarks/allreduce.py --sizes 1000000 --repeats 5 --algorithms psum dense gtopk
   # flat vs hierarchical, 4 nodes x 2 local devices (8 ranks):
   python benchmarks/allreduce.py --devices-per-process 2 --sizes 16777216 \
-      --algorithms psum ring hier_ring hier_ring_leader adaptive hier_adaptive
+      --algorithms psum dense hier_dense hier_dense_leader adaptive hier_adaptive
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tempfile
 import time
 
 import yaml
-from _bench import recipe_backend
+from _bench import jaxcomm_cli, recipe_backend
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -86,7 +86,7 @@ def main() -> None:
         run_dir = pathlib.Path(tmp) / "run"
         start = time.monotonic()
         launched = subprocess.run(
-            ["jaxcomm", "launch", str(recipe), "--out", str(run_dir), "-q"], text=True
+            jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"), text=True
         )
         if launched.returncode != 0:
             sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")

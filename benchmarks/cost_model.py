@@ -17,7 +17,7 @@ time, and the job's own ``auto`` run with the probed profile), and writes JSON a
 Usage:
   python benchmarks/cost_model.py                                   # local, 2x1 4x1 2x2
   python benchmarks/cost_model.py --backend emulated --bandwidth 1gbit --worlds 4x1
-  python benchmarks/cost_model.py --worlds 2x1 --sizes 1000000 --algorithms ring gtopk
+  python benchmarks/cost_model.py --worlds 2x1 --sizes 1000000 --algorithms dense gtopk
 
 Run it from the repository root with jaxcomm importable (``python -m pip install .``); the
 launcher is started as ``python -m jaxcomm_launcher.cli`` with this interpreter.
@@ -36,13 +36,13 @@ import tempfile
 import time
 
 import yaml
-from _bench import recipe_backend
+from _bench import jaxcomm_cli, recipe_backend
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import cost
 
-FLAT = ["psum", "ring", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
-HIER = ["hier_ring", "hier_ring_leader", "hier_adaptive"]
+FLAT = ["psum", "dense", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
+HIER = ["hier_dense", "hier_dense_leader", "hier_adaptive"]
 
 
 def _recipe(
@@ -64,7 +64,7 @@ def _recipe(
             "proportion": args.proportion,
             # `auto` in the job: the probed profile, among the measured default choices.
             "profile": str(profile),
-            "allowed": [a for a in cost.DEFAULT_ALLOWED if cost.MODEL_NAME.get(a, a) in algorithms],
+            "allowed": [a for a in cost.DEFAULT_ALLOWED if a in algorithms],
         },
         "metrics": {"plots": False},
         "timeout": args.timeout,
@@ -72,7 +72,7 @@ def _recipe(
 
 
 def _cli(*argv: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "jaxcomm_launcher.cli", *argv], text=True)
+    done = subprocess.run(jaxcomm_cli(*argv), text=True)
     if done.returncode != 0:
         sys.exit(f"jaxcomm {argv[0]} failed with exit code {done.returncode}")
 
@@ -152,11 +152,11 @@ def measure_world(
         )
     for n in sorted({r["elements"] for r in rows}):
         here = {r["algorithm"]: r for r in rows if r["elements"] == n}
-        allowed = [a for a in cost.DEFAULT_ALLOWED if cost.MODEL_NAME.get(a, a) in here]
+        allowed = [a for a in cost.DEFAULT_ALLOWED if a in here]
         if not allowed:
             continue
-        pick = cost.MODEL_NAME.get(a := cost.choose(n, world, allowed, profile, options), a)
-        best = min(here[cost.MODEL_NAME.get(a, a)]["measured_s"] for a in allowed)
+        pick = cost.choose(n, world, allowed, profile, options)
+        best = min(here[a]["measured_s"] for a in allowed)
         for r in rows:
             if r["elements"] == n and r["algorithm"] == pick:
                 r["auto_pick"] = True
@@ -175,8 +175,8 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
     """
     base = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
     options = cost.Options(density=density)
-    shown = ["ring", "topk_allgather", "gtopk", "onebit", "adaptive"]
-    print(f"| network | P | layout | {' | '.join(shown)} | hier_ring | hier_adaptive | pick |")
+    shown = ["dense", "topk_allgather", "gtopk", "onebit", "adaptive"]
+    print(f"| network | P | layout | {' | '.join(shown)} | hier_dense | hier_adaptive | pick |")
     print("|---" * (len(shown) + 6) + "|")
     for gbit in (10, 100, 400):
         link = cost.Link(alpha=10e-6, beta=8 / (gbit * 1e9))
@@ -192,7 +192,7 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
             if p > 8:  # 8 ranks at 8 per node is one process: no network
                 layouts.append(("8 per node", cost.World(p // 8, 8, "across_hosts")))
             for layout, world in layouts:
-                algos = shown + (["hier_ring", "hier_adaptive"] if layout != "flat" else [])
+                algos = shown + (["hier_dense", "hier_adaptive"] if layout != "flat" else [])
                 times = {a: cost.predict(a, n, world, profile, options).seconds for a in algos}
                 cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in shown]
                 cells += [f"{times[a] * 1e3:.0f}" if a in times else "" for a in HIER[::2]]

@@ -8,7 +8,7 @@ measures, median of ``--repeats`` steps after a warm-up, in the same run:
 
 - T_compute: the step without communication (reducer replaced by the identity);
 - T_comm: ``jaxcomm.optax.allreduce_gradients`` alone on fixed gradients;
-- T_step: the real step (both), per compressor (dense, gTop-k) and bucket size;
+- T_step: the real step (both), per algorithm (dense, gTop-k) and bucket size;
 
 hidden fraction = (T_compute + T_comm - T_step) / min(T_compute, T_comm): 1 when the shorter
 of the two hides completely behind the other, 0 when they run one after the other. Because
@@ -21,7 +21,7 @@ step's timeline (when each layer's gradient existed, when each bucket's collecti
 
 Prints a table, writes ``benchmarks/results/overlap-<backend>-<P>x<D>.json`` and draws
 ``...-timeline.png`` (compute marks and collectives per bucket on one time axis) and
-``...-hidden.png`` (hidden fraction per compressor and bucket size).
+``...-hidden.png`` (hidden fraction per algorithm and bucket size).
 
 Usage:
   nice -n 10 python benchmarks/overlap.py                          # P=4 x 1 device, loopback
@@ -43,8 +43,8 @@ import tempfile
 import time
 
 import yaml
-from _bench import recipe_backend
-from jaxcomm_launcher.jobs.overlap import COMPRESSORS, DEFAULT_BUCKET_SIZES
+from _bench import jaxcomm_cli, recipe_backend
+from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reached 84 %)
 
@@ -61,7 +61,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "layers": args.layers,
             "width": args.width,
             "batch": args.batch,
-            "compressors": args.compressors,
+            "algorithms": args.algorithms,
             "density": args.density,
             "bucket_sizes": args.bucket_sizes,
             "max_in_flight": args.max_in_flight,
@@ -86,35 +86,35 @@ def summarize(records: list[dict]) -> dict:
     timelines = []
     for r in records:
         if r.get("kind") == "time":
-            key = (r["what"], r.get("compressor"), r.get("bucket_size"), r.get("max_in_flight"))
+            key = (r["what"], r.get("algorithm"), r.get("bucket_size"), r.get("max_in_flight"))
             times[key].append(r["step_time_s"])
         elif r.get("kind") == "timeline":
             timelines.append(r)
     t_compute = statistics.median(times[("compute", None, None, None)])
     rows = []
-    for (what, compressor, bucket, _), ts in times.items():
+    for (what, algorithm, bucket, _), ts in times.items():
         if what != "step":
             continue
-        t_comm = statistics.median(times[("comm", compressor, bucket, 0)])
+        t_comm = statistics.median(times[("comm", algorithm, bucket, 0)])
         t_step = statistics.median(ts)
         hidden = (t_compute + t_comm - t_step) / min(t_compute, t_comm)
         rows.append(
             {
-                "compressor": compressor,
+                "algorithm": algorithm,
                 "bucket_size": bucket,
                 "bucket": bucket_label(bucket),
                 "t_compute_s": t_compute,
                 "t_comm_s": t_comm,
                 "t_step_s": t_step,
                 "hidden_fraction": hidden,
-                "comm_times_s": times[("comm", compressor, bucket, 0)],
+                "comm_times_s": times[("comm", algorithm, bucket, 0)],
                 "step_times_s": ts,
             }
         )
     # Baseline without overlap: one bucket, whose collective needs the whole backward first.
-    single = {r["compressor"]: r for r in rows if r["bucket_size"] == 0}
+    single = {r["algorithm"]: r for r in rows if r["bucket_size"] == 0}
     for r in rows:
-        base = single.get(r["compressor"])
+        base = single.get(r["algorithm"])
         r["saved_vs_single_bucket"] = (
             (base["t_step_s"] - r["t_step_s"]) / min(t_compute, base["t_comm_s"]) if base else None
         )
@@ -124,7 +124,7 @@ def summarize(records: list[dict]) -> dict:
         device = next(iter(tl["timeline"].values()), {"collectives": []})
         tl["engine_busy_s"] = sum(c["finished"] - c["started"] for c in device["collectives"])
     paced = [
-        {"compressor": c, "bucket_size": b, "max_in_flight": m, "t_step_s": ts[0]}
+        {"algorithm": c, "bucket_size": b, "max_in_flight": m, "t_step_s": ts[0]}
         for (what, c, b, m), ts in times.items()
         if what == "paced"
     ]
@@ -144,12 +144,12 @@ def print_table(tag: str, args: argparse.Namespace, result: dict) -> None:
         f"median of {args.repeats}; load average at start {result['loadavg_start'][0]:.1f}"
     )
     print(
-        f"{'compressor':10s} {'bucket':>8s} {'T_compute':>10s} {'T_comm':>9s} {'T_step':>9s} "
+        f"{'algorithm':10s} {'bucket':>8s} {'T_compute':>10s} {'T_comm':>9s} {'T_step':>9s} "
         f"{'sum':>9s} {'hidden':>7s} {'saved vs single':>16s}"
     )
     for r in result["rows"]:
         print(
-            f"{r['compressor']:10s} {r['bucket']:>8s} {r['t_compute_s'] * 1e3:8.0f}ms "
+            f"{r['algorithm']:10s} {r['bucket']:>8s} {r['t_compute_s'] * 1e3:8.0f}ms "
             f"{r['t_comm_s'] * 1e3:7.0f}ms {r['t_step_s'] * 1e3:7.0f}ms "
             f"{(r['t_compute_s'] + r['t_comm_s']) * 1e3:7.0f}ms {r['hidden_fraction'] * 100:6.0f}%"
             + (
@@ -161,7 +161,7 @@ def print_table(tag: str, args: argparse.Namespace, result: dict) -> None:
     for tl in result["timelines"]:
         if tl["what"] in ("comm", "step"):
             print(
-                f"timeline {tl['what']:4s} {tl['compressor']:6s} bucket "
+                f"timeline {tl['what']:4s} {tl['algorithm']:6s} bucket "
                 f"{bucket_label(tl['bucket_size'])}: call {tl['step_time_s'] * 1e3:.0f} ms, "
                 f"engine busy {tl['engine_busy_s'] * 1e3:.0f} ms"
             )
@@ -169,7 +169,7 @@ def print_table(tag: str, args: argparse.Namespace, result: dict) -> None:
         print(f"\nstep time through jaxcomm.paced (bucket {bucket_label(args.in_flight_bucket)}):")
         for r in result["paced"]:
             print(
-                f"  {r['compressor']:6s} max_in_flight={r['max_in_flight']}: "
+                f"  {r['algorithm']:6s} max_in_flight={r['max_in_flight']}: "
                 f"{r['t_step_s'] * 1e3:7.0f} ms/step"
             )
 
@@ -225,8 +225,8 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
         ax.set_ylim(-0.9, 1.6)
         label = {
             "compute": "compute only (no communication)",
-            "comm": f"{tl.get('compressor')} allreduce_gradients alone",
-            "step": f"{tl.get('compressor')} training step",
+            "comm": f"{tl.get('algorithm')} allreduce_gradients alone",
+            "step": f"{tl.get('algorithm')} training step",
         }[tl["what"]]
         if tl["what"] != "compute":
             label += f", bucket {bucket_label(tl['bucket_size'])}"
@@ -243,20 +243,20 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    compressors = [c for c in COMPRESSORS if any(r["compressor"] == c for r in result["rows"])]
+    algorithms = [c for c in ALGORITHMS if any(r["algorithm"] == c for r in result["rows"])]
     buckets = sorted({r["bucket_size"] for r in result["rows"]}, key=lambda b: b or 1 << 62)
-    width = 0.8 / max(1, len(compressors))
+    width = 0.8 / max(1, len(algorithms))
     metrics = [
         ("hidden_fraction", "hidden fraction (%)\n(T_compute + T_comm - T_step) / min"),
         ("saved_vs_single_bucket", "saved vs one bucket (%)\n(T_step(single) - T_step) / min"),
     ]
     for ax, (key, ylabel) in zip(axes, metrics, strict=True):
-        for j, c in enumerate(compressors):
+        for j, c in enumerate(algorithms):
             xs, ys = [], []
             for i, bucket in enumerate(buckets):
                 for r in result["rows"]:
-                    if r["compressor"] == c and r["bucket_size"] == bucket and r[key] is not None:
-                        xs.append(i + (j - (len(compressors) - 1) / 2) * width)
+                    if r["algorithm"] == c and r["bucket_size"] == bucket and r[key] is not None:
+                        xs.append(i + (j - (len(algorithms) - 1) / 2) * width)
                         ys.append(r[key] * 100)
             ax.bar(xs, ys, width, label=c)
         ax.axhline(TARGET * 100, color="red", ls="--", lw=1, label="target 80 %")
@@ -283,7 +283,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=25)
     parser.add_argument("--width", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=128, help="rows per device")
-    parser.add_argument("--compressors", nargs="+", default=list(COMPRESSORS), choices=COMPRESSORS)
+    parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument(
         "--bucket-sizes",
@@ -320,8 +320,7 @@ def main() -> None:
         run_dir = pathlib.Path(tmp) / "run"
         start = time.monotonic()
         launched = subprocess.run(
-            [sys.executable, "-m", "jaxcomm_launcher.cli", "launch", str(recipe)]
-            + ["--out", str(run_dir), "-q"],
+            jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"),
             text=True,
         )
         if launched.returncode != 0:

@@ -32,7 +32,7 @@ import sys
 import time
 
 import yaml
-from _bench import recipe_backend
+from _bench import jaxcomm_cli, recipe_backend
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # label -> sweep entry of the recipes (the launcher's display label of each entry)
@@ -143,7 +143,7 @@ def main() -> None:
     run_dir.mkdir(parents=True)
     recipe_path = run_dir / "bench-recipe.yaml"
     recipe = write_recipe(args, recipe_path)
-    command = ["jaxcomm", "launch", str(recipe_path), "--out", str(run_dir), "-q"]
+    command = jaxcomm_cli("launch", str(recipe_path), "--out", str(run_dir), "-q")
     start = time.monotonic()
     launched = subprocess.run(command, text=True)
     wall = time.monotonic() - start

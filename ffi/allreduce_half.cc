@@ -122,7 +122,7 @@ ffi::Error HalfAllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_
   const kernels::HalfFormat format =
       kBf16 ? kernels::HalfFormat::kBFloat16 : kernels::HalfFormat::kFloat16;
   JAXCOMM_RETURN_IF_ERROR(HalfAllreduce(*group, format, x.typed_data(), n, out->typed_data()));
-  group->Finish(kBf16 ? "direct_bf16" : "direct_f16", n);
+  group->Finish(kBf16 ? "dense_bf16" : "dense_f16", n);
   token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }

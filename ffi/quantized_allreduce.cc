@@ -359,7 +359,7 @@ ffi::Error HierarchicalDenseImpl(const kernels::TaskRunner& run, int32_t device_
       HierarchicalAllreduce(g, nullptr, leaders, out->typed_data(), n, nullptr, run));
   g.all->Absorb(*g.local);
   g.all->Absorb(*g.node);
-  g.all->Finish(leaders > 1 ? "hierarchical_ring" : "hierarchical_ring_leader", n);
+  g.all->Finish(leaders > 1 ? "hierarchical_dense" : "hierarchical_dense_leader", n);
   token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }

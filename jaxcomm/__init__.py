@@ -5,7 +5,7 @@ Example:
   >>> values, indices = jaxcomm.ops.topk_abs(jnp.array([1.0, -4.0, 2.0]), 1)
 """
 
-from jaxcomm import _ffi, ops, optax, timeline
+from jaxcomm import _ffi, config, ops, optax, timeline
 from jaxcomm.collectives import allreduce, compressed_allreduce
 from jaxcomm.compressors import (
     Adaptive,
@@ -21,6 +21,9 @@ from jaxcomm.pacing import CollectiveError, Paced, paced, size_cpu_launch_pool
 
 __version__ = "0.1.0"
 
+# Before the C++ library (which reads some of the settings) is loaded: a bad JAXCOMM_* value
+# fails here, naming the variable (jaxcomm/config.py SETTINGS).
+config.check_environment()
 _ffi.register_all()  # every FFI target, from the one table in jaxcomm/_ffi.py
 
 # Before JAX creates its CPU client: a launch pool that several devices cannot starve
@@ -40,6 +43,7 @@ __all__ = [
     "__version__",
     "allreduce",
     "compressed_allreduce",
+    "config",
     "metrics",
     "ops",
     "optax",

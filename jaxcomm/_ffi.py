@@ -1,7 +1,10 @@
-"""Loads libjaxcomm_ffi.so once and registers its XLA FFI targets from one table.
+"""Loads libjaxcomm_ffi.so once: its XLA FFI targets and its plain C functions, one table each.
 
 :data:`TARGETS` lists every handler the library exports; ``import jaxcomm`` registers them all
 (:func:`register_all`, idempotent). ``tests/test_cuda_build.py`` reads the same table.
+:data:`C_FUNCTIONS` holds the ctypes prototype of every plain C function (metrics, marks, the
+UCX world, the GPU world, NCCL); :func:`library` applies them when it loads the library, so no
+other module declares a prototype.
 """
 
 from __future__ import annotations
@@ -50,8 +53,40 @@ TARGETS: dict[str, tuple[str, bool]] = {
 }
 
 
+_i32, _i64, _u32, _f64 = ctypes.c_int, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double
+_str, _ptr = ctypes.c_char_p, ctypes.c_void_p
+
+# Every plain C function of the library: name -> (restype, argtypes), as declared in C++.
+# Functions of a CUDA build only (``cuda``: ffi/cuda/gpu_collective.cc) are absent otherwise.
+C_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
+    # ffi/group.cc, ffi/mark.cc: JSON readers (int64 fn(char* buffer, int64 capacity)) and resets
+    "jaxcomm_metrics_json": (_i64, [_str, _i64]),
+    "jaxcomm_metrics_reset": (None, []),
+    "jaxcomm_marks_json": (_i64, [_str, _i64]),
+    "jaxcomm_marks_reset": (None, []),
+    # ffi/world_api.cc: the UCX world
+    "jaxcomm_world_last_error": (_str, []),
+    "jaxcomm_world_default_timeout_s": (_f64, []),
+    "jaxcomm_world_create": (_i32, [_i32, ctypes.POINTER(_i32), _i32, ctypes.POINTER(_i64)]),
+    "jaxcomm_world_address": (_i64, [_i64, _i32, _str, _i64]),
+    "jaxcomm_world_connect": (_i32, [_i64, _str, ctypes.POINTER(_i64), _i32]),
+    "jaxcomm_world_destroy": (_i32, [_i64]),
+    "jaxcomm_world_counters": (_i32, [_i64, _i32, ctypes.POINTER(ctypes.c_uint64)]),
+    "jaxcomm_world_sendrecv": (
+        _i32,
+        [_i64, _i32, _i32, _ptr, _i64, _i32, _ptr, _i64, ctypes.POINTER(_i64), _u32, _f64],
+    ),
+    # ffi/cuda/gpu_collective.cc (CUDA builds)
+    "jaxcomm_gpu_world_ordinals": (_i32, [_i64, ctypes.POINTER(ctypes.c_int32), _i32]),
+    "jaxcomm_nccl_set_library": (None, [_str]),
+}
+
+
 def library() -> ctypes.CDLL:
-    """Returns the loaded jaxcomm FFI library, loading it (and UCX) on first use."""
+    """Returns the loaded jaxcomm FFI library, loading it (and UCX) on first use.
+
+    Its plain C functions carry the prototypes of :data:`C_FUNCTIONS`.
+    """
     global _library
     with _lock:
         if _library is None:
@@ -62,7 +97,12 @@ def library() -> ctypes.CDLL:
                     "`python -m pip install .` from the repository root (it builds the C++ code)."
                 )
             _preload_ucx()
-            _library = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+            lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
+            for name, (restype, argtypes) in C_FUNCTIONS.items():
+                if hasattr(lib, name):  # the CUDA functions exist in CUDA builds only
+                    fn = getattr(lib, name)
+                    fn.restype, fn.argtypes = restype, argtypes
+            _library = lib
         return _library
 
 
@@ -101,8 +141,6 @@ def read_json(symbol: str) -> Any:
     import json
 
     fn = getattr(library(), symbol)
-    fn.restype = ctypes.c_int64
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_int64]
     size = fn(None, 0)
     buffer = ctypes.create_string_buffer(size + 1)
     fn(buffer, size + 1)

@@ -56,53 +56,16 @@ class Counters:
     messages_received: int
 
 
-def _lib() -> ctypes.CDLL:
-    lib = _ffi.library()
-    if not getattr(lib, "_jaxcomm_world_typed", False):
-        i64, i32, u32 = ctypes.c_int64, ctypes.c_int, ctypes.c_uint32
-        vp, cp = ctypes.c_void_p, ctypes.c_char_p
-        lib.jaxcomm_world_last_error.restype = cp
-        lib.jaxcomm_world_last_error.argtypes = []
-        lib.jaxcomm_world_create.restype = i32
-        lib.jaxcomm_world_create.argtypes = [i32, ctypes.POINTER(i32), i32, ctypes.POINTER(i64)]
-        lib.jaxcomm_world_address.restype = i64
-        lib.jaxcomm_world_address.argtypes = [i64, i32, cp, i64]
-        lib.jaxcomm_world_connect.restype = i32
-        lib.jaxcomm_world_connect.argtypes = [i64, cp, ctypes.POINTER(i64), i32]
-        lib.jaxcomm_world_destroy.restype = i32
-        lib.jaxcomm_world_destroy.argtypes = [i64]
-        lib.jaxcomm_world_counters.restype = i32
-        lib.jaxcomm_world_counters.argtypes = [i64, i32, ctypes.POINTER(ctypes.c_uint64)]
-        lib.jaxcomm_world_default_timeout_s.restype = ctypes.c_double
-        lib.jaxcomm_world_default_timeout_s.argtypes = []
-        lib.jaxcomm_world_sendrecv.restype = i32
-        lib.jaxcomm_world_sendrecv.argtypes = [
-            i64,
-            i32,
-            i32,
-            vp,
-            i64,
-            i32,
-            vp,
-            i64,
-            ctypes.POINTER(i64),
-            u32,
-            ctypes.c_double,
-        ]
-        lib._jaxcomm_world_typed = True
-    return lib
-
-
 def _check(code: int, what: str) -> int:
     if code < 0:
-        message = _lib().jaxcomm_world_last_error().decode(errors="replace")
+        message = _ffi.library().jaxcomm_world_last_error().decode(errors="replace")
         raise WorldError(f"{what} failed ({_ERRORS.get(code, code)}): {message}")
     return code
 
 
 def default_timeout_s() -> float:
     """The transport's default timeout in seconds (env ``JAXCOMM_TIMEOUT_S``, default 120)."""
-    return float(_lib().jaxcomm_world_default_timeout_s())
+    return float(_ffi.library().jaxcomm_world_default_timeout_s())
 
 
 @dataclass
@@ -128,7 +91,9 @@ class World:
     def counters(self, rank: int) -> Counters:
         """Traffic counters of local rank `rank`."""
         out = (ctypes.c_uint64 * 4)()
-        _check(_lib().jaxcomm_world_counters(self.handle, rank, out), "jaxcomm_world_counters")
+        _check(
+            _ffi.library().jaxcomm_world_counters(self.handle, rank, out), "jaxcomm_world_counters"
+        )
         return Counters(*(int(v) for v in out))
 
     def sendrecv(
@@ -150,7 +115,7 @@ class World:
         out = ctypes.create_string_buffer(max(recv_capacity, 1))
         received = ctypes.c_int64(0)
         _check(
-            _lib().jaxcomm_world_sendrecv(
+            _ffi.library().jaxcomm_world_sendrecv(
                 self.handle,
                 rank,
                 send_peer,
@@ -210,7 +175,7 @@ def create_world(devices: Sequence[Any] | None = None) -> World:
     which does this once per process.
     """
     global _generation
-    lib = _lib()
+    lib = _ffi.library()
     devices = sorted(devices if devices is not None else jax.devices("cpu"), key=lambda d: d.id)
     me = jax.process_index()
     local_ranks = [r for r, d in enumerate(devices) if d.process_index == me]
@@ -290,20 +255,14 @@ def _create_gpu_world() -> World:
             "jaxcomm was built without CUDA; reinstall with "
             "CMAKE_ARGS=-DJAXCOMM_ENABLE_CUDA=ON to run collectives on GPUs"
         )
-    from jaxcomm.collectives import nccl
+    from jaxcomm import config
 
-    nccl.configure_library()
+    config.configure_nccl()
     devices = sorted(jax.devices("gpu"), key=lambda d: d.id)
     created = create_world(devices)
     me = jax.process_index()
     ordinals = [d.local_hardware_id if d.process_index == me else -1 for d in devices]
     array = (ctypes.c_int32 * len(ordinals))(*ordinals)
-    lib.jaxcomm_gpu_world_ordinals.restype = ctypes.c_int
-    lib.jaxcomm_gpu_world_ordinals.argtypes = [
-        ctypes.c_int64,
-        ctypes.POINTER(ctypes.c_int32),
-        ctypes.c_int,
-    ]
     _check(
         lib.jaxcomm_gpu_world_ordinals(created.handle, array, len(ordinals)),
         "jaxcomm_gpu_world_ordinals",
@@ -319,7 +278,7 @@ def destroy_world() -> None:
     with _lock:
         while _worlds:
             _, w = _worlds.popitem()
-            _check(_lib().jaxcomm_world_destroy(w.handle), "jaxcomm_world_destroy")
+            _check(_ffi.library().jaxcomm_world_destroy(w.handle), "jaxcomm_world_destroy")
 
 
 def _destroy_at_exit() -> None:

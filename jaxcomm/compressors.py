@@ -272,6 +272,3 @@ class GTopK:
     def k(self, n: int) -> int:
         """Entries of the global result out of ``n``."""
         return TopK(self.density).k(n)
-
-
-SparseAllreduce = TopKAllgather | GTopK

@@ -2,7 +2,7 @@
 
 Compression pays only when the network, not local compute, is the bottleneck. This module
 predicts, for each algorithm, the bytes one rank sends and the time one call takes, so a user
-(``jaxcomm plan``) or the optimizer (``compressor="auto"``) can pick an algorithm before
+(``jaxcomm plan``) or the optimizer (``algorithm="auto"``) can pick an algorithm before
 spending compute on it.
 
 Model
@@ -66,14 +66,14 @@ KERNELS = (
 
 ALGORITHMS = (
     "psum",
-    "ring",
+    "dense",
     "topk_allgather",
     "gtopk",
     "adaptive",
     "onebit",
     "threshold",
-    "hier_ring",
-    "hier_ring_leader",
+    "hier_dense",
+    "hier_dense_leader",
     "hier_adaptive",
 )
 """Algorithm names, as in ``benchmarks/allreduce.py`` and the ``allreduce`` launcher job."""
@@ -87,7 +87,7 @@ _EXTRA_ALGORITHMS = (
 )
 
 AUTO_CHOICES = ("dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold")
-"""What ``compressor="auto"`` may choose from (``dense`` = jaxcomm's ring allreduce)."""
+"""What ``algorithm="auto"`` may choose from (``dense`` = jaxcomm's ring allreduce)."""
 
 DEFAULT_ALLOWED = ("dense", "gtopk", "topk_allgather", "adaptive", "onebit")
 """The default candidates of ``auto``: every algorithm whose bytes do not depend on a
@@ -575,7 +575,7 @@ def _hier_parts(algorithm: str) -> tuple[str | None, bool]:
     name = algorithm.removeprefix("hier_")
     leader = name.endswith("_leader")
     name = name.removesuffix("_leader")
-    return (None if name == "ring" else name), leader
+    return (None if name == "dense" else name), leader
 
 
 def bytes_sent(
@@ -598,7 +598,7 @@ def bytes_sent(
       Bytes (an integer value for one rank, the mean otherwise).
 
     Example:
-      >>> bytes_sent("ring", 1000, World(processes=4))
+      >>> bytes_sent("dense", 1000, World(processes=4))
       6000.0
     """
     options = options or Options()
@@ -613,7 +613,7 @@ def bytes_sent(
     p = world.ranks
     if n == 0 or p == 1:
         return 0.0
-    if algorithm in ("psum", "ring"):
+    if algorithm in ("psum", "dense"):
         return float(ring_bytes(n, p, rank))
     if algorithm == "topk_allgather":
         return float((p - 1) * 2 * options.k(n) * _F32)
@@ -783,7 +783,7 @@ def predict(
       A :class:`Prediction`.
 
     Example:
-      >>> p = predict("ring", 1 << 20, World(processes=2))
+      >>> p = predict("dense", 1 << 20, World(processes=2))
       >>> p.bytes_sent_per_rank
       4194304.0
     """
@@ -804,10 +804,10 @@ def predict(
             # the links allow a ring to be (a profile from loopback planning a network).
             messages, nbytes = ring_path(n, p)
             wire = profile.links[flat].seconds(messages, nbytes)
-            fitted = profile.psum.seconds(1, bytes_sent("ring", n, world, options, 0))
+            fitted = profile.psum.seconds(1, bytes_sent("dense", n, world, options, 0))
             t.comm += max(fitted, wire)
             t.messages += messages
-    elif algorithm == "ring":
+    elif algorithm == "dense":
         t.kernel("sum", n)  # copy of x into the output
         _ring_time(t, n, p, flat)
     elif algorithm in ("topk_allgather", "gtopk"):
@@ -937,12 +937,12 @@ def plan(
 
 
 # ---------------------------------------------------------------------------------------------
-# compressor="auto"
+# algorithm="auto"
 
 
 @dataclasses.dataclass(frozen=True)
 class Auto:
-    """``compressor`` of ``jaxcomm.optax.allreduce_gradients`` that picks per bucket.
+    """``algorithm`` of ``jaxcomm.optax.allreduce_gradients`` that picks per bucket.
 
     At trace time each bucket's algorithm is the one :func:`choose` predicts fastest for its
     static size and the static world: the same on every rank (a pure function of shapes, the
@@ -981,8 +981,6 @@ class Auto:
         return self.profile if isinstance(self.profile, Profile) else DEFAULT_PROFILE
 
 
-MODEL_NAME = {"dense": "ring"}
-"""Model algorithm of each auto choice whose name differs (``dense`` is jaxcomm's ring)."""
 _decisions: list[dict[str, Any]] = []
 
 
@@ -1022,9 +1020,7 @@ def choose(
     for name in allowed:
         if name not in AUTO_CHOICES:
             raise ValueError(f"unknown auto choice {name!r}; allowed: {AUTO_CHOICES}")
-        model = MODEL_NAME.get(name, name)
-        if hierarchical:
-            model = "hier_" + model
+        model = "hier_" + name if hierarchical else name
         seconds = predict(model, n, world, profile, options).seconds
         if seconds < best_time:
             best, best_time = name, seconds
@@ -1039,7 +1035,7 @@ def resolve_auto(
     devices_per_process: int,
     hierarchical: bool = False,
 ) -> Any:
-    """The compressor ``allreduce_gradients`` uses for one bucket when ``compressor="auto"``.
+    """The algorithm ``allreduce_gradients`` uses for one bucket when ``algorithm="auto"``.
 
     Args:
       auto: ``"auto"`` (default :class:`Auto`) or an :class:`Auto`.
@@ -1050,7 +1046,7 @@ def resolve_auto(
       hierarchical: the reduction is hierarchical over (node, local).
 
     Returns:
-      None for the dense ring allreduce, else a jaxcomm compressor (``GTopK``, ...).
+      None for the dense ring allreduce, else a jaxcomm algorithm (``GTopK``, ...).
 
     Example:
       >>> resolve_auto(Auto(allowed=("dense",)), 1000, 2, 2, 1) is None
@@ -1062,7 +1058,7 @@ def resolve_auto(
 
     if isinstance(auto, str):
         if auto != "auto":
-            raise ValueError(f"compressor string must be 'auto', got {auto!r}")
+            raise ValueError(f"algorithm string must be 'auto', got {auto!r}")
         auto = Auto()
     profile = auto.resolved_profile()
     # The reduced axis may span fewer ranks than the world (e.g. one axis of a 2-D mesh):
@@ -1074,7 +1070,7 @@ def resolve_auto(
         world = World(axis_size, 1, profile.inter_process if processes > 1 else "same_host")
     name = choose(n, world, auto.allowed, profile, auto.options, hierarchical)
     o = auto.options
-    compressor = {
+    chosen = {
         "dense": lambda: None,
         "gtopk": lambda: jaxcomm.GTopK(o.density),
         "topk_allgather": lambda: jaxcomm.TopKAllgather(o.density),
@@ -1092,11 +1088,11 @@ def resolve_auto(
     }
     _decisions.append(decision)
     _log.info("jaxcomm auto: %d elements over %d ranks -> %s", n, axis_size, name)
-    return compressor
+    return chosen
 
 
 def auto_decisions() -> list[dict[str, Any]]:
-    """The choices ``compressor="auto"`` made in this process, in trace order.
+    """The choices ``algorithm="auto"`` made in this process, in trace order.
 
     Returns:
       One dict per resolved bucket: ``elements``, ``processes``, ``devices_per_process``,
@@ -1110,36 +1106,36 @@ def auto_decisions() -> list[dict[str, Any]]:
     return list(_decisions)
 
 
-def auto_compressor(
-    compressor: Any, n: int, axis_name: str | Sequence[str], hierarchical: bool = False
+def auto_algorithm(
+    algorithm: Any, n: int, axis_name: str | Sequence[str], hierarchical: bool = False
 ) -> Any:
-    """Resolves ``compressor="auto"`` for one bucket inside a traced, shard_mapped step.
+    """Resolves ``algorithm="auto"`` for one bucket inside a traced, shard_mapped step.
 
-    ``jaxcomm.optax.allreduce_gradients`` calls this for every bucket: any other compressor
+    ``jaxcomm.optax.allreduce_gradients`` calls this for every bucket: any other algorithm
     comes back unchanged; ``"auto"`` or an :class:`Auto` becomes :func:`resolve_auto`'s choice
     for the bucket's static size, the reduced axes' static size and the process layout
     (``jax.process_count()``, ``jax.local_device_count()``), so every rank chooses the same.
 
     Args:
-      compressor: what the user passed as ``compressor``.
+      algorithm: what the user passed as ``algorithm``.
       n: the bucket's elements.
       axis_name: the reduced mesh axis or axes (inside ``jax.shard_map``).
       hierarchical: the reduction is hierarchical.
 
     Returns:
-      None (dense ring allreduce) or a jaxcomm compressor.
+      None (dense ring allreduce) or a jaxcomm algorithm (``GTopK``, ...).
 
     Example:
-      >>> auto_compressor(None, 1000, "dp") is None
+      >>> auto_algorithm(None, 1000, "dp") is None
       True
     """
-    if not (isinstance(compressor, Auto) or isinstance(compressor, str)):
-        return compressor
+    if not (isinstance(algorithm, Auto) or isinstance(algorithm, str)):
+        return algorithm
     import jax
     from jax import lax
 
     names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
     axis_size = math.prod(lax.axis_size(a) for a in names)
     return resolve_auto(
-        compressor, n, axis_size, jax.process_count(), jax.local_device_count(), hierarchical
+        algorithm, n, axis_size, jax.process_count(), jax.local_device_count(), hierarchical
     )

@@ -2,7 +2,7 @@
 
 ``allreduce_gradients`` goes first in an ``optax.chain`` inside a jitted, shard_mapped
 training step: it sums every rank's gradient over the data-parallel axis with a dense UCX ring
-(``compressor=None``) or a compressed allreduce with error feedback, divides by the number of
+(``algorithm=None``) or a compressed allreduce with error feedback, divides by the number of
 ranks, and hands the average to the rest of the chain.
 
 Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``):
@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -79,13 +81,13 @@ def _axis_size(axis_name: AxisName) -> int:
 
 
 def _normalize_schedule(
-    schedule: Mapping[int, float] | Sequence[tuple[int, float]], compressor: Any
+    schedule: Mapping[int, float] | Sequence[tuple[int, float]], algorithm: Any
 ) -> tuple[np.ndarray, list[Any]]:
-    """Returns (start steps, compressor per phase) of a density schedule."""
-    if not hasattr(compressor, "density") or not dataclasses.is_dataclass(compressor):
+    """Returns (start steps, algorithm per phase) of a density schedule."""
+    if not hasattr(algorithm, "density") or not dataclasses.is_dataclass(algorithm):
         raise ValueError(
-            f"density_schedule needs a compressor with a density (GTopK, TopKAllgather), got "
-            f"{compressor!r}"
+            f"density_schedule needs an algorithm with a density (GTopK, TopKAllgather), got "
+            f"{algorithm!r}"
         )
     items = sorted(dict(schedule).items() if isinstance(schedule, Mapping) else schedule)
     if not items:
@@ -93,10 +95,10 @@ def _normalize_schedule(
     starts = [int(s) for s, _ in items]
     if len(set(starts)) != len(starts) or starts[0] < 0:
         raise ValueError(f"density_schedule steps must be distinct and >= 0, got {starts}")
-    phases = [dataclasses.replace(compressor, density=float(d)) for _, d in items]
-    if starts[0] > 0:  # before the first scheduled step the compressor's own density applies
+    phases = [dataclasses.replace(algorithm, density=float(d)) for _, d in items]
+    if starts[0] > 0:  # before the first scheduled step the algorithm's own density applies
         starts.insert(0, 0)
-        phases.insert(0, compressor)
+        phases.insert(0, algorithm)
     return np.asarray(starts, np.int32), phases
 
 
@@ -125,6 +127,27 @@ def _buckets(sizes: Sequence[int], bucket_size: int) -> list[list[int]]:
     return groups
 
 
+_UNSET: Any = object()
+
+
+def _deprecated_compressor(algorithm: Any, compressor: Any) -> Any:
+    """``algorithm``, or the value of the old ``compressor=`` keyword (with a warning)."""
+    if compressor is _UNSET:
+        return algorithm
+    if algorithm is not None:
+        raise TypeError(
+            "allreduce_gradients: pass the algorithm once, as `algorithm=` (`compressor=` is "
+            "its deprecated name)"
+        )
+    warnings.warn(
+        "allreduce_gradients(compressor=...) is deprecated: the argument is called "
+        "`algorithm`, as in jaxcomm.compressed_allreduce (e.g. algorithm=jaxcomm.GTopK(0.01))",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return compressor
+
+
 def gtopk_warmup_schedule(
     steps_per_epoch: int, density: float, warmup: Sequence[float] = GTOPK_WARMUP
 ) -> dict[int, float]:
@@ -150,13 +173,14 @@ def gtopk_warmup_schedule(
 
 def allreduce_gradients(
     axis_name: AxisName,
-    compressor: Any = None,
+    algorithm: Any = None,
     *,
     hierarchical: bool = False,
     mean: bool = True,
     density_schedule: Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
     overlap: bool = True,
+    compressor: Any = _UNSET,
 ) -> optax.GradientTransformation:
     """Averages (or sums) gradients over ``axis_name`` with jaxcomm's collectives.
 
@@ -168,7 +192,7 @@ def allreduce_gradients(
 
     Args:
       axis_name: the data-parallel mesh axis (or tuple of axes) to reduce over.
-      compressor: ``None`` for the dense ring allreduce, or an algorithm that
+      algorithm: ``None`` for the dense ring allreduce, or an algorithm that
         ``jaxcomm.compressed_allreduce`` accepts, e.g. ``jaxcomm.GTopK(0.01)`` or
         ``jaxcomm.TopKAllgather(0.01)`` (error feedback is kept in the state), or ``"auto"``
         / ``jaxcomm.cost.Auto(allowed=("dense", "gtopk"), profile="profile.json")``: each
@@ -176,7 +200,7 @@ def allreduce_gradients(
       hierarchical: reduce within a node first, then across nodes (``axis_name`` must then
         be a ("node", "local") pair of mesh axes; see ``jaxcomm.allreduce``).
       mean: divide the sum by the number of ranks (else return the sum).
-      density_schedule: ``{start step: density}`` (or pairs); the compressor's density is
+      density_schedule: ``{start step: density}`` (or pairs); the algorithm's density is
         replaced by the entry of the latest start step <= the update count. Each distinct
         density is compiled once, as a ``lax.switch`` branch. See
         :func:`gtopk_warmup_schedule`.
@@ -185,6 +209,8 @@ def allreduce_gradients(
         so that, inside a jitted step that also computes the gradients, each bucket's
         collective runs while backward computes the earlier layers (CPU; on GPU the
         collectives are awaited where they are issued). ``False`` awaits each bucket at once.
+      compressor: deprecated name of ``algorithm`` (a DeprecationWarning; passing both is a
+        TypeError).
 
     Returns:
       An ``optax.GradientTransformation`` whose state is an :class:`AllreduceGradientsState`.
@@ -197,6 +223,7 @@ def allreduce_gradients(
       >>> state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(),
       ...                               out_specs=specs))(params)
     """
+    algorithm = _deprecated_compressor(algorithm, compressor)
     if int(bucket_size) < 1:
         raise ValueError(f"bucket_size must be >= 1 element, got {bucket_size}")
     bucket_size = int(bucket_size)
@@ -204,17 +231,17 @@ def allreduce_gradients(
     if hierarchical:
         extra["hierarchical"] = True
     if density_schedule is not None:
-        if compressor is None:
+        if algorithm is None:
             raise ValueError(
-                "density_schedule needs a compressor; the dense allreduce has no density"
+                "density_schedule needs an algorithm; the dense allreduce has no density"
             )
-        starts, phases = _normalize_schedule(density_schedule, compressor)
+        starts, phases = _normalize_schedule(density_schedule, algorithm)
     else:
-        starts, phases = np.zeros(1, np.int32), [compressor]
+        starts, phases = np.zeros(1, np.int32), [algorithm]
 
     def init_fn(params: Any) -> AllreduceGradientsState:
         residuals = None
-        if compressor is not None:
+        if algorithm is not None:
             residuals = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p) or (1,), jnp.float32), params)
         return AllreduceGradientsState(count=jnp.zeros((), jnp.int32), residuals=residuals)
 
@@ -234,7 +261,7 @@ def allreduce_gradients(
             after = anchor if b + 1 < len(groups) else None
             # "auto" picks per bucket from the cost model (static: the same on every rank);
             # a bucket it sends dense keeps its (zero) residual.
-            chosen = cost.auto_compressor(algo, x.size, axis_name, hierarchical)
+            chosen = cost.auto_algorithm(algo, x.size, axis_name, hierarchical)
             if chosen is None:
                 summed = allreduce(x, axis_name, after=after, **extra)
             else:
@@ -255,10 +282,10 @@ def allreduce_gradients(
         leaves, treedef = jax.tree.flatten(updates)
         # Dense buckets travel in the gradients' common dtype (an all-bf16 tree uses the 16-bit
         # wire of jaxcomm.allreduce); compressed ones in float32, the dtype of the residuals.
-        wire = jnp.result_type(*leaves) if compressor is None and leaves else jnp.float32
+        wire = jnp.result_type(*leaves) if algorithm is None and leaves else jnp.float32
         xs = [jnp.ravel(g).astype(wire) for g in leaves]
         rs = None
-        if compressor is not None:
+        if algorithm is not None:
             r_leaves = treedef.flatten_up_to(state.residuals)
             rs = [jnp.ravel(r) for r in r_leaves]
         if len(phases) == 1 or not any(x.size for x in xs):
@@ -285,7 +312,7 @@ def allreduce_gradients(
             for s, g in zip(sums, leaves, strict=True)
         ]
         residuals = None
-        if compressor is not None:
+        if algorithm is not None:
             residuals = treedef.unflatten(
                 [r.reshape(old.shape) for r, old in zip(new_rs, r_leaves, strict=True)]
             )
@@ -323,63 +350,87 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
     return jax.tree.map(visit, state, is_leaf=lambda x: isinstance(x, AllreduceGradientsState))
 
 
-def save_state(path: str, tree: Any) -> None:
-    """Saves a tree of (possibly sharded) jax.Arrays: this process's shards, bit-exact.
+def _checkpointer() -> Any:
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError as e:
+        raise ImportError(
+            "jaxcomm.optax.save_state/restore_state use Orbax: python -m pip install "
+            "'jaxcomm[checkpoint]' (or orbax-checkpoint)"
+        ) from e
+    return ocp.StandardCheckpointer()
 
-    Each process writes ``<path>.process<i>.npz`` holding its addressable shards, so per-rank
-    residuals survive exactly; :func:`restore_state` reads them back.
+
+def save_state(path: str | os.PathLike, tree: Any) -> None:
+    """Saves a tree of (possibly sharded) jax.Arrays with Orbax, every shard bit-exact.
+
+    Each rank's error-feedback residual is a shard of an array sharded over the data-parallel
+    axis (:func:`partition_specs`), so it is saved as it is, and :func:`restore_state` gives
+    every rank back its own residual: training resumes bit for bit where it stopped (the
+    residuals are not reset on load, unlike DeepSpeed's 1-bit Adam). Every process must call
+    it (Orbax writes its addressable shards and meets the others); it returns once the
+    checkpoint is on disk.
 
     Args:
-      path: file prefix.
+      path: the checkpoint directory (replaced if it exists).
       tree: a pytree of jax.Arrays (e.g. ``(params, opt_state)``).
 
     Returns:
       None.
 
+    Raises:
+      ImportError: Orbax is not installed (the ``checkpoint`` extra).
+
     Example:
       >>> save_state("/tmp/ckpt/step100", (params, opt_state))
     """
-    arrays: dict[str, np.ndarray] = {}
-    for i, leaf in enumerate(jax.tree.leaves(tree)):
-        for shard in leaf.addressable_shards:
-            arrays[f"{i}/{_index_key(shard.index, leaf.shape)}"] = np.asarray(shard.data)
-    np.savez(f"{path}.process{jax.process_index()}.npz", **arrays)
+    checkpointer = _checkpointer()
+    checkpointer.save(os.path.abspath(path), tree, force=True)
+    checkpointer.wait_until_finished()
 
 
-def restore_state(path: str, like: Any) -> Any:
+def restore_state(path: str | os.PathLike, like: Any) -> Any:
     """Restores what :func:`save_state` wrote, with the shardings of ``like``.
 
     Args:
-      path: the prefix given to ``save_state``.
+      path: the directory given to ``save_state``.
       like: a tree of the same structure whose leaves have ``.shape``, ``.dtype`` and
         ``.sharding`` (e.g. the freshly initialized state, or ``jax.ShapeDtypeStruct``).
 
     Returns:
-      The restored tree of jax.Arrays.
+      The restored tree of jax.Arrays, bit-identical to what was saved.
+
+    Raises:
+      ValueError: a leaf of ``like`` whose dtype or shape differs from the saved one (Orbax
+        would cast it), or that the checkpoint lacks.
+      ImportError: Orbax is not installed (the ``checkpoint`` extra).
 
     Example:
       >>> params, opt_state = restore_state("/tmp/ckpt/step100", (params, opt_state))
     """
-    leaves, treedef = jax.tree.flatten(like)
-    with np.load(f"{path}.process{jax.process_index()}.npz") as data:
-        saved = {k: data[k] for k in data.files}
-    out = []
-    for i, leaf in enumerate(leaves):
+    checkpointer = _checkpointer()
+    path = os.path.abspath(path)
+    metadata = checkpointer.metadata(path)
+    saved = {m.name: m for m in jax.tree.leaves(getattr(metadata, "item_metadata", metadata))}
+    for keys, leaf in jax.tree_util.tree_flatten_with_path(like)[0]:
+        name = ".".join(_key_name(k) for k in keys)
+        if name not in saved:
+            raise ValueError(f"restore_state: {path} has no leaf {name!r}; saved: {sorted(saved)}")
+        m = saved[name]
+        if np.dtype(m.dtype) != np.dtype(leaf.dtype) or tuple(m.shape) != tuple(leaf.shape):
+            raise ValueError(
+                f"restore_state: leaf {name!r} was saved as {np.dtype(m.dtype)}{list(m.shape)}, "
+                f"`like` has {np.dtype(leaf.dtype)}{list(leaf.shape)}"
+            )
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
+    )
+    return checkpointer.restore(path, abstract)
 
-        def shard(index: tuple, i: int = i, leaf: Any = leaf) -> np.ndarray:
-            return saved[f"{i}/{_index_key(index, leaf.shape)}"]
 
-        array = jax.make_array_from_callback(leaf.shape, leaf.sharding, shard)
-        if array.dtype != leaf.dtype:
-            raise ValueError(f"leaf {i}: saved dtype {array.dtype} != expected {leaf.dtype}")
-        out.append(array)
-    return treedef.unflatten(out)
-
-
-def _index_key(index: tuple, shape: tuple) -> str:
-    """A stable text key of a shard's index (tuple of slices) into an array of `shape`."""
-    parts = []
-    for s, n in zip(index, shape, strict=True):
-        start, stop, _ = s.indices(n)
-        parts.append(f"{start}:{stop}")
-    return ",".join(parts) or "scalar"
+def _key_name(key: Any) -> str:
+    """One part of a leaf's name in Orbax's metadata (``1.0.count``)."""
+    for attr in ("key", "idx", "name"):  # DictKey, SequenceKey, GetAttrKey
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)

@@ -55,14 +55,14 @@ def compressed(algo, axes, **kw):
 flat = Mesh(np.asarray(jax.devices()), ("dp",))
 hier = Mesh(np.asarray(jax.devices()).reshape(2, -1), HIER)
 out = {
-    "ring": run(lambda v, r: (jaxcomm.allreduce(v[0], "dp")[None], r), flat, P("dp")),
+    "dense": run(lambda v, r: (jaxcomm.allreduce(v[0], "dp")[None], r), flat, P("dp")),
     "topk_allgather": run(compressed(jaxcomm.TopKAllgather(0.01), "dp"), flat, P("dp")),
     "gtopk": run(compressed(jaxcomm.GTopK(0.01), "dp"), flat, P("dp")),
     "onebit": run(compressed(jaxcomm.OneBit(), "dp"), flat, P("dp")),
     "threshold": run(compressed(jaxcomm.Threshold(TAU), "dp"), flat, P("dp")),
     "adaptive": run(compressed(jaxcomm.Adaptive(64), "dp"), flat, P("dp")),
 }
-for name, scheme in (("hier_ring", "multi_leader"), ("hier_ring_leader", "leader")):
+for name, scheme in (("hier_dense", "multi_leader"), ("hier_dense_leader", "leader")):
     out[name] = run(
         lambda v, r, s=scheme: (
             jaxcomm.allreduce(v[0], HIER, hierarchical=True, hierarchical_scheme=s)[None],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
@@ -14,8 +13,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def jaxcomm_cmd() -> list[str]:
-    exe = shutil.which("jaxcomm") or str(pathlib.Path(sys.executable).with_name("jaxcomm"))
-    return [exe]
+    # The `jaxcomm` script of this interpreter's environment: one found on PATH may belong to
+    # another installation (e.g. a pyenv shim) and test that one instead.
+    script = pathlib.Path(sys.executable).with_name("jaxcomm")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "jaxcomm_launcher"]
 
 
 def write_recipe(path: pathlib.Path, **fields) -> pathlib.Path:

@@ -70,7 +70,7 @@ def test_dense_is_float32_sum_rounded_once(run, devices, dtype, n):
     scale = np.abs(xs).sum(axis=0)
     assert np.all(np.abs(arrays[f"{case}/psum"][0] - expected) <= 2 * devices * eps * scale + 1e-6)
     # 2 bytes per element on the wire: each rank sends every chunk but its own twice.
-    assert info[case]["algorithms"] == [f"direct_{'bf16' if dtype == 'bfloat16' else 'f16'}"]
+    assert info[case]["algorithms"] == [f"dense_{'bf16' if dtype == 'bfloat16' else 'f16'}"]
     assert max(info[case]["bytes_sent"]) <= 2 * 2 * n * (devices - 1) / devices + 2 * 2
     assert sum(info[case]["bytes_sent"]) == 2 * 2 * n * (devices - 1)
 

@@ -1,4 +1,4 @@
-"""The cost model (jaxcomm.cost), `jaxcomm probe`, `jaxcomm plan` and compressor="auto".
+"""The cost model (jaxcomm.cost), `jaxcomm probe`, `jaxcomm plan` and algorithm="auto".
 
 Byte counts are checked against jaxcomm.metrics() of real calls (tests/cost_worker.py);
 times against the closed forms of the seeds (gTop-k paper Table I, nccl-tests bus
@@ -69,7 +69,7 @@ def test_ring_bus_bandwidth_is_the_link_bandwidth(p):
     # nccl-tests: busbw = algbw * 2(P-1)/P for allreduce; a bandwidth-optimal ring on links of
     # bandwidth B has busbw == B.
     n = 1_000_000 * p  # divisible by P
-    t = cost.predict("ring", n, cost.World(p), pure_profile(0.0)).seconds
+    t = cost.predict("dense", n, cost.World(p), pure_profile(0.0)).seconds
     algbw = n * 4 / t
     assert algbw * 2 * (p - 1) / p == pytest.approx(4 / BETA_WORD, rel=1e-12)
 
@@ -140,15 +140,15 @@ def test_sparse_bytes_scale_as_the_papers_say():
         assert ag == (p - 1) * 2 * options.k(n) * 4  # O(kP)
         assert gt == pytest.approx(2 * (p - 1) / p * 2 * options.k(n) * 4)  # mean over ranks
     # Dense ring: 2(P-1)/P of the vector per rank.
-    assert cost.bytes_sent("ring", 8000, cost.World(8)) == pytest.approx(2 * 7 / 8 * 8000 * 4)
+    assert cost.bytes_sent("dense", 8000, cost.World(8)) == pytest.approx(2 * 7 / 8 * 8000 * 4)
 
 
 def test_overlap_hides_communication_only():
     world, n = cost.World(4, 1, "across_hosts"), 4_000_000
-    plain = cost.predict("ring", n, world)
-    hidden = cost.predict("ring", n, world, overlap=True, hidden_seconds=1.0)
+    plain = cost.predict("dense", n, world)
+    hidden = cost.predict("dense", n, world, overlap=True, hidden_seconds=1.0)
     assert hidden.seconds == pytest.approx(plain.compute_seconds)
-    partly = cost.predict("ring", n, world, overlap=True, hidden_seconds=0.01)
+    partly = cost.predict("dense", n, world, overlap=True, hidden_seconds=0.01)
     assert partly.seconds == pytest.approx(plain.seconds - 0.01)
 
 
@@ -162,7 +162,7 @@ def test_bad_inputs_name_the_argument(tmp_path):
     with pytest.raises(ValueError, match="density"):
         cost.Options(density=2.0)
     with pytest.raises(ValueError, match="n \\(elements\\)"):
-        cost.bytes_sent("ring", -1, cost.World(2))
+        cost.bytes_sent("dense", -1, cost.World(2))
     bad = tmp_path / "p.json"
     bad.write_text("{}")
     with pytest.raises(ValueError, match="p.json"):
@@ -199,7 +199,7 @@ def test_predicted_bytes_equal_measured_metrics(devices, n):
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     # The worker's inputs: identical on every rank, alternating signs, |x| > tau everywhere.
     options = cost.Options(density=0.01, threshold_fraction=1.0, selection_overlap=1.0)
-    assert set(measured) >= {"ring", "gtopk", "topk_allgather", "onebit", "adaptive", "hier_ring"}
+    assert set(measured) >= {"dense", "gtopk", "topk_allgather", "onebit", "adaptive", "hier_dense"}
     for algorithm, per_rank in measured.items():
         hier = algorithm.startswith("hier_")
         world = cost.World(2, devices // 2) if hier else cost.World(1, devices)
@@ -307,12 +307,12 @@ def test_plan_table_allowed_profile_and_dry_run(tmp_path):
     profile = tmp_path / "p.json"
     cost.DEFAULT_PROFILE.save(profile)
     recipe = str(ROOT / "recipes" / "digits-dense.yaml")
-    done = _plan(recipe, "--profile", str(profile), "--allowed", "ring,gtopk", cwd=tmp_path)
+    done = _plan(recipe, "--profile", str(profile), "--allowed", "dense,gtopk", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "4810" in done.stdout  # the MLP's parameter count
     pick = [ln for ln in done.stdout.splitlines() if ln.startswith("pick:")]
-    assert pick and pick[0].split()[1] in ("ring", "gtopk")
-    bad = _plan(recipe, "--allowed", "ring,bf16", cwd=tmp_path)
+    assert pick and pick[0].split()[1] in ("dense", "gtopk")
+    bad = _plan(recipe, "--allowed", "dense,bf16", cwd=tmp_path)
     assert bad.returncode == 2 and "bf16" in bad.stderr
     bad_profile = tmp_path / "bad.json"
     bad_profile.write_text("not json")
@@ -326,9 +326,11 @@ def test_plan_table_allowed_profile_and_dry_run(tmp_path):
         str(custom), "--elements", "1000000", "--overlap-ms", "1e6", "--json", cwd=tmp_path
     )
     rows = json.loads(hidden.stdout)["predictions"]
-    ring = next(r for r in rows if r["algorithm"] == "ring")
+    dense = next(r for r in rows if r["algorithm"] == "dense")
     world = cost.World(2)
-    assert ring["seconds"] == pytest.approx(cost.predict("ring", 1_000_000, world).compute_seconds)
+    assert dense["seconds"] == pytest.approx(
+        cost.predict("dense", 1_000_000, world).compute_seconds
+    )
     dry = run_cli("launch", recipe, "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert "# pick:" in dry.stdout and "# plan for digits-dense" in dry.stdout

@@ -27,7 +27,7 @@ def test_mpirun_backend_two_ranks(tmp_path):
     assert "[r0]" in res.stdout and "[r1]" in res.stdout
     for rank in (0, 1):
         assert (out / "dense" / f"rank{rank}.jsonl").read_text().count("\n") == 3
-        assert "psum checked" in (out / "dense" / f"rank{rank}.log").read_text()
+        assert "allreduce checked" in (out / "dense" / f"rank{rank}.log").read_text()
     assert json.loads((out / "summary.json").read_text())["variants"][0]["status"] == "ok"
     assert not worker_pids(str(out))
 
@@ -155,7 +155,7 @@ def test_mpirun_output_of_two_ranks_glued_in_one_line_is_split():
     CI: rank 1's line ended up in rank 0's log and rank 0's next line was lost from it)."""
     from jaxcomm_launcher.backends.mpirun import route_tagged_line
 
-    assert route_tagged_line("[1,0]<stdout>:psum checked") == [(0, "psum checked")]
+    assert route_tagged_line("[1,0]<stdout>:allreduce checked") == [(0, "allreduce checked")]
     assert route_tagged_line("[1,0]<stdout>: spaced") == [(0, "spaced")]  # OpenMPI 5
     assert route_tagged_line("[1,0]<stdout>:") == [(0, "")]
     assert route_tagged_line("[1,0]<stdout>:half[1,1]<stdout>:other rank") == [

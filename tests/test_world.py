@@ -130,10 +130,10 @@ def test_gpu_world_without_gpus_fails_clearly():
 
 
 def test_nccl_library_override(monkeypatch):
-    from jaxcomm.collectives import nccl
+    from jaxcomm import config
 
     monkeypatch.setenv("JAXCOMM_NCCL_LIBRARY", "/opt/nccl/lib/libnccl.so.2")
-    assert nccl.library_path() == "/opt/nccl/lib/libnccl.so.2"
+    assert config.nccl_library_path() == "/opt/nccl/lib/libnccl.so.2"
     monkeypatch.delenv("JAXCOMM_NCCL_LIBRARY")
-    found = nccl.library_path()
+    found = config.nccl_library_path()
     assert found == "" or found.endswith("libnccl.so.2")

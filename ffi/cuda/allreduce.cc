@@ -34,7 +34,7 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
   const int parts = group->size();
   const uint64_t bytes = 2 * sizeof(float) * static_cast<uint64_t>(n) * (parts - 1) / parts;
   group->CountTraffic(bytes, bytes);
-  group->Finish("nccl", n);
+  group->Finish("dense", n);
   return ForwardToken(stream, token, token_out);
 }
 

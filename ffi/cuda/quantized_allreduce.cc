@@ -527,8 +527,9 @@ ffi::Error HierarchicalDenseCuda(cudaStream_t stream, ffi::ScratchAllocator scra
     JAXCOMM_RETURN_IF_ERROR(
         HierarchicalGpu(h, scratch, stream, nullptr, leaders, out->typed_data(), n, nullptr));
   }
-  return FinishHierarchy(h, stream, leaders > 1 ? "hierarchical_ring" : "hierarchical_ring_leader",
-                         n, token, token_out);
+  return FinishHierarchy(h, stream,
+                         leaders > 1 ? "hierarchical_dense" : "hierarchical_dense_leader", n, token,
+                         token_out);
 }
 
 ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomm import _validate
-from jaxcomm.collectives import _mesh, _quantized
+from jaxcomm.collectives import _attributes, _mesh
 from jaxcomm.collectives._call import collective_call
 
 # 16-bit dense allreduce targets (ffi/allreduce_half.cc): 2 bytes per element on the wire,
@@ -90,7 +90,7 @@ def allreduce(
         )
         return out
     if hierarchical:
-        attrs = _quantized.hierarchical_attributes(
+        attrs = _attributes.hierarchical_attributes(
             axis_name, hierarchical_scheme, "jaxcomm.allreduce"
         )
         if x.size == 0:

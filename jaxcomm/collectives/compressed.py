@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcomm import _validate
-from jaxcomm.collectives import _quantized
+from jaxcomm.collectives import _attributes, _mesh
 from jaxcomm.collectives._call import collective_call
 from jaxcomm.compressors import Adaptive, GTopK, OneBit, Threshold, TopKAllgather
 
@@ -77,7 +77,7 @@ def compressed_allreduce(
       ...     lambda g, r: jaxcomm.compressed_allreduce(g, r, "dp", jaxcomm.GTopK(0.01)),
       ...     mesh=mesh, in_specs=(P("dp"), P("dp")), out_specs=(P("dp"), P("dp")))
     """
-    quantized = isinstance(algorithm, _quantized.QUANTIZERS)
+    quantized = isinstance(algorithm, _attributes.QUANTIZERS)
     if type(algorithm) not in _TARGETS and not quantized:
         raise TypeError(
             "algorithm must be jaxcomm.TopKAllgather(density), jaxcomm.GTopK(density), "
@@ -98,7 +98,7 @@ def compressed_allreduce(
     rounded = summed.astype(dtype)
     # Error feedback of the final rounding: the P ranks' residuals together keep what
     # rounding dropped from the (identical) sum.
-    size = _quantized.group_size(axis_name, "jaxcomm.compressed_allreduce")
+    size = _mesh.resolve(axis_name, "jaxcomm.compressed_allreduce").group_size
     lost = (summed - rounded.astype(jnp.float32)) * np.float32(1.0 / size)
     return rounded, new_residual + lost
 
@@ -116,10 +116,10 @@ def _compressed_f32(
     """The float32 collective call of :func:`compressed_allreduce` (arguments checked)."""
     api = "jaxcomm.compressed_allreduce"
     if quantized:
-        attrs = _quantized.quantizer_attributes(algorithm)
+        attrs = _attributes.quantizer_attributes(algorithm)
         target = "jaxcomm_quantized_allreduce"
         if hierarchical:
-            attrs.update(_quantized.hierarchical_attributes(axis_name, hierarchical_scheme, api))
+            attrs.update(_attributes.hierarchical_attributes(axis_name, hierarchical_scheme, api))
             target = "jaxcomm_hierarchical_quantized"
         if x.size == 0:
             return x, residual

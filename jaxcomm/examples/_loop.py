@@ -273,25 +273,43 @@ def train_loop(
         if i == 0:
             jaxcomm.reset_metrics()  # the compiling step is not counted
             clock, window_first = time.perf_counter(), 1
+            window_comm = _collective_seconds()
             if not evaluate_now:
                 continue
         if evaluate_now:
             now = time.perf_counter()
             seconds += now - clock
-            step_time = (now - clock) / max(1, i + 1 - window_first)
+            window_steps = max(1, i + 1 - window_first)
+            step_time = (now - clock) / window_steps
+            comm = _collective_seconds()
             evaluation = float(evaluate(params))
             history.append({"step": i, "seconds": seconds, "loss": loss, eval_name: evaluation})
             if logger is not None:
+                base = window_comm or 0.0  # nothing had run when this window began
                 logger.log(
                     i,
                     force=True,
                     loss=loss,
                     step_time_s=step_time,
                     train_seconds=seconds,
+                    # What jaxcomm.metrics() measured per step of this window (None: psum,
+                    # whose time XLA does not report).
+                    collective_time_s=None if comm is None else (comm - base) / window_steps,
                     **{eval_name: evaluation, metric_name: host_scalar(metric_d)},
                 )
-            clock, window_first = time.perf_counter(), i + 1
+            clock, window_first, window_comm = time.perf_counter(), i + 1, _collective_seconds()
     return LoopResult(params, loss, evaluation, history, seconds, max(1, steps - 1))
+
+
+def _collective_seconds() -> float | None:
+    """Seconds inside jaxcomm's collectives so far, per rank of this process.
+
+    None before any jaxcomm collective ran (e.g. the ``psum`` baseline).
+    """
+    totals = [t for t in jaxcomm.metrics()["totals"] if t["calls"]]
+    if not totals:
+        return None
+    return sum(t["seconds"] for t in totals) / len({t["world_rank"] for t in totals})
 
 
 def communication_summary(
@@ -320,6 +338,31 @@ def communication_summary(
         "dense_bytes_per_step": dense,
         "comm_seconds_per_step": comm,
     }
+
+
+def make_config(config: type, fields: dict[str, Any], workload: str) -> Any:
+    """``config(**fields)``, with an error listing the known fields for an unknown one.
+
+    Args:
+      config: an example's config dataclass (``DigitsConfig``, ``BytesLMConfig``).
+      fields: its keyword arguments.
+      workload: the example's name, for the error.
+
+    Returns:
+      The config.
+
+    Raises:
+      TypeError: a key of ``fields`` is not a field of ``config``.
+
+    Example:
+      >>> make_config(DigitsConfig, {"algorithm": "gtopk"}, "digits").algorithm  # doctest: +SKIP
+      'gtopk'
+    """
+    known = {f.name for f in dataclasses.fields(config)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"unknown {workload} settings {unknown}; known: {sorted(known)}")
+    return config(**fields)
 
 
 def command_line(description: str, config: type, train: Callable[..., dict[str, Any]]) -> None:

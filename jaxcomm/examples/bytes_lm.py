@@ -173,14 +173,14 @@ def _windows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
     return np.stack([data[s : s + length] for s in starts]).astype(np.int32)
 
 
-def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
+def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> dict[str, Any]:
     """Trains the byte LM and returns the final metrics.
 
     Args:
-      ctx: optional launcher job context (see :func:`jaxcomm.examples.digits.train`): its
-        ``jaxcomm`` settings and ``args`` are read first, keyword arguments override them.
-      **config: :class:`BytesLMConfig` fields and ``run_dir`` (rank 0 writes
-        ``bytes-lm-<label>.json`` there).
+      logger: optional metrics sink with ``log(step, force=..., **fields)`` (see
+        :func:`jaxcomm.examples.digits.train`).
+      run_dir: optional directory; rank 0 writes ``bytes-lm-<label>.json`` there.
+      **config: :class:`BytesLMConfig` fields.
 
     Returns:
       ``{"workload", "algorithm", "label", "steps", "devices", "parameters",
@@ -188,27 +188,14 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
       "dense_bytes_per_step", "comm_seconds_per_step", "step_seconds", "seconds",
       "history"}``.
 
+    Raises:
+      TypeError: a keyword that is not a :class:`BytesLMConfig` field.
+
     Example:
       >>> result = train(algorithm="dense", steps=20, width=64, layers=2, heads=2)
       >>> result["validation_bits_per_byte"]  # doctest: +SKIP
     """
-    run_dir = config.pop("run_dir", None) or getattr(ctx, "run_dir", None)
-    fields: dict[str, Any] = {}
-    if ctx is not None:
-        s = getattr(ctx, "jaxcomm", None)
-        if s is not None:
-            fields.update(
-                algorithm={"topk": "topk_allgather"}.get(s.algorithm, s.algorithm),
-                density=s.density,
-                grad_dtype=getattr(s, "grad_dtype", "float32"),
-            )
-        fields.update(getattr(ctx, "args", None) or {})
-    fields.update(config)
-    known = {f.name for f in dataclasses.fields(BytesLMConfig)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise TypeError(f"unknown bytes-lm settings {unknown}; known: {sorted(known)}")
-    cfg = BytesLMConfig(**fields)
+    cfg = _loop.make_config(BytesLMConfig, config, "bytes-lm")
 
     mesh = _loop.data_parallel_mesh()
     n_dev = mesh.size
@@ -265,7 +252,7 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
         max_in_flight=cfg.max_in_flight,
         eval_name="validation_bits_per_byte",
         metric_name="train_bits_per_byte",
-        logger=getattr(ctx, "metrics", None),
+        logger=logger,
     )
     reduction = cfg.reduction()
     result = {

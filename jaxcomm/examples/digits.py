@@ -8,13 +8,12 @@ process (one mesh axis ``dp``). Gradients are averaged by
 - ``psum``: XLA's own ``lax.pmean`` (the baseline without jaxcomm);
 - ``gtopk`` / ``topk_allgather``: sparse allreduce with error feedback, density ρ, optionally
   with the gTop-k paper's warm-up densities (one per epoch: 0.25, 0.0725, 0.015, 0.004);
-- ``adaptive`` / ``onebit`` / ``threshold``: quantized allreduce, where this build's
-  ``jaxcomm.compressed_allreduce`` supports it.
+- ``adaptive`` / ``onebit`` / ``threshold``: quantized allreduce with error feedback.
 
-Use it from Python (``train(algorithm="gtopk", density=0.01)``) or as a launcher job
-(``job: jaxcomm.examples.digits:train``): :func:`train` accepts the launcher's job context
-(rank, world size, run directory, metrics logger, recipe ``train``/``jaxcomm``/``args``) or
-plain keyword arguments.
+Use it from Python (``train(algorithm="gtopk", density=0.01)``), from the command line
+(``python -m jaxcomm.examples.digits --devices 4 --algorithm gtopk``) or through the launcher
+(``job: digits``: ``launcher/jaxcomm_launcher/jobs/digits.py`` turns the recipe into these
+keyword arguments; this module knows nothing of the launcher).
 """
 
 from __future__ import annotations
@@ -263,50 +262,15 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
     return Trainer(mesh, init, step, accuracy, batch, lambda: step.traces)
 
 
-def _config_from(ctx: Any, overrides: dict[str, Any]) -> DigitsConfig:
-    """Reads a launcher job context (duck-typed) and keyword overrides into a config."""
-    fields: dict[str, Any] = {}
-    if ctx is not None:
-        t = getattr(ctx, "train", None)
-        for name in (
-            "steps",
-            "batch_size",
-            "learning_rate",
-            "momentum",
-            "hidden",
-            "eval_every",
-            "seed",
-        ):
-            if t is not None and getattr(t, name, None) is not None:
-                fields[name] = getattr(t, name)
-        s = getattr(ctx, "jaxcomm", None)
-        if s is not None:
-            algorithm = {"topk": "topk_allgather"}.get(s.algorithm, s.algorithm)
-            fields.update(algorithm=algorithm, density=s.density)
-            if getattr(s, "grad_dtype", None):
-                fields["grad_dtype"] = s.grad_dtype
-            if getattr(s, "allowed", None):
-                fields["allowed"] = tuple({"topk": "topk_allgather"}.get(a, a) for a in s.allowed)
-            if getattr(s, "profile", None):
-                fields["profile"] = s.profile
-        fields.update(getattr(ctx, "args", None) or {})
-    fields.update(overrides)
-    known = {f.name for f in dataclasses.fields(DigitsConfig)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise TypeError(f"unknown digits settings {unknown}; known: {sorted(known)}")
-    return DigitsConfig(**fields)
-
-
-def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
+def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> dict[str, Any]:
     """Trains on the digits and returns the final metrics.
 
     Args:
-      ctx: optional launcher job context (``rank``, ``world_size``, ``run_dir``, ``metrics``
-        with ``log(step, force=..., **fields)``, ``train``, ``jaxcomm``, ``args``). Its
-        settings are read first; keyword arguments override them.
-      **config: :class:`DigitsConfig` fields, e.g. ``algorithm="gtopk", density=0.01``, and
-        ``run_dir`` (rank 0 writes ``digits-<model>-<algorithm>.json`` there).
+      logger: optional metrics sink with ``log(step, force=..., **fields)`` (the launcher
+        passes its per-rank logger); it receives loss, accuracy, step and collective time and
+        bytes at every evaluation.
+      run_dir: optional directory; rank 0 writes ``digits-<model>-<label>.json`` there.
+      **config: :class:`DigitsConfig` fields, e.g. ``algorithm="gtopk", density=0.01``.
 
     Returns:
       ``{"algorithm", "model", "grad_dtype", "steps", "test_accuracy", "train_loss",
@@ -318,13 +282,14 @@ def train(ctx: Any = None, /, **config: Any) -> dict[str, Any]:
       first (compiling) step, evaluations excluded; ``history`` lists ``{"step", "seconds",
       "loss", "test_accuracy"}`` at every evaluation.
 
+    Raises:
+      TypeError: a keyword that is not a :class:`DigitsConfig` field.
+
     Example:
       >>> result = train(algorithm="gtopk", density=0.01, epochs=5)
       >>> result["test_accuracy"]  # doctest: +SKIP
     """
-    run_dir = config.pop("run_dir", None) or getattr(ctx, "run_dir", None)
-    cfg = _config_from(ctx, config)
-    logger = getattr(ctx, "metrics", None)
+    cfg = _loop.make_config(DigitsConfig, config, "digits")
     trainer = build(cfg)
     n_dev = trainer.mesh.size
     _, _, x_test, y_test = load_digits_split()

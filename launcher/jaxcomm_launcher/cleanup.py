@@ -20,7 +20,9 @@ import shutil
 import signal
 import subprocess
 
-STATE_DIR = pathlib.Path(os.environ.get("JAXCOMM_STATE_DIR", "/run/jaxcomm"))
+from jaxcomm_launcher._jaxcomm import standalone
+
+STATE_DIR = pathlib.Path(standalone("config").get("JAXCOMM_STATE_DIR"))
 _NAME = re.compile(r"^jc[mvb]([0-9a-f]+)(?:r\d+)?$")
 
 

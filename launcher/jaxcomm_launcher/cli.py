@@ -8,7 +8,6 @@ or usage, 124 timeout, 130 interrupted.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import pathlib
@@ -24,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxcomm_launcher import __version__
+from jaxcomm_launcher._jaxcomm import standalone
 from jaxcomm_launcher.recipe import Recipe, RecipeError, load_recipe
 
 app = typer.Typer(
@@ -137,12 +137,9 @@ def launch(
 
     Example: jaxcomm launch recipes/digits-dense.yaml --set world.processes=4
     """
-    from jaxcomm_launcher.backends import make_backend
-    from jaxcomm_launcher.runner import (
-        default_run_dir,
-        run_recipe,
-        run_slurm_recipe,
-    )
+    from jaxcomm_launcher.backends import SlurmBackendRunner, make_backend
+    from jaxcomm_launcher.rundir import default_run_dir
+    from jaxcomm_launcher.runner import run_recipe, run_slurm_recipe
 
     path = _resolve_recipe(recipe)
     try:
@@ -161,8 +158,8 @@ def launch(
         if rec.backend.kind == "slurm":
             if dry_run:
                 # The compute nodes read the run directory by its absolute path.
-                backend = make_backend(rec, run_dir.resolve())
-                typer.echo(backend.render(), nl=False)  # verbatim: no wrapping, no markup
+                script = SlurmBackendRunner(rec, run_dir.resolve()).render()
+                typer.echo(script, nl=False)  # verbatim: no wrapping, no markup
                 _echo_plan_comment(rec, profile)
                 return
             run_slurm_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet, detach=detach)
@@ -212,22 +209,22 @@ def report(
     For a slurm run (also a detached one) the entries' statuses are first read from the
     files the job wrote, and the job's state from Slurm.
     """
-    from jaxcomm_launcher import metrics
+    from jaxcomm_launcher import results
 
     try:
-        run = metrics.read_run(run_dir)
+        run = results.read_run(run_dir)
         if run.get("backend") == "slurm":
             from jaxcomm_launcher.backends.slurm import collect
 
             slurm = collect(run_dir).get("slurm", {})
             if slurm.get("state"):
                 console.print(f"slurm job {slurm.get('job_id')}: {slurm['state']}", highlight=False)
-        summary = metrics.write_summary(run_dir)
+        summary = results.write_summary(run_dir)
     except FileNotFoundError as exc:
         _print_error(exc)
         raise typer.Exit(2) from None
-    plots = metrics.draw_plots(run_dir)
-    metrics.print_table(summary, console)
+    plots = results.draw_plots(run_dir)
+    results.print_table(summary, console)
     for p in plots:
         console.print(f"plot: {p}", highlight=False, soft_wrap=True)
 
@@ -256,40 +253,6 @@ def cleanup_command(
 
 # ---------------------------------------------------------------------------------------------
 # probe and plan: the cost model (jaxcomm/cost.py)
-
-
-def cost_model() -> types.ModuleType:
-    """Returns ``jaxcomm.cost`` without importing the rest of jaxcomm.
-
-    ``import jaxcomm`` imports JAX and loads the C++ library (about 1.5 s here); the cost model
-    needs neither, so ``jaxcomm plan`` loads ``jaxcomm/cost.py`` on its own and answers in
-    well under 2 s. When jaxcomm is already imported, its module is returned.
-
-    Returns:
-        The ``jaxcomm.cost`` module (or a standalone copy of it).
-
-    Raises:
-        ModuleNotFoundError: jaxcomm is not installed.
-
-    Example:
-        >>> cost_model().ALGORITHMS[0]
-        'psum'
-    """
-    if "jaxcomm.cost" in sys.modules:
-        return sys.modules["jaxcomm.cost"]
-    name = "jaxcomm_launcher._jaxcomm_cost"
-    if name in sys.modules:
-        return sys.modules[name]
-    package = importlib.util.find_spec("jaxcomm")  # locates the package without importing it
-    if package is None or package.origin is None:
-        raise ModuleNotFoundError("jaxcomm is not installed: python -m pip install .")
-    spec = importlib.util.spec_from_file_location(
-        name, pathlib.Path(package.origin).parent / "cost.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 def _digits_parameters(model: str, hidden: int) -> int:
@@ -387,9 +350,9 @@ def recipe_plan(
     Example:
         >>> plan, _, _ = recipe_plan(Recipe(name="x", job="digits"))
         >>> plan["pick"]["algorithm"]  # doctest: +SKIP
-        'ring'
+        'dense'
     """
-    cost = cost_model()
+    cost = standalone("cost")
     sizes, source = gradient_sizes(recipe, elements)
     try:
         profile = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
@@ -543,12 +506,13 @@ def probe(
 
     Runs the `probe` job with the recipe's world and backend (local, emulated, mpirun; slurm
     submits it, and the job writes --out when it runs) and writes the profile that
-    `jaxcomm plan --profile` and `compressor="auto"` read.
+    `jaxcomm plan --profile` and `algorithm="auto"` read.
 
     Example: jaxcomm probe recipes/digits-dense.yaml --out profile.json
     """
-    from jaxcomm_launcher.backends import make_backend
-    from jaxcomm_launcher.runner import default_run_dir, run_recipe
+    from jaxcomm_launcher.backends import SlurmBackendRunner, make_backend
+    from jaxcomm_launcher.rundir import default_run_dir
+    from jaxcomm_launcher.runner import run_recipe
 
     try:
         rec = load_recipe(_resolve_recipe(recipe), set_ or [])
@@ -574,13 +538,12 @@ def probe(
         raise typer.Exit(2) from None
     target = run_dir or default_run_dir(probe_recipe)
     with _exit_on_launch_errors():
-        backend = None
         if probe_recipe.backend.kind == "slurm":
-            backend = make_backend(probe_recipe, target)
+            slurm = SlurmBackendRunner(probe_recipe, target)
             if dry_run:
-                typer.echo(backend.render(), nl=False)
+                typer.echo(slurm.render(), nl=False)
                 return
-            backend.submit(console)
+            slurm.submit(console)
             console.print(f"the probe job writes {out} when it has run", highlight=False)
             return
         if dry_run:

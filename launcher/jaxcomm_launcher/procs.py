@@ -103,7 +103,6 @@ class Proc:
     popen: subprocess.Popen[bytes]
     pgid: int | None
     reader: threading.Thread | None = None
-    descendants_seen: set[int] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass
@@ -313,8 +312,6 @@ class Supervisor:
         try:
             while True:
                 for p in self.procs:
-                    # Remember descendants while the parent lives: once it exits they are
-                    # reparented and no longer findable from its pid.
                     if p.popen.poll() is None:
                         continue
                     if p.popen.returncode != 0:

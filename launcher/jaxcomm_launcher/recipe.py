@@ -34,9 +34,6 @@ BUNDLED_JOBS: dict[str, str] = {
     "overlap": "jaxcomm_launcher.jobs.overlap:run",
 }
 
-ALGORITHMS = ("dense", "topk", "gtopk", "adaptive", "onebit", "threshold")
-COMPRESSORS = ("none", "topk", "onebit", "threshold", "adaptive")
-
 _JOB_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _RATE_RE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$", re.IGNORECASE)
 _SIZE_RE = re.compile(r"^\d+(b|kb|mb|k|m)?$", re.IGNORECASE)
@@ -143,21 +140,25 @@ Backend = Annotated[
 BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
 
 
-class JaxcommSettings(_Strict):
-    """How gradients are reduced; passed to the job (the digits job uses them)."""
+# The names of jaxcomm.examples._loop.ALGORITHMS (tests/test_launcher.py checks they agree).
+Algorithm = Literal[
+    "psum", "dense", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold", "auto"
+]
+AutoChoice = Literal["dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold"]
 
-    algorithm: Literal[
-        "psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold", "auto"
-    ] = "dense"
-    compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
+
+class JaxcommSettings(_Strict):
+    """How gradients are reduced; passed to the job (the training jobs use them)."""
+
+    algorithm: Algorithm = "dense"
     density: float = Field(0.01, gt=0.0, le=1.0, description="fraction of gradient entries sent")
     grad_dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype each rank's gradient is cast to before it is reduced"
     )
     hierarchical: bool = False
     label: str | None = Field(None, description="name of this entry in tables and plots")
-    allowed: list[Literal["dense", "gtopk", "topk", "adaptive", "onebit", "threshold"]] | None = (
-        Field(None, description="algorithm auto may choose (default: all but threshold)")
+    allowed: list[AutoChoice] | None = Field(
+        None, description="algorithms auto may choose (default: all but threshold)"
     )
     profile: str | None = Field(None, description="auto: profile JSON from `jaxcomm probe`")
 
@@ -174,7 +175,7 @@ class JaxcommSettings(_Strict):
         if self.label:
             return self.label
         name = self.algorithm
-        if self.algorithm in ("topk", "gtopk"):
+        if self.algorithm in ("topk_allgather", "gtopk"):
             name += f"-d{self.density:g}"
         if self.grad_dtype == "bfloat16":
             name += "-bf16"
@@ -186,17 +187,12 @@ class JaxcommSettings(_Strict):
 class JaxcommOverride(_Strict):
     """One sweep entry: any subset of :class:`JaxcommSettings` fields."""
 
-    algorithm: (
-        Literal["psum", "dense", "topk", "gtopk", "adaptive", "onebit", "threshold", "auto"] | None
-    ) = None
-    compressor: Literal["none", "topk", "onebit", "threshold", "adaptive"] | None = None
+    algorithm: Algorithm | None = None
     density: float | None = Field(None, gt=0.0, le=1.0)
     grad_dtype: Literal["float32", "bfloat16"] | None = None
     hierarchical: bool | None = None
     label: str | None = None
-    allowed: list[Literal["dense", "gtopk", "topk", "adaptive", "onebit", "threshold"]] | None = (
-        None
-    )
+    allowed: list[AutoChoice] | None = None
     profile: str | None = None
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import pathlib
 import signal
@@ -13,10 +12,11 @@ from typing import Any
 
 from rich.console import Console
 
-from jaxcomm_launcher import metrics
+from jaxcomm_launcher import results, rundir
 from jaxcomm_launcher.backends import make_backend
+from jaxcomm_launcher.backends.slurm import SlurmBackendRunner, collect
 from jaxcomm_launcher.procs import Interrupted, Outcome, Supervisor
-from jaxcomm_launcher.recipe import JaxcommSettings, Recipe
+from jaxcomm_launcher.recipe import Recipe
 
 
 class LaunchFailed(Exception):
@@ -25,96 +25,6 @@ class LaunchFailed(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def default_run_dir(recipe: Recipe, base: pathlib.Path | None = None) -> pathlib.Path:
-    """Returns ``runs/<recipe name>-<timestamp>`` (under `base`, default the cwd).
-
-    Args:
-        recipe: The recipe.
-        base: Parent directory.
-
-    Returns:
-        A path that does not exist yet.
-
-    Example:
-        >>> default_run_dir(Recipe(name="x", job="smoke")).parent.name
-        'runs'
-    """
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    root = (base or pathlib.Path.cwd()) / "runs"
-    path = root / f"{recipe.name}-{stamp}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = root / f"{recipe.name}-{stamp}-{n}"
-    return path
-
-
-def run_description(recipe: Recipe) -> dict[str, Any]:
-    """Returns the skeleton of ``run.json`` (variants are appended as they run).
-
-    Args:
-        recipe: The recipe.
-
-    Returns:
-        recipe name, backend, world, job, warm-up steps, start time, empty variant list.
-
-    Example:
-        >>> run_description(Recipe(name="x", job="smoke"))["backend"]
-        'local'
-    """
-    return {
-        "recipe": recipe.name,
-        "backend": recipe.backend.kind,
-        "world": recipe.world.model_dump(),
-        "job": recipe.job_target(),
-        "warmup_steps": recipe.metrics.warmup_steps,
-        "started": datetime.datetime.now().isoformat(timespec="seconds"),
-        "variants": [],
-    }
-
-
-def _spec(recipe: Recipe, settings: JaxcommSettings, variant_dir: pathlib.Path) -> dict[str, Any]:
-    return {
-        "recipe": recipe.model_dump(mode="json"),
-        "jaxcomm": settings.model_dump(mode="json"),
-        "job": recipe.job_target(),
-        "variant": settings.display_label(),
-        "run_dir": str(variant_dir.resolve()),
-    }
-
-
-def _failed_rank(outcome: Outcome, variant_dir: pathlib.Path) -> int | None:
-    # The rank that raised first wrote the oldest error status; ranks that merely lost
-    # their peer fail a moment later. A rank killed by a signal writes nothing, then the
-    # supervisor's first-exit observation stands.
-    errors = []
-    for path in variant_dir.glob("rank*.status.json"):
-        try:
-            status = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if not status.get("ok"):
-            errors.append((path.stat().st_mtime, int(status["rank"])))
-    if outcome.failed_rank is not None and (
-        (outcome.returncode or 0) < 0
-        or not (variant_dir / f"rank{outcome.failed_rank}.status.json").exists()
-    ):
-        return outcome.failed_rank
-    if errors:
-        return min(errors)[1]
-    return outcome.failed_rank
-
-
-def _status_error(variant_dir: pathlib.Path, rank: int | None) -> str | None:
-    if rank is None:
-        return None
-    path = variant_dir / f"rank{rank}.status.json"
-    try:
-        return json.loads(path.read_text()).get("error")
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def _install_sigterm() -> Any:
@@ -157,7 +67,7 @@ def run_recipe(
     timeout = timeout if timeout is not None else recipe.timeout
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json"), indent=2))
-    run = run_description(recipe)
+    run = rundir.run_description(recipe)
 
     def save_run() -> None:
         (run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
@@ -175,7 +85,9 @@ def run_recipe(
                 variant_dir = run_dir / label
                 variant_dir.mkdir(exist_ok=True)
                 spec_path = variant_dir / "spec.json"
-                spec_path.write_text(json.dumps(_spec(recipe, settings, variant_dir), indent=2))
+                spec_path.write_text(
+                    json.dumps(rundir.spec(recipe, settings, variant_dir), indent=2)
+                )
                 console.rule(
                     f"[bold]{recipe.name}[/] · {label} · {recipe.backend.kind} · "
                     f"{recipe.world.processes} processes"
@@ -190,7 +102,7 @@ def run_recipe(
                         outcome = sup.wait(
                             remaining,
                             on_tick=lambda s, lab=label, st=status_line, d=variant_dir: st.update(
-                                f"{lab}: running {s:.0f} s{_progress(d)}"
+                                f"{lab}: running {s:.0f} s{rundir.progress(d)}"
                             ),
                         )
                 finally:
@@ -204,7 +116,7 @@ def run_recipe(
                 entry.update(
                     status=outcome.reason,
                     reason=str(failure).splitlines()[0],
-                    failed_rank=_failed_rank(outcome, variant_dir),
+                    failed_rank=rundir.failed_rank(outcome, variant_dir),
                 )
                 save_run()
                 break
@@ -221,14 +133,12 @@ def _finish(
     recipe: Recipe, run_dir: pathlib.Path, console: Console, failure: LaunchFailed | None
 ) -> dict[str, Any]:
     # Every backend ends the same way: summary.json, plots, the table, then the verdict.
-    summary = metrics.write_summary(run_dir)
+    summary = results.write_summary(run_dir)
     if recipe.metrics.plots:
-        metrics.draw_plots(run_dir)
-    metrics.print_table(summary, console)
+        results.draw_plots(run_dir)
+    results.print_table(summary, console)
     if failure is not None:
         raise failure
-    if not any(v.get("status") == "ok" for v in summary["variants"]):
-        raise LaunchFailed("no entry of the recipe could run in this build", exit_code=1)
     console.print(f"[bold green]done[/]: results in {run_dir}")
     return summary
 
@@ -264,8 +174,6 @@ def run_slurm_recipe(
         >>> run_slurm_recipe(load_recipe("recipes/digits-dense.yaml", ["backend.kind=slurm"]),
         ...                  pathlib.Path("runs/s"), Console())  # doctest: +SKIP
     """
-    from jaxcomm_launcher.backends.slurm import SlurmBackendRunner, collect
-
     timeout = timeout if timeout is not None else recipe.timeout
     backend = SlurmBackendRunner(recipe, run_dir.resolve())
     job_id = backend.submit(console)
@@ -306,6 +214,17 @@ def run_slurm_recipe(
                 {rank: _file_tail(vdir / f"rank{rank}.log"), None: _file_tail(vdir / "srun.log")},
                 node=v.get("failed_node"),
             )
+        elif outcome.ok and any(v.get("status") != "ok" for v in run["variants"]):
+            # The job ended well, yet an entry has no record of its step (it never started).
+            missing = [
+                f"{v['label']} ({v.get('status')})"
+                for v in run["variants"]
+                if v.get("status") != "ok"
+            ]
+            failure = LaunchFailed(
+                f"slurm job {job_id} completed, but not every entry ran: {', '.join(missing)}",
+                exit_code=1,
+            )
         elif not outcome.ok:
             tail = "\n".join("    " + t for t in _file_tail(run_dir / f"slurm-{job_id}.out"))
             failure = LaunchFailed(
@@ -323,24 +242,6 @@ def _file_tail(path: pathlib.Path, n: int = 40) -> list[str]:
         return []
 
 
-def _progress(variant_dir: pathlib.Path) -> str:
-    # Show rank 0's latest step while the run goes on (cheap: reads the file's tail).
-    path = variant_dir / "rank0.jsonl"
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 4096))
-            lines = f.read().decode(errors="replace").strip().splitlines()
-        last = json.loads(lines[-1]) if lines else None
-    except (OSError, json.JSONDecodeError, IndexError):
-        return ""
-    if not last:
-        return ""
-    loss = last.get("loss")
-    return f", step {last['step']}" + (f", loss {loss:.4f}" if isinstance(loss, float) else "")
-
-
 def _failure(
     outcome: Outcome,
     variant_dir: pathlib.Path,
@@ -352,8 +253,8 @@ def _failure(
         return LaunchFailed(f"{label}: interrupted; every rank was stopped", exit_code=130)
     if outcome.reason == "timeout":
         return LaunchFailed(f"{label}: {outcome.detail}; every rank was stopped", exit_code=124)
-    rank = _failed_rank(outcome, variant_dir)
-    error = _status_error(variant_dir, rank)
+    rank = rundir.failed_rank(outcome, variant_dir)
+    error = rundir.status_error(variant_dir, rank)
     who = f"rank {rank}" if rank is not None else "a rank"
     where = f" on node {node}" if node else ""
     how = outcome.detail if rank == outcome.failed_rank else f"it raised first; {outcome.detail}"

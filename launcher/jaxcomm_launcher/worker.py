@@ -19,6 +19,8 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from jaxcomm_launcher._jaxcomm import standalone
+
 # (rank variable, size variable) of each launch engine, first match wins.
 RANK_ENV = (
     ("JAXCOMM_PROCESS_ID", "JAXCOMM_NUM_PROCESSES"),  # local and emulated backends
@@ -44,8 +46,11 @@ def rank_and_size(env: Mapping[str, str]) -> tuple[int, int]:
         >>> rank_and_size({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
         (1, 2)
     """
+    config = standalone("config")
     for rank_var, size_var in RANK_ENV:
         if rank_var in env and size_var in env:
+            if rank_var in config.SETTINGS:  # ours: validated, errors name the variable
+                return config.get(rank_var, env), config.get(size_var, env)
             return int(env[rank_var]), int(env[size_var])
     names = ", ".join(f"{r}/{s}" for r, s in RANK_ENV)
     raise RuntimeError(f"cannot tell this process's rank: none of {names} is set")
@@ -104,14 +109,14 @@ def coordinator_address(env: Mapping[str, str]) -> str:
         return env["JAXCOMM_COORDINATOR"]
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     if "SLURM_PROCID" in env and nodelist:
-        base = env.get("JAXCOMM_COORDINATOR_PORT")
-        if not base:
+        base = standalone("config").get("JAXCOMM_COORDINATOR_PORT", env)
+        if base is None:
             raise RuntimeError(
                 "under srun the coordinator port comes from JAXCOMM_COORDINATOR_PORT (the "
                 "sbatch script of `jaxcomm launch` exports backend.port); it is not set"
             )
         step = env.get("SLURM_STEP_ID", "0")
-        port = int(base) + (int(step) if step.isdigit() else 0)
+        port = base + (int(step) if step.isdigit() else 0)
         return f"{first_host(nodelist)}:{port}"
     raise RuntimeError(
         "JAXCOMM_COORDINATOR (host:port of rank 0) is not set, and this is not a Slurm step "
@@ -206,7 +211,7 @@ def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> N
             coordinator_address=coordinator,
             num_processes=size,
             process_id=rank,
-            initialization_timeout=int(os.environ.get("JAXCOMM_INIT_TIMEOUT", "120")),
+            initialization_timeout=standalone("config").get("JAXCOMM_INIT_TIMEOUT"),
         )
     job = resolve_job(spec["job"])
     metrics = MetricsLogger(

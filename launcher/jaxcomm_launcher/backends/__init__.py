@@ -1,155 +1,77 @@
 """Backends start the ranks of one run: ``local``, ``emulated``, ``mpirun`` (supervised here)
 and ``slurm`` (an sbatch script, submitted and followed: see ``backends/slurm.py``).
 
-A supervised backend is a context manager (``with backend: ...`` sets up and always tears
-down what it creates, e.g. namespaces) with ``start(supervisor, spec_path)`` that starts the
-processes of one sweep entry and ``describe(spec_path)`` that returns the commands for
-``--dry-run``.
+A supervised backend (:class:`SupervisedBackend`) is a context manager (``with backend: ...``
+sets up and always tears down what it creates, e.g. namespaces) with
+``start(supervisor, spec_path)`` that starts the processes of one sweep entry and
+``describe(spec_path)`` that returns the commands for ``--dry-run``. What the backends share
+lives in ``backends/_base.py``.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
-import shlex
-import socket
-import sys
-from typing import Any
 
+from jaxcomm_launcher.backends._base import (
+    BackendError,
+    BackendRunner,
+    SupervisedBackend,
+    base_env,
+    free_port,
+    shell_join,
+    worker_command,
+)
+from jaxcomm_launcher.backends.emulated import EmulatedBackendRunner
+from jaxcomm_launcher.backends.local import LocalBackendRunner
+from jaxcomm_launcher.backends.mpirun import MpirunBackendRunner
+from jaxcomm_launcher.backends.slurm import SlurmBackendRunner
 from jaxcomm_launcher.recipe import Recipe
 
-
-class BackendError(RuntimeError):
-    """A backend cannot run here (missing tool, not root, ...); the message says what to do."""
-
-
-class BackendRunner:
-    """What every backend shares: its recipe, run directory, and a context manager that
-    sets nothing up. Backends that create something (``emulated``) override both halves.
-
-    Args:
-        recipe: The validated recipe.
-        run_dir: The run directory.
-    """
-
-    def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
-        self.recipe = recipe
-        self.run_dir = run_dir
-
-    def __enter__(self) -> BackendRunner:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
+SUPERVISED: dict[str, type[SupervisedBackend]] = {
+    "local": LocalBackendRunner,
+    "emulated": EmulatedBackendRunner,
+    "mpirun": MpirunBackendRunner,
+}
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """Returns a TCP port that was free on `host` a moment ago.
+def make_backend(recipe: Recipe, run_dir: pathlib.Path) -> SupervisedBackend:
+    """Returns the supervised backend for ``recipe.backend.kind``.
 
     Args:
-        host: Address to probe.
-
-    Returns:
-        The port number.
-
-    Example:
-        >>> 1024 <= free_port() <= 65535
-        True
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def worker_command(spec_path: pathlib.Path, python: str | None = None) -> list[str]:
-    """Returns the command line that runs one rank.
-
-    ``-P`` (Python >= 3.11) keeps the working directory off ``sys.path``: launched from a
-    source checkout, ranks must import the installed ``jaxcomm`` (with its compiled library),
-    not the source tree.
-
-    Args:
-        spec_path: The run's spec.json.
-        python: Interpreter; defaults to the launcher's own.
-
-    Returns:
-        The argv list.
-
-    Example:
-        >>> worker_command(pathlib.Path("/r/spec.json"), "python3")[-2:]
-        ['--spec', '/r/spec.json']
-    """
-    python = python or sys.executable
-    flags = ["-P"] if sys.version_info >= (3, 11) else []
-    return [python, *flags, "-m", "jaxcomm_launcher.worker", "--spec", str(spec_path)]
-
-
-def base_env(recipe: Recipe) -> dict[str, str]:
-    """Returns the environment shared by all ranks: this one, plus the recipe's additions.
-
-    Args:
-        recipe: The recipe (its ``env`` and ``pythonpath``).
-
-    Returns:
-        A new environment mapping.
-
-    Example:
-        >>> "PYTHONUNBUFFERED" in base_env(Recipe(name="x", job="smoke"))
-        True
-    """
-    env = dict(os.environ)
-    env.update(recipe.env)
-    env["PYTHONUNBUFFERED"] = "1"  # logs must stream line by line, not at exit
-    if recipe.pythonpath:
-        parts = [*recipe.pythonpath]
-        if env.get("PYTHONPATH"):
-            parts.append(env["PYTHONPATH"])
-        env["PYTHONPATH"] = os.pathsep.join(parts)
-    # Every rank is one process with its own CPU devices; a leftover XLA device-count flag
-    # from the user's shell would fight jax_num_cpu_devices.
-    flags = env.get("XLA_FLAGS", "")
-    if "xla_force_host_platform_device_count" in flags:
-        env["XLA_FLAGS"] = " ".join(
-            f for f in flags.split() if "xla_force_host_platform_device_count" not in f
-        )
-    return env
-
-
-def shell_join(cmd: list[str], env: dict[str, Any] | None = None) -> str:
-    """Returns `cmd` as one shell line, with `env` assignments in front."""
-    prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items())
-    return (prefix + " " if prefix else "") + shlex.join(cmd)
-
-
-def make_backend(recipe: Recipe, run_dir: pathlib.Path) -> Any:
-    """Returns the backend object for ``recipe.backend.kind``.
-
-    Args:
-        recipe: The validated recipe.
+        recipe: The validated recipe (``local``, ``emulated`` or ``mpirun``).
         run_dir: The run directory.
 
     Returns:
-        A backend instance (see the module docstring).
+        A :class:`SupervisedBackend`.
+
+    Raises:
+        BackendError: a ``slurm`` recipe (it is submitted, not supervised: use
+            :class:`SlurmBackendRunner`).
 
     Example:
         >>> make_backend(Recipe(name="x", job="smoke"), pathlib.Path("/tmp/x")).kind
         'local'
     """
     kind = recipe.backend.kind
-    if kind == "local":
-        from jaxcomm_launcher.backends.local import LocalBackendRunner
+    if kind not in SUPERVISED:
+        raise BackendError(
+            f"backend {kind!r} is not supervised by the launcher; "
+            f"{'use SlurmBackendRunner' if kind == 'slurm' else 'unknown backend'}"
+        )
+    return SUPERVISED[kind](recipe, run_dir)
 
-        return LocalBackendRunner(recipe, run_dir)
-    if kind == "emulated":
-        from jaxcomm_launcher.backends.emulated import EmulatedBackendRunner
 
-        return EmulatedBackendRunner(recipe, run_dir)
-    if kind == "mpirun":
-        from jaxcomm_launcher.backends.mpirun import MpirunBackendRunner
-
-        return MpirunBackendRunner(recipe, run_dir)
-    if kind == "slurm":
-        from jaxcomm_launcher.backends.slurm import SlurmBackendRunner
-
-        return SlurmBackendRunner(recipe, run_dir)
-    raise BackendError(f"unknown backend {kind!r}")
+__all__ = [
+    "BackendError",
+    "BackendRunner",
+    "EmulatedBackendRunner",
+    "LocalBackendRunner",
+    "MpirunBackendRunner",
+    "SlurmBackendRunner",
+    "SupervisedBackend",
+    "base_env",
+    "free_port",
+    "make_backend",
+    "shell_join",
+    "worker_command",
+]

@@ -23,14 +23,20 @@ import subprocess
 from types import TracebackType
 
 from jaxcomm_launcher import cleanup
-from jaxcomm_launcher.backends import BackendError, base_env, shell_join, worker_command
+from jaxcomm_launcher.backends._base import (
+    BackendError,
+    SupervisedBackend,
+    base_env,
+    shell_join,
+    worker_command,
+)
 from jaxcomm_launcher.procs import Supervisor
 from jaxcomm_launcher.recipe import EmulatedBackend, Recipe
 
 COORDINATOR_PORT = 29500  # any port works: the namespaces are fresh
 
 
-class EmulatedBackendRunner:
+class EmulatedBackendRunner(SupervisedBackend):
     """Creates the namespaces on ``__enter__``, starts ranks in them, removes all on exit.
 
     Args:
@@ -46,9 +52,8 @@ class EmulatedBackendRunner:
 
     def __init__(self, recipe: Recipe, run_dir: pathlib.Path, run_id: str | None = None) -> None:
         assert isinstance(recipe.backend, EmulatedBackend)
-        self.recipe = recipe
+        super().__init__(recipe, run_dir)
         self.opts: EmulatedBackend = recipe.backend
-        self.run_dir = run_dir
         self.run_id = run_id or secrets.token_hex(2)
         n = recipe.world.processes
         net = ipaddress.ip_network(self.opts.subnet)

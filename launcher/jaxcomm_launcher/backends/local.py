@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import pathlib
 
-from jaxcomm_launcher.backends import BackendRunner, base_env, free_port, shell_join, worker_command
+from jaxcomm_launcher.backends._base import (
+    SupervisedBackend,
+    base_env,
+    free_port,
+    shell_join,
+    worker_command,
+)
 from jaxcomm_launcher.procs import Supervisor
 
 
-class LocalBackendRunner(BackendRunner):
+class LocalBackendRunner(SupervisedBackend):
     """Starts ``world.processes`` workers with JAXCOMM_PROCESS_ID/NUM_PROCESSES/COORDINATOR.
 
     Args:

@@ -13,9 +13,9 @@ import pathlib
 import re
 import shutil
 
-from jaxcomm_launcher.backends import (
+from jaxcomm_launcher.backends._base import (
     BackendError,
-    BackendRunner,
+    SupervisedBackend,
     base_env,
     free_port,
     shell_join,
@@ -60,7 +60,7 @@ def route_tagged_line(line: str) -> list[tuple[int | None, str]]:
     return pieces
 
 
-class MpirunBackendRunner(BackendRunner):
+class MpirunBackendRunner(SupervisedBackend):
     """Runs each sweep entry as one ``mpirun`` under the supervisor.
 
     Args:

@@ -31,9 +31,11 @@ from typing import Any
 
 from rich.console import Console
 
-from jaxcomm_launcher.backends import BackendError, BackendRunner
+from jaxcomm_launcher import rundir
+from jaxcomm_launcher.backends._base import BackendError, BackendRunner
 from jaxcomm_launcher.procs import Interrupted, Outcome, RankEcho
 from jaxcomm_launcher.recipe import Recipe, SlurmBackend
+from jaxcomm_launcher.results import read_run
 
 # Job states in which the job may still run or still has processes (squeue(1), "JOB STATE
 # CODES"); any other state is final.
@@ -231,8 +233,6 @@ def collect(
         >>> collect(pathlib.Path("runs/digits-dense-20250101-000000"))["slurm"]["state"]  # doctest: +SKIP
         'COMPLETED'
     """
-    from jaxcomm_launcher.metrics import read_run
-    from jaxcomm_launcher.runner import _failed_rank, _status_error
 
     run = read_run(run_dir)
     slurm = run.setdefault("slurm", {})
@@ -289,7 +289,7 @@ def collect(
             failed_rank=first.rank if first else None,
             returncode=first.returncode() if first else None,
         )
-        rank = _failed_rank(outcome, vdir)
+        rank = rundir.failed_rank(outcome, vdir)
         status = _read_json(vdir / f"rank{rank}.status.json") or {}
         node = status.get("host") or next((f.node for f in failures if f.rank == rank), None)
         nodes = slurm.get("nodes", "")
@@ -301,7 +301,7 @@ def collect(
             how = f"it raised first; srun: task {first.rank}: {first.what}"
         else:
             how = f"srun exited with {step['exit_code']}"
-        error = _status_error(vdir, rank)
+        error = rundir.status_error(vdir, rank)
         if error:
             entry["error"] = error
         entry.update(
@@ -448,18 +448,16 @@ class SlurmBackendRunner(BackendRunner):
         Returns:
             The script path, ``RUN_DIR/job.sbatch``.
         """
-        from jaxcomm_launcher.runner import _spec, run_description
-
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "recipe.json").write_text(
             json.dumps(self.recipe.model_dump(mode="json"), indent=2)
         )
-        run = run_description(self.recipe)
+        run = rundir.run_description(self.recipe)
         for settings in self.recipe.variants():
             vdir = self.run_dir / settings.display_label()
             vdir.mkdir(exist_ok=True)
             (vdir / "spec.json").write_text(
-                json.dumps(_spec(self.recipe, settings, vdir), indent=2)
+                json.dumps(rundir.spec(self.recipe, settings, vdir), indent=2)
             )
             run["variants"].append(
                 {
@@ -531,8 +529,6 @@ class SlurmBackendRunner(BackendRunner):
         Example:
             >>> outcome, state = runner.follow(runner.submit(console), console)  # doctest: +SKIP
         """
-        from jaxcomm_launcher.runner import _progress
-
         labels = [s.display_label() for s in self.recipe.variants()]
         echo = RankEcho(console, quiet)
         tails: dict[pathlib.Path, _FileTail] = {}
@@ -591,7 +587,7 @@ class SlurmBackendRunner(BackendRunner):
                     current = pump()
                     progress = (
                         f" · {current} ({labels.index(current) + 1}/{len(labels)})"
-                        f"{_progress(self.run_dir / current)}"
+                        f"{rundir.progress(self.run_dir / current)}"
                         if current
                         else ""
                     )

@@ -1,15 +1,58 @@
-"""Helpers shared by the bundled jobs: the mesh, explicit placement, jaxcomm availability."""
+"""Helpers shared by the bundled jobs: the mesh, explicit placement, and the recipe's settings
+as the keyword arguments of the examples' ``train`` functions."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+if TYPE_CHECKING:
+    from jaxcomm_launcher.context import JobContext
+
 AXIS = "dp"
+
+# Recipe fields the training examples (jaxcomm.examples.*) take as keyword arguments.
+TRAIN_FIELDS = ("steps", "batch_size", "learning_rate", "momentum", "hidden", "eval_every", "seed")
+JAXCOMM_FIELDS = ("algorithm", "density", "grad_dtype", "allowed", "profile")
+
+
+def example_settings(
+    ctx: JobContext,
+    train_fields: Sequence[str] = TRAIN_FIELDS,
+    jaxcomm_fields: Sequence[str] = JAXCOMM_FIELDS,
+) -> dict[str, Any]:
+    """The recipe entry of this rank as keyword arguments of an example's ``train``.
+
+    The launcher adapts to the library: ``jaxcomm.examples.digits.train(**settings)`` knows
+    nothing of recipes or :class:`JobContext`.
+
+    Args:
+        ctx: The job context.
+        train_fields: ``recipe.train`` fields passed on (those that are set).
+        jaxcomm_fields: ``jaxcomm`` settings passed on (those that are set).
+
+    Returns:
+        ``{field: value}``: the ``train`` fields, then the ``jaxcomm`` settings, then
+        ``args`` (which win).
+
+    Example:
+        >>> train(logger=ctx.metrics, run_dir=ctx.run_dir, **example_settings(ctx))  # doctest: +SKIP
+    """
+    out: dict[str, Any] = {}
+    for name in train_fields:
+        if getattr(ctx.train, name, None) is not None:
+            out[name] = getattr(ctx.train, name)
+    for name in jaxcomm_fields:
+        value = getattr(ctx.jaxcomm, name)
+        if name in ("algorithm", "density") or value:
+            out[name] = tuple(value) if isinstance(value, list) else value
+    out.update(ctx.args or {})
+    return out
 
 
 def data_parallel_mesh() -> Mesh:

@@ -4,16 +4,16 @@ In each rank, for each size and each algorithm in ``args.algorithms`` (default: 
 warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
 
 * ``psum``            — ``lax.psum`` (XLA's own CPU collectives, Gloo across processes): baseline
-* ``ring``            — ``jaxcomm.allreduce`` (ring reduce-scatter + allgather over UCX)
+* ``dense``           — ``jaxcomm.allreduce`` (ring reduce-scatter + allgather over UCX)
 * ``topk_allgather``  — ``jaxcomm.compressed_allreduce`` with ``TopKAllgather(density)``
 * ``gtopk``           — ``jaxcomm.compressed_allreduce`` with ``GTopK(density)``
 * ``adaptive``/``onebit``/``threshold`` — quantized allreduce
-* ``auto`` (only when listed) — what ``compressor="auto"`` picks for the size from the cost
+* ``auto`` (only when listed) — what ``algorithm="auto"`` picks for the size from the cost
   model (``jaxcomm.cost``; ``args.allowed``, ``args.profile``), printed by rank 0
-* ``hier_ring``/``hier_ring_leader``/``hier_adaptive`` — hierarchical allreduce over a
+* ``hier_dense``/``hier_dense_leader``/``hier_adaptive`` — hierarchical allreduce over a
   ("node", "local") mesh (a process is a node, its devices the local ranks): multi-leader
   dense, single-leader dense, multi-leader with Adaptive(proportion) across nodes. Compare
-  them with ``ring``/``psum`` in a world with ``devices_per_process`` > 1 (flat over all ranks).
+  them with ``dense``/``psum`` in a world with ``devices_per_process`` > 1 (flat over all ranks).
 
 Recipe ``args``: sizes (float32 elements per device), repeats (>= 5), density (default
 0.001), algorithms, tau (threshold), proportion (adaptive), allowed and profile (``auto``). One metrics line per timed call:
@@ -68,7 +68,7 @@ def _step(algorithm: str, args: dict) -> Callable:
         )
 
         def chosen(v: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
-            c = cost.auto_compressor(auto, v[0].size, AXIS)
+            c = cost.auto_algorithm(auto, v[0].size, AXIS)
             if c is None:
                 return jaxcomm.allreduce(v[0], AXIS)[None], r
             summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], AXIS, c)
@@ -77,10 +77,10 @@ def _step(algorithm: str, args: dict) -> Callable:
         return chosen
     if algorithm == "psum":
         return lambda v, r: (lax.psum(v, AXIS), r)
-    if algorithm == "ring":
+    if algorithm == "dense":
         return lambda v, r: (jaxcomm.allreduce(v[0], AXIS)[None], r)
-    if algorithm in ("hier_ring", "hier_ring_leader"):
-        scheme = "leader" if algorithm == "hier_ring_leader" else "multi_leader"
+    if algorithm in ("hier_dense", "hier_dense_leader"):
+        scheme = "leader" if algorithm == "hier_dense_leader" else "multi_leader"
         return lambda v, r: (
             jaxcomm.allreduce(v[0], HIERARCHICAL, hierarchical=True, hierarchical_scheme=scheme)[
                 None

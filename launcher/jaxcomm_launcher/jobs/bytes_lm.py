@@ -11,6 +11,7 @@ eval_every, warmup_phase_steps, max_corpus_bytes, proportion, ...). ``train.step
 from __future__ import annotations
 
 from jaxcomm_launcher.context import JobContext
+from jaxcomm_launcher.jobs._common import example_settings
 
 
 def run(ctx: JobContext) -> None:
@@ -27,12 +28,11 @@ def run(ctx: JobContext) -> None:
     """
     from jaxcomm.examples.bytes_lm import train
 
-    args = ctx.args or {}
-    overrides = {}
-    for name in ("steps", "batch_size", "eval_every", "seed"):
-        if name not in args and getattr(ctx.train, name, None) is not None:
-            overrides[name] = getattr(ctx.train, name)
-    result = train(ctx, **overrides)
+    # recipe.train's steps, batch_size, eval_every and seed, unless args sets them.
+    settings = example_settings(
+        ctx, ("steps", "batch_size", "eval_every", "seed"), ("algorithm", "density", "grad_dtype")
+    )
+    result = train(logger=ctx.metrics, run_dir=str(ctx.run_dir), **settings)
     if ctx.is_main:
         ctx.print(
             f"bytes-lm {result['label']}: validation {result['validation_bits_per_byte']:.3f} "

@@ -4,7 +4,7 @@ The training code lives in :mod:`jaxcomm.examples.digits` (one implementation fo
 launcher, the tests and users); this job hands it the rank's context. The recipe's
 ``jaxcomm.algorithm`` picks how gradients are reduced through ``jaxcomm.optax``:
 ``psum`` (``lax.pmean``, the XLA baseline), ``dense`` (jaxcomm's UCX ring), ``gtopk``,
-``topk`` (TopK-allgather), ``adaptive``, ``onebit``, ``threshold``, ``auto`` (per bucket,
+``topk_allgather``, ``adaptive``, ``onebit``, ``threshold``, ``auto`` (per bucket,
 from the cost model; ``jaxcomm.allowed`` and ``jaxcomm.profile`` steer it). Recipe ``train`` fields:
 steps, batch_size (global), learning_rate, momentum, hidden, eval_every, seed; ``args`` may
 set model (mlp/cnn), warmup, proportion, tau, epochs.
@@ -13,6 +13,7 @@ set model (mlp/cnn), warmup, proportion, tau, epochs.
 from __future__ import annotations
 
 from jaxcomm_launcher.context import JobContext
+from jaxcomm_launcher.jobs._common import example_settings
 
 
 def run(ctx: JobContext) -> None:
@@ -29,7 +30,7 @@ def run(ctx: JobContext) -> None:
     """
     from jaxcomm.examples.digits import train
 
-    result = train(ctx)
+    result = train(logger=ctx.metrics, run_dir=str(ctx.run_dir), **example_settings(ctx))
     if ctx.is_main:
         ctx.print(
             f"digits {result['algorithm']}: test accuracy {result['test_accuracy']:.4f}, "

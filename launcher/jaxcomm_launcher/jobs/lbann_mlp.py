@@ -14,6 +14,7 @@ epoch), ``max_in_flight``.
 from __future__ import annotations
 
 from jaxcomm_launcher.context import JobContext
+from jaxcomm_launcher.jobs._common import example_settings
 
 LAYERS = 3
 PROPORTION = 64.0
@@ -36,13 +37,14 @@ def run(ctx: JobContext) -> None:
 
     args = ctx.args or {}
     overrides = {
+        **example_settings(ctx),
         "model": "mlp",
         "layers": args.get("layers", LAYERS),
         "proportion": args.get("proportion", PROPORTION),
     }
     if "epochs" in args:
         overrides["steps"] = None  # epochs decide
-    result = train(ctx, **overrides)
+    result = train(logger=ctx.metrics, run_dir=str(ctx.run_dir), **overrides)
     if ctx.is_main:
         ctx.print(
             f"lbann-mlp {result['label']}: test accuracy {result['test_accuracy']:.4f} after "

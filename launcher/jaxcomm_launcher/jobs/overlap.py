@@ -13,7 +13,7 @@ default) on a fixed per-device batch of ``batch`` rows, measured three ways, eac
 * ``step``: the real step, gradient -> ``allreduce_gradients`` -> SGD, for every bucket size
   in ``bucket_sizes`` (0 = one bucket holding the whole model: no overlap is possible).
 
-``comm`` and ``step`` are measured per compressor (``dense``: ``compressor=None``, the UCX
+``comm`` and ``step`` are measured per algorithm (``dense``: ``algorithm=None``, the UCX
 ring; ``gtopk``: ``jaxcomm.GTopK(density)``) and per bucket size, waiting for every step.
 Then, at ``in_flight_bucket``, the real step runs ``repeats + 1`` steps through
 ``jaxcomm.paced(step, m)`` for every m in ``max_in_flight``: mean time per step, to show
@@ -24,10 +24,10 @@ collective (``jaxcomm.metrics()["recent"]``), relative to the host's dispatch of
 A compute-only step is recorded the same way (and a ``start`` mark on the input says when
 each device program began), and so is one ``comm`` call (collectives only).
 
-Recipe ``args``: layers, width, batch (rows per device), compressors (``dense``, ``gtopk``),
+Recipe ``args``: layers, width, batch (rows per device), algorithms (``dense``, ``gtopk``),
 density, bucket_sizes (elements; 0 = single bucket), max_in_flight, in_flight_bucket,
-repeats (>= 3), lr. Metrics lines: ``kind="time"`` (what, compressor, bucket_size,
-max_in_flight, step_time_s) and ``kind="timeline"`` (compressor, bucket_size, timeline).
+repeats (>= 3), lr. Metrics lines: ``kind="time"`` (what, algorithm, bucket_size,
+max_in_flight, step_time_s) and ``kind="timeline"`` (algorithm, bucket_size, timeline).
 ``benchmarks/overlap.py`` runs this job and computes the hidden fraction.
 """
 
@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec as P
 from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh, replicate, shard_batch
 
-COMPRESSORS = ("dense", "gtopk")
+ALGORITHMS = ("dense", "gtopk")
 DEFAULT_BUCKET_SIZES = [1 << 20, 1 << 22, 1 << 24, 0]
 DEFAULT_MAX_IN_FLIGHT = [0, 1, 2, 4]
 
@@ -101,15 +101,15 @@ def mlp_loss(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((h - y) ** 2)
 
 
-def _reducer(compressor: str, density: float, bucket_size: int) -> Any:
+def _reducer(algorithm: str, density: float, bucket_size: int) -> Any:
     import jaxcomm
     from jaxcomm.optax import allreduce_gradients
 
-    if compressor == "dense":
+    if algorithm == "dense":
         return allreduce_gradients(AXIS, None, bucket_size=bucket_size)
-    if compressor == "gtopk":
+    if algorithm == "gtopk":
         return allreduce_gradients(AXIS, jaxcomm.GTopK(density), bucket_size=bucket_size)
-    raise ValueError(f"args.compressors: unknown {compressor!r}; allowed: {list(COMPRESSORS)}")
+    raise ValueError(f"args.algorithms: unknown {algorithm!r}; allowed: {list(ALGORITHMS)}")
 
 
 def _sgd(params: Any, updates: Any, lr: float) -> Any:
@@ -252,7 +252,7 @@ class _Bench:
 
 
 def run(ctx: JobContext) -> None:
-    """Measures T_compute, T_comm and T_step per compressor, bucket size and pacing.
+    """Measures T_compute, T_comm and T_step per algorithm, bucket size and pacing.
 
     Args:
         ctx: The job context of this rank.
@@ -268,10 +268,10 @@ def run(ctx: JobContext) -> None:
 
     b = _Bench(ctx)
     a = ctx.args
-    compressors = list(a.get("compressors", COMPRESSORS))
-    unknown = sorted(set(compressors) - set(COMPRESSORS))
+    algorithms = list(a.get("algorithms", ALGORITHMS))
+    unknown = sorted(set(algorithms) - set(ALGORITHMS))
     if unknown:
-        raise ValueError(f"args.compressors: unknown {unknown}; allowed: {list(COMPRESSORS)}")
+        raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {list(ALGORITHMS)}")
     bucket_sizes = [int(s) for s in a.get("bucket_sizes", DEFAULT_BUCKET_SIZES)]
     in_flight = [int(m) for m in a.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)]
     in_flight_bucket = int(a.get("in_flight_bucket", DEFAULT_BUCKET_SIZE))
@@ -319,13 +319,13 @@ def run(ctx: JobContext) -> None:
     )
     grads = jax.block_until_ready(grad_fn(b.params(), b.x, b.y))
 
-    for compressor in compressors:
+    for algorithm in algorithms:
         for bucket in bucket_sizes:
             size = bucket if bucket > 0 else b.elements  # 0: the whole model in one bucket
-            tx = _reducer(compressor, b.density, size)
+            tx = _reducer(algorithm, b.density, size)
             specs = partition_specs(jax.eval_shape(tx.init, b.host_params), AXIS)
             init = b.shard_map(tx.init, P(), specs)
-            fields = {"compressor": compressor, "bucket_size": bucket}
+            fields = {"algorithm": algorithm, "bucket_size": bucket}
 
             def comm_local(g: Any, s: Any, tx: Any = tx) -> Any:
                 u, s = tx.update(jax.tree.map(lambda v: v[0], g), s)
@@ -363,7 +363,7 @@ def run(ctx: JobContext) -> None:
 
             t_step = b.time_calls(call_step, "step", max_in_flight=0, **fields)
             say(
-                f"  {compressor:6s} bucket {bucket:>9d}: comm {_median_ms(t_comm):9.1f} ms, "
+                f"  {algorithm:6s} bucket {bucket:>9d}: comm {_median_ms(t_comm):9.1f} ms, "
                 f"step {_median_ms(t_step):9.1f} ms"
             )
             if bucket != in_flight_bucket:
@@ -380,7 +380,7 @@ def run(ctx: JobContext) -> None:
                 paced.wait()
                 per_step = (time.monotonic() - t0) / n
                 b.log_time("paced", per_step, max_in_flight=m, **fields)
-                say(f"  {compressor:6s} paced max_in_flight={m}: {per_step * 1e3:9.1f} ms/step")
+                say(f"  {algorithm:6s} paced max_in_flight={m}: {per_step * 1e3:9.1f} ms/step")
             marked_step = b.shard_map(
                 lambda p, s, x, y, f=step_local: f(p, s, x, y, marked=True),
                 specs_s,

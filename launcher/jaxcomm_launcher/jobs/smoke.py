@@ -1,4 +1,8 @@
-"""``smoke``: a few ``lax.psum`` allreduces across all processes, to test a launch fast.
+"""``smoke``: a few ``jaxcomm.allreduce`` calls across all processes, to test a launch fast.
+
+Each step checks the sum and logs what ``jaxcomm.metrics()`` measured for it: bytes sent and
+received by this process's devices, the time inside the collective (mean over its devices)
+and the compression ratio (1.0: dense).
 
 Recipe ``args`` (all optional):
   size: float32 elements per device (default 4096)
@@ -12,19 +16,25 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import jax
 import numpy as np
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
+import jaxcomm
 from jaxcomm_launcher.context import JobContext
-from jaxcomm_launcher.jobs._common import (
-    AXIS,
-    data_parallel_mesh,
-    ring_allreduce_bytes,
-    shard_batch,
-)
+from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh, shard_batch
+
+_MEASURED = ("bytes_sent", "bytes_received", "dense_bytes_sent", "seconds")
+
+
+def _measured() -> dict[str, Any]:
+    """This process's jaxcomm totals so far: each of :data:`_MEASURED`, summed, and ranks."""
+    totals = [t for t in jaxcomm.metrics()["totals"] if t["calls"]]
+    out: dict[str, Any] = {k: sum(t[k] for t in totals) for k in _MEASURED}
+    out["ranks"] = max(1, len({t["world_rank"] for t in totals}))
+    return out
 
 
 def _maybe_fail(ctx: JobContext, step: int) -> None:
@@ -40,7 +50,7 @@ def _maybe_fail(ctx: JobContext, step: int) -> None:
 
 
 def run(ctx: JobContext) -> None:
-    """Runs ``train.steps`` psum allreduces and logs step time and bytes per step.
+    """Runs ``train.steps`` jaxcomm allreduces and logs their measured time and bytes.
 
     Args:
         ctx: The job context of this rank.
@@ -55,37 +65,42 @@ def run(ctx: JobContext) -> None:
     n_dev = mesh.size
     size = int(ctx.args.get("size", 4096))
     sleep_s = float(ctx.args.get("sleep_s", 0.0))
-    # Device d holds the value d + 1, so the psum must equal n(n+1)/2 everywhere.
+    # Device d holds the value d + 1, so the sum must equal n(n+1)/2 everywhere.
     first = ctx.rank * ctx.devices_per_process
     local = np.repeat(
         np.arange(first + 1, first + ctx.devices_per_process + 1, dtype=np.float32), size
     )
     x = shard_batch(local, mesh)
     step_fn = jax.jit(
-        jax.shard_map(lambda v: lax.psum(v, AXIS), mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+        jax.shard_map(
+            lambda v: jaxcomm.allreduce(v, AXIS), mesh=mesh, in_specs=P(AXIS), out_specs=P(AXIS)
+        )
     )
     expected = n_dev * (n_dev + 1) / 2
-    bytes_step = ring_allreduce_bytes(size * 4, n_dev) * ctx.devices_per_process
     ctx.print(f"smoke: rank {ctx.rank}/{ctx.world_size}, {n_dev} devices, {size} floats each")
     for step in range(ctx.train.steps):
         _maybe_fail(ctx, step)
         if sleep_s:
             time.sleep(sleep_s)
+        before = _measured()
         t0 = time.perf_counter()
         out = step_fn(x)
         out.block_until_ready()
         dt = time.perf_counter() - t0
         got = float(np.asarray(out.addressable_data(0))[0])
         if got != expected:
-            raise RuntimeError(f"psum gave {got}, expected {expected}: collectives are broken")
+            raise RuntimeError(f"allreduce gave {got}, expected {expected}: collectives are broken")
+        after = _measured()
+        step_metrics = {k: after[k] - before[k] for k in _MEASURED}
+        sent = step_metrics["bytes_sent"]
         ctx.metrics.log(
             step,
             force=step == ctx.train.steps - 1,
             loss=None,
             step_time_s=dt,
-            collective_time_s=dt,
-            bytes_sent=bytes_step,
-            bytes_received=bytes_step,
-            compression_ratio=1.0,
+            collective_time_s=step_metrics["seconds"] / after["ranks"],
+            bytes_sent=sent,
+            bytes_received=step_metrics["bytes_received"],
+            compression_ratio=step_metrics["dense_bytes_sent"] / sent if sent else None,
         )
-    ctx.print(f"smoke: done, psum checked ({expected:g}) on every step")
+    ctx.print(f"smoke: done, allreduce checked ({expected:g}) on every step")

@@ -1,4 +1,5 @@
-"""Run results: read the ranks' JSON lines, write ``summary.json``, print a table, draw PNGs."""
+"""Run results (the launcher's side; the collectives' own counters are ``jaxcomm.metrics``):
+read the ranks' JSON lines, write ``summary.json``, print a table, draw PNGs."""
 
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
         table.add_column(col, justify="left" if col in ("run", "status") else "right")
     for v in summary.get("variants", []):
         status = v.get("status", "?")
-        style = {"ok": "green", "skipped": "yellow"}.get(status, "red")
+        style = "green" if status == "ok" else "red"
         mb = v.get("mean_bytes_sent_per_step")
         table.add_row(
             v["label"],

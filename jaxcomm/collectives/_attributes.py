@@ -1,7 +1,15 @@
-"""Attributes of the quantized and hierarchical collectives (C++ in ffi/quantized_allreduce.cc)."""
+"""FFI attributes shared by several collectives (C++ in ffi/quantized_allreduce.cc).
+
+- :func:`quantizer_attributes`: the quantizer of the quantized allreduce, flat or hierarchical
+  (``jaxcomm.compressed_allreduce`` with ``OneBit``, ``Threshold`` or ``Adaptive``);
+- :func:`hierarchical_attributes`: the (node, local) axes and scheme of *both* hierarchical
+  allreduces, the dense one (``jaxcomm.allreduce(..., hierarchical=True)``) and the quantized
+  one.
+"""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
 import numpy as np
@@ -12,6 +20,15 @@ from jaxcomm.compressors import Adaptive, OneBit, Threshold
 Quantizer = OneBit | Threshold | Adaptive
 QUANTIZERS = (OneBit, Threshold, Adaptive)
 
+
+class QuantizerKind(enum.IntEnum):
+    """The ``kind`` attribute: kernels/quantized_slices.h ``enum class QuantizerKind``."""
+
+    ONEBIT = 0  # kOneBit
+    THRESHOLD = 1  # kThreshold
+    ADAPTIVE = 2  # kAdaptive
+
+
 # Multi-leader (every local rank allreduces 1/L of the vector across nodes) measured faster
 # than a single leader per node (benchmarks/allreduce.py, 4 nodes x 2 local devices), so it is
 # the default; "leader" keeps the IBM slides' single-leader scheme for comparison.
@@ -21,7 +38,7 @@ HIERARCHICAL_SCHEMES = {"multi_leader": 0, "leader": 1}
 def quantizer_attributes(c: Quantizer) -> dict[str, np.generic]:
     """FFI attributes describing quantizer `c` (kernels/quantized_slices.h QuantizerSpec)."""
     attrs = {
-        "kind": np.int64(0),
+        "kind": np.int64(QuantizerKind.ONEBIT),
         "column_size": np.int64(1024),
         "sample_size": np.int64(0),
         "proportion": np.float64(1.0),
@@ -30,25 +47,24 @@ def quantizer_attributes(c: Quantizer) -> dict[str, np.generic]:
     }
     if isinstance(c, OneBit):
         attrs.update(
-            kind=np.int64(0),
+            kind=np.int64(QuantizerKind.ONEBIT),
             column_size=np.int64(c.column_size),
             sample_size=np.int64(c.sample_size),
         )
     elif isinstance(c, Threshold):
-        attrs.update(kind=np.int64(1), tau=np.float32(c.tau), max_density=np.float64(c.max_density))
+        attrs.update(
+            kind=np.int64(QuantizerKind.THRESHOLD),
+            tau=np.float32(c.tau),
+            max_density=np.float64(c.max_density),
+        )
     else:
         attrs.update(
-            kind=np.int64(2),
+            kind=np.int64(QuantizerKind.ADAPTIVE),
             column_size=np.int64(c.column_size),
             sample_size=np.int64(c.sample_size),
             proportion=np.float64(c.proportion),
         )
     return attrs
-
-
-def group_size(axis_name: str | Sequence[str], api: str) -> int:
-    """Number of ranks a collective over `axis_name` reduces (inside shard_map)."""
-    return _mesh.resolve(axis_name, api).group_size
 
 
 def hierarchical_attributes(

@@ -1,0 +1,137 @@
+"""What every backend shares: errors, the base classes, the rank command line and environment.
+
+The backends (``local``, ``emulated``, ``mpirun``, ``slurm``) import this module, never the
+``backends`` package itself, so the package can import them all (no cycle).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import pathlib
+import shlex
+import socket
+import sys
+from typing import Any
+
+from jaxcomm_launcher.procs import Supervisor
+from jaxcomm_launcher.recipe import Recipe
+
+
+class BackendError(RuntimeError):
+    """A backend cannot run here (missing tool, not root, ...); the message says what to do."""
+
+
+class BackendRunner:
+    """What every backend shares: its recipe, run directory, and a context manager that
+    sets nothing up. Backends that create something (``emulated``) override both halves.
+
+    Args:
+        recipe: The validated recipe.
+        run_dir: The run directory.
+    """
+
+    def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
+        self.recipe = recipe
+        self.run_dir = run_dir
+
+    def __enter__(self) -> BackendRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class SupervisedBackend(BackendRunner, abc.ABC):
+    """A backend whose ranks this process starts and supervises (local, emulated, mpirun).
+
+    ``with backend: ...`` sets up and always tears down what it creates (e.g. namespaces).
+    """
+
+    kind: str
+
+    @abc.abstractmethod
+    def start(self, supervisor: Supervisor, spec_path: pathlib.Path) -> None:
+        """Starts the ranks of one sweep entry under ``supervisor``."""
+
+    @abc.abstractmethod
+    def describe(self, spec_path: pathlib.Path) -> list[str]:
+        """The commands :meth:`start` would run, for ``--dry-run``."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Returns a TCP port that was free on `host` a moment ago.
+
+    Args:
+        host: Address to probe.
+
+    Returns:
+        The port number.
+
+    Example:
+        >>> 1024 <= free_port() <= 65535
+        True
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def worker_command(spec_path: pathlib.Path, python: str | None = None) -> list[str]:
+    """Returns the command line that runs one rank.
+
+    ``-P`` (Python >= 3.11) keeps the working directory off ``sys.path``: launched from a
+    source checkout, ranks must import the installed ``jaxcomm`` (with its compiled library),
+    not the source tree.
+
+    Args:
+        spec_path: The run's spec.json.
+        python: Interpreter; defaults to the launcher's own.
+
+    Returns:
+        The argv list.
+
+    Example:
+        >>> worker_command(pathlib.Path("/r/spec.json"), "python3")[-2:]
+        ['--spec', '/r/spec.json']
+    """
+    python = python or sys.executable
+    flags = ["-P"] if sys.version_info >= (3, 11) else []
+    return [python, *flags, "-m", "jaxcomm_launcher.worker", "--spec", str(spec_path)]
+
+
+def base_env(recipe: Recipe) -> dict[str, str]:
+    """Returns the environment shared by all ranks: this one, plus the recipe's additions.
+
+    Args:
+        recipe: The recipe (its ``env`` and ``pythonpath``).
+
+    Returns:
+        A new environment mapping.
+
+    Example:
+        >>> "PYTHONUNBUFFERED" in base_env(Recipe(name="x", job="smoke"))
+        True
+    """
+    env = dict(os.environ)
+    env.update(recipe.env)
+    env["PYTHONUNBUFFERED"] = "1"  # logs must stream line by line, not at exit
+    if recipe.pythonpath:
+        parts = [*recipe.pythonpath]
+        if env.get("PYTHONPATH"):
+            parts.append(env["PYTHONPATH"])
+        env["PYTHONPATH"] = os.pathsep.join(parts)
+    # Every rank is one process with its own CPU devices; a leftover XLA device-count flag
+    # from the user's shell would fight jax_num_cpu_devices.
+    flags = env.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" in flags:
+        env["XLA_FLAGS"] = " ".join(
+            f for f in flags.split() if "xla_force_host_platform_device_count" not in f
+        )
+    return env
+
+
+def shell_join(cmd: list[str], env: dict[str, Any] | None = None) -> str:
+    """Returns `cmd` as one shell line, with `env` assignments in front."""
+    prefix = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in (env or {}).items())
+    return (prefix + " " if prefix else "") + shlex.join(cmd)

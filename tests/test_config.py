@@ -1,0 +1,146 @@
+"""One place for each thing: the environment settings table, the quantizer kinds shared with
+C++, the lean core install and the launcher's import graph."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Modules of the extras (pyproject.toml): the core must import without any of them.
+EXTRA_MODULES = ("flax", "sklearn", "typer", "rich", "yaml", "pydantic", "matplotlib", "orbax")
+
+BLOCKER = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked by the test)")
+sys.meta_path.insert(0, Block())
+"""
+
+
+def _python(code: str, blocked: tuple[str, ...] = (), env: dict | None = None):
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-P", "-c", BLOCKER.format(blocked=set(blocked)) + code],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_settings_parse_and_name_the_variable():
+    from jaxcomm import config
+
+    assert config.get("JAXCOMM_TIMEOUT_S", {}) == 120.0
+    assert config.get("JAXCOMM_TIMEOUT_S", {"JAXCOMM_TIMEOUT_S": "2.5"}) == 2.5
+    assert config.get("JAXCOMM_UCX_SPIN_US", {"JAXCOMM_UCX_SPIN_US": "0"}) == 0.0
+    assert config.get("JAXCOMM_INIT_TIMEOUT", {"JAXCOMM_INIT_TIMEOUT": "30"}) == 30
+    assert config.get("JAXCOMM_PROCESS_ID", {}) is None
+    for name, bad in (
+        ("JAXCOMM_TIMEOUT_S", "0"),
+        ("JAXCOMM_TIMEOUT_S", "soon"),
+        ("JAXCOMM_UCX_SPIN_US", "-1"),
+        ("JAXCOMM_UCX_SPIN_US", "nan"),
+        ("JAXCOMM_UCX_WAIT", "spin"),
+        ("JAXCOMM_INIT_TIMEOUT", "1.5"),
+        ("JAXCOMM_COORDINATOR_PORT", "70000"),
+        ("JAXCOMM_NUM_PROCESSES", "0"),
+    ):
+        with pytest.raises(config.ConfigError, match=f"{name}='{re.escape(bad)}' is invalid"):
+            config.get(name, {name: bad})
+    with pytest.raises(config.ConfigError, match="JAXCOMM_UCX_WAIT"):
+        config.check_environment({"JAXCOMM_UCX_WAIT": "spin"})
+
+
+def test_import_refuses_a_bad_setting_that_cpp_reads():
+    done = _python("import jaxcomm", env={"JAXCOMM_UCX_SPIN_US": "fast"})
+    assert done.returncode != 0
+    assert "JAXCOMM_UCX_SPIN_US='fast' is invalid" in done.stderr, done.stderr[-2000:]
+
+
+def test_every_setting_read_anywhere_is_declared_and_documented():
+    from jaxcomm import config
+
+    read = set()
+    patterns = {
+        "*.cc": r'getenv\("(JAXCOMM_\w+)"\)',
+        "*.h": r'getenv\("(JAXCOMM_\w+)"\)',
+        "*.py": r'(?:environ|env)(?:\.get\(|\[)"(JAXCOMM_\w+)"',
+    }
+    for folder in ("ffi", "jaxcomm", "launcher"):
+        for glob, pattern in patterns.items():
+            for path in (ROOT / folder).rglob(glob):
+                read |= set(re.findall(pattern, path.read_text()))
+    assert read, "the scan found nothing: its patterns are stale"
+    assert read <= set(config.SETTINGS), sorted(read - set(config.SETTINGS))
+    design = (ROOT / "docs" / "DESIGN.md").read_text()
+    assert config.markdown_table() in design, "docs/DESIGN.md's table is stale: regenerate it"
+
+
+def test_quantizer_kinds_match_the_cpp_enum():
+    from jaxcomm.collectives._attributes import QuantizerKind
+
+    header = (ROOT / "kernels" / "quantized_slices.h").read_text()
+    body = re.search(r"enum class QuantizerKind[^{]*\{([^}]*)\}", header).group(1)
+    cpp = {name: int(value) for name, value in re.findall(r"k(\w+)\s*=\s*(\d+)", body)}
+    assert {k.name: k.value for k in QuantizerKind} == {n.upper(): v for n, v in cpp.items()}
+
+
+def test_core_imports_without_the_extras():
+    done = _python(
+        "import jaxcomm, jaxcomm.optax, jaxcomm.cost, jaxcomm.config\n"
+        "import jax.numpy as jnp\n"
+        "v, i = jaxcomm.ops.topk_abs(jnp.array([1.0, -4.0, 2.0]), 1)\n"
+        "assert float(v[0]) == -4.0\n"
+        f"assert not {{m.split('.')[0] for m in sys.modules}} & {set(EXTRA_MODULES)!r}\n"
+        "print('ok')",
+        blocked=EXTRA_MODULES,
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_cli_without_the_launch_extra_says_how_to_get_it():
+    done = _python(
+        "import runpy; runpy.run_module('jaxcomm_launcher', run_name='__main__')",
+        blocked=("typer",),
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "pip install 'jaxcomm[launch]'" in done.stderr and "typer" in done.stderr
+
+
+def test_examples_without_their_extra_say_how_to_get_it():
+    done = _python("import jaxcomm.examples.digits", blocked=("flax",))
+    assert done.returncode != 0
+    assert "pip install 'jaxcomm[examples]'" in done.stderr, done.stderr[-2000:]
+
+
+def test_checkpoints_without_orbax_say_how_to_get_it():
+    done = _python(
+        "from jaxcomm.optax import save_state\n"
+        "try:\n"
+        "    save_state('/nonexistent/x', {})\n"
+        "except ImportError as e:\n"
+        "    print(e)",
+        blocked=("orbax",),
+    )
+    assert "pip install 'jaxcomm[checkpoint]'" in done.stdout, done.stderr[-2000:]
+
+
+def test_launcher_backends_do_not_import_the_runner():
+    # runner -> backends -> slurm used to import runner back (hidden in functions).
+    done = _python(
+        "import jaxcomm_launcher.backends, jaxcomm_launcher.backends.slurm\n"
+        "assert 'jaxcomm_launcher.runner' not in sys.modules\n"
+        "assert 'jax' not in sys.modules  # the launcher's own process stays light\n"
+        "print('ok')"
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
