@@ -92,32 +92,35 @@ def worker(args: argparse.Namespace) -> None:
     ours = sharded(lambda v: jaxcomm.allreduce(v[0], "dp")[None])
     mpi_jit = jax.jit(lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=comm))
 
-    times: dict[str, dict[int, list[float]]] = collections.defaultdict(dict)
-    for n in args.sizes:
-        local = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
-        recv = np.empty_like(local)
+    def calls_for(local: np.ndarray, recv: np.ndarray) -> dict:
+        """The four implementations' calls on this rank's `local` data (and their results)."""
         x_local = jnp.asarray(local)
         x_global = jax.make_array_from_process_local_data(sharding, local[None])
-
-        def run_openmpi():
-            comm.Allreduce(local, recv, op=MPI.SUM)
-
-        calls = {
-            "openmpi": run_openmpi,
+        return {
+            "openmpi": lambda: comm.Allreduce(local, recv, op=MPI.SUM) or recv,
             "mpi4jax": lambda: mpi_jit(x_local).block_until_ready(),
             "psum": lambda: psum(x_global).block_until_ready(),
             "jaxcomm": lambda: ours(x_global).block_until_ready(),
         }
-        check = {}
+
+    def first_row(value) -> np.ndarray:
+        """This rank's result: the array itself, or its row of a (P, n) global array."""
+        if value.ndim == 1:
+            return np.asarray(value)
+        return np.asarray(value.addressable_shards[0].data)[0]
+
+    times: dict[str, dict[int, list[float]]] = collections.defaultdict(dict)
+    for n in args.sizes:
+        local = np.random.default_rng(rank).standard_normal(n).astype(np.float32)
+        calls = calls_for(local, np.empty_like(local))
+        results = {}
         for name, call in calls.items():  # warm-up (compiles) and a numerics check
             comm.Barrier()
-            call()
-        check["openmpi"] = recv.copy()
-        check["mpi4jax"] = np.asarray(mpi_jit(x_local))
-        check["psum"] = np.asarray(psum(x_global).addressable_shards[0].data)[0]
-        check["jaxcomm"] = np.asarray(ours(x_global).addressable_shards[0].data)[0]
-        for name, value in check.items():
-            np.testing.assert_allclose(value, check["openmpi"], rtol=1e-4, atol=1e-4, err_msg=name)
+            results[name] = first_row(call()).copy()
+        for name, value in results.items():
+            np.testing.assert_allclose(
+                value, results["openmpi"], rtol=1e-4, atol=1e-4, err_msg=name
+            )
         for name in calls:
             times[name][n] = []
         for _ in range(args.repeats):
@@ -182,7 +185,11 @@ def main() -> None:
             ms = [median[(p, i, n)] * 1e3 for i in IMPLEMENTATIONS]
             vs = median[(p, "openmpi", n)] / median[(p, "jaxcomm", n)]
             vp = median[(p, "psum", n)] / median[(p, "jaxcomm", n)]
-            print(f"{p:2d} {n:10d}" + "".join(f" {t:8.1f}ms" for t in ms) + f"   {vs:.2f}x / {vp:.2f}x")
+            print(
+                f"{p:2d} {n:10d}"
+                + "".join(f" {t:8.1f}ms" for t in ms)
+                + f"   {vs:.2f}x / {vp:.2f}x"
+            )
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "peers-local.json"
     json_path.write_text(json.dumps({"repeats": args.repeats, "rounds": args.rounds,

@@ -39,8 +39,7 @@ ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t
 
 // Every rank copies slice q of rank q's `out` into its own, then waits until every peer is done
 // with its buffers.
-ffi::Error DirectAllgather(Group& group, float* out, int64_t n, DirectPeers* peers,
-                           uint32_t* step);
+ffi::Error DirectAllgather(Group& group, float* out, int64_t n, DirectPeers* peers, uint32_t* step);
 
 // Group rank `root`'s out[0, n) to every rank's out; root waits until every copy is done.
 ffi::Error DirectBroadcast(Group& group, int root, float* out, int64_t n, uint32_t* step);

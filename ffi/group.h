@@ -152,8 +152,8 @@ class TimedWork {
   TimedWork(Group& group, Work kind)
       : group_(group), kind_(kind), start_(std::chrono::steady_clock::now()) {}
   ~TimedWork() {
-    group_.AddTime(kind_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
-                              .count());
+    group_.AddTime(
+        kind_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
   }
   TimedWork(const TimedWork&) = delete;
   TimedWork& operator=(const TimedWork&) = delete;

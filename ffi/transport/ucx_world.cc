@@ -14,8 +14,8 @@
 #include <sched.h>
 #include <sys/uio.h>
 #include <time.h>
-#include <unistd.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -389,7 +389,8 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
   shares_memory_.assign(world_size_, false);
   pids_.assign(world_size_, -1);
   const std::string my_identity = HostIdentity();
-  const bool cross_process = SharedMemoryEnabled() && !my_identity.empty();
+  const bool enabled = SharedMemoryEnabled();
+  const bool cross_process = enabled && !my_identity.empty();
   for (int r = 0; r < world_size_; ++r) {
     std::string& a = ucx_addresses[r];
     uint32_t magic = 0, identity_length = 0;
@@ -404,15 +405,18 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
       std::memcpy(&pid, a.data() + at + identity_length, 8);
       std::memcpy(&probe, a.data() + at + identity_length + 8, 8);
       a.resize(at);
-      if (IsLocal(r)) {
+      if (!enabled) {
+        shares_memory_[r] = false;
+      } else if (IsLocal(r)) {
         shares_memory_[r] = true;
       } else if (cross_process && identity == my_identity && pid > 0) {
         uint64_t seen = 0;
-        shares_memory_[r] = ReadProcess(pid, probe, &seen, sizeof(seen)) == 0 && seen == kProbeValue;
+        shares_memory_[r] =
+            ReadProcess(pid, probe, &seen, sizeof(seen)) == 0 && seen == kProbeValue;
         pids_[r] = pid;
       }
     } else {
-      shares_memory_[r] = IsLocal(r);
+      shares_memory_[r] = enabled && IsLocal(r);
     }
   }
   for (auto& local : impl_->locals) {
@@ -455,9 +459,9 @@ Counters UcxWorld::GetCounters(int self) const {
 Status UcxWorld::ReadPeer(int peer, uint64_t address, void* dst, size_t bytes,
                           std::string_view context) const {
   if (!SharesMemory(peer)) {
-    return Status(StatusCode::kInvalidArgument,
-                  std::string(context) + ": rank " + std::to_string(peer) +
-                      " does not share memory with this process");
+    return Status(StatusCode::kInvalidArgument, std::string(context) + ": rank " +
+                                                    std::to_string(peer) +
+                                                    " does not share memory with this process");
   }
   if (bytes == 0) return Status::Ok();
   if (IsLocal(peer)) {
@@ -471,10 +475,9 @@ Status UcxWorld::ReadPeer(int peer, uint64_t address, void* dst, size_t bytes,
                                                std::to_string(peer) + " failed (process " +
                                                std::to_string(pids_[peer]) + " is gone)");
   }
-  return Status(StatusCode::kInternal, std::string(context) + ": reading " +
-                                           std::to_string(bytes) + " bytes of peer rank " +
-                                           std::to_string(peer) + "'s memory failed: " +
-                                           std::strerror(error));
+  return Status(StatusCode::kInternal, std::string(context) + ": reading " + std::to_string(bytes) +
+                                           " bytes of peer rank " + std::to_string(peer) +
+                                           "'s memory failed: " + std::strerror(error));
 }
 
 int UcxWorld::StartRequest(Request& r, int self, int peer, uint64_t tag, size_t bytes) const {

@@ -27,8 +27,7 @@
 // failure detection. "Same host" means the same boot, PID, network and IPC namespaces (so the
 // emulated cluster's nodes, each in its own namespaces, still talk through their shaped
 // links), and that a probe read of the peer succeeded at Connect. Env
-// JAXCOMM_SHARED_MEMORY=0 turns the cross-process reads off (in-process reads stay: they
-// need no transport at all).
+// JAXCOMM_SHARED_MEMORY=0 turns all of it off (everything goes through UCX, as before).
 #pragma once
 
 #include <atomic>
@@ -212,8 +211,9 @@ class UcxWorld {
   Counters GetCounters(int self) const;
 
   // ---- Shared memory (see the top of this file) ------------------------------------------
-  // True when this process can read world rank `peer`'s memory with ReadPeer (always for
-  // local ranks; for a rank of another process on this host after a successful probe).
+  // True when this process can read world rank `peer`'s memory with ReadPeer (for local
+  // ranks unless JAXCOMM_SHARED_MEMORY=0; for a rank of another process on this host after a
+  // successful probe).
   bool SharesMemory(int peer) const {
     return peer >= 0 && peer < world_size_ && shares_memory_[peer];
   }
