@@ -7,6 +7,7 @@
 
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
+#include "ffi/direct_allreduce.h"
 #include "ffi/engine.h"
 #include "ffi/group.h"
 #include "kernels/reduce.h"
@@ -91,6 +92,7 @@ ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float
         const size_t expected = sizeof(float) * segment_length(c, j);
         JAXCOMM_RETURN_IF_ERROR(CheckReceived(group, got, expected, left));
         if (reduce) {
+          TimedWork timed(group, Work::kReduce);
           kernels::AddInto(data + begin(c) + j * segment, scratch->data() + j * segment,
                            segment_length(c, j));
         }
@@ -106,9 +108,12 @@ ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float
   // Reduce-scatter: after it, this rank holds the full sum of chunk (rank + 1) % P.
   JAXCOMM_RETURN_IF_ERROR(phase(
       0, rank, [&](int s) { return (rank - s - 1 + parts) % parts; }, true));
+  group.MarkPhase("reduce_scatter");
   // Allgather of the reduced chunks.
-  return phase(
-      parts - 1, (rank + 1) % parts, [&](int s) { return (rank - s + parts) % parts; }, false);
+  JAXCOMM_RETURN_IF_ERROR(phase(
+      parts - 1, (rank + 1) % parts, [&](int s) { return (rank - s + parts) % parts; }, false));
+  group.MarkPhase("allgather");
+  return ffi::Error::Success();
 }
 
 namespace {
@@ -125,12 +130,22 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
   std::unique_ptr<Group> group;
   JAXCOMM_RETURN_IF_ERROR(
       Group::Begin(MakeCallSite(kAllreduceOp, device_id, coordinates, attrs), &group));
-  if (out->typed_data() != x.typed_data()) {
-    std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
+  kernels::AdviseHugePages(out->typed_data(), sizeof(float) * n);
+  if (group->size() > 1 && group->SharesMemoryWithAll()) {
+    // Every member's memory is readable from here (same process or same host): reduce
+    // straight from the peers' inputs into the output, no transport in between.
+    JAXCOMM_RETURN_IF_ERROR(DirectAllreduce(*group, x.typed_data(), out->typed_data(), n));
+    group->Finish("dense_direct", n);
+  } else {
+    if (out->typed_data() != x.typed_data()) {
+      TimedWork timed(*group, Work::kCopy);
+      std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
+    }
+    group->MarkPhase("copy_in");
+    thread_local std::vector<float> scratch;
+    JAXCOMM_RETURN_IF_ERROR(RingAllreduce(*group, out->typed_data(), n, &scratch));
+    group->Finish("dense", n);
   }
-  thread_local std::vector<float> scratch;
-  JAXCOMM_RETURN_IF_ERROR(RingAllreduce(*group, out->typed_data(), n, &scratch));
-  group->Finish("dense", n);
   token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }

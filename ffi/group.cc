@@ -52,6 +52,8 @@ struct MetricsRecord {
   double seconds;
   double started;   // steady clock, seconds (= Python's time.monotonic())
   double finished;  // likewise
+  double wait_seconds, reduce_seconds, copy_seconds;
+  std::vector<std::pair<const char*, double>> phases;
 };
 
 constexpr size_t kMaxRecentRecords = 4096;
@@ -133,6 +135,7 @@ ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char
 ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
   std::unique_ptr<Group> group(new Group());
   group->start_ = std::chrono::steady_clock::now();
+  group->last_mark_ = group->start_;
   group->deadline_ = transport::DefaultDeadline();
   group->name_ = site.name;
   group->world_ = transport::GetWorld(site.world_handle);
@@ -232,6 +235,20 @@ transport::Request Group::PostRecv(int src, void* data, size_t capacity, uint32_
                        capacity);
 }
 
+bool Group::SharesMemoryWithAll() const {
+  return std::all_of(members_.begin(), members_.end(),
+                     [&](int member) { return world_->SharesMemory(member); });
+}
+
+ffi::Error Group::ReadFrom(int group_rank, uint64_t address, void* dst, size_t bytes) {
+  const transport::Status status =
+      world_->ReadPeer(members_[group_rank], address, dst, bytes,
+                       std::string(name_) + " (group rank " + std::to_string(rank_) + " of " +
+                           std::to_string(size()) + ")");
+  if (!status.ok()) return FromStatus(status);
+  return ffi::Error::Success();
+}
+
 std::string Group::MissingLocalDevices() const {
   std::vector<int64_t> missing, started;
   for (int member : members_) {
@@ -254,7 +271,10 @@ std::string Group::MissingLocalDevices() const {
 ffi::Error Group::Wait(transport::Request* requests, size_t count, size_t* received) {
   std::string context = std::string(name_) + " (group rank " + std::to_string(rank_) + " of " +
                         std::to_string(size()) + ")";
+  const auto waiting = std::chrono::steady_clock::now();
   transport::Status status = world_->WaitAll(self_world_rank_, requests, count, deadline_, context);
+  metrics_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
   if (status.code() == transport::StatusCode::kDeadlineExceeded) {
     // A local peer that never started this collective is not a network problem: say so.
     if (std::string missing = MissingLocalDevices(); !missing.empty()) {
@@ -275,6 +295,12 @@ double MonotonicSeconds(std::chrono::steady_clock::time_point t) {
 }
 }  // namespace
 
+void Group::MarkPhase(const char* name) {
+  const auto now = std::chrono::steady_clock::now();
+  metrics_.phases.emplace_back(name, std::chrono::duration<double>(now - last_mark_).count());
+  last_mark_ = now;
+}
+
 void Group::Finish(const char* algorithm, int64_t elements) {
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - start_).count();
@@ -291,7 +317,8 @@ void Group::Finish(const char* algorithm, int64_t elements) {
   total.group_size = size();
   g_recent.push_back({self_world_rank_, name_, algorithm, seq_, size(), elements,
                       metrics_.bytes_sent, metrics_.bytes_received, dense, seconds,
-                      MonotonicSeconds(start_), MonotonicSeconds(now)});
+                      MonotonicSeconds(start_), MonotonicSeconds(now), metrics_.wait_seconds,
+                      metrics_.reduce_seconds, metrics_.copy_seconds, metrics_.phases});
   if (g_recent.size() > kMaxRecentRecords) g_recent.pop_front();
 }
 
@@ -319,7 +346,13 @@ std::string MetricsJson() {
         << ", \"group_size\": " << r.group_size << ", \"elements\": " << r.elements
         << ", \"bytes_sent\": " << r.bytes_sent << ", \"bytes_received\": " << r.bytes_received
         << ", \"dense_bytes_sent\": " << r.dense_bytes_sent << ", \"seconds\": " << r.seconds
-        << ", \"started\": " << r.started << ", \"finished\": " << r.finished << "}";
+        << ", \"started\": " << r.started << ", \"finished\": " << r.finished
+        << ", \"wait_seconds\": " << r.wait_seconds << ", \"reduce_seconds\": " << r.reduce_seconds
+        << ", \"copy_seconds\": " << r.copy_seconds << ", \"phases\": {";
+    for (size_t i = 0; i < r.phases.size(); ++i) {
+      out << (i ? ", " : "") << "\"" << r.phases[i].first << "\": " << r.phases[i].second;
+    }
+    out << "}}";
     first = false;
   }
   out << "]}";

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ffi/transport/ucx_world.h"
@@ -41,7 +42,16 @@ struct CallMetrics {
   // ratio is dense_bytes_sent / bytes_sent); dense collectives leave it unset (= bytes_sent).
   uint64_t dense_bytes_sent = 0;
   bool has_dense_equivalent = false;
+  // Where the time went (seconds): blocked in Wait(), reducing, copying (AddTime), and per
+  // algorithm phase (MarkPhase), for jaxcomm.metrics()["recent"].
+  double wait_seconds = 0;
+  double reduce_seconds = 0;
+  double copy_seconds = 0;
+  std::vector<std::pair<const char*, double>> phases;
 };
+
+// What a timed span of an algorithm did (Group::AddTime).
+enum class Work { kReduce, kCopy };
 
 class Group {
  public:
@@ -80,6 +90,9 @@ class Group {
   // Adds the traffic of `sub` (a group this call also ran over, e.g. the intra-node group of a
   // hierarchical allreduce) to this group's metrics, so the call records one line.
   void Absorb(const Group& sub) {
+    metrics_.wait_seconds += sub.metrics_.wait_seconds;
+    metrics_.reduce_seconds += sub.metrics_.reduce_seconds;
+    metrics_.copy_seconds += sub.metrics_.copy_seconds;
     metrics_.bytes_sent += sub.metrics_.bytes_sent;
     metrics_.bytes_received += sub.metrics_.bytes_received;
     CountDenseEquivalent(sub.metrics_.has_dense_equivalent ? sub.metrics_.dense_bytes_sent
@@ -92,6 +105,24 @@ class Group {
   transport::Request PostRecv(int src, void* data, size_t capacity, uint32_t step);
   // Waits for `count` requests; `received` (optional) gets the first request's length.
   ffi::Error Wait(transport::Request* requests, size_t count, size_t* received = nullptr);
+
+  // Adds `seconds` spent on local work of `kind` (reduction kernels, memory copies).
+  void AddTime(Work kind, double seconds) {
+    (kind == Work::kReduce ? metrics_.reduce_seconds : metrics_.copy_seconds) += seconds;
+  }
+  // Ends the algorithm phase `name` (a string literal): its time is what passed since the
+  // previous mark (or since Begin).
+  void MarkPhase(const char* name);
+
+  // Shared memory (ffi/transport/ucx_world.h): whether this rank can read every member's
+  // memory directly, a member's address as a pointer when it lives in this process (else
+  // null), and a copy of `bytes` at a member's `address` into `dst` (the algorithm counts
+  // what it read with CountTraffic).
+  bool SharesMemoryWithAll() const;
+  const void* LocalPointer(int group_rank, uint64_t address) const {
+    return world_->LocalPointer(members_[group_rank], address);
+  }
+  ffi::Error ReadFrom(int group_rank, uint64_t address, void* dst, size_t bytes);
 
   // Records this call's metrics (algorithm label, element count, bytes, wall time).
   void Finish(const char* algorithm, int64_t elements);
@@ -111,7 +142,26 @@ class Group {
   uint32_t seq_ = 0;
   transport::Deadline deadline_;
   std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_mark_;
   CallMetrics metrics_;
+};
+
+// Times a span of local work into group.AddTime(kind, ...) when it goes out of scope.
+class TimedWork {
+ public:
+  TimedWork(Group& group, Work kind)
+      : group_(group), kind_(kind), start_(std::chrono::steady_clock::now()) {}
+  ~TimedWork() {
+    group_.AddTime(
+        kind_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  }
+  TimedWork(const TimedWork&) = delete;
+  TimedWork& operator=(const TimedWork&) = delete;
+
+ private:
+  Group& group_;
+  Work kind_;
+  std::chrono::steady_clock::time_point start_;
 };
 
 // Metrics of every collective this process ran, as JSON (see jaxcomm.metrics()).

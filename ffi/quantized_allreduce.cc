@@ -33,6 +33,7 @@
 
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
+#include "ffi/direct_allreduce.h"
 #include "ffi/engine.h"
 #include "ffi/group.h"
 #include "ffi/quantized_common.h"
@@ -293,28 +294,60 @@ ffi::Error BeginHierarchical(const char* op, int32_t device_id, ffi::Buffer<ffi:
 ffi::Error InterNode(Group& node, const QuantizerSpec* spec, float* data, int64_t n,
                      float* residual_out, const kernels::TaskRunner& run) {
   thread_local std::vector<float> scratch;
+  if (spec == nullptr && node.size() > 1 && node.SharesMemoryWithAll()) {
+    return DirectAllreduce(node, data, data, n);  // nodes of one host (tests, benchmarks)
+  }
   if (spec == nullptr) return RingAllreduce(node, data, n, &scratch);
   return QuantizedAllreduce(node, *spec, data, nullptr, n, data, residual_out, run);
 }
 
-// Hierarchical allreduce (see the file comment) of out[0, n), which holds this rank's
-// contribution on entry and the total on return.
+// Hierarchical allreduce (see the file comment): out[0, n) gets the total of every rank's x
+// (out may alias x). Marks its phases on g.all.
 ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spec, int64_t leaders,
-                                 float* out, int64_t n, float* residual_out,
+                                 const float* x, float* out, int64_t n, float* residual_out,
                                  const kernels::TaskRunner& run) {
-  thread_local std::vector<float> scratch;
   Group& local = *g.local;
   const int parts = local.size();
   const int rank = local.rank();
+  if (parts > 1 && local.SharesMemoryWithAll()) {
+    // The node's ranks read each other's memory (ffi/direct_allreduce.h): rank l reduces
+    // slice l of the node sum straight from its peers' inputs.
+    DirectPeers peers;
+    uint32_t step = 0;
+    JAXCOMM_RETURN_IF_ERROR(DirectReduceScatter(local, x, out, n, &peers, &step));
+    g.all->MarkPhase("intra_reduce_scatter");
+    const int64_t begin = EvenSlice(n, parts, rank);
+    const int64_t size = EvenSlice(n, parts, rank + 1) - begin;
+    if (leaders > 1) {
+      JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
+                                        residual_out ? residual_out + begin : nullptr, run));
+      g.all->MarkPhase("inter_node");
+      JAXCOMM_RETURN_IF_ERROR(DirectAllgather(local, out, n, &peers, &step));
+      g.all->MarkPhase("intra_allgather");
+      return ffi::Error::Success();
+    }
+    JAXCOMM_RETURN_IF_ERROR(DirectAllgather(local, out, n, &peers, &step));
+    if (rank == 0) JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out, n, residual_out, run));
+    g.all->MarkPhase("inter_node");
+    JAXCOMM_RETURN_IF_ERROR(DirectBroadcast(local, 0, out, n, &step));
+    g.all->MarkPhase("intra_broadcast");
+    return ffi::Error::Success();
+  }
+  if (out != x) std::memcpy(out, x, sizeof(float) * n);
+  thread_local std::vector<float> scratch;
   uint32_t step = 0;
   JAXCOMM_RETURN_IF_ERROR(RingReduceScatter(local, out, n, &scratch, &step));
+  g.all->MarkPhase("intra_reduce_scatter");
   const int owned = (rank + 1) % parts;
   const int64_t begin = EvenBegin(n, parts, owned);
   const int64_t size = EvenBegin(n, parts, owned + 1) - begin;
   if (leaders > 1 || parts == 1) {
     JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
                                       residual_out ? residual_out + begin : nullptr, run));
-    return RingAllgather(local, out, n, &step);
+    g.all->MarkPhase("inter_node");
+    JAXCOMM_RETURN_IF_ERROR(RingAllgather(local, out, n, &step));
+    g.all->MarkPhase("intra_allgather");
+    return ffi::Error::Success();
   }
   // Single leader: gather the reduced chunks on local rank 0, allreduce there, send back.
   const uint32_t gather_step = step++;
@@ -335,6 +368,7 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
     if (got != sizeof(float) * len) return Invalid(local.name(), "a local rank sent a short chunk");
   }
   JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out, n, residual_out, run));
+  g.all->MarkPhase("inter_node");
   for (int q = 1; q < parts; ++q) {
     JAXCOMM_RETURN_IF_ERROR(local.Send(q, out, sizeof(float) * n, bcast_step));
   }
@@ -352,11 +386,9 @@ ffi::Error HierarchicalDenseImpl(const kernels::TaskRunner& run, int32_t device_
   HierarchicalGroups g;
   JAXCOMM_RETURN_IF_ERROR(
       BeginHierarchical(kHierarchicalOp, device_id, coordinates, attrs, node_axis, local_axis, &g));
-  if (out->typed_data() != x.typed_data()) {
-    std::memcpy(out->typed_data(), x.typed_data(), sizeof(float) * n);
-  }
-  JAXCOMM_RETURN_IF_ERROR(
-      HierarchicalAllreduce(g, nullptr, leaders, out->typed_data(), n, nullptr, run));
+  kernels::AdviseHugePages(out->typed_data(), sizeof(float) * n);
+  JAXCOMM_RETURN_IF_ERROR(HierarchicalAllreduce(g, nullptr, leaders, x.typed_data(),
+                                                out->typed_data(), n, nullptr, run));
   g.all->Absorb(*g.local);
   g.all->Absorb(*g.node);
   g.all->Finish(leaders > 1 ? "hierarchical_dense" : "hierarchical_dense_leader", n);
@@ -389,7 +421,7 @@ ffi::Error HierarchicalQuantizedImpl(
   // Only the part this rank quantizes gets an error; the dense phases lose nothing.
   std::fill(new_residual->typed_data(), new_residual->typed_data() + n, 0.0f);
   JAXCOMM_RETURN_IF_ERROR(
-      HierarchicalAllreduce(g, &spec, leaders, out, n, new_residual->typed_data(), run));
+      HierarchicalAllreduce(g, &spec, leaders, out, out, n, new_residual->typed_data(), run));
   g.all->Absorb(*g.local);
   g.all->Absorb(*g.node);
   const std::string label =

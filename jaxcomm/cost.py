@@ -405,6 +405,47 @@ def ring_bytes(n: int, parts: int, rank: int) -> int:
     return _F32 * (2 * n - _even_size(n, parts, rank + 1) - _even_size(n, parts, rank + 2))
 
 
+_NOTICE = 16  # bytes of one notice of the shared-memory allreduce: address, element count
+
+
+def _direct_rs_bytes(n: int, parts: int, rank: int) -> int:
+    # DirectReduceScatter (ffi/direct_allreduce.cc): the peers read every slice of this rank's
+    # input but its own; one address to each peer.
+    if parts <= 1:
+        return 0
+    return _F32 * (n - _even_size(n, parts, rank)) + (parts - 1) * _NOTICE
+
+
+def _direct_ag_bytes(n: int, parts: int, rank: int) -> int:
+    # DirectAllgather: every peer reads this rank's reduced slice; an address and a "done".
+    if parts <= 1:
+        return 0
+    return (parts - 1) * (_F32 * _even_size(n, parts, rank) + 2 * _NOTICE)
+
+
+def direct_bytes(n: int, parts: int, rank: int) -> int:
+    """Bytes rank ``rank`` sends in jaxcomm's shared-memory allreduce of ``n`` float32.
+
+    Ranks of one host read each other's memory (ffi/direct_allreduce.h): the bytes a rank
+    "sends" are those its peers read from it (every slice of its input but its own, then its
+    reduced slice to each peer) plus three 16-byte notices to each peer. The same 2(P-1)/P·n
+    as the ring for even slices, through memory instead of a link.
+
+    Args:
+      n: elements.
+      parts: ranks in the group.
+      rank: this rank's index in the group.
+
+    Returns:
+      Bytes sent.
+
+    Example:
+      >>> direct_bytes(10, 2, 0)
+      88
+    """
+    return _direct_rs_bytes(n, parts, rank) + _direct_ag_bytes(n, parts, rank)
+
+
 def gtopk_sends(rank: int, parts: int) -> int:
     """Number of sparse sets rank ``rank`` sends in gTop-k over ``parts`` ranks.
 
@@ -560,16 +601,6 @@ def quantized_bytes(kind: str, n: int, parts: int, rank: int, options: Options) 
     return _F32 * words
 
 
-def _ring_rs_bytes(n: int, parts: int, rank: int) -> int:
-    # RingReduceScatter in ffi/quantized_allreduce.cc: chunks rank - k, k = 0..parts-2.
-    return _F32 * sum(_even_size(n, parts, rank - k) for k in range(parts - 1))
-
-
-def _ring_ag_bytes(n: int, parts: int, rank: int) -> int:
-    # RingAllgather: chunks rank + 1 - k, k = 0..parts-2.
-    return _F32 * sum(_even_size(n, parts, rank + 1 - k) for k in range(parts - 1))
-
-
 def _hier_parts(algorithm: str) -> tuple[str | None, bool]:
     """(quantizer kind or None for dense, single leader?) of a hier_* algorithm."""
     name = algorithm.removeprefix("hier_")
@@ -613,8 +644,11 @@ def bytes_sent(
     p = world.ranks
     if n == 0 or p == 1:
         return 0.0
-    if algorithm in ("psum", "dense"):
+    one_host = world.flat_link() != "across_hosts"
+    if algorithm == "psum" or (algorithm == "dense" and not one_host):
         return float(ring_bytes(n, p, rank))
+    if algorithm == "dense":
+        return float(direct_bytes(n, p, rank))
     if algorithm == "topk_allgather":
         return float((p - 1) * 2 * options.k(n) * _F32)
     if algorithm == "gtopk":
@@ -630,17 +664,19 @@ def bytes_sent(
         if nodes == 1:
             return 0
         if kind is None:
-            return ring_bytes(m, nodes, node)
+            same_host = world.inter_process == "same_host"
+            return (direct_bytes if same_host else ring_bytes)(m, nodes, node)
         return quantized_bytes(kind, m, nodes, node, options)
 
-    total = _ring_rs_bytes(n, local, l_rank)
+    # A node's ranks share a process: its reduce-scatter and allgather are the shared-memory
+    # ones (ffi/quantized_allreduce.cc, HierarchicalAllreduce), local rank l owning slice l.
+    total = _direct_rs_bytes(n, local, l_rank) + _direct_ag_bytes(n, local, l_rank)
     if not leader or local == 1:
-        owned = _even_size(n, local, l_rank + 1)
-        total += inter(owned) + _ring_ag_bytes(n, local, l_rank)
+        total += inter(_even_size(n, local, l_rank))
     elif l_rank != 0:
-        total += _F32 * _even_size(n, local, l_rank + 1)  # my reduced chunk to the leader
+        total += _NOTICE  # "done" after copying the leader's sum
     else:
-        total += inter(n) + (local - 1) * n * _F32  # the whole sum to every local rank
+        total += inter(n) + (local - 1) * (n * _F32 + _NOTICE)  # the sum, read by every rank
     return float(total)
 
 

@@ -154,6 +154,9 @@ def main() -> None:
     totals = jaxcomm.metrics()["totals"]
     results["metrics/calls"] = np.asarray(sum(t["calls"] for t in totals))
     results["metrics/bytes_sent"] = np.asarray(sum(t["bytes_sent"] for t in totals))
+    results["metrics/allreduce_algorithms"] = np.asarray(
+        sorted({t["algorithm"] for t in totals if t["name"] == "jaxcomm.allreduce"})
+    )
     np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
     print("WORKER DONE", flush=True)
 

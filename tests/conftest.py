@@ -31,18 +31,22 @@ def pytest_configure(config: pytest.Config) -> None:
 # (processes, devices per process) of every world the collective suites run in.
 WORLD_CONFIGS = [(1, 2), (1, 3), (1, 4), (1, 5), (1, 8), (2, 1), (2, 2), (3, 1), (4, 1)]
 _world_runs: dict = {}
+# The rank processes' environment that sends every byte through UCX (no shared-memory path:
+# ffi/transport/ucx_world.h), so that the ring algorithms run on one host too.
+UCX_ONLY = {"JAXCOMM_SHARED_MEMORY": "0"}
 
 
 @pytest.fixture(scope="session")
 def world_run(tmp_path_factory):
-    """Runs tests/collective_worker.py once per (processes, devices, mode) and caches the result."""
+    """Runs tests/collective_worker.py once per (processes, devices, mode, env) and caches the
+    result. `env`: extra environment variables of the rank processes."""
     from collectives_harness import run_world
 
-    def get(processes: int, devices: int, mode: str = "cases"):
-        key = (processes, devices) if mode == "cases" else (processes, devices, mode)
+    def get(processes: int, devices: int, mode: str = "cases", env: dict | None = None):
+        key = (processes, devices, mode, tuple(sorted((env or {}).items())))
         if key not in _world_runs:
             tmp = tmp_path_factory.mktemp(f"world-{processes}x{devices}-{mode}")
-            _world_runs[key] = run_world(processes, devices, tmp, mode=mode)
+            _world_runs[key] = run_world(processes, devices, tmp, mode=mode, env=env)
         run = _world_runs[key]
         if any(code != 0 for code in run.returncodes):
             pytest.fail(

@@ -210,10 +210,13 @@ def even_range(n: int, parts: int, c: int) -> tuple[int, int]:
     return begin(c), begin(c + 1)
 
 
-def hierarchical_quantized(xs, residuals, c, nodes: int, local: int, scheme: str):
+def hierarchical_quantized(
+    xs, residuals, c, nodes: int, local: int, scheme: str, owner_shift: int = 1
+):
     """Hierarchical quantized allreduce of ranks ordered (node, local) row-major: dense sum
     inside each node, quantized allreduce across nodes of the chunk (multi_leader: local rank
-    l owns chunk (l + 1) % L) or of the whole vector (leader: local rank 0)."""
+    l owns chunk (l + owner_shift) % L: 1 after a ring reduce-scatter, 0 after the CPU's
+    shared-memory one) or of the whole vector (leader: local rank 0)."""
     n = xs[0].size
     accs = [(x + r).astype(np.float32) for x, r in zip(xs, residuals, strict=True)]
     node_sums = [
@@ -224,7 +227,7 @@ def hierarchical_quantized(xs, residuals, c, nodes: int, local: int, scheme: str
     if scheme == "leader":
         owners = [(0, 0, n)]
     else:
-        owners = [(lr, *even_range(n, local, (lr + 1) % local)) for lr in range(local)]
+        owners = [(lr, *even_range(n, local, (lr + owner_shift) % local)) for lr in range(local)]
     for lr, b, e in owners:
         if e == b:
             continue

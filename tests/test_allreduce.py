@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
-from conftest import WORLD_CONFIGS, make_inputs
+from conftest import UCX_ONLY, WORLD_CONFIGS, make_inputs
 
 
 @pytest.mark.parametrize("processes,devices", WORLD_CONFIGS, ids=str)
@@ -21,6 +21,29 @@ def test_allreduce_matches_psum(world_run, processes, devices, n):
         np.testing.assert_allclose(ours[rank], psum[rank], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(ours[rank], expected, rtol=1e-5, atol=1e-5)
         # Bit-identical on every rank.
+        np.testing.assert_array_equal(ours[rank], ours[0])
+
+
+@pytest.mark.parametrize("processes,devices", [(1, 3), (2, 2), (3, 1)], ids=str)
+def test_one_host_takes_the_shared_memory_path(world_run, processes, devices):
+    # 1 x N (ranks share a process), N x 1 (processes of one host), N x D (both at once).
+    run = world_run(processes, devices)
+    assert list(run.results["metrics/allreduce_algorithms"]) == ["dense_direct"]
+
+
+@pytest.mark.parametrize("processes,devices", [(1, 3), (2, 2), (3, 1)], ids=str)
+@pytest.mark.parametrize("n", [1, 7, 1000, 65537])
+def test_ring_through_ucx_matches_psum(world_run, processes, devices, n):
+    # JAXCOMM_SHARED_MEMORY=0: the pipelined ring over UCX, the path of groups that span hosts.
+    run = world_run(processes, devices, env=UCX_ONLY)
+    assert list(run.results["metrics/allreduce_algorithms"]) == ["dense"]
+    world = processes * devices
+    ours = run.rank_values(f"allreduce/{n}", "out")
+    psum = run.rank_values(f"allreduce/{n}", "psum")
+    expected = make_inputs(world, n, n).astype(np.float64).sum(axis=0)
+    for rank in range(world):
+        np.testing.assert_allclose(ours[rank], psum[rank], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(ours[rank], expected, rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(ours[rank], ours[0])
 
 

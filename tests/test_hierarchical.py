@@ -9,20 +9,24 @@ import numpy as np
 import pytest
 import reference
 from collective_worker import QUANTIZED_CASES, QUANTIZED_SIZES
-from conftest import make_inputs
+from conftest import UCX_ONLY, make_inputs
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm
 
 WORLDS = [(2, 2), (1, 4)]
 SCHEMES = ["multi_leader", "leader"]
+# Intra-node paths: shared memory (the default: local rank l owns slice l) and the ring over
+# UCX (JAXCOMM_SHARED_MEMORY=0: local rank l owns chunk l + 1).
+PATHS = {"shared_memory": ({}, 0), "ucx": (UCX_ONLY, 1)}
 
 
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("processes,devices", WORLDS, ids=str)
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("n", QUANTIZED_SIZES)
-def test_dense_equals_psum_over_both_axes(world_run, processes, devices, scheme, n):
-    run = world_run(processes, devices, mode="quantized")
+def test_dense_equals_psum_over_both_axes(world_run, path, processes, devices, scheme, n):
+    run = world_run(processes, devices, mode="quantized", env=PATHS[path][0])
     case = f"hierarchical/{scheme}/{n}"
     ours = run.rank_values(case, "out")
     psum = run.rank_values(case, "psum")
@@ -34,12 +38,16 @@ def test_dense_equals_psum_over_both_axes(world_run, processes, devices, scheme,
         np.testing.assert_allclose(ours[rank], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("processes,devices", WORLDS, ids=str)
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("name", sorted(QUANTIZED_CASES))
 @pytest.mark.parametrize("n", [7, 65537])
-def test_quantized_matches_reference_and_conserves(world_run, processes, devices, scheme, name, n):
-    run = world_run(processes, devices, mode="quantized")
+def test_quantized_matches_reference_and_conserves(
+    world_run, path, processes, devices, scheme, name, n
+):
+    env, owner_shift = PATHS[path]
+    run = world_run(processes, devices, mode="quantized", env=env)
     case = f"hierarchical_q/{scheme}/{name}/{n}"
     summed = run.rank_values(case, "summed")
     residuals = run.rank_values(case, "residual")
@@ -48,7 +56,7 @@ def test_quantized_matches_reference_and_conserves(world_run, processes, devices
     cls, params = QUANTIZED_CASES[name]
     c = getattr(jaxcomm, cls)(**params)
     expected, expected_residuals = reference.hierarchical_quantized(
-        list(xs), list(rs), c, 2, 2, scheme
+        list(xs), list(rs), c, 2, 2, scheme, owner_shift
     )
     for rank in range(4):
         np.testing.assert_array_equal(summed[rank], summed[0])

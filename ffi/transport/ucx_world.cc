@@ -12,14 +12,17 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <ucp/api/ucp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <utility>
 
@@ -38,6 +41,56 @@ constexpr auto kCancelGrace = std::chrono::milliseconds(1000);
 constexpr auto kCloseGrace = std::chrono::milliseconds(2000);
 
 enum class WaitMode { kWakeup, kBackoff };
+
+// ---- Host identity (shared memory, see ucx_world.h) ---------------------------------------
+// Address() appends to UCX's address: identity bytes, pid (8), probe address (8), identity
+// length (4), kTrailerMagic (4). Connect() strips it again.
+constexpr uint32_t kTrailerMagic = 0x4d43584a;  // "JXCM"
+constexpr size_t kTrailerFixed = 8 + 8 + 4 + 4;
+// What a peer reads at Connect to prove it can read this process's memory.
+constexpr uint64_t kProbeValue = 0x216d6d6f6378616aull;  // "jaxcomm!"
+const volatile uint64_t g_probe = kProbeValue;
+
+// Boot id and the PID, network and IPC namespaces: ranks with equal identities share a host
+// as far as jaxcomm is concerned. Empty when unknown (then nothing is shared).
+std::string HostIdentity() {
+  std::string identity;
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (!(boot >> boot_id)) return "";
+  identity = boot_id;
+  for (const char* ns : {"/proc/self/ns/pid", "/proc/self/ns/net", "/proc/self/ns/ipc"}) {
+    char link[128];
+    const ssize_t length = readlink(ns, link, sizeof(link));
+    if (length <= 0) return "";
+    identity += "|" + std::string(link, static_cast<size_t>(length));
+  }
+  return identity;
+}
+
+bool SharedMemoryEnabled() {
+  const char* env = std::getenv("JAXCOMM_SHARED_MEMORY");
+  return env == nullptr || *env == '\0' || std::strcmp(env, "0") != 0;
+}
+
+// Copies `bytes` from `address` in process `pid` into `dst`; returns 0 or an errno.
+int ReadProcess(int64_t pid, uint64_t address, void* dst, size_t bytes) {
+  auto* out = static_cast<char*>(dst);
+  while (bytes > 0) {
+    iovec local{out, bytes};
+    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(address)), bytes};
+    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (got == 0) return EFAULT;
+    out += got;
+    address += static_cast<uint64_t>(got);
+    bytes -= static_cast<size_t>(got);
+  }
+  return 0;
+}
 
 std::string UcsError(ucs_status_t status) {
   return std::string(ucs_status_string(status)) + " (" + std::to_string(status) + ")";
@@ -305,6 +358,15 @@ std::string UcxWorld::Address(int rank) const {
   }
   std::string bytes(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(impl_->locals[index]->worker, address);
+  const std::string identity = HostIdentity();
+  const int64_t pid = getpid();
+  const uint64_t probe = AddressOf(const_cast<const uint64_t*>(&g_probe));
+  const auto identity_length = static_cast<uint32_t>(identity.size());
+  bytes += identity;
+  bytes.append(reinterpret_cast<const char*>(&pid), 8);
+  bytes.append(reinterpret_cast<const char*>(&probe), 8);
+  bytes.append(reinterpret_cast<const char*>(&identity_length), 4);
+  bytes.append(reinterpret_cast<const char*>(&kTrailerMagic), 4);
   return bytes;
 }
 
@@ -321,6 +383,42 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
   for (int r = 0; r < world_size_; ++r) {
     if (addresses[r].empty()) return fail("empty address for rank " + std::to_string(r));
   }
+  // Split each address into UCX's part and the host trailer (see Address()); decide which
+  // ranks' memory this process can read.
+  std::vector<std::string> ucx_addresses(addresses);
+  shares_memory_.assign(world_size_, false);
+  pids_.assign(world_size_, -1);
+  const std::string my_identity = HostIdentity();
+  const bool enabled = SharedMemoryEnabled();
+  const bool cross_process = enabled && !my_identity.empty();
+  for (int r = 0; r < world_size_; ++r) {
+    std::string& a = ucx_addresses[r];
+    uint32_t magic = 0, identity_length = 0;
+    if (a.size() >= kTrailerFixed) std::memcpy(&magic, a.data() + a.size() - 4, 4);
+    if (magic == kTrailerMagic) {
+      std::memcpy(&identity_length, a.data() + a.size() - 8, 4);
+      if (a.size() < kTrailerFixed + identity_length) return fail("malformed address trailer");
+      const size_t at = a.size() - kTrailerFixed - identity_length;
+      const std::string identity = a.substr(at, identity_length);
+      int64_t pid = -1;
+      uint64_t probe = 0;
+      std::memcpy(&pid, a.data() + at + identity_length, 8);
+      std::memcpy(&probe, a.data() + at + identity_length + 8, 8);
+      a.resize(at);
+      if (!enabled) {
+        shares_memory_[r] = false;
+      } else if (IsLocal(r)) {
+        shares_memory_[r] = true;
+      } else if (cross_process && identity == my_identity && pid > 0) {
+        uint64_t seen = 0;
+        shares_memory_[r] =
+            ReadProcess(pid, probe, &seen, sizeof(seen)) == 0 && seen == kProbeValue;
+        pids_[r] = pid;
+      }
+    } else {
+      shares_memory_[r] = enabled && IsLocal(r);
+    }
+  }
   for (auto& local : impl_->locals) {
     local->links.reset(new PeerLink[world_size_]);
     for (int r = 0; r < world_size_; ++r) {
@@ -330,7 +428,7 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
       ucp_ep_params_t ep{};
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
-      ep.address = reinterpret_cast<const ucp_address_t*>(addresses[r].data());
+      ep.address = reinterpret_cast<const ucp_address_t*>(ucx_addresses[r].data());
       ep.err_mode = link.same_process ? UCP_ERR_HANDLING_MODE_NONE : UCP_ERR_HANDLING_MODE_PEER;
       ep.err_handler.cb = OnEndpointError;
       ep.err_handler.arg = &link;
@@ -356,6 +454,30 @@ Counters UcxWorld::GetCounters(int self) const {
   c.messages_sent = l.messages_sent.load(std::memory_order_relaxed);
   c.messages_received = l.messages_received.load(std::memory_order_relaxed);
   return c;
+}
+
+Status UcxWorld::ReadPeer(int peer, uint64_t address, void* dst, size_t bytes,
+                          std::string_view context) const {
+  if (!SharesMemory(peer)) {
+    return Status(StatusCode::kInvalidArgument, std::string(context) + ": rank " +
+                                                    std::to_string(peer) +
+                                                    " does not share memory with this process");
+  }
+  if (bytes == 0) return Status::Ok();
+  if (IsLocal(peer)) {
+    std::memcpy(dst, LocalPointer(peer, address), bytes);
+    return Status::Ok();
+  }
+  const int error = ReadProcess(pids_[peer], address, dst, bytes);
+  if (error == 0) return Status::Ok();
+  if (error == ESRCH) {
+    return Status(StatusCode::kPeerFailed, std::string(context) + ": peer rank " +
+                                               std::to_string(peer) + " failed (process " +
+                                               std::to_string(pids_[peer]) + " is gone)");
+  }
+  return Status(StatusCode::kInternal, std::string(context) + ": reading " + std::to_string(bytes) +
+                                           " bytes of peer rank " + std::to_string(peer) +
+                                           "'s memory failed: " + std::strerror(error));
 }
 
 int UcxWorld::StartRequest(Request& r, int self, int peer, uint64_t tag, size_t bytes) const {

@@ -16,6 +16,18 @@
 // tag's seq/step and the peer rank. A failed wait cancels its outstanding requests; a send that
 // could not be cancelled force-closes the endpoint to that peer, so after a failure the link to
 // that peer must be considered broken (collectives should fail the whole program).
+//
+// Shared memory. Bulk data between ranks of one host need not go through UCX: cross-process
+// endpoints keep UCP_ERR_HANDLING_MODE_PEER (so a dead peer fails the waits), and in that mode
+// UCX 1.22 only selects tcp, i.e. two copies through the kernel's loopback. Instead, a rank
+// may read a peer's memory directly: a plain load for ranks of this process (same address
+// space), or one kernel copy with process_vm_readv (Linux cross-memory attach, as OpenMPI's
+// and UCX's `cma` do) for a process on the same host. The collectives then exchange only
+// buffer addresses and completion notices through UCX, and those small messages keep the
+// failure detection. "Same host" means the same boot, PID, network and IPC namespaces (so the
+// emulated cluster's nodes, each in its own namespaces, still talk through their shaped
+// links), and that a probe read of the peer succeeded at Connect. Env
+// JAXCOMM_SHARED_MEMORY=0 turns all of it off (everything goes through UCX, as before).
 #pragma once
 
 #include <atomic>
@@ -198,6 +210,26 @@ class UcxWorld {
   // Traffic of local rank `self` (zeros if not local).
   Counters GetCounters(int self) const;
 
+  // ---- Shared memory (see the top of this file) ------------------------------------------
+  // True when this process can read world rank `peer`'s memory with ReadPeer (for local
+  // ranks unless JAXCOMM_SHARED_MEMORY=0; for a rank of another process on this host after a
+  // successful probe).
+  bool SharesMemory(int peer) const {
+    return peer >= 0 && peer < world_size_ && shares_memory_[peer];
+  }
+  // The address of `pointer` as peers see it (pass it to them; they give it to ReadPeer).
+  static uint64_t AddressOf(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer); }
+  // `address` of world rank `peer` as a pointer when the peer is in this process, else null
+  // (then read it with ReadPeer).
+  const void* LocalPointer(int peer, uint64_t address) const {
+    return IsLocal(peer) ? reinterpret_cast<const void*>(static_cast<uintptr_t>(address)) : nullptr;
+  }
+  // Copies `bytes` at `address` in world rank `peer`'s memory to `dst` (memcpy for a local
+  // rank, process_vm_readv otherwise). SharesMemory(peer) must hold. A peer process that is
+  // gone gives kPeerFailed naming it.
+  Status ReadPeer(int peer, uint64_t address, void* dst, size_t bytes,
+                  std::string_view context) const;
+
   struct Impl;  // UCX state; public only so the .cc's callbacks can name it
 
  private:
@@ -211,6 +243,8 @@ class UcxWorld {
   std::vector<int> local_ranks_;
   std::vector<int> local_index_of_rank_;  // world rank -> index into local_ranks_, or -1
   bool connected_ = false;
+  std::vector<bool> shares_memory_;  // by world rank, set by Connect
+  std::vector<int64_t> pids_;        // by world rank (same-host ranks), for process_vm_readv
   std::unique_ptr<Impl> impl_;
 };
 

@@ -19,6 +19,25 @@ TEST(AddInto, AddsElementwiseIncludingTails) {
   }
 }
 
+TEST(Add, SumsTwoInputsIntoAThirdIncludingTails) {
+  for (int64_t n : {0, 1, 7, 8, 33, 1000}) {
+    std::vector<float> a(n), b(n), dst(n, -1.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = static_cast<float>(i);
+      b[i] = 0.25f * static_cast<float>(i) + 1.0f;
+    }
+    Add(dst.data(), a.data(), b.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(dst[i], a[i] + b[i]);
+  }
+}
+
+TEST(AdviseHugePages, LeavesTheDataAsItWas) {
+  std::vector<float> data(3 << 20, 2.0f);  // 12 MiB: at least one aligned 2 MiB page inside
+  AdviseHugePages(data.data(), data.size() * sizeof(float));
+  AdviseHugePages(data.data(), 10);  // no aligned page inside: nothing to do
+  for (float v : data) ASSERT_EQ(v, 2.0f);
+}
+
 TEST(ScatterAdd, AccumulatesRepeatedIndices) {
   std::vector<float> dst(5, 1.0f);
   const std::vector<int32_t> indices = {4, 0, 4};

@@ -1,0 +1,50 @@
+// Dense allreduce among ranks that can read each other's memory (ffi/transport/ucx_world.h,
+// "Shared memory"): ranks of one process (plain loads) and processes of one host
+// (process_vm_readv). No data goes through UCX; only 8-byte buffer addresses and completion
+// notices do, which keeps the transport's deadlines and dead-peer detection.
+//
+// Reduce-scatter: rank r owns slice r (EvenSlice) and sums it over every rank's input, in rank
+// order and in L2-sized blocks: one read of each input, one write of the output, reduction
+// fused with the read (no receive buffer, no second pass). Allgather: rank r copies slice q
+// from rank q's output, one copy. Every element is summed once, by its owner, in one fixed
+// order, so every rank ends with bit-identical sums.
+//
+// Memory a peer reads stays valid and unchanged while it reads: a rank overwrites slice q of
+// its own buffer only after rank q said it finished reducing slice q, and returns only after
+// every peer said it finished copying. So `out` may alias `x`.
+#pragma once
+
+#include <cstdint>
+
+#include "ffi/group.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace jaxcomm::collectives {
+
+// Start of slice `q` of n elements cut into `parts` (the first n % parts slices one longer).
+inline int64_t EvenSlice(int64_t n, int parts, int q) {
+  return q * (n / parts) + (q < n % parts ? q : n % parts);
+}
+
+// Peers' buffer addresses, kept between the phases of one call.
+struct DirectPeers {
+  std::vector<uint64_t> inputs;   // each rank's x
+  std::vector<uint64_t> outputs;  // each rank's out
+};
+
+// out[slice rank] = sum over group ranks q (in order) of x_q[slice rank]. `step` is the next
+// free tag step of `group` (advanced). Other slices of `out` are left untouched.
+ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t n,
+                               DirectPeers* peers, uint32_t* step);
+
+// Every rank copies slice q of rank q's `out` into its own, then waits until every peer is done
+// with its buffers.
+ffi::Error DirectAllgather(Group& group, float* out, int64_t n, DirectPeers* peers, uint32_t* step);
+
+// Group rank `root`'s out[0, n) to every rank's out; root waits until every copy is done.
+ffi::Error DirectBroadcast(Group& group, int root, float* out, int64_t n, uint32_t* step);
+
+// Reduce-scatter then allgather: out = sum over the group of x (out may alias x).
+ffi::Error DirectAllreduce(Group& group, const float* x, float* out, int64_t n);
+
+}  // namespace jaxcomm::collectives
