@@ -41,7 +41,6 @@ const NcclApi* LoadNccl(std::string* message) {
   };
   resolve(&found.get_unique_id, "ncclGetUniqueId");
   resolve(&found.comm_init_rank, "ncclCommInitRank");
-  resolve(&found.comm_destroy, "ncclCommDestroy");
   resolve(&found.comm_abort, "ncclCommAbort");
   resolve(&found.comm_get_async_error, "ncclCommGetAsyncError");
   resolve(&found.group_start, "ncclGroupStart");

@@ -15,7 +15,6 @@ namespace jaxcomm::nccl {
 struct NcclApi {
   decltype(&ncclGetUniqueId) get_unique_id = nullptr;
   decltype(&ncclCommInitRank) comm_init_rank = nullptr;
-  decltype(&ncclCommDestroy) comm_destroy = nullptr;
   decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
