@@ -12,6 +12,9 @@ namespace jaxcomm::kernels::wire {
 constexpr int64_t kHeaderWords = 1;
 constexpr uint32_t kSignBit = 0x80000000u;
 constexpr uint32_t kIndexMask = 0x7fffffffu;
+// The most elements a kernel takes: indices travel in 31 bits (wire entries, int32 top-k
+// indices), so n <= 2**31 - 1.
+constexpr int64_t kMaxElements = int64_t{kIndexMask};
 
 inline uint32_t FloatBits(float v) {
   uint32_t bits;

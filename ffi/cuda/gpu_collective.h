@@ -32,6 +32,7 @@
 #include "ffi/common.h"
 #include "ffi/cuda/nccl_api.h"
 #include "ffi/group.h"
+#include "ffi/ring_schedule.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives::gpu {
@@ -102,6 +103,15 @@ class GpuGroup {
   const nccl::NcclApi* nccl_ = nullptr;
   std::shared_ptr<struct CommState> state_;
 };
+
+// Counts the traffic of a dense float32 allreduce of n elements over `group` as the CPU ring's
+// (ring::DenseRingBytes): NCCL does not report what its ring or tree moves.
+inline void CountDenseRing(GpuGroup& group, int64_t n) {
+  const int parts = group.size();
+  const int rank = group.rank();
+  group.CountTraffic(ring::DenseRingBytes(n, parts, rank),
+                     ring::DenseRingBytes(n, parts, ring::LeftOf(rank, parts)));
+}
 
 // ResolveGpuSite, then GpuGroup::Begin on the site as it is: the opening of a one-group call.
 ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,

@@ -32,7 +32,6 @@ namespace {
 namespace cuda = kernels::cuda;
 
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(GTopK)";
-constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUDA kernels)
 
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
@@ -54,9 +53,10 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
                                                summed->element_count(),
                                                new_residual->element_count()));
-  if (n > kMaxElements || 2 * k > kMaxElements) {
-    return ffi::Error::InvalidArgument(
-        std::string(kOp) + ": on the GPU x must have fewer than 2**31 elements and 2k < 2**31");
+  // The CUDA kernels take 31-bit indices, and the merge counts 2k entries in 32-bit integers.
+  JAXCOMM_RETURN_IF_ERROR(ffi_common::CheckElementCount(kOp, n));
+  if (2 * k > kernels::wire::kMaxElements) {
+    return ffi_common::InvalidArgument(kOp, "on the GPU 2k must be below 2**31");
   }
   GpuSite site;
   std::unique_ptr<GpuGroup> group;

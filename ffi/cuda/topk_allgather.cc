@@ -23,7 +23,6 @@ namespace {
 namespace cuda = kernels::cuda;
 
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
-constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUDA TopKAbs)
 
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
@@ -38,10 +37,7 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
                                                summed->element_count(),
                                                new_residual->element_count()));
-  if (n > kMaxElements) {
-    return ffi::Error::InvalidArgument(std::string(kOp) +
-                                       ": x must have fewer than 2**31 elements on the GPU");
-  }
+  JAXCOMM_RETURN_IF_ERROR(ffi_common::CheckElementCount(kOp, n));  // 31-bit indices
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
   JAXCOMM_RETURN_IF_ERROR(
