@@ -118,9 +118,6 @@ ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_or
                         const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
                         GpuSite* site, std::unique_ptr<GpuGroup>* group);
 
-// `bytes` rounded up to the 256-byte alignment of every piece carved out of one scratch block.
-inline size_t AlignScratch(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
-
 // token_out = token (an enqueued device copy: the token orders calls through data flow only).
 ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& token,
                         ffi::ResultBuffer<ffi::S32, 0>& token_out);

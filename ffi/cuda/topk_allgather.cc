@@ -47,8 +47,8 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
 
   // Scratch: [top-k working memory][slots: P x (k indices, k values)][bad flag].
   const size_t slot_words = static_cast<size_t>(2 * k);
-  const size_t topk_bytes = AlignScratch(cuda::TopKScratchBytes(n));
-  const size_t slots_bytes = AlignScratch(sizeof(uint32_t) * slot_words * parts);
+  const size_t topk_bytes = cuda::AlignUp(cuda::TopKScratchBytes(n));
+  const size_t slots_bytes = cuda::AlignUp(sizeof(uint32_t) * slot_words * parts);
   void* memory = nullptr;
   JAXCOMM_RETURN_IF_ERROR(
       AllocateScratch(scratch, kOp, topk_bytes + slots_bytes + sizeof(uint32_t), &memory));
