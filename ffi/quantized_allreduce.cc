@@ -43,7 +43,6 @@ constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierar
 
 using quantized::CheckSizes;
 using quantized::KindLabel;
-using quantized::ReadSpec;
 using ring::ChunkBegin;
 using ring::ChunkSize;
 
@@ -173,13 +172,10 @@ ffi::Error QuantizedAllreduceImpl(
     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckSizes(kQuantizedOp, n,
-                 {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                  ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
   JAXCOMM_RETURN_IF_ERROR(
-      ReadSpec(kQuantizedOp, kind, column_size, sample_size, proportion, tau, max_density, &spec));
+      quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed, new_residual, kind,
+                                    column_size, sample_size, proportion, tau, max_density, &spec));
   std::unique_ptr<Group> group;
   JAXCOMM_RETURN_IF_ERROR(
       Group::Begin(MakeCallSite(kQuantizedOp, device_id, coordinates, attrs), &group));
@@ -353,13 +349,10 @@ ffi::Error HierarchicalQuantizedImpl(
     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckSizes(kHierarchicalQuantizedOp, n,
-                 {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                  ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(ReadSpec(kHierarchicalQuantizedOp, kind, column_size, sample_size,
-                                   proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(
+      kHierarchicalQuantizedOp, x, residual, summed, new_residual, kind, column_size, sample_size,
+      proportion, tau, max_density, &spec));
   HierarchicalGroups g;
   JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, device_id, coordinates, attrs,
                                             node_axis, local_axis, &g));

@@ -52,6 +52,22 @@ inline ffi::Error CheckSizes(const char* op, int64_t n, std::initializer_list<in
   return ffi_common::CheckElementCount(op, n);
 }
 
+// The opening checks of every quantized handler (CPU and GPU, flat and hierarchical): x,
+// residual and both results of one size within the kernels' limit, then a usable quantizer
+// (into *spec).
+inline ffi::Error CheckQuantizedCall(const char* op, const ffi::Buffer<ffi::F32>& x,
+                                     const ffi::Buffer<ffi::F32>& residual,
+                                     ffi::ResultBuffer<ffi::F32> summed,
+                                     ffi::ResultBuffer<ffi::F32> new_residual, int64_t kind,
+                                     int64_t column_size, int64_t sample_size, double proportion,
+                                     float tau, double max_density, kernels::QuantizerSpec* spec) {
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckSizes(op, ffi_common::NumElements(x),
+                 {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
+                  ffi_common::NumElements(*new_residual)}));
+  return ReadSpec(op, kind, column_size, sample_size, proportion, tau, max_density, spec);
+}
+
 }  // namespace jaxcomm::collectives::quantized
 
 // Attributes shared by the quantized handlers (CPU and GPU), in this order.

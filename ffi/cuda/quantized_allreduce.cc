@@ -299,13 +299,10 @@ ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator scr
                                   ffi::ResultBuffer<ffi::F32> new_residual,
                                   ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      quantized::CheckSizes(kQuantizedOp, n,
-                            {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                             ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(quantized::ReadSpec(kQuantizedOp, kind, column_size, sample_size,
-                                              proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(
+      quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed, new_residual, kind,
+                                    column_size, sample_size, proportion, tau, max_density, &spec));
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
   JAXCOMM_RETURN_IF_ERROR(
@@ -539,13 +536,10 @@ ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator 
                                      ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const char* op = kHierarchicalQuantizedOp;
   const int64_t n = ffi_common::NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      quantized::CheckSizes(op, n,
-                            {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                             ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(
-      quantized::ReadSpec(op, kind, column_size, sample_size, proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(op, x, residual, summed, new_residual, kind,
+                                                        column_size, sample_size, proportion, tau,
+                                                        max_density, &spec));
   GpuSite site;
   JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(op, stream, device_ordinal, coordinates, attrs, &site));
   Hierarchy h;
