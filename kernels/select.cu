@@ -271,14 +271,19 @@ struct MergeSink {
   }
 };
 
-// Enqueues the whole selection. `first` computes the keys in pass 0 (and may store acc);
-// `again` rereads them in the later passes.
-template <class First, class Again, class Sink>
-cudaError_t RadixSelect(First first, Again again, int64_t n, int64_t k, const SelectScratch& s,
-                        Sink sink, cudaStream_t stream) {
-  const int64_t tiles = (n + kTile - 1) / kTile;
+// Enqueues the reset of the selection state for the k largest keys (state->bad included).
+void StartSelect(const SelectScratch& s, int64_t k, cudaStream_t stream) {
   InitKernel<<<(kPasses * kBins + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
       s.state, s.hist, static_cast<uint32_t>(k));
+}
+
+// Enqueues the selection after StartSelect: the histogram passes, then the counted, stable
+// compaction into `sink`. `first` computes the keys in pass 0 (and may store acc); `again`
+// rereads them in the later passes.
+template <class First, class Again, class Sink>
+cudaError_t SelectStarted(First first, Again again, int64_t n, const SelectScratch& s, Sink sink,
+                          cudaStream_t stream) {
+  const int64_t tiles = (n + kTile - 1) / kTile;
   const unsigned grid = GridFor(n, kThreads, 2048);
   HistogramKernel<<<grid, kThreads, 0, stream>>>(first, n, 0, s.state, s.hist);
   SelectDigitKernel<<<1, kScanThreads, 0, stream>>>(0, s.state, s.hist);
@@ -292,6 +297,14 @@ cudaError_t RadixSelect(First first, Again again, int64_t n, int64_t k, const Se
   CompactKernel<<<tiles, kThreads, 0, stream>>>(again, n, s.state, s.greater, s.ties, s.tie_before,
                                                 s.out_base, sink);
   return cudaGetLastError();
+}
+
+// The whole selection of the k largest keys.
+template <class First, class Again, class Sink>
+cudaError_t RadixSelect(First first, Again again, int64_t n, int64_t k, const SelectScratch& s,
+                        Sink sink, cudaStream_t stream) {
+  StartSelect(s, k, stream);
+  return SelectStarted(first, again, n, s, sink, stream);
 }
 
 // ---- TopK decompress ----------------------------------------------------------------------
@@ -411,23 +424,16 @@ cudaError_t SparseMergeTopK(const int32_t* idx_a, const float* val_a, int64_t ka
   auto* val = reinterpret_cast<float*>(p);
   p += AlignUp(m * sizeof(float));
   auto* keys = reinterpret_cast<uint32_t*>(p);
-  // InitKernel resets state->bad, so it runs before MergeKernel sets it.
-  InitKernel<<<(kPasses * kBins + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      s.state, s.hist, static_cast<uint32_t>(k));
+  // StartSelect resets state->bad, so it runs before MergeKernel sets it.
+  StartSelect(s, k, stream);
   MergeKernel<<<GridFor(m, kThreads), kThreads, 0, stream>>>(idx_a, val_a, ka, idx_b, val_b, kb,
                                                              idx, val, keys, s.state);
   const KeySource source{keys};
-  const int64_t tiles = (m + kTile - 1) / kTile;
-  const unsigned grid = GridFor(m, kThreads, 2048);
-  for (int pass = 0; pass < kPasses; ++pass) {
-    HistogramKernel<<<grid, kThreads, 0, stream>>>(source, m, pass, s.state, s.hist);
-    SelectDigitKernel<<<1, kScanThreads, 0, stream>>>(pass, s.state, s.hist);
+  if (cudaError_t error =
+          SelectStarted(source, source, m, s, MergeSink{idx, val, out_idx, out_val}, stream);
+      error != cudaSuccess) {
+    return error;
   }
-  CountKernel<<<tiles, kThreads, 0, stream>>>(source, m, s.state, s.greater, s.ties);
-  TileScanKernel<<<1, kScanThreads, 0, stream>>>(tiles, s.state, s.greater, s.ties, s.tie_before,
-                                                 s.out_base);
-  CompactKernel<<<tiles, kThreads, 0, stream>>>(source, m, s.state, s.greater, s.ties, s.tie_before,
-                                                s.out_base, MergeSink{idx, val, out_idx, out_val});
   return PoisonIfBad(&s.state->bad, out_val, k, stream);
 }
 
