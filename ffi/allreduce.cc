@@ -1,5 +1,7 @@
 // Dense allreduce over UCX: ring reduce-scatter + ring allgather, the bandwidth-optimal
 // schedule (each rank sends and receives 2(P-1)/P * n elements).
+#include "ffi/allreduce.h"
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -10,20 +12,19 @@
 #include "ffi/direct_allreduce.h"
 #include "ffi/engine.h"
 #include "ffi/group.h"
+#include "ffi/ring_schedule.h"
 #include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
 namespace {
 
+using ring::ChunkBegin;
+
 constexpr char kAllreduceOp[] = "jaxcomm.allreduce";
 // Chunks travel in up to kMaxSegments segments of at least kMinSegmentElements floats.
 constexpr int64_t kMaxSegments = 16;
 constexpr int64_t kMinSegmentElements = 1 << 17;
-
-int64_t ChunkBegin(int64_t n, int parts, int chunk) {
-  return chunk * (n / parts) + std::min<int64_t>(chunk, n % parts);
-}
 
 ffi::Error CheckReceived(const Group& group, size_t got, size_t expected, int from) {
   if (got == expected) return ffi::Error::Success();
@@ -35,8 +36,7 @@ ffi::Error CheckReceived(const Group& group, size_t got, size_t expected, int fr
 
 }  // namespace
 
-// In-place ring allreduce of data[0, n) across the group. Every rank ends with bit-identical
-// sums: each chunk is reduced in one fixed order, then copied around the ring.
+// RingAllreduce (ffi/allreduce.h).
 //
 // Pipelined: the chunk a rank sends at step s + 1 is the chunk it received (and reduced) at
 // step s, so each chunk travels in segments and a segment is forwarded as soon as it has been
@@ -107,11 +107,12 @@ ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float
 
   // Reduce-scatter: after it, this rank holds the full sum of chunk (rank + 1) % P.
   JAXCOMM_RETURN_IF_ERROR(phase(
-      0, rank, [&](int s) { return (rank - s - 1 + parts) % parts; }, true));
+      0, rank, [&](int s) { return ring::ReduceScatterStep(rank, parts, s).recv_chunk; }, true));
   group.MarkPhase("reduce_scatter");
   // Allgather of the reduced chunks.
   JAXCOMM_RETURN_IF_ERROR(phase(
-      parts - 1, (rank + 1) % parts, [&](int s) { return (rank - s + parts) % parts; }, false));
+      parts - 1, ring::OwnedChunk(rank, parts),
+      [&](int s) { return ring::AllgatherStep(rank, parts, s).recv_chunk; }, false));
   group.MarkPhase("allgather");
   return ffi::Error::Success();
 }

@@ -3,7 +3,8 @@
 // Why not the float32 ring (ffi/allreduce.cc) on 16-bit data: a ring adds a chunk's partial sum
 // at every hop, so a 16-bit ring rounds P - 1 times (what a bf16 lax.psum does), and widening to
 // float32 on the wire doubles the bytes, which is the cost a bf16 baseline exists to avoid.
-// Instead (the schedule of the quantized allreduce, Dryden et al. §3.4):
+// Instead (the schedule of the quantized allreduce, Dryden et al. §3.4, ffi/quantized_schedule.h,
+// over the even chunks of ffi/ring_schedule.h):
 //   1. Pairwise reduce-scatter: rank r sends its 16-bit copy of chunk c straight to the chunk's
 //      owner c; every message crosses one link, (P - 1)/P of the data per rank.
 //   2. The owner widens the P contributions, adds them in float32 in rank order and rounds
@@ -21,7 +22,8 @@
 #include "ffi/common.h"
 #include "ffi/engine.h"
 #include "ffi/group.h"
-#include "ffi/quantized_common.h"
+#include "ffi/quantized_schedule.h"
+#include "ffi/ring_schedule.h"
 #include "kernels/half.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -30,7 +32,8 @@ namespace {
 
 constexpr char kAllreduceOp[] = "jaxcomm.allreduce";
 
-using quantized::EvenBegin;
+using ring::ChunkBegin;
+using ring::ChunkSize;
 
 ffi::Error WrongSize(const Group& group, size_t got, size_t expected, int from) {
   return ffi::Error::InvalidArgument(
@@ -43,8 +46,8 @@ ffi::Error HalfAllreduce(Group& group, kernels::HalfFormat format, const uint16_
                          uint16_t* out) {
   const int parts = group.size();
   const int rank = group.rank();
-  auto begin = [&](int c) { return EvenBegin(n, parts, c); };
-  auto size = [&](int c) { return begin(c + 1) - begin(c); };
+  auto begin = [&](int c) { return ChunkBegin(n, parts, c); };
+  auto size = [&](int c) { return ChunkSize(n, parts, c); };
   if (parts == 1) {
     std::memcpy(out, x, sizeof(uint16_t) * n);
     return ffi::Error::Success();
@@ -60,13 +63,13 @@ ffi::Error HalfAllreduce(Group& group, kernels::HalfFormat format, const uint16_
   std::vector<int> sources;
   std::vector<transport::Request> sends;
   for (int k = 1; k < parts && mine > 0; ++k) {
-    const int src = (rank - k + parts) % parts;
+    const int src = quantized::PairwiseExchange(rank, parts, k).from;
     recvs.push_back(group.PostRecv(src, incoming.data() + mine * src, sizeof(uint16_t) * mine,
                                    static_cast<uint32_t>(k)));
     sources.push_back(src);
   }
   for (int k = 1; k < parts; ++k) {
-    const int dst = (rank + k) % parts;
+    const int dst = quantized::PairwiseExchange(rank, parts, k).to;
     if (size(dst) == 0) continue;
     sends.push_back(group.PostSend(dst, x + begin(dst), sizeof(uint16_t) * size(dst),
                                    static_cast<uint32_t>(k)));
@@ -89,11 +92,10 @@ ffi::Error HalfAllreduce(Group& group, kernels::HalfFormat format, const uint16_
   kernels::FloatToHalf(format, sum.data(), out + begin(rank), mine);
 
   // 3. Ring allgather: at step k, forward the chunk received at step k - 1 (first my own).
-  const int right = (rank + 1) % parts;
-  const int left = (rank + parts - 1) % parts;
+  const int right = ring::RightOf(rank, parts);
+  const int left = ring::LeftOf(rank, parts);
   for (int k = 0; k < parts - 1; ++k) {
-    const int send_chunk = (rank - k + parts) % parts;
-    const int recv_chunk = (rank - k - 1 + parts) % parts;
+    const auto [send_chunk, recv_chunk] = ring::PassStep(rank, parts, k);
     size_t got = 0;
     const size_t expected = sizeof(uint16_t) * size(recv_chunk);
     const int dst = size(send_chunk) > 0 ? right : -1;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/parallel.h"
+#include "kernels/wire.h"
 #include "xla/ffi/api/ffi.h"
 
 // The library is built with -fvisibility=hidden; handlers are its only exported symbols.
@@ -41,6 +42,15 @@ int64_t NumElements(const BufferT& buffer) {
 // InvalidArgument error prefixed with the op's Python name, e.g. "jaxcomm.ops.topk_abs: ...".
 inline ffi::Error InvalidArgument(const char* op, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(op) + ": " + message);
+}
+
+// InvalidArgument unless x's n elements are within what the kernels take: at least
+// `min_elements` and at most kernels::wire::kMaxElements (2**31 - 1).
+inline ffi::Error CheckElementCount(const char* op, int64_t n, int64_t min_elements = 0) {
+  if (n >= min_elements && n <= kernels::wire::kMaxElements) return ffi::Error::Success();
+  const std::string range =
+      min_elements > 0 ? std::to_string(min_elements) + " to 2**31 - 1" : "at most 2**31 - 1";
+  return InvalidArgument(op, "x must have " + range + " elements, got " + std::to_string(n));
 }
 
 // Error when a non-finite value was found at `index` of the accumulated input.

@@ -24,10 +24,9 @@
 namespace jaxcomm::compress_checks {
 
 namespace ffi = xla::ffi;
+using ffi_common::CheckElementCount;
 using ffi_common::InvalidArgument;
-
-// Element indices travel in 31 bits (wire entries, int32 top-k indices).
-constexpr int64_t kMaxElements = int64_t{kernels::wire::kIndexMask};
+using kernels::wire::kMaxElements;
 
 constexpr char kTopKAbsOp[] = "jaxcomm.ops.topk_abs";
 constexpr char kTopKCompressOp[] = "jaxcomm.ops.compress(TopK)";
@@ -49,14 +48,9 @@ inline ffi::Error ResidualShape(const char* op, int64_t n, int64_t residual, int
 
 // ---- TopK ---------------------------------------------------------------------------------
 
-inline ffi::Error TopKElements(const char* op, int64_t n) {
-  if (n > kMaxElements) return InvalidArgument(op, "x must have fewer than 2**31 elements");
-  return ffi::Error::Success();
-}
-
 // topk_abs: k = values' size, indices of the same size.
 inline ffi::Error TopKAbs(int64_t n, int64_t k, int64_t indices) {
-  JAXCOMM_RETURN_IF_ERROR(TopKElements(kTopKAbsOp, n));
+  JAXCOMM_RETURN_IF_ERROR(CheckElementCount(kTopKAbsOp, n));
   if (k < 1 || k > n) return InvalidArgument(kTopKAbsOp, "k must be in [1, x.size]");
   if (indices != k) return InvalidArgument(kTopKAbsOp, "values/indices size mismatch");
   return ffi::Error::Success();
@@ -71,7 +65,7 @@ inline ffi::Error TopKPacked(const char* op, int64_t n, int64_t words) {
 
 inline ffi::Error TopKCompress(int64_t n, int64_t residual, int64_t new_residual, int64_t words) {
   JAXCOMM_RETURN_IF_ERROR(ResidualShape(kTopKCompressOp, n, residual, new_residual));
-  JAXCOMM_RETURN_IF_ERROR(TopKElements(kTopKCompressOp, n));
+  JAXCOMM_RETURN_IF_ERROR(CheckElementCount(kTopKCompressOp, n));
   return TopKPacked(kTopKCompressOp, n, words);
 }
 
@@ -113,9 +107,7 @@ inline ffi::Error SparseMergeDeviceLimit(int64_t ka, int64_t kb) {
 
 inline ffi::Error OneBitParams(const char* op, int64_t n, int64_t column_size,
                                int64_t sample_size) {
-  if (n < 1 || n > kMaxElements) {
-    return InvalidArgument(op, "needs 1 to 2**31 - 1 elements, got " + std::to_string(n));
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckElementCount(op, n, 1));
   if (column_size < 32 || column_size % 32 != 0) {
     return InvalidArgument(
         op, "column_size must be a positive multiple of 32, got " + std::to_string(column_size));
@@ -154,9 +146,7 @@ inline ffi::Error OneBitDecompress(int64_t n, int64_t column_size, int64_t sampl
 
 // n, tau and the packed length (1 + capacity, 1 <= capacity <= n) of both directions.
 inline ffi::Error Threshold(const char* op, int64_t n, float tau, int64_t words) {
-  if (n < 1 || n > kMaxElements) {
-    return InvalidArgument(op, "needs 1 to 2**31 - 1 elements, got " + std::to_string(n));
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckElementCount(op, n, 1));
   if (!(std::isfinite(tau) && tau > 0.0f)) {
     return InvalidArgument(op, "tau must be finite and > 0, got " + std::to_string(tau));
   }
@@ -183,10 +173,7 @@ inline ffi::Error ThresholdDecompress(int64_t n, float tau, int64_t words) {
 // Indices travel in 31 bits and `used` in one word, which bounds n and the length.
 inline ffi::Error AdaptiveLayout(const char* op, int64_t n, double proportion, int64_t column_size,
                                  int64_t packed_words, kernels::AdaptiveLayout* layout) {
-  if (n < 1 || n > kMaxElements) {
-    return InvalidArgument(
-        op, "x must have between 1 and 2**31 - 1 elements, got " + std::to_string(n));
-  }
+  JAXCOMM_RETURN_IF_ERROR(CheckElementCount(op, n, 1));
   if (!std::isfinite(proportion) || proportion < 1.0) {
     return InvalidArgument(op,
                            "proportion must be finite and >= 1, got " + std::to_string(proportion));

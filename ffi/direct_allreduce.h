@@ -3,7 +3,7 @@
 // (process_vm_readv). No data goes through UCX; only 8-byte buffer addresses and completion
 // notices do, which keeps the transport's deadlines and dead-peer detection.
 //
-// Reduce-scatter: rank r owns slice r (EvenSlice) and sums it over every rank's input, in rank
+// Reduce-scatter: rank r owns slice r (ring::ChunkBegin) and sums it over every rank's input, in rank
 // order and in L2-sized blocks: one read of each input, one write of the output, reduction
 // fused with the read (no receive buffer, no second pass). Allgather: rank r copies slice q
 // from rank q's output, one copy. Every element is summed once, by its owner, in one fixed
@@ -17,14 +17,10 @@
 #include <cstdint>
 
 #include "ffi/group.h"
+#include "ffi/ring_schedule.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
-
-// Start of slice `q` of n elements cut into `parts` (the first n % parts slices one longer).
-inline int64_t EvenSlice(int64_t n, int parts, int q) {
-  return q * (n / parts) + (q < n % parts ? q : n % parts);
-}
 
 // Peers' buffer addresses, kept between the phases of one call.
 struct DirectPeers {

@@ -92,10 +92,9 @@ std::string JoinInts(const std::vector<int64_t>& values) {
   return out;
 }
 
-// One-time exchange of mesh positions among all world ranks for mesh shape `sizes`.
+// One-time exchange of mesh positions among all world ranks (once per mesh shape).
 ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char* name, int self,
-                        int64_t position, const std::vector<int64_t>& sizes,
-                        std::vector<int>* table) {
+                        int64_t position, std::vector<int>* table) {
   const int world_size = world.world_size();
   const uint32_t control_seq = state.next_control_seq++;
   std::vector<int64_t> positions(world_size, -1);
@@ -182,7 +181,7 @@ ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
   auto table_it = state->mesh_tables.find(sizes);
   if (table_it == state->mesh_tables.end()) {
     std::vector<int> table;
-    JAXCOMM_RETURN_IF_ERROR(DiscoverMesh(world, *state, site.name, self, position, sizes, &table));
+    JAXCOMM_RETURN_IF_ERROR(DiscoverMesh(world, *state, site.name, self, position, &table));
     table_it = state->mesh_tables.emplace(sizes, std::move(table)).first;
   }
   const std::vector<int>& table = table_it->second;

@@ -1,19 +1,7 @@
 // Quantized allreduce (Dryden et al. 2016, §3.4) and hierarchical allreduce (IBM slides).
 //
-// Quantized allreduce of acc = x + residual over P ranks, for one-bit, threshold and adaptive
-// quantization (kernels/quantized_slices.h):
-//   1. The vector is cut into P slices whose boundaries are multiples of the compressor's
-//      column size (kernels::SliceRange), so no column straddles two slices; rank s owns slice s.
-//   2. Every rank quantizes every slice of acc with error feedback (residual = acc - decoded).
-//   3. Reduce-scatter by pairwise exchange: at step k rank r sends its quantized slice r+k to
-//      its owner and receives the quantized slice r from rank r-k, `used` words only. A
-//      quantized slice cannot be summed in transit (a ring would requantize at every hop), so
-//      each message goes straight to its owner: the same (P-1)/P of the data a ring sends.
-//   4. The owner dequantizes the P contributions in rank order into a float sum, requantizes the
-//      sum with the same compressor and adds that requantization error to its own residual.
-//   5. Ring allgather of the quantized sums (variable length: `used` words).
-//   6. Every rank decodes the same P messages: bit-identical results everywhere.
-// Conservation: sum_ranks(x + residual_in) == result + sum_ranks(residual_out) up to rounding.
+// Quantized allreduce: steps 1-6 of ffi/quantized_schedule.h over UCX. Messages carry their
+// `used` words only (variable length), and the allgather (step 5) is a ring.
 //
 // Hierarchical allreduce over a ("node", "local") mesh: a process is a node, its devices are
 // its local ranks (in-process UCX: shared memory / self transport).
@@ -31,20 +19,20 @@
 #include <string>
 #include <vector>
 
+#include "ffi/allreduce.h"
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
 #include "ffi/direct_allreduce.h"
 #include "ffi/engine.h"
 #include "ffi/group.h"
 #include "ffi/quantized_common.h"
+#include "ffi/quantized_schedule.h"
+#include "ffi/ring_schedule.h"
 #include "kernels/quantized_slices.h"
 #include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
-
-ffi::Error RingAllreduce(Group& group, float* data, int64_t n, std::vector<float>* scratch);
-
 namespace {
 
 using kernels::QuantizerKind;
@@ -55,10 +43,9 @@ constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
 constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
 
 using quantized::CheckSizes;
-using quantized::DenseRingBytes;
-using quantized::EvenBegin;
 using quantized::KindLabel;
-using quantized::ReadSpec;
+using ring::ChunkBegin;
+using ring::ChunkSize;
 
 ffi::Error Invalid(const char* op, const std::string& message) {
   return ffi_common::InvalidArgument(op, message);
@@ -66,17 +53,17 @@ ffi::Error Invalid(const char* op, const std::string& message) {
 
 // Reusable per-thread buffers (each device's calls run on one thread at a time).
 struct QuantizedScratch {
-  std::vector<uint32_t> mine;      // this rank's quantized slices, slice s at offsets[s]
-  std::vector<uint32_t> gathered;  // the quantized sums of every slice, same offsets
+  quantized::SliceLayout layout;
+  std::vector<uint32_t> mine;      // this rank's quantized slices, in the layout's places
+  std::vector<uint32_t> gathered;  // the quantized sums of every slice, same places
   std::vector<uint32_t> incoming;  // P contributions to the owned slice
-  std::vector<int64_t> offsets;
-  std::vector<int64_t> words;  // received length (words) of each contribution / sum
+  std::vector<int64_t> words;      // received length (words) of each contribution / sum
   std::vector<float> sum;
   std::vector<float> error;
   std::vector<float> decode;
 };
 
-// Quantized allreduce (see the file comment) of acc = x + residual_in (residual_in may be null)
+// Quantized allreduce (ffi/quantized_schedule.h) of acc = x + residual_in (residual_in may be null)
 // over `group`. Writes the sum to `out` and the new residual to `residual_out` (n floats each).
 // `out` may alias `x`: x is only read (step 2) before out is first written (step 6).
 ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const float* x,
@@ -85,36 +72,31 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
   thread_local QuantizedScratch s;
   const int parts = group.size();
   const int rank = group.rank();
-  const int64_t unit = kernels::SliceUnit(spec);
-  auto slice = [&](int q) { return kernels::SliceRange(n, parts, q, unit); };
-  s.offsets.assign(parts + 1, 0);
-  for (int q = 0; q < parts; ++q) {
-    const kernels::Range r = slice(q);
-    s.offsets[q + 1] = s.offsets[q] + kernels::QuantizedPackedWords(spec, r.end - r.begin);
-  }
-  s.mine.resize(s.offsets[parts]);
-  s.gathered.resize(s.offsets[parts]);
+  // 1. The slices and their places.
+  const quantized::SliceLayout& layout = s.layout;
+  s.layout.Assign(spec, n, parts);
+  s.mine.resize(layout.TotalWords());
+  s.gathered.resize(layout.TotalWords());
   s.words.assign(parts, 0);
 
   // 2. Quantize every slice with error feedback.
   for (int q = 0; q < parts; ++q) {
-    const kernels::Range r = slice(q);
+    const int64_t b = layout.Begin(q);
     const kernels::QuantizeStatus status = kernels::QuantizeSlice(
-        spec, x + r.begin, residual_in ? residual_in + r.begin : nullptr, r.end - r.begin,
-        s.mine.data() + s.offsets[q], residual_out + r.begin, run);
-    if (!status.ok()) return ffi_common::NonFinite(group.name(), r.begin + status.nonfinite_index);
+        spec, x + b, residual_in ? residual_in + b : nullptr, layout.Length(q),
+        s.mine.data() + layout.offsets[q], residual_out + b, run);
+    if (!status.ok()) return ffi_common::NonFinite(group.name(), b + status.nonfinite_index);
   }
 
   // 3. Pairwise reduce-scatter: contributions to my slice, one per source rank.
-  const kernels::Range me = slice(rank);
-  const int64_t m = me.end - me.begin;
-  const int64_t my_words = s.offsets[rank + 1] - s.offsets[rank];
+  const int64_t my_begin = layout.Begin(rank);
+  const int64_t m = layout.Length(rank);
+  const int64_t my_words = layout.Words(rank);
   s.incoming.resize(static_cast<size_t>(my_words * parts));
   uint32_t step = 0;
   for (int k = 1; k < parts; ++k, ++step) {
-    const int dst = (rank + k) % parts;
-    const int src = (rank - k + parts) % parts;
-    const uint32_t* send = s.mine.data() + s.offsets[dst];
+    const auto [dst, src] = quantized::PairwiseExchange(rank, parts, k);
+    const uint32_t* send = s.mine.data() + layout.offsets[dst];
     size_t got = 0;
     JAXCOMM_RETURN_IF_ERROR(group.SendRecv(dst, send, sizeof(uint32_t) * send[0], src,
                                            s.incoming.data() + my_words * src,
@@ -125,13 +107,13 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
     }
     s.words[src] = static_cast<int64_t>(got / sizeof(uint32_t));
   }
-  s.words[rank] = s.mine[s.offsets[rank]];
+  s.words[rank] = s.mine[layout.offsets[rank]];
 
   // 4. The owner sums the P contributions in rank order, requantizes, keeps the error.
   s.sum.assign(static_cast<size_t>(m), 0.0f);
   for (int q = 0; q < parts; ++q) {
     const uint32_t* message =
-        q == rank ? s.mine.data() + s.offsets[rank] : s.incoming.data() + my_words * q;
+        q == rank ? s.mine.data() + layout.offsets[rank] : s.incoming.data() + my_words * q;
     const std::string bad =
         kernels::DequantizeAccumulate(spec, message, s.words[q], m, s.sum.data(), &s.decode);
     if (!bad.empty()) {
@@ -141,27 +123,27 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
     }
   }
   s.error.resize(static_cast<size_t>(m));
-  const kernels::QuantizeStatus status = kernels::QuantizeSlice(
-      spec, s.sum.data(), nullptr, m, s.gathered.data() + s.offsets[rank], s.error.data(), run);
+  const kernels::QuantizeStatus status =
+      kernels::QuantizeSlice(spec, s.sum.data(), nullptr, m,
+                             s.gathered.data() + layout.offsets[rank], s.error.data(), run);
   if (!status.ok()) {
     return Invalid(group.name(), "the sum over the group overflowed to Inf at flat index " +
-                                     std::to_string(me.begin + status.nonfinite_index));
+                                     std::to_string(my_begin + status.nonfinite_index));
   }
-  kernels::AddInto(residual_out + me.begin, s.error.data(), m);
-  s.words[rank] = s.gathered[s.offsets[rank]];
+  kernels::AddInto(residual_out + my_begin, s.error.data(), m);
+  s.words[rank] = s.gathered[layout.offsets[rank]];
 
-  // 5. Ring allgather of the quantized sums, `used` words each.
-  const int right = (rank + 1) % parts;
-  const int left = (rank + parts - 1) % parts;
+  // 5. Ring allgather of the quantized sums, `used` words each; rank r starts with slice r.
+  const int right = ring::RightOf(rank, parts);
+  const int left = ring::LeftOf(rank, parts);
   for (int k = 0; k < parts - 1; ++k, ++step) {
-    const int send_slice = (rank - k + parts) % parts;
-    const int recv_slice = (rank - k - 1 + parts) % parts;
-    const uint32_t* send = s.gathered.data() + s.offsets[send_slice];
-    const int64_t capacity = s.offsets[recv_slice + 1] - s.offsets[recv_slice];
+    const auto [send_slice, recv_slice] = ring::PassStep(rank, parts, k);
+    const uint32_t* send = s.gathered.data() + layout.offsets[send_slice];
     size_t got = 0;
     JAXCOMM_RETURN_IF_ERROR(group.SendRecv(right, send, sizeof(uint32_t) * s.words[send_slice],
-                                           left, s.gathered.data() + s.offsets[recv_slice],
-                                           sizeof(uint32_t) * capacity, &got, step));
+                                           left, s.gathered.data() + layout.offsets[recv_slice],
+                                           sizeof(uint32_t) * layout.Words(recv_slice), &got,
+                                           step));
     if (got % sizeof(uint32_t) != 0) {
       return Invalid(group.name(), "group rank " + std::to_string(left) + " sent " +
                                        std::to_string(got) + " bytes, not whole words");
@@ -172,16 +154,15 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
   // 6. Decode every quantized sum.
   std::fill(out, out + n, 0.0f);
   for (int q = 0; q < parts; ++q) {
-    const kernels::Range r = slice(q);
     const std::string bad =
-        kernels::DequantizeAccumulate(spec, s.gathered.data() + s.offsets[q], s.words[q],
-                                      r.end - r.begin, out + r.begin, &s.decode);
+        kernels::DequantizeAccumulate(spec, s.gathered.data() + layout.offsets[q], s.words[q],
+                                      layout.Length(q), out + layout.Begin(q), &s.decode);
     if (!bad.empty()) {
       return Invalid(group.name(), "the quantized sum of slice " + std::to_string(q) +
                                        " is malformed (" + bad + ")");
     }
   }
-  group.CountDenseEquivalent(DenseRingBytes(n, parts, rank));
+  group.CountDenseEquivalent(ring::DenseRingBytes(n, parts, rank));
   return ffi::Error::Success();
 }
 
@@ -192,13 +173,10 @@ ffi::Error QuantizedAllreduceImpl(
     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckSizes(kQuantizedOp, n,
-                 {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                  ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
   JAXCOMM_RETURN_IF_ERROR(
-      ReadSpec(kQuantizedOp, kind, column_size, sample_size, proportion, tau, max_density, &spec));
+      quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed, new_residual, kind,
+                                    column_size, sample_size, proportion, tau, max_density, &spec));
   std::unique_ptr<Group> group;
   JAXCOMM_RETURN_IF_ERROR(
       Group::Begin(MakeCallSite(kQuantizedOp, device_id, coordinates, attrs), &group));
@@ -212,22 +190,22 @@ ffi::Error QuantizedAllreduceImpl(
 
 // ---- hierarchical ------------------------------------------------------------------------
 
-// Ring reduce-scatter of data[0, n) in L = group.size() even chunks: afterwards group rank r
-// holds the full sum of chunk (r + 1) % L (other chunks hold partial sums).
+// Ring reduce-scatter of data[0, n) in L = group.size() even chunks (ffi/ring_schedule.h):
+// afterwards group rank r holds the full sum of chunk (r + 1) % L (other chunks hold partial
+// sums).
 ffi::Error RingReduceScatter(Group& group, float* data, int64_t n, std::vector<float>* scratch,
                              uint32_t* step) {
   const int parts = group.size();
   const int rank = group.rank();
-  auto begin = [&](int c) { return EvenBegin(n, parts, c); };
-  auto size = [&](int c) { return begin(c + 1) - begin(c); };
+  auto begin = [&](int c) { return ChunkBegin(n, parts, c); };
+  auto size = [&](int c) { return ChunkSize(n, parts, c); };
   scratch->resize(static_cast<size_t>(std::max<int64_t>(1, size(0))));
   for (int k = 0; k < parts - 1; ++k, ++*step) {
-    const int send_chunk = (rank - k + parts) % parts;
-    const int recv_chunk = (rank - k - 1 + parts) % parts;
+    const auto [send_chunk, recv_chunk] = ring::ReduceScatterStep(rank, parts, k);
     size_t got = 0;
     JAXCOMM_RETURN_IF_ERROR(group.SendRecv(
-        (rank + 1) % parts, data + begin(send_chunk), sizeof(float) * size(send_chunk),
-        (rank + parts - 1) % parts, scratch->data(), sizeof(float) * scratch->size(), &got, *step));
+        ring::RightOf(rank, parts), data + begin(send_chunk), sizeof(float) * size(send_chunk),
+        ring::LeftOf(rank, parts), scratch->data(), sizeof(float) * scratch->size(), &got, *step));
     if (got != sizeof(float) * size(recv_chunk)) {
       return Invalid(group.name(),
                      "a local rank sent a chunk of the wrong size; every rank must "
@@ -242,15 +220,14 @@ ffi::Error RingReduceScatter(Group& group, float* data, int64_t n, std::vector<f
 ffi::Error RingAllgather(Group& group, float* data, int64_t n, uint32_t* step) {
   const int parts = group.size();
   const int rank = group.rank();
-  auto begin = [&](int c) { return EvenBegin(n, parts, c); };
-  auto size = [&](int c) { return begin(c + 1) - begin(c); };
+  auto begin = [&](int c) { return ChunkBegin(n, parts, c); };
+  auto size = [&](int c) { return ChunkSize(n, parts, c); };
   for (int k = 0; k < parts - 1; ++k, ++*step) {
-    const int send_chunk = (rank + 1 - k + parts) % parts;
-    const int recv_chunk = (rank - k + parts) % parts;
+    const auto [send_chunk, recv_chunk] = ring::AllgatherStep(rank, parts, k);
     size_t got = 0;
-    JAXCOMM_RETURN_IF_ERROR(group.SendRecv((rank + 1) % parts, data + begin(send_chunk),
+    JAXCOMM_RETURN_IF_ERROR(group.SendRecv(ring::RightOf(rank, parts), data + begin(send_chunk),
                                            sizeof(float) * size(send_chunk),
-                                           (rank + parts - 1) % parts, data + begin(recv_chunk),
+                                           ring::LeftOf(rank, parts), data + begin(recv_chunk),
                                            sizeof(float) * size(recv_chunk), &got, *step));
     if (got != sizeof(float) * size(recv_chunk)) {
       return Invalid(group.name(), "a local rank sent a chunk of the wrong size");
@@ -316,8 +293,8 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
     uint32_t step = 0;
     JAXCOMM_RETURN_IF_ERROR(DirectReduceScatter(local, x, out, n, &peers, &step));
     g.all->MarkPhase("intra_reduce_scatter");
-    const int64_t begin = EvenSlice(n, parts, rank);
-    const int64_t size = EvenSlice(n, parts, rank + 1) - begin;
+    const int64_t begin = ring::ChunkBegin(n, parts, rank);
+    const int64_t size = ring::ChunkBegin(n, parts, rank + 1) - begin;
     if (leaders > 1) {
       JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
                                         residual_out ? residual_out + begin : nullptr, run));
@@ -339,8 +316,8 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
   JAXCOMM_RETURN_IF_ERROR(RingReduceScatter(local, out, n, &scratch, &step));
   g.all->MarkPhase("intra_reduce_scatter");
   const int owned = (rank + 1) % parts;
-  const int64_t begin = EvenBegin(n, parts, owned);
-  const int64_t size = EvenBegin(n, parts, owned + 1) - begin;
+  const int64_t begin = ChunkBegin(n, parts, owned);
+  const int64_t size = ChunkBegin(n, parts, owned + 1) - begin;
   if (leaders > 1 || parts == 1) {
     JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
                                       residual_out ? residual_out + begin : nullptr, run));
@@ -361,8 +338,8 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
   }
   for (int q = 1; q < parts; ++q) {
     const int c = (q + 1) % parts;
-    const int64_t b = EvenBegin(n, parts, c);
-    const int64_t len = EvenBegin(n, parts, c + 1) - b;
+    const int64_t b = ChunkBegin(n, parts, c);
+    const int64_t len = ChunkBegin(n, parts, c + 1) - b;
     size_t got = 0;
     JAXCOMM_RETURN_IF_ERROR(local.Recv(q, out + b, sizeof(float) * len, &got, gather_step));
     if (got != sizeof(float) * len) return Invalid(local.name(), "a local rank sent a short chunk");
@@ -404,13 +381,10 @@ ffi::Error HierarchicalQuantizedImpl(
     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
     ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      CheckSizes(kHierarchicalQuantizedOp, n,
-                 {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                  ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(ReadSpec(kHierarchicalQuantizedOp, kind, column_size, sample_size,
-                                   proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(
+      kHierarchicalQuantizedOp, x, residual, summed, new_residual, kind, column_size, sample_size,
+      proportion, tau, max_density, &spec));
   HierarchicalGroups g;
   JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, device_id, coordinates, attrs,
                                             node_axis, local_axis, &g));

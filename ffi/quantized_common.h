@@ -1,9 +1,8 @@
 // Pieces shared by the CPU (ffi/quantized_allreduce.cc) and GPU (ffi/cuda/quantized_allreduce.cc)
 // handlers of the quantized and hierarchical allreduces: attribute binding, spec and size checks,
-// metric labels, chunk boundaries and the dense-equivalent byte count.
+// metric labels. The algorithms' schedules: ffi/quantized_schedule.h and ffi/ring_schedule.h.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -28,22 +27,6 @@ inline const char* KindLabel(kernels::QuantizerKind kind) {
   return "unknown";
 }
 
-// Start of chunk `chunk` of n elements cut into `parts` even chunks (the first n % parts one
-// longer): the chunks of the hierarchical allreduce's intra-node phase.
-inline int64_t EvenBegin(int64_t n, int parts, int chunk) {
-  return chunk * (n / parts) + std::min<int64_t>(chunk, n % parts);
-}
-
-// Bytes a dense float32 ring allreduce of n elements sends from `rank`: every chunk but
-// (rank + 1) in the reduce-scatter, every chunk but (rank + 2) in the allgather.
-inline uint64_t DenseRingBytes(int64_t n, int parts, int rank) {
-  if (parts == 1) return 0;
-  auto size = [&](int c) {
-    return EvenBegin(n, parts, c % parts + 1) - EvenBegin(n, parts, c % parts);
-  };
-  return sizeof(float) * static_cast<uint64_t>(2 * n - size(rank + 1) - size(rank + 2));
-}
-
 inline ffi::Error ReadSpec(const char* op, int64_t kind, int64_t column_size, int64_t sample_size,
                            double proportion, float tau, double max_density,
                            kernels::QuantizerSpec* spec) {
@@ -66,10 +49,23 @@ inline ffi::Error CheckSizes(const char* op, int64_t n, std::initializer_list<in
     if (other != n)
       return ffi_common::InvalidArgument(op, "x, residual and results must have one size");
   }
-  if (n > int64_t{0x7fffffff}) {
-    return ffi_common::InvalidArgument(op, "x must have fewer than 2**31 elements");
-  }
-  return ffi::Error::Success();
+  return ffi_common::CheckElementCount(op, n);
+}
+
+// The opening checks of every quantized handler (CPU and GPU, flat and hierarchical): x,
+// residual and both results of one size within the kernels' limit, then a usable quantizer
+// (into *spec).
+inline ffi::Error CheckQuantizedCall(const char* op, const ffi::Buffer<ffi::F32>& x,
+                                     const ffi::Buffer<ffi::F32>& residual,
+                                     ffi::ResultBuffer<ffi::F32> summed,
+                                     ffi::ResultBuffer<ffi::F32> new_residual, int64_t kind,
+                                     int64_t column_size, int64_t sample_size, double proportion,
+                                     float tau, double max_density, kernels::QuantizerSpec* spec) {
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckSizes(op, ffi_common::NumElements(x),
+                 {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
+                  ffi_common::NumElements(*new_residual)}));
+  return ReadSpec(op, kind, column_size, sample_size, proportion, tau, max_density, spec);
 }
 
 }  // namespace jaxcomm::collectives::quantized

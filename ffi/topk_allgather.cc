@@ -9,6 +9,7 @@
 #include "ffi/common.h"
 #include "ffi/engine.h"
 #include "ffi/group.h"
+#include "ffi/ring_schedule.h"
 #include "kernels/reduce.h"
 #include "kernels/topk.h"
 #include "xla/ffi/api/ffi.h"
@@ -38,12 +39,12 @@ ffi::Error TopKAllgatherImpl(const kernels::TaskRunner& run, int32_t device_id,
   kernels::TopKAbs(x.typed_data(), residual.typed_data(), n, k, reinterpret_cast<int32_t*>(mine),
                    reinterpret_cast<float*>(mine + k), new_residual->typed_data(), run);
 
-  const int right = (rank + 1) % parts;
-  const int left = (rank + parts - 1) % parts;
+  // Ring allgather in which rank r starts with its own slot.
+  const int right = ring::RightOf(rank, parts);
+  const int left = ring::LeftOf(rank, parts);
   const size_t slot_bytes = sizeof(uint32_t) * slot_words;
   for (int s = 0; s < parts - 1; ++s) {
-    const int send_slot = (rank - s + parts) % parts;
-    const int recv_slot = (rank - s - 1 + parts) % parts;
+    const auto [send_slot, recv_slot] = ring::PassStep(rank, parts, s);
     size_t got = 0;
     JAXCOMM_RETURN_IF_ERROR(group->SendRecv(right, slots.data() + slot_words * send_slot,
                                             slot_bytes, left, slots.data() + slot_words * recv_slot,

@@ -3,8 +3,6 @@
 // process-global registry (ffi/transport/world_registry.h) where FFI handlers find them by
 // handle. Every function returns a status code (0 = OK, < 0 = error) and never aborts; the
 // message of the last error on the calling thread is read with jaxcomm_world_last_error().
-#ifdef JAXCOMM_WITH_UCX
-
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -170,5 +168,3 @@ JAXCOMM_C_API int jaxcomm_world_sendrecv(int64_t handle, int self, int send_peer
   }
   return FromStatus(s);
 }
-
-#endif  // JAXCOMM_WITH_UCX

@@ -113,6 +113,16 @@ SETTINGS: dict[str, Setting] = {
             _number(float, 0.0, exclusive=False),
         ),
         Setting(
+            "JAXCOMM_SHARED_MEMORY",
+            "1",
+            "1 or 0",
+            "C++ ffi/transport/ucx_world.cc (SharedMemoryEnabled)",
+            "1: ranks of one host read each other's buffers directly (same process: loads; "
+            "same host: process_vm_readv), the dense allreduce's fast path; 0: every byte goes "
+            "through UCX.",
+            _choice("1", "0"),
+        ),
+        Setting(
             "JAXCOMM_NCCL_LIBRARY",
             "",
             "a path to libnccl.so.2, or empty",

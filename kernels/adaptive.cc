@@ -12,8 +12,7 @@
 namespace jaxcomm::kernels {
 namespace {
 
-constexpr int64_t kMinElementsPerTask = 1 << 16;
-constexpr int kMaxTasks = 64;
+constexpr int64_t kMinAdaptiveElementsPerTask = 1 << 16;  // finer than kMinElementsPerTask
 constexpr uint32_t kExponentMask = 0x7f800000u;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
@@ -328,7 +327,7 @@ int64_t AdaptiveCompress(const float* x, const float* residual_in, const Adaptiv
                          const TaskRunner& run) {
   const int64_t ncols = layout.NumColumns();
   const int num_tasks = static_cast<int>(
-      std::min<int64_t>(ncols, NumTasksFor(layout.n, kMinElementsPerTask, kMaxTasks)));
+      std::min<int64_t>(ncols, NumTasksFor(layout.n, kMinAdaptiveElementsPerTask, kMaxTasks)));
   std::vector<TaskOutput> outputs(num_tasks);
   std::vector<Scratch> scratches(num_tasks);
   // Every allocation happens here, on the calling thread: an exception escaping a task would

@@ -30,7 +30,6 @@
 namespace jaxcomm::kernels::cuda {
 namespace {
 
-using detail::AlignUp;
 using detail::BlockExclusiveScan;
 using detail::GridFor;
 using detail::kIndexMask;
@@ -395,8 +394,7 @@ __global__ void AdaptiveDecodeKernel(const uint32_t* packed, DecodeParams p, flo
   }
   const uint32_t* entries = packed + p.header;
   const int64_t m = used - p.header;
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < m;
-       j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  JAXCOMM_GRID_STRIDE(j, m) {
     const uint32_t e = entries[j];
     const int64_t index = e & kIndexMask;
     const int64_t column = index / p.column_size;
@@ -412,14 +410,6 @@ __global__ void AdaptiveDecodeKernel(const uint32_t* packed, DecodeParams p, flo
     const float mean = __uint_as_float(packed[1 + 2 * column + ((e & kSignBit) ? 0 : 1)]);
     // The CPU fills 0 and adds (0.0f + mean), or adds to what out holds.
     out[index] = (accumulate ? out[index] : 0.0f) + mean;
-  }
-}
-
-__global__ void AdaptivePoisonKernel(const uint32_t* bad, float* out, int64_t n) {
-  if (*bad == 0) return;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    out[i] = __uint_as_float(0x7fc00000u);
   }
 }
 
@@ -519,8 +509,7 @@ cudaError_t AdaptiveDecompress(const uint32_t* packed, int64_t words, int64_t n,
   const int64_t max_entries = std::max<int64_t>(words - p.header, 1);
   AdaptiveDecodeKernel<<<GridFor(max_entries, kThreads), kThreads, 0, stream>>>(packed, p, x_hat,
                                                                                 accumulate, bad);
-  AdaptivePoisonKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(bad, x_hat, n);
-  return cudaGetLastError();
+  return PoisonIfBad(bad, x_hat, n, stream);
 }
 
 }  // namespace jaxcomm::kernels::cuda

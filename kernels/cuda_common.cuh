@@ -1,5 +1,6 @@
-// Device-side helpers shared by the .cu kernels: the key and wire encodings of kernels/wire.h
-// and kernels/topk.h, as __device__ functions (those headers use std::memcpy on the host).
+// Device-side helpers shared by the .cu kernels. The wire encodings (entries, sample positions)
+// are kernels/wire.h's own, compiled for the device; the magnitude key of kernels/topk.h is
+// restated with __float_as_uint (topk.h uses std::memcpy).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,11 +8,16 @@
 #include <cstdint>
 #include <cub/block/block_scan.cuh>
 
+#include "kernels/quantize_status.h"
+#include "kernels/wire.h"
+
 namespace jaxcomm::kernels::cuda::detail {
 
-constexpr uint32_t kSignBit = 0x80000000u;
-constexpr uint32_t kIndexMask = 0x7fffffffu;
-constexpr uint32_t kNonFiniteKey = 0x7f800000u;  // kernels/quantize_status.h
+using kernels::kNonFiniteKey;
+using wire::Entry;
+using wire::kIndexMask;
+using wire::kSignBit;
+using wire::SamplePosition;
 constexpr uint32_t kNoIndex = 0xffffffffu;
 
 // kernels::MagnitudeKey: NaN > Inf > finite, finite ordered by |v|.
@@ -19,24 +25,24 @@ __device__ __forceinline__ uint32_t MagnitudeKey(float v) {
   return __float_as_uint(v) & kIndexMask;
 }
 
-__device__ __forceinline__ uint32_t Entry(bool positive, int64_t index) {
-  return (positive ? kSignBit : 0u) | (static_cast<uint32_t>(index) & kIndexMask);
-}
+// Grid-stride loop over [0, count): `for` header binding int64_t `i` in each thread.
+#define JAXCOMM_GRID_STRIDE(i, count)                                                        \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (count); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
-// kernels::wire::Mix / SamplePosition (splitmix64), so GPU samples equal the CPU's.
-__device__ __forceinline__ uint64_t Mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+// First position p in ascending a[0, n) with a[p] >= v (std::lower_bound).
+__device__ __forceinline__ int64_t LowerBound(const int32_t* a, int64_t n, int32_t v) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (a[mid] < v) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
 }
-__device__ __forceinline__ int64_t SamplePosition(int64_t column, int64_t j, int64_t length) {
-  return static_cast<int64_t>(
-      Mix((static_cast<uint64_t>(column) << 32) | static_cast<uint64_t>(j)) %
-      static_cast<uint64_t>(length));
-}
-
-inline size_t AlignUp(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
 // Grid for a grid-stride loop over n elements: enough blocks to fill any current GPU, no more.
 inline unsigned GridFor(int64_t n, int threads, int64_t max_blocks = 4096) {

@@ -23,8 +23,17 @@
 
 namespace jaxcomm::kernels::cuda {
 
-// *dst = value, enqueued (for headers whose value the host knows).
+// Pieces carved out of one block of scratch memory start at multiples of 256 bytes (what
+// cudaMalloc and XLA's ScratchAllocator return): `bytes` rounded up to that.
+inline size_t AlignUp(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+
+// *dst = value, enqueued (for headers whose value the host knows). Source of this and of
+// PoisonIfBad: kernels/cuda_common.cu.
 cudaError_t WriteWord(uint32_t* dst, uint32_t value, cudaStream_t stream);
+
+// dense[0, n) = NaN when *bad != 0: the GPU form of a CPU data error (a corrupt message, an
+// index out of range), which cannot reach the host without synchronizing.
+cudaError_t PoisonIfBad(const uint32_t* bad, float* dense, int64_t n, cudaStream_t stream);
 
 // ---- magnitude top-k (kernels/topk.h) ---------------------------------------------------
 // Same contract as kernels::TopKAbs: the k entries of largest MagnitudeKey(acc), acc = x +
@@ -85,9 +94,6 @@ cudaError_t ScatterAddSparse(const int32_t* idx, const float* val, int64_t k, fl
 // dense[idx[j]] = val[j] for j < k (the CPU gTop-k's summed = global set).
 cudaError_t ScatterSetSparse(const int32_t* idx, const float* val, int64_t k, float* dense,
                              int64_t n, uint32_t* bad, cudaStream_t stream);
-
-// dense[0, n) = NaN when *bad != 0.
-cudaError_t PoisonIfBad(const uint32_t* bad, float* dense, int64_t n, cudaStream_t stream);
 
 // The entries of (a + b) that a ⊤ merge did not keep in `out` (CollectDropped of ffi/gtopk.cc),
 // in ka + kb fixed slots: slot i < ka holds a[i] (value val_a[i] + val_b[j] when b has the

@@ -2,19 +2,15 @@
 
 #include <cstring>
 
+#include "kernels/wire.h"
+
 namespace jaxcomm::kernels {
 namespace {
 
-inline float Bf16ToFloat(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+inline float Bf16ToFloat(uint16_t h) { return wire::BitsFloat(static_cast<uint32_t>(h) << 16); }
 
 inline uint16_t FloatToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
+  const uint32_t bits = wire::FloatBits(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) {
     return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN: keep it a (quiet) NaN
   }

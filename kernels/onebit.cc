@@ -5,18 +5,13 @@
 
 #include "kernels/wire.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if JAXCOMM_QUANTIZERS_X86
 #include <immintrin.h>
-#define JAXCOMM_ONEBIT_X86 1
-#else
-#define JAXCOMM_ONEBIT_X86 0
 #endif
 
 namespace jaxcomm::kernels {
 namespace {
 
-constexpr int64_t kMinElementsPerTask = 1 << 18;
-constexpr int kMaxTasks = 64;
 struct SignSums {
   double nonneg = 0.0;
   double neg = 0.0;
@@ -74,19 +69,26 @@ uint32_t AccumulatePortable(const float* x, const float* r, int64_t len8, float*
   return max_key;
 }
 
+// One packed word from acc[0, count), count <= 32: bit k set when acc[k] >= 0 (bits past count
+// stay 0), and residual_out[k] = acc[k] - the mean of its sign.
+inline uint32_t EncodeWord(const float* __restrict acc, int64_t count, float mean_nonneg,
+                           float mean_neg, float* __restrict residual_out) {
+  uint32_t word = 0;
+  for (int64_t k = 0; k < count; ++k) {
+    const float a = acc[k];
+    const bool nonneg = a >= 0.0f;
+    word |= static_cast<uint32_t>(nonneg) << k;
+    residual_out[k] = a - (nonneg ? mean_nonneg : mean_neg);
+  }
+  return word;
+}
+
 // Pass 2 over whole 32-element groups of the cached column: bits and residual_out =
 // acc - decoded.
 void EncodePortable(const float* __restrict acc, int64_t len32, float mean_nonneg, float mean_neg,
                     uint32_t* __restrict bits, float* __restrict residual_out) {
   for (int64_t base = 0; base < len32; base += 32) {
-    uint32_t word = 0;
-    for (int k = 0; k < 32; ++k) {
-      const float a = acc[base + k];
-      const bool nonneg = a >= 0.0f;
-      word |= static_cast<uint32_t>(nonneg) << k;
-      residual_out[base + k] = a - (nonneg ? mean_nonneg : mean_neg);
-    }
-    bits[base / 32] = word;
+    bits[base / 32] = EncodeWord(acc + base, 32, mean_nonneg, mean_neg, residual_out + base);
   }
 }
 
@@ -98,7 +100,7 @@ void DecodePortable(const uint32_t* bits, int64_t len32, float mean_nonneg, floa
   }
 }
 
-#if JAXCOMM_ONEBIT_X86
+#if JAXCOMM_QUANTIZERS_X86
 // GCC and Clang do not vectorize the portable loops well (the double lanes, the bit packing),
 // and the library is built for baseline x86-64, so the hot loops carry an AVX2 version picked
 // at run time.
@@ -191,7 +193,7 @@ uint32_t AccumulateColumn(const float* x, const float* r, int64_t len, float* __
   const int64_t len8 = len - len % kLanes;
   LaneSums lanes;
   uint32_t max_key;
-#if JAXCOMM_ONEBIT_X86
+#if JAXCOMM_QUANTIZERS_X86
   if (QuantizersUseAvx2()) {
     max_key = AccumulateAvx2<kExactSums>(x, r, len8, acc, &lanes);
   } else {
@@ -220,7 +222,7 @@ uint32_t AccumulateColumn(const float* x, const float* r, int64_t len, float* __
 void EncodeColumn(const float* __restrict acc, int64_t len, float mean_nonneg, float mean_neg,
                   uint32_t* __restrict bits, float* __restrict residual_out) {
   const int64_t len32 = len - len % 32;
-#if JAXCOMM_ONEBIT_X86
+#if JAXCOMM_QUANTIZERS_X86
   if (QuantizersUseAvx2()) {
     EncodeAvx2(acc, len32, mean_nonneg, mean_neg, bits, residual_out);
   } else {
@@ -230,21 +232,15 @@ void EncodeColumn(const float* __restrict acc, int64_t len, float mean_nonneg, f
   EncodePortable(acc, len32, mean_nonneg, mean_neg, bits, residual_out);
 #endif
   if (len32 < len) {
-    uint32_t word = 0;  // bits past the last element stay 0
-    for (int64_t k = 0; len32 + k < len; ++k) {
-      const float a = acc[len32 + k];
-      const bool nonneg = a >= 0.0f;
-      word |= static_cast<uint32_t>(nonneg) << k;
-      residual_out[len32 + k] = a - (nonneg ? mean_nonneg : mean_neg);
-    }
-    bits[len32 / 32] = word;
+    bits[len32 / 32] =
+        EncodeWord(acc + len32, len - len32, mean_nonneg, mean_neg, residual_out + len32);
   }
 }
 
 void DecodeColumn(const uint32_t* bits, int64_t len, float mean_nonneg, float mean_neg,
                   float* __restrict x_hat) {
   const int64_t len32 = len - len % 32;
-#if JAXCOMM_ONEBIT_X86
+#if JAXCOMM_QUANTIZERS_X86
   if (QuantizersUseAvx2()) {
     DecodeAvx2(bits, len32, mean_nonneg, mean_neg, x_hat);
   } else {

@@ -11,6 +11,11 @@
 
 namespace jaxcomm::kernels {
 
+// The kernels split work into at most kMaxTasks tasks of at least kMinElementsPerTask elements
+// (adaptive.cc splits finer), so small inputs stay on one thread.
+constexpr int kMaxTasks = 64;
+constexpr int64_t kMinElementsPerTask = 1 << 18;
+
 // Runs task(0), ..., task(num_tasks - 1), possibly concurrently, and returns once all finished.
 using TaskRunner = std::function<void(int num_tasks, const std::function<void(int)>& task)>;
 

@@ -10,7 +10,6 @@
 namespace jaxcomm::kernels::cuda {
 namespace {
 
-using detail::AlignUp;
 using detail::BlockExclusiveScan;
 using detail::GridFor;
 using detail::kNonFiniteKey;
@@ -24,8 +23,6 @@ constexpr int kLanes = 8;  // the CPU's summation lanes (kernels/onebit.cc)
 struct MaxOp {
   __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return a > b ? a : b; }
 };
-
-__global__ void HeaderKernel(uint32_t* packed, uint32_t used) { packed[0] = used; }
 
 // Sign sums in the CPU's order (SignSums::Add): a branch-free add of the value or of 0.0.
 struct SignSums {
@@ -70,7 +67,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) block_max = max_key;
   __syncthreads();  // also publishes acc to the whole block
   if (block_max >= kNonFiniteKey) {
-    if (threadIdx.x == 0) packed[0] = 0;  // HeaderKernel ran before: this failure wins
+    if (threadIdx.x == 0) packed[0] = 0;  // the header was written before: this failure wins
     return;
   }
 
@@ -135,8 +132,7 @@ __global__ void OneBitDecodeKernel(const uint32_t* packed, int64_t words, int64_
   const bool header_ok = packed[0] == static_cast<uint32_t>(words);
   const int64_t ncols = (n + column_size - 1) / column_size;
   const uint32_t* bits = packed + 1 + 2 * ncols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  JAXCOMM_GRID_STRIDE(i, n) {
     const int64_t c = i / column_size;
     const uint32_t mean = (bits[i / 32] >> (i % 32)) & 1u ? packed[1 + 2 * c] : packed[2 + 2 * c];
     if (!header_ok) {
@@ -245,8 +241,7 @@ __global__ void ThresholdScatterKernel(const uint32_t* packed, int64_t words, in
     return;
   }
   const int64_t m = used - 1;
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < m;
-       j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  JAXCOMM_GRID_STRIDE(j, m) {
     const uint32_t entry = packed[1 + j];
     const int64_t index = entry & detail::kIndexMask;
     const int64_t previous = j > 0 ? static_cast<int64_t>(packed[j] & detail::kIndexMask) : -1;
@@ -263,14 +258,6 @@ __global__ void ThresholdScatterKernel(const uint32_t* packed, int64_t words, in
   }
 }
 
-__global__ void PoisonKernel(const uint32_t* bad, float* out, int64_t n) {
-  if (*bad == 0) return;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    out[i] = __uint_as_float(0x7fc00000u);
-  }
-}
-
 __global__ void ThresholdInitKernel(ThresholdState* state) {
   *state = ThresholdState{detail::kNoIndex, 0u};
 }
@@ -281,7 +268,11 @@ cudaError_t OneBitCompress(const float* x, const float* residual_in, int64_t n, 
                            int64_t sample_size, uint32_t* packed, float* residual_out,
                            cudaStream_t stream) {
   const int64_t ncols = (n + column_size - 1) / column_size;
-  HeaderKernel<<<1, 1, 0, stream>>>(packed, static_cast<uint32_t>(1 + 2 * ncols + (n + 31) / 32));
+  if (cudaError_t error =
+          WriteWord(packed, static_cast<uint32_t>(1 + 2 * ncols + (n + 31) / 32), stream);
+      error != cudaSuccess) {
+    return error;
+  }
   OneBitColumnKernel<<<static_cast<unsigned>(ncols), kThreads, 0, stream>>>(
       x, residual_in, n, column_size, sample_size, packed, residual_out);
   return cudaGetLastError();
@@ -339,8 +330,7 @@ cudaError_t ThresholdDecompress(const uint32_t* packed, int64_t words, int64_t n
   cudaMemsetAsync(x_hat, 0, n * sizeof(float), stream);
   ThresholdScatterKernel<false>
       <<<GridFor(words, kThreads), kThreads, 0, stream>>>(packed, words, n, tau, x_hat, bad);
-  PoisonKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(bad, x_hat, n);
-  return cudaGetLastError();
+  return PoisonIfBad(bad, x_hat, n, stream);
 }
 
 cudaError_t ThresholdDecompressAccumulate(const uint32_t* packed, int64_t words, int64_t n,
@@ -350,8 +340,7 @@ cudaError_t ThresholdDecompressAccumulate(const uint32_t* packed, int64_t words,
   cudaMemsetAsync(bad, 0, sizeof(uint32_t), stream);
   ThresholdScatterKernel<true>
       <<<GridFor(words, kThreads), kThreads, 0, stream>>>(packed, words, n, tau, x_hat, bad);
-  PoisonKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(bad, x_hat, n);
-  return cudaGetLastError();
+  return PoisonIfBad(bad, x_hat, n, stream);
 }
 
 }  // namespace jaxcomm::kernels::cuda

@@ -8,7 +8,7 @@ namespace {
 std::atomic<bool> force_portable{false};
 
 bool CpuHasAvx2() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if JAXCOMM_QUANTIZERS_X86
   static const bool has_avx2 = __builtin_cpu_supports("avx2");
   return has_avx2;
 #else

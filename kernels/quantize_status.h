@@ -5,6 +5,14 @@
 
 #include <cstdint>
 
+// 1 where the quantizers' AVX2 loops are compiled (x86-64 with GCC or Clang); whether they run is
+// QuantizersUseAvx2().
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define JAXCOMM_QUANTIZERS_X86 1
+#else
+#define JAXCOMM_QUANTIZERS_X86 0
+#endif
+
 namespace jaxcomm::kernels {
 
 struct QuantizeStatus {

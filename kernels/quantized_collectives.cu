@@ -11,19 +11,13 @@ constexpr int kThreads = 256;
 
 // Mirrors kernels::AddInto (kernels/reduce.cc): dst[i] += src[i].
 __global__ void AddIntoKernel(float* dst, const float* src, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    dst[i] = dst[i] + src[i];
-  }
+  JAXCOMM_GRID_STRIDE(i, n) { dst[i] = dst[i] + src[i]; }
 }
 
 // Mirrors `out[i] = xs[i] + rs[i]` of HierarchicalQuantizedImpl (ffi/quantized_allreduce.cc).
 // Each element is read and written by one thread, so out may alias a or b.
 __global__ void AddVectorsKernel(const float* a, const float* b, int64_t n, float* out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    out[i] = a[i] + b[i];
-  }
+  JAXCOMM_GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
 }
 
 }  // namespace

@@ -17,8 +17,8 @@
 namespace jaxcomm::kernels::cuda {
 namespace {
 
-using detail::AlignUp;
 using detail::GridFor;
+using detail::LowerBound;
 using detail::MagnitudeKey;
 
 constexpr int kThreads = 256;
@@ -110,8 +110,7 @@ __global__ void __launch_bounds__(kThreads)
   // Bits above this digit; the shift by 32 for pass 0 is avoided (undefined in C++).
   const uint32_t fixed_mask = pass == 0 ? 0u : ~((1u << (shift + Bits(pass))) - 1u);
   const uint32_t prefix = state->prefix;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  JAXCOMM_GRID_STRIDE(i, n) {
     const uint32_t key = source.Key(i);
     if ((key & fixed_mask) == prefix) atomicAdd(&local[(key >> shift) & digit_mask], 1u);
   }
@@ -272,14 +271,19 @@ struct MergeSink {
   }
 };
 
-// Enqueues the whole selection. `first` computes the keys in pass 0 (and may store acc);
-// `again` rereads them in the later passes.
-template <class First, class Again, class Sink>
-cudaError_t RadixSelect(First first, Again again, int64_t n, int64_t k, const SelectScratch& s,
-                        Sink sink, cudaStream_t stream) {
-  const int64_t tiles = (n + kTile - 1) / kTile;
+// Enqueues the reset of the selection state for the k largest keys (state->bad included).
+void StartSelect(const SelectScratch& s, int64_t k, cudaStream_t stream) {
   InitKernel<<<(kPasses * kBins + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
       s.state, s.hist, static_cast<uint32_t>(k));
+}
+
+// Enqueues the selection after StartSelect: the histogram passes, then the counted, stable
+// compaction into `sink`. `first` computes the keys in pass 0 (and may store acc); `again`
+// rereads them in the later passes.
+template <class First, class Again, class Sink>
+cudaError_t SelectStarted(First first, Again again, int64_t n, const SelectScratch& s, Sink sink,
+                          cudaStream_t stream) {
+  const int64_t tiles = (n + kTile - 1) / kTile;
   const unsigned grid = GridFor(n, kThreads, 2048);
   HistogramKernel<<<grid, kThreads, 0, stream>>>(first, n, 0, s.state, s.hist);
   SelectDigitKernel<<<1, kScanThreads, 0, stream>>>(0, s.state, s.hist);
@@ -295,14 +299,21 @@ cudaError_t RadixSelect(First first, Again again, int64_t n, int64_t k, const Se
   return cudaGetLastError();
 }
 
+// The whole selection of the k largest keys.
+template <class First, class Again, class Sink>
+cudaError_t RadixSelect(First first, Again again, int64_t n, int64_t k, const SelectScratch& s,
+                        Sink sink, cudaStream_t stream) {
+  StartSelect(s, k, stream);
+  return SelectStarted(first, again, n, s, sink, stream);
+}
+
 // ---- TopK decompress ----------------------------------------------------------------------
 
 __global__ void TopKScatterKernel(const uint32_t* packed, int64_t words, int64_t n, float* x_hat,
                                   uint32_t* bad) {
   const int64_t k = (words - 1) / 2;
   const bool header_ok = packed[0] == static_cast<uint32_t>(words);
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < k;
-       j += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  JAXCOMM_GRID_STRIDE(j, k) {
     const int32_t index = static_cast<int32_t>(packed[1 + j]);
     if (!header_ok || index < 0 || index >= n) {
       *bad = 1;
@@ -314,27 +325,9 @@ __global__ void TopKScatterKernel(const uint32_t* packed, int64_t words, int64_t
   }
 }
 
-__global__ void PoisonKernel(const uint32_t* bad, float* out, int64_t n) {
-  if (*bad == 0) return;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    out[i] = __uint_as_float(0x7fc00000u);
-  }
-}
-
 // ---- sparse merge -------------------------------------------------------------------------
 
-__device__ int64_t LowerBound(const int32_t* a, int64_t n, int32_t v) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (a[mid] < v)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo;
-}
+// First position p in ascending a[0, n) with a[p] > v (std::upper_bound).
 __device__ int64_t UpperBound(const int32_t* a, int64_t n, int32_t v) {
   int64_t lo = 0, hi = n;
   while (lo < hi) {
@@ -354,8 +347,7 @@ __device__ int64_t UpperBound(const int32_t* a, int64_t n, int32_t v) {
 __global__ void MergeKernel(const int32_t* idx_a, const float* val_a, int64_t ka,
                             const int32_t* idx_b, const float* val_b, int64_t kb, int32_t* idx,
                             float* val, uint32_t* keys, SelectState* state) {
-  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; t < ka + kb;
-       t += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+  JAXCOMM_GRID_STRIDE(t, ka + kb) {
     const bool from_a = t < ka;
     const int64_t p = from_a ? t : t - ka;
     const int32_t* own = from_a ? idx_a : idx_b;
@@ -387,22 +379,7 @@ __global__ void MergeKernel(const int32_t* idx_a, const float* val_a, int64_t ka
   }
 }
 
-__global__ void MergePoisonKernel(const SelectState* state, float* out_val, int64_t k) {
-  if (state->bad == 0) return;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < k;
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    out_val[i] = __uint_as_float(0x7fc00000u);
-  }
-}
-
-__global__ void WriteWordKernel(uint32_t* dst, uint32_t value) { *dst = value; }
-
 }  // namespace
-
-cudaError_t WriteWord(uint32_t* dst, uint32_t value, cudaStream_t stream) {
-  WriteWordKernel<<<1, 1, 0, stream>>>(dst, value);
-  return cudaGetLastError();
-}
 
 size_t TopKScratchBytes(int64_t n) { return SelectScratch::Bytes(n); }
 
@@ -427,8 +404,7 @@ cudaError_t TopKDecompress(const uint32_t* packed, int64_t words, int64_t n, flo
   cudaMemsetAsync(x_hat, 0, n * sizeof(float), stream);
   const int64_t k = (words - 1) / 2;
   TopKScatterKernel<<<GridFor(k, kThreads), kThreads, 0, stream>>>(packed, words, n, x_hat, bad);
-  PoisonKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(bad, x_hat, n);
-  return cudaGetLastError();
+  return PoisonIfBad(bad, x_hat, n, stream);
 }
 
 size_t SparseMergeScratchBytes(int64_t ka, int64_t kb) {
@@ -448,25 +424,17 @@ cudaError_t SparseMergeTopK(const int32_t* idx_a, const float* val_a, int64_t ka
   auto* val = reinterpret_cast<float*>(p);
   p += AlignUp(m * sizeof(float));
   auto* keys = reinterpret_cast<uint32_t*>(p);
-  // InitKernel resets state->bad, so it runs before MergeKernel sets it.
-  InitKernel<<<(kPasses * kBins + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      s.state, s.hist, static_cast<uint32_t>(k));
+  // StartSelect resets state->bad, so it runs before MergeKernel sets it.
+  StartSelect(s, k, stream);
   MergeKernel<<<GridFor(m, kThreads), kThreads, 0, stream>>>(idx_a, val_a, ka, idx_b, val_b, kb,
                                                              idx, val, keys, s.state);
   const KeySource source{keys};
-  const int64_t tiles = (m + kTile - 1) / kTile;
-  const unsigned grid = GridFor(m, kThreads, 2048);
-  for (int pass = 0; pass < kPasses; ++pass) {
-    HistogramKernel<<<grid, kThreads, 0, stream>>>(source, m, pass, s.state, s.hist);
-    SelectDigitKernel<<<1, kScanThreads, 0, stream>>>(pass, s.state, s.hist);
+  if (cudaError_t error =
+          SelectStarted(source, source, m, s, MergeSink{idx, val, out_idx, out_val}, stream);
+      error != cudaSuccess) {
+    return error;
   }
-  CountKernel<<<tiles, kThreads, 0, stream>>>(source, m, s.state, s.greater, s.ties);
-  TileScanKernel<<<1, kScanThreads, 0, stream>>>(tiles, s.state, s.greater, s.ties, s.tie_before,
-                                                 s.out_base);
-  CompactKernel<<<tiles, kThreads, 0, stream>>>(source, m, s.state, s.greater, s.ties, s.tie_before,
-                                                s.out_base, MergeSink{idx, val, out_idx, out_val});
-  MergePoisonKernel<<<GridFor(k, kThreads), kThreads, 0, stream>>>(s.state, out_val, k);
-  return cudaGetLastError();
+  return PoisonIfBad(&s.state->bad, out_val, k, stream);
 }
 
 }  // namespace jaxcomm::kernels::cuda

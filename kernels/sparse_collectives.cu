@@ -15,23 +15,7 @@ using detail::GridFor;
 
 constexpr int kThreads = 256;
 
-#define JAXCOMM_GRID_STRIDE(j, count)                                                        \
-  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < (count); \
-       j += static_cast<int64_t>(blockDim.x) * gridDim.x)
-
-// First position p in ascending a[0, n) with a[p] >= v (std::lower_bound).
-__device__ int64_t LowerBound(const int32_t* a, int64_t n, int32_t v) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (a[mid] < v) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo;
-}
+using detail::LowerBound;
 
 // std::binary_search over ascending a[0, n).
 __device__ bool Contains(const int32_t* a, int64_t n, int32_t v) {
@@ -54,11 +38,6 @@ __global__ void ScatterKernel(const int32_t* idx, const float* val, int64_t k, f
       dense[index] = val[j];
     }
   }
-}
-
-__global__ void PoisonKernel(const uint32_t* bad, float* dense, int64_t n) {
-  if (*bad == 0) return;
-  JAXCOMM_GRID_STRIDE(i, n) { dense[i] = __uint_as_float(0x7fc00000u); }
 }
 
 // CollectDropped of ffi/gtopk.cc, one slot per input entry instead of a compacted list.
@@ -101,8 +80,6 @@ __global__ void AddWhereKernel(const int32_t* idx, const float* val, int64_t cou
   }
 }
 
-#undef JAXCOMM_GRID_STRIDE
-
 }  // namespace
 
 cudaError_t ScatterAddSparse(const int32_t* idx, const float* val, int64_t k, float* dense,
@@ -114,11 +91,6 @@ cudaError_t ScatterAddSparse(const int32_t* idx, const float* val, int64_t k, fl
 cudaError_t ScatterSetSparse(const int32_t* idx, const float* val, int64_t k, float* dense,
                              int64_t n, uint32_t* bad, cudaStream_t stream) {
   ScatterKernel<<<GridFor(k, kThreads), kThreads, 0, stream>>>(idx, val, k, dense, n, bad, false);
-  return cudaGetLastError();
-}
-
-cudaError_t PoisonIfBad(const uint32_t* bad, float* dense, int64_t n, cudaStream_t stream) {
-  PoisonKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(bad, dense, n);
   return cudaGetLastError();
 }
 

@@ -6,18 +6,13 @@
 
 #include "kernels/wire.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if JAXCOMM_QUANTIZERS_X86
 #include <immintrin.h>
-#define JAXCOMM_THRESHOLD_X86 1
-#else
-#define JAXCOMM_THRESHOLD_X86 0
 #endif
 
 namespace jaxcomm::kernels {
 namespace {
 
-constexpr int64_t kMinElementsPerTask = 1 << 18;
-constexpr int kMaxTasks = 64;
 constexpr int64_t kBlock = 64;
 
 // acc for one block into a local buffer: stores never alias x/residual_in, so the loop
@@ -31,7 +26,7 @@ uint32_t BlockAccPortable(const float* x, const float* r, float* __restrict acc)
   return max_key;
 }
 
-#if JAXCOMM_THRESHOLD_X86
+#if JAXCOMM_QUANTIZERS_X86
 // The library is built for baseline x86-64; the scan is the whole cost of the kernel, so it
 // carries an AVX2 version picked at run time (same IEEE adds, same result).
 __attribute__((target("avx2"))) uint32_t BlockAccAvx2(const float* x, const float* r,
@@ -68,7 +63,7 @@ uint64_t PassMaskPortable(const float* acc, int64_t len, uint32_t tau_key) {
   return mask;
 }
 
-#if JAXCOMM_THRESHOLD_X86
+#if JAXCOMM_QUANTIZERS_X86
 __attribute__((target("avx2"))) uint64_t PassMaskAvx2(const float* acc, uint32_t tau_key) {
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
   const __m256i tau = _mm256_set1_epi32(static_cast<int32_t>(tau_key));
@@ -85,7 +80,7 @@ __attribute__((target("avx2"))) uint64_t PassMaskAvx2(const float* acc, uint32_t
 #endif
 
 uint64_t PassMask(const float* acc, int64_t len, uint32_t tau_key) {
-#if JAXCOMM_THRESHOLD_X86
+#if JAXCOMM_QUANTIZERS_X86
   if (len == kBlock && QuantizersUseAvx2()) return PassMaskAvx2(acc, tau_key);
 #endif
   return PassMaskPortable(acc, len, tau_key);

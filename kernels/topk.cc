@@ -8,8 +8,6 @@ namespace jaxcomm::kernels {
 namespace {
 
 constexpr int64_t kSampleSize = 16384;
-constexpr int64_t kMinElementsPerTask = 1 << 18;
-constexpr int kMaxTasks = 64;
 constexpr int64_t kBlock = 64;
 
 inline float Acc(const float* x, const float* r, int64_t i) { return r ? x[i] + r[i] : x[i]; }

@@ -30,10 +30,7 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator /*scratch*/,
                                             ncclSum, group->comm(), stream),
                    "ncclAllReduce"));
   JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
-  // What a ring sends and receives per rank: 2 (P - 1) / P of the vector.
-  const int parts = group->size();
-  const uint64_t bytes = 2 * sizeof(float) * static_cast<uint64_t>(n) * (parts - 1) / parts;
-  group->CountTraffic(bytes, bytes);
+  CountDenseRing(*group, n);
   group->Finish("dense", n);
   return ForwardToken(stream, token, token_out);
 }

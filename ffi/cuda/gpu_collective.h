@@ -32,6 +32,7 @@
 #include "ffi/common.h"
 #include "ffi/cuda/nccl_api.h"
 #include "ffi/group.h"
+#include "ffi/ring_schedule.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives::gpu {
@@ -103,13 +104,19 @@ class GpuGroup {
   std::shared_ptr<struct CommState> state_;
 };
 
+// Counts the traffic of a dense float32 allreduce of n elements over `group` as the CPU ring's
+// (ring::DenseRingBytes): NCCL does not report what its ring or tree moves.
+inline void CountDenseRing(GpuGroup& group, int64_t n) {
+  const int parts = group.size();
+  const int rank = group.rank();
+  group.CountTraffic(ring::DenseRingBytes(n, parts, rank),
+                     ring::DenseRingBytes(n, parts, ring::LeftOf(rank, parts)));
+}
+
 // ResolveGpuSite, then GpuGroup::Begin on the site as it is: the opening of a one-group call.
 ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,
                         const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
                         GpuSite* site, std::unique_ptr<GpuGroup>* group);
-
-// `bytes` rounded up to the 256-byte alignment of every piece carved out of one scratch block.
-inline size_t AlignScratch(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 
 // token_out = token (an enqueued device copy: the token orders calls through data flow only).
 ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& token,

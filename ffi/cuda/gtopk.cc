@@ -32,7 +32,6 @@ namespace {
 namespace cuda = kernels::cuda;
 
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(GTopK)";
-constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUDA kernels)
 
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
@@ -54,9 +53,10 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
                                                summed->element_count(),
                                                new_residual->element_count()));
-  if (n > kMaxElements || 2 * k > kMaxElements) {
-    return ffi::Error::InvalidArgument(
-        std::string(kOp) + ": on the GPU x must have fewer than 2**31 elements and 2k < 2**31");
+  // The CUDA kernels take 31-bit indices, and the merge counts 2k entries in 32-bit integers.
+  JAXCOMM_RETURN_IF_ERROR(ffi_common::CheckElementCount(kOp, n));
+  if (2 * k > kernels::wire::kMaxElements) {
+    return ffi_common::InvalidArgument(kOp, "on the GPU 2k must be below 2**31");
   }
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
@@ -68,11 +68,11 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   // Scratch, one allocation: [top-k memory][merge memory][local][global][merged x M]
   // [received x M][dropped x M][bad flag]. A set is 2k words; a merge step's dropped slots are
   // 2k indices + 2k values.
-  const size_t set_bytes = AlignScratch(sizeof(uint32_t) * 2 * k);
+  const size_t set_bytes = cuda::AlignUp(sizeof(uint32_t) * 2 * k);
   const size_t dropped_bytes =
-      AlignScratch(sizeof(int32_t) * 2 * k) + AlignScratch(sizeof(float) * 2 * k);
-  const size_t topk_bytes = AlignScratch(cuda::TopKScratchBytes(n));
-  const size_t merge_bytes = AlignScratch(cuda::SparseMergeScratchBytes(k, k));
+      cuda::AlignUp(sizeof(int32_t) * 2 * k) + cuda::AlignUp(sizeof(float) * 2 * k);
+  const size_t topk_bytes = cuda::AlignUp(cuda::TopKScratchBytes(n));
+  const size_t merge_bytes = cuda::AlignUp(cuda::SparseMergeScratchBytes(k, k));
   const size_t total = topk_bytes + merge_bytes + set_bytes * (2 + 2 * merges) +
                        dropped_bytes * merges + sizeof(uint32_t);
   void* memory = nullptr;
@@ -94,8 +94,9 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
   for (int s = 0; s < merges; ++s) merged.push_back(new_set());
   for (int s = 0; s < merges; ++s) received.push_back(new_set());
   for (int s = 0; s < merges; ++s) {
-    dropped_idx.push_back(reinterpret_cast<int32_t*>(carve(AlignScratch(sizeof(int32_t) * 2 * k))));
-    dropped_val.push_back(reinterpret_cast<float*>(carve(AlignScratch(sizeof(float) * 2 * k))));
+    dropped_idx.push_back(
+        reinterpret_cast<int32_t*>(carve(cuda::AlignUp(sizeof(int32_t) * 2 * k))));
+    dropped_val.push_back(reinterpret_cast<float*>(carve(cuda::AlignUp(sizeof(float) * 2 * k))));
   }
   auto* bad = reinterpret_cast<uint32_t*>(carve(sizeof(uint32_t)));
 

@@ -39,20 +39,9 @@ const NcclApi* LoadNccl(std::string* message) {
       *message = std::string("NCCL library ") + path + " lacks " + name + " (need NCCL >= 2.7)";
     }
   };
-  resolve(&found.get_unique_id, "ncclGetUniqueId");
-  resolve(&found.comm_init_rank, "ncclCommInitRank");
-  resolve(&found.comm_destroy, "ncclCommDestroy");
-  resolve(&found.comm_abort, "ncclCommAbort");
-  resolve(&found.comm_get_async_error, "ncclCommGetAsyncError");
-  resolve(&found.group_start, "ncclGroupStart");
-  resolve(&found.group_end, "ncclGroupEnd");
-  resolve(&found.all_reduce, "ncclAllReduce");
-  resolve(&found.reduce_scatter, "ncclReduceScatter");
-  resolve(&found.all_gather, "ncclAllGather");
-  resolve(&found.broadcast, "ncclBroadcast");
-  resolve(&found.send, "ncclSend");
-  resolve(&found.recv, "ncclRecv");
-  resolve(&found.error_string, "ncclGetErrorString");
+#define JAXCOMM_NCCL_RESOLVE(member, symbol) resolve(&found.member, #symbol);
+  JAXCOMM_NCCL_FUNCTIONS(JAXCOMM_NCCL_RESOLVE)
+#undef JAXCOMM_NCCL_RESOLVE
   if (!ok) return nullptr;
   api = found;
   loaded = true;

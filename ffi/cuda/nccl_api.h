@@ -12,21 +12,27 @@
 
 namespace jaxcomm::nccl {
 
+// Every NCCL function jaxcomm calls, once: X(member of NcclApi, NCCL symbol).
+#define JAXCOMM_NCCL_FUNCTIONS(X)                \
+  X(get_unique_id, ncclGetUniqueId)              \
+  X(comm_init_rank, ncclCommInitRank)            \
+  X(comm_abort, ncclCommAbort)                   \
+  X(comm_get_async_error, ncclCommGetAsyncError) \
+  X(group_start, ncclGroupStart)                 \
+  X(group_end, ncclGroupEnd)                     \
+  X(all_reduce, ncclAllReduce)                   \
+  X(reduce_scatter, ncclReduceScatter)           \
+  X(all_gather, ncclAllGather)                   \
+  X(broadcast, ncclBroadcast)                    \
+  X(send, ncclSend)                              \
+  X(recv, ncclRecv)                              \
+  X(error_string, ncclGetErrorString)
+
+// The resolved entry points, e.g. api.all_reduce(...) calls the loaded ncclAllReduce.
 struct NcclApi {
-  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
-  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
-  decltype(&ncclCommDestroy) comm_destroy = nullptr;
-  decltype(&ncclCommAbort) comm_abort = nullptr;
-  decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
-  decltype(&ncclGroupStart) group_start = nullptr;
-  decltype(&ncclGroupEnd) group_end = nullptr;
-  decltype(&ncclAllReduce) all_reduce = nullptr;
-  decltype(&ncclReduceScatter) reduce_scatter = nullptr;
-  decltype(&ncclAllGather) all_gather = nullptr;
-  decltype(&ncclBroadcast) broadcast = nullptr;
-  decltype(&ncclSend) send = nullptr;
-  decltype(&ncclRecv) recv = nullptr;
-  decltype(&ncclGetErrorString) error_string = nullptr;
+#define JAXCOMM_NCCL_MEMBER(member, symbol) decltype(&symbol) member = nullptr;
+  JAXCOMM_NCCL_FUNCTIONS(JAXCOMM_NCCL_MEMBER)
+#undef JAXCOMM_NCCL_MEMBER
 };
 
 // Path of libnccl.so.2 to open ("" = the loader's soname search). Takes effect only before the

@@ -1,10 +1,11 @@
 // Quantized allreduce and hierarchical allreduce on the GPU (platform "CUDA" of the targets
 // jaxcomm_quantized_allreduce, jaxcomm_hierarchical_allreduce, jaxcomm_hierarchical_quantized):
 // the algorithms of ffi/quantized_allreduce.cc (read its file comment first) with NCCL on XLA's
-// stream as the transport and the kernels of kernels/cuda_kernels.h. Same attributes, operands
+// stream as the transport and the kernels of kernels/cuda_kernels.h. Both follow the schedules
+// of ffi/quantized_schedule.h and ffi/ring_schedule.h. Same attributes, operands
 // and results as the CPU handlers; everything is enqueued on XLA's stream, nothing synchronizes.
 //
-// Quantized allreduce. Steps 1-6 of the CPU file, with these transport differences:
+// Quantized allreduce. Steps 1-6 of ffi/quantized_schedule.h, with these transport differences:
 //   - NCCL needs counts on the host and a message's `used` word lives on the device, so every
 //     quantized slice travels at its static capacity, kernels::QuantizedPackedWords(spec, len)
 //     words (the decoders read only `used` of them). That is exact for OneBit, about 2 words
@@ -27,7 +28,7 @@
 //     (a compress writes packed[0] = 0, which every decoder turns into all-NaN).
 //
 // Hierarchical allreduce. The same chunk ownership as the CPU (local rank l ends the intra-node
-// phase holding the node sum of chunk (l + 1) % L, EvenBegin boundaries), so the residual of
+// phase holding the node sum of chunk (l + 1) % L, ring::ChunkBegin boundaries), so the residual of
 // the quantized inter-node phase lands where tests/reference.py hierarchical_quantized puts it:
 //   intra-node reduce-scatter = ncclReduceScatter over L equal blocks of ceil(n / L) floats,
 //     block r holding chunk (r + 1) % L zero-padded (NCCL needs equal counts);
@@ -50,6 +51,8 @@
 #include "ffi/common.h"
 #include "ffi/cuda/gpu_collective.h"
 #include "ffi/quantized_common.h"
+#include "ffi/quantized_schedule.h"
+#include "ffi/ring_schedule.h"
 #include "kernels/cuda_kernels.h"
 #include "kernels/quantized_slices.h"
 #include "xla/ffi/api/ffi.h"
@@ -60,7 +63,6 @@ namespace {
 namespace kc = kernels::cuda;
 using kernels::QuantizerKind;
 using kernels::QuantizerSpec;
-using quantized::EvenBegin;
 
 constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
 constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
@@ -181,19 +183,17 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   const char* name = g.group().name();
   const int parts = g.size();
   const int rank = g.rank();
-  const int64_t unit = kernels::SliceUnit(spec);
-  std::vector<kernels::Range> slice(parts);
-  std::vector<int64_t> offsets(parts + 1, 0);  // words: slice q at offsets[q]
+  // 1. The slices and their places.
+  quantized::SliceLayout layout;
+  layout.Assign(spec, n, parts);
+  const std::vector<int64_t>& offsets = layout.offsets;
+  auto words = [&](int q) { return layout.Words(q); };
   size_t work_bytes = DecodeScratchBytes(spec);
   for (int q = 0; q < parts; ++q) {
-    slice[q] = kernels::SliceRange(n, parts, q, unit);
-    const int64_t len = slice[q].end - slice[q].begin;
-    offsets[q + 1] = offsets[q] + kernels::QuantizedPackedWords(spec, len);
-    work_bytes = std::max(work_bytes, QuantizeScratchBytes(spec, len));
+    work_bytes = std::max(work_bytes, QuantizeScratchBytes(spec, layout.Length(q)));
   }
-  auto words = [&](int q) { return offsets[q + 1] - offsets[q]; };
-  const kernels::Range me = slice[rank];
-  const int64_t m = me.end - me.begin;
+  const int64_t my_begin = layout.Begin(rank);
+  const int64_t m = layout.Length(rank);
   const int64_t my_words = words(rank);
 
   uint32_t* mine = nullptr;      // this rank's quantized slices
@@ -202,8 +202,8 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   float* sum = nullptr;          // my slice's float sum
   float* error = nullptr;        // its requantization error
   void* work = nullptr;          // kernel scratch, reused in stream order
-  JAXCOMM_RETURN_IF_ERROR(Allocate(alloc, name, offsets[parts], &mine));
-  JAXCOMM_RETURN_IF_ERROR(Allocate(alloc, name, offsets[parts], &gathered));
+  JAXCOMM_RETURN_IF_ERROR(Allocate(alloc, name, layout.TotalWords(), &mine));
+  JAXCOMM_RETURN_IF_ERROR(Allocate(alloc, name, layout.TotalWords(), &gathered));
   JAXCOMM_RETURN_IF_ERROR(Allocate(alloc, name, my_words * parts, &incoming));
   JAXCOMM_RETURN_IF_ERROR(Allocate(alloc, name, std::max<int64_t>(m, 1), &sum));
   JAXCOMM_RETURN_IF_ERROR(Allocate(alloc, name, std::max<int64_t>(m, 1), &error));
@@ -211,10 +211,10 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
 
   // 2. Quantize every slice with error feedback.
   for (int q = 0; q < parts; ++q) {
-    const int64_t b = slice[q].begin;
+    const int64_t b = layout.Begin(q);
     JAXCOMM_RETURN_IF_ERROR(CheckCuda(
         name,
-        QuantizeSliceGpu(spec, x + b, residual_in ? residual_in + b : nullptr, slice[q].end - b,
+        QuantizeSliceGpu(spec, x + b, residual_in ? residual_in + b : nullptr, layout.Length(q),
                          mine + offsets[q], residual_out + b, work, stream),
         "quantizing a slice"));
   }
@@ -226,8 +226,7 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   if (parts > 1) {
     JAXCOMM_RETURN_IF_ERROR(NcclGroup(g, [&]() -> ffi::Error {
       for (int k = 1; k < parts; ++k) {
-        const int dst = (rank + k) % parts;
-        const int src = (rank - k + parts) % parts;
+        const auto [dst, src] = quantized::PairwiseExchange(rank, parts, k);
         JAXCOMM_RETURN_IF_ERROR(g.Check(
             api.send(mine + offsets[dst], words(dst), ncclUint32, dst, comm, stream), "ncclSend"));
         JAXCOMM_RETURN_IF_ERROR(
@@ -255,14 +254,13 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
       name, QuantizeSliceGpu(spec, sum, nullptr, m, gathered + offsets[rank], error, work, stream),
       "requantizing the sum"));
   JAXCOMM_RETURN_IF_ERROR(
-      CheckCuda(name, kc::AddInto(residual_out + me.begin, error, m, stream), "residual update"));
+      CheckCuda(name, kc::AddInto(residual_out + my_begin, error, m, stream), "residual update"));
 
   // 5. Allgather: every owner sends its quantized sum to every other rank.
   if (parts > 1) {
     JAXCOMM_RETURN_IF_ERROR(NcclGroup(g, [&]() -> ffi::Error {
       for (int k = 1; k < parts; ++k) {
-        const int dst = (rank + k) % parts;
-        const int src = (rank - k + parts) % parts;
+        const auto [dst, src] = quantized::PairwiseExchange(rank, parts, k);
         JAXCOMM_RETURN_IF_ERROR(
             g.Check(api.send(gathered + offsets[rank], my_words, ncclUint32, dst, comm, stream),
                     "ncclSend"));
@@ -280,14 +278,14 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   JAXCOMM_RETURN_IF_ERROR(
       CheckCuda(name, cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "zeroing the result"));
   for (int q = 0; q < parts; ++q) {
-    JAXCOMM_RETURN_IF_ERROR(CheckCuda(
-        name,
-        DequantizeAccumulateGpu(spec, gathered + offsets[q], words(q),
-                                slice[q].end - slice[q].begin, out + slice[q].begin, work, stream),
-        "decoding a quantized sum"));
+    JAXCOMM_RETURN_IF_ERROR(
+        CheckCuda(name,
+                  DequantizeAccumulateGpu(spec, gathered + offsets[q], words(q), layout.Length(q),
+                                          out + layout.Begin(q), work, stream),
+                  "decoding a quantized sum"));
   }
   g.CountTraffic(sent, received);
-  g.group().CountDenseEquivalent(quantized::DenseRingBytes(n, parts, rank));
+  g.group().CountDenseEquivalent(ring::DenseRingBytes(n, parts, rank));
   return ffi::Error::Success();
 }
 
@@ -301,13 +299,10 @@ ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator scr
                                   ffi::ResultBuffer<ffi::F32> new_residual,
                                   ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const int64_t n = ffi_common::NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      quantized::CheckSizes(kQuantizedOp, n,
-                            {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                             ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(quantized::ReadSpec(kQuantizedOp, kind, column_size, sample_size,
-                                              proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(
+      quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed, new_residual, kind,
+                                    column_size, sample_size, proportion, tau, max_density, &spec));
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
   JAXCOMM_RETURN_IF_ERROR(
@@ -356,9 +351,9 @@ struct Chunks {
   int64_t n;
   int parts;
   int64_t block;  // ceil(n / L) floats per block
-  int Owned(int rank) const { return (rank + 1) % parts; }
-  int64_t Begin(int chunk) const { return EvenBegin(n, parts, chunk); }
-  int64_t Size(int chunk) const { return EvenBegin(n, parts, chunk + 1) - Begin(chunk); }
+  int Owned(int rank) const { return ring::OwnedChunk(rank, parts); }
+  int64_t Begin(int chunk) const { return ring::ChunkBegin(n, parts, chunk); }
+  int64_t Size(int chunk) const { return ring::ChunkSize(n, parts, chunk); }
 };
 
 ffi::Error CopyFloats(const char* name, float* dst, const float* src, int64_t count,
@@ -428,9 +423,7 @@ ffi::Error InterNode(GpuGroup& node, ffi::ScratchAllocator& alloc, cudaStream_t 
   JAXCOMM_RETURN_IF_ERROR(
       node.Check(node.nccl().all_reduce(data, data, n, ncclFloat32, ncclSum, node.comm(), stream),
                  "ncclAllReduce"));
-  const int parts = node.size();
-  const uint64_t bytes = 2 * sizeof(float) * static_cast<uint64_t>(n) * (parts - 1) / parts;
-  node.CountTraffic(bytes, bytes);
+  CountDenseRing(node, n);
   return ffi::Error::Success();
 }
 
@@ -544,13 +537,10 @@ ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator 
                                      ffi::ResultBuffer<ffi::S32, 0> token_out) {
   const char* op = kHierarchicalQuantizedOp;
   const int64_t n = ffi_common::NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      quantized::CheckSizes(op, n,
-                            {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
-                             ffi_common::NumElements(*new_residual)}));
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(
-      quantized::ReadSpec(op, kind, column_size, sample_size, proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(op, x, residual, summed, new_residual, kind,
+                                                        column_size, sample_size, proportion, tau,
+                                                        max_density, &spec));
   GpuSite site;
   JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(op, stream, device_ordinal, coordinates, attrs, &site));
   Hierarchy h;
@@ -571,8 +561,6 @@ ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator 
                             (leaders > 1 ? "" : "_leader");
   return FinishHierarchy(h, stream, label, n, token, token_out);
 }
-
-#undef JAXCOMM_RETURN_IF_ERROR
 
 }  // namespace
 }  // namespace jaxcomm::collectives::gpu

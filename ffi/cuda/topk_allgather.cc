@@ -23,7 +23,6 @@ namespace {
 namespace cuda = kernels::cuda;
 
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
-constexpr int64_t kMaxElements = (int64_t{1} << 31) - 1;  // 31-bit indices (CUDA TopKAbs)
 
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
@@ -38,10 +37,7 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
                                                summed->element_count(),
                                                new_residual->element_count()));
-  if (n > kMaxElements) {
-    return ffi::Error::InvalidArgument(std::string(kOp) +
-                                       ": x must have fewer than 2**31 elements on the GPU");
-  }
+  JAXCOMM_RETURN_IF_ERROR(ffi_common::CheckElementCount(kOp, n));  // 31-bit indices
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
   JAXCOMM_RETURN_IF_ERROR(
@@ -51,8 +47,8 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
 
   // Scratch: [top-k working memory][slots: P x (k indices, k values)][bad flag].
   const size_t slot_words = static_cast<size_t>(2 * k);
-  const size_t topk_bytes = AlignScratch(cuda::TopKScratchBytes(n));
-  const size_t slots_bytes = AlignScratch(sizeof(uint32_t) * slot_words * parts);
+  const size_t topk_bytes = cuda::AlignUp(cuda::TopKScratchBytes(n));
+  const size_t slots_bytes = cuda::AlignUp(sizeof(uint32_t) * slot_words * parts);
   void* memory = nullptr;
   JAXCOMM_RETURN_IF_ERROR(
       AllocateScratch(scratch, kOp, topk_bytes + slots_bytes + sizeof(uint32_t), &memory));

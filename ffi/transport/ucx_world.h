@@ -9,7 +9,7 @@
 // Threading: calls that name a local rank `self` (Isend/Irecv/WaitAll/SendRecv/Send/Recv) may
 // run concurrently for *different* `self` values, from any OS thread, but never concurrently for
 // the same `self` (the workers are UCS_THREAD_MODE_SERIALIZED). Create/Connect/destruction must
-// not overlap with anything else. Counters() may be read from any thread at any time.
+// not overlap with anything else. GetCounters() may be called from any thread at any time.
 //
 // Failure model: every wait has a deadline; on expiry, or when a peer's endpoint reports an
 // error (peer process died), the wait returns an error naming the caller's context string, the
@@ -62,7 +62,6 @@ inline constexpr int kTagSrcBits = 16;
 inline constexpr int kTagStepBits = 16;
 inline constexpr int kTagSeqBits = 31;
 inline constexpr int kMaxWorldSize = 1 << kTagSrcBits;
-inline constexpr uint32_t kMaxStep = (1u << kTagStepBits) - 1;
 
 constexpr uint64_t MakeTag(uint32_t seq, uint32_t step, uint32_t src) {
   return ((static_cast<uint64_t>(seq) & ((1ull << kTagSeqBits) - 1)) << 32) |
@@ -127,7 +126,6 @@ class Request {
 
   bool is_send() const { return kind_ == Kind::kSend; }
   bool is_recv() const { return kind_ == Kind::kRecv; }
-  bool done() const { return done_; }
   int peer() const { return peer_; }
   uint64_t tag() const { return tag_; }
   // Bytes actually received (<= capacity); valid after a successful WaitAll.
@@ -166,7 +164,6 @@ class UcxWorld {
   int world_size() const { return world_size_; }
   const std::vector<int>& local_ranks() const { return local_ranks_; }
   bool IsLocal(int rank) const { return LocalIndex(rank) >= 0; }
-  bool connected() const { return connected_; }
   // Which wait strategy the world uses ("wakeup" or "backoff"; env JAXCOMM_UCX_WAIT).
   const char* wait_mode_name() const;
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/parallel.h"
+#include "kernels/tests/test_util.h"
 #include "kernels/wire.h"
 
 namespace jaxcomm::kernels {
@@ -36,14 +37,6 @@ std::vector<float> Decode(const std::vector<uint32_t>& packed, AdaptiveLayout la
       AdaptiveDecompress(packed.data(), static_cast<int64_t>(packed.size()), layout, out.data());
   EXPECT_EQ(error, "");
   return out;
-}
-
-std::vector<float> RandomVector(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& a : v) a = dist(gen);
-  return v;
 }
 
 float MeanBits(const std::vector<uint32_t>& packed, int64_t column, bool positive) {

@@ -8,31 +8,18 @@
 #include <random>
 #include <vector>
 
+#include "kernels/tests/test_util.h"
 #include "kernels/wire.h"
 
 namespace jaxcomm::kernels {
 namespace {
 
-std::vector<float> RandomVector(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& e : v) e = dist(gen);
-  return v;
-}
-
-struct Output {
-  std::vector<uint32_t> packed;
-  std::vector<float> residual;
-  QuantizeStatus status;
-};
-
-Output Compress(const std::vector<float>& x, const std::vector<float>& r, OneBitParams params,
-                const TaskRunner& run = RunTasksSerially) {
+CompressOutput Compress(const std::vector<float>& x, const std::vector<float>& r,
+                        OneBitParams params, const TaskRunner& run = RunTasksSerially) {
   const int64_t n = static_cast<int64_t>(x.size());
-  Output out{std::vector<uint32_t>(OneBitPackedWords(n, params.column_size), 0xdeadbeefu),
-             std::vector<float>(n, std::nanf("")),
-             {}};
+  CompressOutput out{std::vector<uint32_t>(OneBitPackedWords(n, params.column_size), 0xdeadbeefu),
+                     std::vector<float>(n, std::nanf("")),
+                     {}};
   out.status =
       OneBitCompress(x.data(), r.data(), n, params, out.packed.data(), out.residual.data(), run);
   return out;
@@ -65,7 +52,7 @@ TEST(OneBit, HandComputedColumn) {
   // acc = {1, -2, 3, -4, 0}: non-negative {1, 3, 0} -> 4/3, negative {-2, -4} -> -3.
   const std::vector<float> x = {0.5f, -2.0f, 3.0f, -3.0f, 0.0f};
   const std::vector<float> r = {0.5f, 0.0f, 0.0f, -1.0f, 0.0f};
-  const Output out = Compress(x, r, {32, 0});
+  const CompressOutput out = Compress(x, r, {32, 0});
   ASSERT_TRUE(out.status.ok());
   ASSERT_EQ(out.packed.size(), 4u);
   EXPECT_EQ(out.packed[0], 4u);
@@ -79,23 +66,23 @@ TEST(OneBit, HandComputedColumn) {
 
 TEST(OneBit, NegativeZeroEncodesAsNonNegative) {
   const std::vector<float> x = {-0.0f, -1.0f};
-  const Output out = Compress(x, {0.0f, 0.0f}, {32, 0});
+  const CompressOutput out = Compress(x, {0.0f, 0.0f}, {32, 0});
   EXPECT_EQ(out.packed[3], 0b01u);  // -0.0 >= 0
 }
 
 TEST(OneBit, SingleElementAndEmptySign) {
-  const Output pos = Compress({2.5f}, {0.0f}, {32, 0});
+  const CompressOutput pos = Compress({2.5f}, {0.0f}, {32, 0});
   ASSERT_TRUE(pos.status.ok());
   EXPECT_EQ(pos.packed, (std::vector<uint32_t>{4u, wire::FloatBits(2.5f), 0u, 1u}));
   EXPECT_EQ(pos.residual[0], 0.0f);
 
-  const Output neg = Compress({-2.5f}, {0.0f}, {32, 0});
+  const CompressOutput neg = Compress({-2.5f}, {0.0f}, {32, 0});
   EXPECT_EQ(neg.packed, (std::vector<uint32_t>{4u, 0u, wire::FloatBits(-2.5f), 0u}));
 }
 
 TEST(OneBit, AllEqualValuesDecodeExactly) {
   const std::vector<float> x(100, 0.125f);
-  const Output out = Compress(x, std::vector<float>(100, 0.0f), {64, 0});
+  const CompressOutput out = Compress(x, std::vector<float>(100, 0.0f), {64, 0});
   for (int c = 0; c < 2; ++c) {
     EXPECT_EQ(Mean(out.packed[1 + 2 * c]), 0.125f);
     EXPECT_EQ(Mean(out.packed[2 + 2 * c]), 0.0f);
@@ -110,7 +97,7 @@ TEST(OneBit, ColumnTailsMatchReference) {
     for (int64_t column_size : {32, 64, 1024}) {
       const auto x = RandomVector(n, 1 + n);
       const auto r = RandomVector(n, 2 + n, 0.1f);
-      const Output out = Compress(x, r, {column_size, 0});
+      const CompressOutput out = Compress(x, r, {column_size, 0});
       ASSERT_TRUE(out.status.ok());
       const int64_t ncols = OneBitNumColumns(n, column_size);
       ASSERT_EQ(out.packed[0], out.packed.size());
@@ -137,7 +124,7 @@ TEST(OneBit, ErrorFeedbackIdentity) {
   const auto r = RandomVector(n, 8, 0.3f);
   for (int64_t sample_size : {0, 16}) {
     const OneBitParams params{256, sample_size};
-    const Output out = Compress(x, r, params);
+    const CompressOutput out = Compress(x, r, params);
     std::vector<float> x_hat(n);
     OneBitDecompress(out.packed.data(), n, params, x_hat.data());
     for (int64_t i = 0; i < n; ++i) {
@@ -154,7 +141,7 @@ TEST(OneBit, SampledMeansUseDocumentedPositions) {
   const int64_t n = 1000, column_size = 256, sample_size = 40;
   const auto x = RandomVector(n, 11);
   const std::vector<float> r(n, 0.0f);
-  const Output out = Compress(x, r, {column_size, sample_size});
+  const CompressOutput out = Compress(x, r, {column_size, sample_size});
   for (int64_t c = 0; c < OneBitNumColumns(n, column_size); ++c) {
     const int64_t begin = c * column_size;
     const int64_t len = std::min(column_size, n - begin);
@@ -183,7 +170,7 @@ TEST(OneBit, SampleMissingASignDecodesItToZero) {
     if (!hit) missed = i;
   }
   x[missed] = -5.0f;
-  const Output out = Compress(x, std::vector<float>(1024, 0.0f), {1024, 4});
+  const CompressOutput out = Compress(x, std::vector<float>(1024, 0.0f), {1024, 4});
   EXPECT_EQ(Mean(out.packed[1]), 1.0f);
   EXPECT_EQ(Mean(out.packed[2]), 0.0f);
   EXPECT_EQ(out.residual[missed], -5.0f);
@@ -193,7 +180,7 @@ TEST(OneBit, ResidualMayAliasInput) {
   const int64_t n = 3000;
   const auto x = RandomVector(n, 21);
   auto r = RandomVector(n, 22, 0.5f);
-  const Output separate = Compress(x, r, {128, 0});
+  const CompressOutput separate = Compress(x, r, {128, 0});
   std::vector<uint32_t> packed(separate.packed.size());
   ASSERT_TRUE(OneBitCompress(x.data(), r.data(), n, {128, 0}, packed.data(), r.data()).ok());
   EXPECT_EQ(packed, separate.packed);
@@ -206,8 +193,8 @@ TEST(OneBit, ThreadCountDoesNotChangeBytes) {
   const auto r = RandomVector(n, 32, 0.2f);
   for (int64_t sample_size : {0, 64}) {
     const OneBitParams params{1024, sample_size};
-    const Output serial = Compress(x, r, params, RunTasksSerially);
-    const Output threaded = Compress(x, r, params, ThreadedRunner(4));
+    const CompressOutput serial = Compress(x, r, params, RunTasksSerially);
+    const CompressOutput threaded = Compress(x, r, params, ThreadedRunner(4));
     EXPECT_EQ(serial.packed, threaded.packed);
     EXPECT_EQ(std::memcmp(serial.residual.data(), threaded.residual.data(), n * sizeof(float)), 0);
     std::vector<float> a(n), b(n);
@@ -228,7 +215,7 @@ TEST(OneBit, ReportsFirstNonFiniteIndex) {
               700001);
   }
   // Overflow of a finite x + residual is caught too.
-  const Output overflow = Compress({1.0f, 3e38f}, {0.0f, 3e38f}, {32, 0});
+  const CompressOutput overflow = Compress({1.0f, 3e38f}, {0.0f, 3e38f}, {32, 0});
   EXPECT_EQ(overflow.status.nonfinite_index, 1);
   EXPECT_TRUE(Compress({1.0f, -1.0f}, {0.0f, 0.0f}, {32, 0}).status.ok());
 }
@@ -241,11 +228,11 @@ TEST(OneBit, PortableAndAvx2LoopsGiveSameBytes) {
     for (int64_t i = 0; i < n; i += 7) x[i] = (i % 14) ? -r[i] : -0.0f;  // exact zeros, -0.0
     for (int64_t sample_size : {0, 16}) {
       const OneBitParams params{96, sample_size};
-      const Output fast = Compress(x, r, params);
+      const CompressOutput fast = Compress(x, r, params);
       std::vector<float> fast_hat(n), portable_hat(n);
       OneBitDecompress(fast.packed.data(), n, params, fast_hat.data());
       ForcePortableQuantizersForTesting(true);
-      const Output portable = Compress(x, r, params);
+      const CompressOutput portable = Compress(x, r, params);
       OneBitDecompress(fast.packed.data(), n, params, portable_hat.data());
       ForcePortableQuantizersForTesting(false);
       EXPECT_EQ(fast.packed, portable.packed) << n;

@@ -8,39 +8,26 @@
 #include <random>
 #include <vector>
 
+#include "kernels/tests/test_util.h"
 #include "kernels/wire.h"
 
 namespace jaxcomm::kernels {
 namespace {
 
-std::vector<float> RandomVector(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& e : v) e = dist(gen);
-  return v;
-}
-
-struct Output {
-  std::vector<uint32_t> packed;
-  std::vector<float> residual;
-  QuantizeStatus status;
-};
-
-Output Compress(const std::vector<float>& x, const std::vector<float>& r, float tau,
-                int64_t capacity, const TaskRunner& run = RunTasksSerially) {
+CompressOutput Compress(const std::vector<float>& x, const std::vector<float>& r, float tau,
+                        int64_t capacity, const TaskRunner& run = RunTasksSerially) {
   const int64_t n = static_cast<int64_t>(x.size());
-  Output out{std::vector<uint32_t>(1 + capacity, 0xdeadbeefu), std::vector<float>(n), {}};
+  CompressOutput out{std::vector<uint32_t>(1 + capacity, 0xdeadbeefu), std::vector<float>(n), {}};
   out.status = ThresholdCompress(x.data(), r.data(), n, {tau, capacity}, out.packed.data(),
                                  out.residual.data(), run);
   return out;
 }
 
 // The quantizer written out element by element, as the paper describes it.
-Output Reference(const std::vector<float>& x, const std::vector<float>& r, float tau,
-                 int64_t capacity) {
+CompressOutput Reference(const std::vector<float>& x, const std::vector<float>& r, float tau,
+                         int64_t capacity) {
   const int64_t n = static_cast<int64_t>(x.size());
-  Output out{std::vector<uint32_t>(1 + capacity, 0u), std::vector<float>(n), {}};
+  CompressOutput out{std::vector<uint32_t>(1 + capacity, 0u), std::vector<float>(n), {}};
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float acc = x[i] + r[i];
@@ -61,7 +48,7 @@ Output Reference(const std::vector<float>& x, const std::vector<float>& r, float
 TEST(Threshold, HandComputed) {
   const std::vector<float> x = {0.5f, 2.0f, -3.0f, 1.0f, -1.0f, -1.5f};
   const std::vector<float> r(6, 0.0f);
-  const Output out = Compress(x, r, 1.0f, 6);
+  const CompressOutput out = Compress(x, r, 1.0f, 6);
   ASSERT_TRUE(out.status.ok());
   // |acc| == tau is not sent; only 2.0, -3.0, -1.5 are.
   EXPECT_EQ(out.packed, (std::vector<uint32_t>{4u, 0x80000001u, 2u, 5u, 0u, 0u, 0u}));
@@ -70,17 +57,17 @@ TEST(Threshold, HandComputed) {
 
 TEST(Threshold, CapacityOverflowKeepsLowestIndices) {
   const std::vector<float> x = {0.5f, 2.0f, -3.0f, 1.0f, -1.0f, -1.5f};
-  const Output out = Compress(x, std::vector<float>(6, 0.0f), 1.0f, 2);
+  const CompressOutput out = Compress(x, std::vector<float>(6, 0.0f), 1.0f, 2);
   EXPECT_EQ(out.packed, (std::vector<uint32_t>{3u, 0x80000001u, 2u}));
   EXPECT_EQ(out.residual[5], -1.5f) << "an entry that did not fit stays whole";
 }
 
 TEST(Threshold, NothingPassesAndSingleElement) {
-  const Output none = Compress({0.1f, -0.2f}, {0.0f, 0.0f}, 0.5f, 2);
+  const CompressOutput none = Compress({0.1f, -0.2f}, {0.0f, 0.0f}, 0.5f, 2);
   EXPECT_EQ(none.packed, (std::vector<uint32_t>{1u, 0u, 0u}));
   EXPECT_EQ(none.residual, (std::vector<float>{0.1f, -0.2f}));
 
-  const Output one = Compress({-0.75f}, {-0.5f}, 1.0f, 1);
+  const CompressOutput one = Compress({-0.75f}, {-0.5f}, 1.0f, 1);
   EXPECT_EQ(one.packed, (std::vector<uint32_t>{2u, 0u}));
   EXPECT_EQ(one.residual, (std::vector<float>{-0.25f}));
 }
@@ -90,8 +77,8 @@ TEST(Threshold, MatchesReferenceAcrossSizes) {
     const auto x = RandomVector(n, 3 + n);
     const auto r = RandomVector(n, 4 + n, 0.5f);
     for (int64_t capacity : {int64_t{1}, (n + 9) / 10, n}) {
-      const Output out = Compress(x, r, 1.2f, capacity);
-      const Output ref = Reference(x, r, 1.2f, capacity);
+      const CompressOutput out = Compress(x, r, 1.2f, capacity);
+      const CompressOutput ref = Reference(x, r, 1.2f, capacity);
       ASSERT_TRUE(out.status.ok());
       EXPECT_EQ(out.packed, ref.packed) << n << " " << capacity;
       EXPECT_EQ(std::memcmp(out.residual.data(), ref.residual.data(), n * sizeof(float)), 0);
@@ -103,7 +90,7 @@ TEST(Threshold, ErrorFeedbackIdentity) {
   const int64_t n = 20000;
   const auto x = RandomVector(n, 5);
   const auto r = RandomVector(n, 6, 0.5f);
-  const Output out = Compress(x, r, 0.8f, n / 4);
+  const CompressOutput out = Compress(x, r, 0.8f, n / 4);
   std::vector<float> x_hat(n);
   ASSERT_EQ(ThresholdDecompress(out.packed.data(), n, 0.8f, x_hat.data()), -1);
   int64_t sent = 0;
@@ -122,9 +109,9 @@ TEST(Threshold, ThreadCountDoesNotChangeBytes) {
   const auto r = RandomVector(n, 10, 0.5f);
   // Generous capacity, and one that overflows inside the first of several ranges.
   for (int64_t capacity : {n / 2, int64_t{5000}}) {
-    const Output serial = Compress(x, r, 1.5f, capacity, RunTasksSerially);
-    const Output threaded = Compress(x, r, 1.5f, capacity, ThreadedRunner(4));
-    const Output ref = Reference(x, r, 1.5f, capacity);
+    const CompressOutput serial = Compress(x, r, 1.5f, capacity, RunTasksSerially);
+    const CompressOutput threaded = Compress(x, r, 1.5f, capacity, ThreadedRunner(4));
+    const CompressOutput ref = Reference(x, r, 1.5f, capacity);
     EXPECT_EQ(serial.packed, ref.packed);
     EXPECT_EQ(threaded.packed, ref.packed);
     EXPECT_EQ(std::memcmp(serial.residual.data(), ref.residual.data(), n * sizeof(float)), 0);
@@ -136,7 +123,7 @@ TEST(Threshold, ResidualMayAliasInput) {
   const int64_t n = 700000;
   const auto x = RandomVector(n, 12);
   auto r = RandomVector(n, 13, 0.5f);
-  const Output ref = Reference(x, r, 1.0f, 1000);
+  const CompressOutput ref = Reference(x, r, 1.0f, 1000);
   std::vector<uint32_t> packed(1001);
   ASSERT_TRUE(ThresholdCompress(x.data(), r.data(), n, {1.0f, 1000}, packed.data(), r.data(),
                                 ThreadedRunner(2))
@@ -175,8 +162,8 @@ TEST(Threshold, PortableLoopsMatchReference) {
     const auto x = RandomVector(n, 61 + n);
     const auto r = RandomVector(n, 62 + n, 0.5f);
     for (int64_t capacity : {int64_t{3}, n}) {
-      const Output out = Compress(x, r, 1.0f, capacity);
-      const Output ref = Reference(x, r, 1.0f, capacity);
+      const CompressOutput out = Compress(x, r, 1.0f, capacity);
+      const CompressOutput ref = Reference(x, r, 1.0f, capacity);
       EXPECT_EQ(out.packed, ref.packed) << n << " " << capacity;
       EXPECT_EQ(std::memcmp(out.residual.data(), ref.residual.data(), n * sizeof(float)), 0);
     }

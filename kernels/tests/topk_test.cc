@@ -9,6 +9,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/tests/test_util.h"
+
 namespace jaxcomm::kernels {
 namespace {
 
@@ -43,14 +45,6 @@ Selection Select(const std::vector<float>& x, const std::vector<float>* residual
   TopKAbs(x.data(), residual ? residual->data() : nullptr, n, k, out.indices.data(),
           out.values.data(), residual_out, run);
   return out;
-}
-
-std::vector<float> RandomVector(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& e : v) e = dist(gen);
-  return v;
 }
 
 TEST(TopKAbs, HandPickedCase) {
