@@ -123,6 +123,8 @@ def summarize(records: list[dict]) -> dict:
         # algorithm took, without XLA's copies around them.
         device = next(iter(tl["timeline"].values()), {"collectives": []})
         tl["engine_busy_s"] = sum(c["finished"] - c["started"] for c in device["collectives"])
+        # CPU the engine thread burnt meanwhile (polling included): what compute lost to it.
+        tl["engine_cpu_s"] = sum(c.get("cpu_seconds", 0.0) for c in device["collectives"])
     paced = [
         {"algorithm": c, "bucket_size": b, "max_in_flight": m, "t_step_s": ts[0]}
         for (what, c, b, m), ts in times.items()
@@ -163,7 +165,8 @@ def print_table(tag: str, args: argparse.Namespace, result: dict) -> None:
             print(
                 f"timeline {tl['what']:4s} {tl['algorithm']:6s} bucket "
                 f"{bucket_label(tl['bucket_size'])}: call {tl['step_time_s'] * 1e3:.0f} ms, "
-                f"engine busy {tl['engine_busy_s'] * 1e3:.0f} ms"
+                f"engine busy {tl['engine_busy_s'] * 1e3:.0f} ms, "
+                f"engine CPU {tl['engine_cpu_s'] * 1e3:.0f} ms"
             )
     if result["paced"]:
         print(f"\nstep time through jaxcomm.paced (bucket {bucket_label(args.in_flight_bucket)}):")

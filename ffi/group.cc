@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <ctime>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -53,6 +54,7 @@ struct MetricsRecord {
   double started;   // steady clock, seconds (= Python's time.monotonic())
   double finished;  // likewise
   double wait_seconds, reduce_seconds, copy_seconds;
+  double cpu_seconds;  // CPU time of the thread that ran it (the engine's, waiting included)
   std::vector<std::pair<const char*, double>> phases;
 };
 
@@ -134,6 +136,7 @@ ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char
 ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
   std::unique_ptr<Group> group(new Group());
   group->start_ = std::chrono::steady_clock::now();
+  group->start_cpu_ = ThreadCpuSeconds();
   group->last_mark_ = group->start_;
   group->deadline_ = transport::DefaultDeadline();
   group->name_ = site.name;
@@ -294,6 +297,12 @@ double MonotonicSeconds(std::chrono::steady_clock::time_point t) {
 }
 }  // namespace
 
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 void Group::MarkPhase(const char* name) {
   const auto now = std::chrono::steady_clock::now();
   metrics_.phases.emplace_back(name, std::chrono::duration<double>(now - last_mark_).count());
@@ -317,7 +326,8 @@ void Group::Finish(const char* algorithm, int64_t elements) {
   g_recent.push_back({self_world_rank_, name_, algorithm, seq_, size(), elements,
                       metrics_.bytes_sent, metrics_.bytes_received, dense, seconds,
                       MonotonicSeconds(start_), MonotonicSeconds(now), metrics_.wait_seconds,
-                      metrics_.reduce_seconds, metrics_.copy_seconds, metrics_.phases});
+                      metrics_.reduce_seconds, metrics_.copy_seconds,
+                      ThreadCpuSeconds() - start_cpu_, metrics_.phases});
   if (g_recent.size() > kMaxRecentRecords) g_recent.pop_front();
 }
 
@@ -347,7 +357,8 @@ std::string MetricsJson() {
         << ", \"dense_bytes_sent\": " << r.dense_bytes_sent << ", \"seconds\": " << r.seconds
         << ", \"started\": " << r.started << ", \"finished\": " << r.finished
         << ", \"wait_seconds\": " << r.wait_seconds << ", \"reduce_seconds\": " << r.reduce_seconds
-        << ", \"copy_seconds\": " << r.copy_seconds << ", \"phases\": {";
+        << ", \"copy_seconds\": " << r.copy_seconds << ", \"cpu_seconds\": " << r.cpu_seconds
+        << ", \"phases\": {";
     for (size_t i = 0; i < r.phases.size(); ++i) {
       out << (i ? ", " : "") << "\"" << r.phases[i].first << "\": " << r.phases[i].second;
     }

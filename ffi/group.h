@@ -50,6 +50,9 @@ struct CallMetrics {
   std::vector<std::pair<const char*, double>> phases;
 };
 
+// CPU time of the calling thread, seconds (a collective's cpu_seconds in the metrics).
+double ThreadCpuSeconds();
+
 // What a timed span of an algorithm did (Group::AddTime).
 enum class Work { kReduce, kCopy };
 
@@ -142,6 +145,7 @@ class Group {
   uint32_t seq_ = 0;
   transport::Deadline deadline_;
   std::chrono::steady_clock::time_point start_;
+  double start_cpu_ = 0;  // ThreadCpuSeconds() at Begin
   std::chrono::steady_clock::time_point last_mark_;
   CallMetrics metrics_;
 };

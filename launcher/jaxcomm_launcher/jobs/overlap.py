@@ -238,6 +238,7 @@ class _Bench:
                     "bytes_sent": r["bytes_sent"],
                     "started": r["started"] - t0,
                     "finished": r["finished"] - t0,
+                    "cpu_seconds": r["cpu_seconds"],
                 }
             )
         self.ctx.metrics.log(
