@@ -46,6 +46,8 @@ import yaml
 from _bench import jaxcomm_cli, recipe_backend
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
+from jaxcomm.optax import DEFAULT_BUCKET_SIZE
+
 TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reached 84 %)
 
 
@@ -66,6 +68,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "bucket_sizes": args.bucket_sizes,
             "max_in_flight": args.max_in_flight,
             "in_flight_bucket": args.in_flight_bucket,
+            "first_bucket_size": args.first_bucket_size,
             "repeats": args.repeats,
         },
         "timeout": args.timeout,
@@ -296,7 +299,13 @@ def main() -> None:
         help="elements per bucket; 0 = the whole model in one bucket",
     )
     parser.add_argument("--max-in-flight", type=int, nargs="+", default=[0, 1, 2, 4])
-    parser.add_argument("--in-flight-bucket", type=int, default=1 << 22)
+    parser.add_argument("--in-flight-bucket", type=int, default=DEFAULT_BUCKET_SIZE)
+    parser.add_argument(
+        "--first-bucket-size",
+        type=int,
+        default=None,
+        help="elements of the first (last layers') bucket; default: the bucket size",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))

@@ -56,7 +56,7 @@ from jaxcomm import _ordering, cost
 from jaxcomm.collectives import allreduce, compressed_allreduce
 
 AxisName = str | tuple[str, ...]
-DEFAULT_BUCKET_SIZE = 1 << 22  # elements (16 MiB of float32)
+DEFAULT_BUCKET_SIZE = 1 << 24  # elements (64 MiB of float32; benchmarks/overlap.py, README)
 
 # The paper's warm-up densities, one per epoch (Shi et al. 2019, §5).
 GTOPK_WARMUP = (0.25, 0.0725, 0.015, 0.004)
@@ -102,13 +102,16 @@ def _normalize_schedule(
     return np.asarray(starts, np.int32), phases
 
 
-def _buckets(sizes: Sequence[int], bucket_size: int) -> list[list[int]]:
+def _buckets(
+    sizes: Sequence[int], bucket_size: int, first_bucket_size: int | None = None
+) -> list[list[int]]:
     """Groups leaf indices, last leaf first, so that each group holds <= bucket_size elements.
 
     Leaves keep tree order inside a bucket (a model that fits one bucket is concatenated as
     before); the buckets come last leaf first. Reverse tree order approximates the order
     backward produces the gradients (last layer first), so the first bucket is ready, and on
-    the wire, while backward still runs.
+    the wire, while backward still runs. The first bucket holds at most ``first_bucket_size``
+    (default: ``bucket_size``) elements: a small one goes on the wire sooner.
     """
     groups: list[list[int]] = []
     current: list[int] = []
@@ -117,7 +120,8 @@ def _buckets(sizes: Sequence[int], bucket_size: int) -> list[list[int]]:
         n = sizes[i]
         if n == 0:
             continue
-        if current and filled + n > bucket_size:
+        cap = bucket_size if groups or first_bucket_size is None else first_bucket_size
+        if current and filled + n > cap:
             groups.append(sorted(current))
             current, filled = [], 0
         current.append(i)
@@ -179,6 +183,7 @@ def allreduce_gradients(
     mean: bool = True,
     density_schedule: Mapping[int, float] | Sequence[tuple[int, float]] | None = None,
     bucket_size: int = DEFAULT_BUCKET_SIZE,
+    first_bucket_size: int | None = None,
     overlap: bool = True,
     compressor: Any = _UNSET,
 ) -> optax.GradientTransformation:
@@ -205,6 +210,8 @@ def allreduce_gradients(
         density is compiled once, as a ``lax.switch`` branch. See
         :func:`gtopk_warmup_schedule`.
       bucket_size: most elements fused into one collective call.
+      first_bucket_size: most elements of the first bucket (the last layers'), ``None``: as
+        ``bucket_size``. A small first bucket starts communication earlier in backward.
       overlap: await every bucket but the last only after the last bucket's gradients exist,
         so that, inside a jitted step that also computes the gradients, each bucket's
         collective runs while backward computes the earlier layers (CPU; on GPU the
@@ -227,6 +234,8 @@ def allreduce_gradients(
     if int(bucket_size) < 1:
         raise ValueError(f"bucket_size must be >= 1 element, got {bucket_size}")
     bucket_size = int(bucket_size)
+    if first_bucket_size is not None and int(first_bucket_size) < 1:
+        raise ValueError(f"first_bucket_size must be >= 1 element or None, got {first_bucket_size}")
     extra: dict[str, Any] = {}
     if hierarchical:
         extra["hierarchical"] = True
@@ -249,7 +258,7 @@ def allreduce_gradients(
         """One collective per bucket over flat float32 leaves; returns (sums, residuals)."""
         sums: list[jax.Array] = list(xs)
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
-        groups = _buckets([x.size for x in xs], bucket_size)
+        groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
         # Every bucket but the last is awaited only after the last bucket's gradients exist
         # (the first layers', which backward produces last): its collective runs while
         # backward computes them (``after``, see jaxcomm.allreduce).

@@ -201,6 +201,8 @@ def test_warmup_schedule_and_buckets():
     # leaves need no collective.
     # Last leaf first (backward order), tree order inside a bucket.
     assert _buckets([3, 4, 0, 10, 2, 2], 8) == [[4, 5], [3], [0, 1]]
+    # A small first bucket (the last layers', on the wire first), then bucket_size again.
+    assert _buckets([3, 4, 0, 10, 2, 2], 8, first_bucket_size=2) == [[5], [4], [3], [0, 1]]
 
 
 def test_digits_config_from_a_recipe_entry():

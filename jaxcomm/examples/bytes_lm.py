@@ -31,6 +31,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import optax as jc_optax
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import AXIS
 from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT
@@ -66,7 +67,7 @@ class BytesLMConfig:
     proportion: float = 64.0
     tau: float = 0.001
     grad_dtype: str = "float32"
-    bucket_size: int = 1 << 22
+    bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
     warmup_phase_steps: int = 50
     steps: int = 200
     batch_size: int = 32

@@ -25,7 +25,8 @@ A compute-only step is recorded the same way (and a ``start`` mark on the input 
 each device program began), and so is one ``comm`` call (collectives only).
 
 Recipe ``args``: layers, width, batch (rows per device), algorithms (``dense``, ``gtopk``),
-density, bucket_sizes (elements; 0 = single bucket), max_in_flight, in_flight_bucket,
+density, bucket_sizes (elements; 0 = single bucket), first_bucket_size (elements of the first
+bucket of every bucketed step; default: bucket size), max_in_flight, in_flight_bucket,
 repeats (>= 3), lr. Metrics lines: ``kind="time"`` (what, algorithm, bucket_size,
 max_in_flight, step_time_s) and ``kind="timeline"`` (algorithm, bucket_size, timeline).
 ``benchmarks/overlap.py`` runs this job and computes the hidden fraction.
@@ -101,14 +102,15 @@ def mlp_loss(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((h - y) ** 2)
 
 
-def _reducer(algorithm: str, density: float, bucket_size: int) -> Any:
+def _reducer(algorithm: str, density: float, bucket_size: int, first: int | None = None) -> Any:
     import jaxcomm
     from jaxcomm.optax import allreduce_gradients
 
+    sizes = {"bucket_size": bucket_size, "first_bucket_size": first}
     if algorithm == "dense":
-        return allreduce_gradients(AXIS, None, bucket_size=bucket_size)
+        return allreduce_gradients(AXIS, None, **sizes)
     if algorithm == "gtopk":
-        return allreduce_gradients(AXIS, jaxcomm.GTopK(density), bucket_size=bucket_size)
+        return allreduce_gradients(AXIS, jaxcomm.GTopK(density), **sizes)
     raise ValueError(f"args.algorithms: unknown {algorithm!r}; allowed: {list(ALGORITHMS)}")
 
 
@@ -276,6 +278,8 @@ def run(ctx: JobContext) -> None:
     bucket_sizes = [int(s) for s in a.get("bucket_sizes", DEFAULT_BUCKET_SIZES)]
     in_flight = [int(m) for m in a.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)]
     in_flight_bucket = int(a.get("in_flight_bucket", DEFAULT_BUCKET_SIZE))
+    first = a.get("first_bucket_size")  # None: every bucket of bucket_size
+    first = None if first is None else int(first)
     if in_flight_bucket not in bucket_sizes:
         raise ValueError(
             f"args.in_flight_bucket ({in_flight_bucket}) must be one of args.bucket_sizes "
@@ -323,7 +327,7 @@ def run(ctx: JobContext) -> None:
     for algorithm in algorithms:
         for bucket in bucket_sizes:
             size = bucket if bucket > 0 else b.elements  # 0: the whole model in one bucket
-            tx = _reducer(algorithm, b.density, size)
+            tx = _reducer(algorithm, b.density, size, first if bucket > 0 else None)
             specs = partition_specs(jax.eval_shape(tx.init, b.host_params), AXIS)
             init = b.shard_map(tx.init, P(), specs)
             fields = {"algorithm": algorithm, "bucket_size": bucket}
