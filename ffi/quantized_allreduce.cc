@@ -274,7 +274,7 @@ ffi::Error InterNode(Group& node, const QuantizerSpec* spec, float* data, int64_
   if (spec == nullptr && node.size() > 1 && node.SharesMemoryWithAll()) {
     return DirectAllreduce(node, data, data, n);  // nodes of one host (tests, benchmarks)
   }
-  if (spec == nullptr) return RingAllreduce(node, data, n, &scratch);
+  if (spec == nullptr) return RingAllreduce(node, data, data, n, &scratch);
   return QuantizedAllreduce(node, *spec, data, nullptr, n, data, residual_out, run);
 }
 

@@ -96,7 +96,8 @@ def main() -> None:
         print("WORKER DONE", flush=True)
         return
 
-    sizes = [1, 7, 1000, 65537]
+    # 786437: several pipelined segments (of 2^17 floats) per ring chunk on up to 6 ranks.
+    sizes = [1, 7, 1000, 65537, 786437]
     for n in sizes:
         x = shard(inputs(n, n))
         f = smap(lambda v: (jaxcomm.allreduce(v[0], "dp")[None], jax.lax.psum(v, "dp")), 1, 2)

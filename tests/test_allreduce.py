@@ -9,7 +9,7 @@ from conftest import UCX_ONLY, WORLD_CONFIGS, make_inputs
 
 
 @pytest.mark.parametrize("processes,devices", WORLD_CONFIGS, ids=str)
-@pytest.mark.parametrize("n", [1, 7, 1000, 65537])
+@pytest.mark.parametrize("n", [1, 7, 1000, 65537, 786437])
 def test_allreduce_matches_psum(world_run, processes, devices, n):
     run = world_run(processes, devices)
     world = processes * devices
@@ -32,7 +32,7 @@ def test_one_host_takes_the_shared_memory_path(world_run, processes, devices):
 
 
 @pytest.mark.parametrize("processes,devices", [(1, 3), (2, 2), (3, 1)], ids=str)
-@pytest.mark.parametrize("n", [1, 7, 1000, 65537])
+@pytest.mark.parametrize("n", [1, 7, 1000, 65537, 786437])
 def test_ring_through_ucx_matches_psum(world_run, processes, devices, n):
     # JAXCOMM_SHARED_MEMORY=0: the pipelined ring over UCX, the path of groups that span hosts.
     run = world_run(processes, devices, env=UCX_ONLY)
