@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace jaxcomm::transport {
@@ -72,6 +73,22 @@ TEST(UcxTimeout, DefaultFromEnv) {
   setenv("JAXCOMM_TIMEOUT_S", "2.5", 1);
   EXPECT_EQ(DefaultTimeout(), std::chrono::milliseconds(2500));
   unsetenv("JAXCOMM_TIMEOUT_S");
+  EXPECT_EQ(DefaultTimeout(), std::chrono::seconds(120));
+}
+
+// The C++ parse is as strict as jaxcomm/config.py: a bad value fails Create, naming the variable.
+TEST(UcxWorld, CreateRejectsBadSettings) {
+  const std::pair<const char*, const char*> bad[] = {{"JAXCOMM_UCX_SPIN_US", "fast"},
+                                                     {"JAXCOMM_UCX_SPIN_US", "-1"},
+                                                     {"JAXCOMM_TIMEOUT_S", "0"},
+                                                     {"JAXCOMM_TIMEOUT_S", "5s"}};
+  for (const auto& [name, value] : bad) {
+    setenv(name, value, 1);
+    std::string error;
+    EXPECT_EQ(UcxWorld::Create(1, {0}, &error), nullptr) << name << "=" << value;
+    EXPECT_NE(error.find(std::string(name) + "='" + value + "'"), std::string::npos) << error;
+    unsetenv(name);
+  }
   EXPECT_EQ(DefaultTimeout(), std::chrono::seconds(120));
 }
 
