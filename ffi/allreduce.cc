@@ -148,6 +148,6 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& calle
 
 }  // namespace
 
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduce, AllreduceImpl, BindDenseData(BindCollective()));
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduce, AllreduceImpl, BindDenseData);
 
 }  // namespace jaxcomm::collectives

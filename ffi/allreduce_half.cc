@@ -126,9 +126,9 @@ ffi::Error HalfAllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& c
 }
 
 // x in; the group sum, rounded once, and the token out.
-template <ffi::DataType T>
-auto BindHalfData() {
-  return BindCollective()
+template <ffi::DataType T, typename Binding>
+auto BindHalfData(Binding binding) {
+  return std::move(binding)
       .template Arg<ffi::Buffer<T>>()            // x: this rank's data
       .template Ret<ffi::Buffer<T>>()            // out: the group sum, rounded once
       .template Ret<ffi::BufferR0<ffi::S32>>();  // token out
@@ -137,8 +137,8 @@ auto BindHalfData() {
 }  // namespace
 
 JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduceBf16, HalfAllreduceImpl<ffi::DataType::BF16>,
-                          BindHalfData<ffi::DataType::BF16>());
+                          BindHalfData<ffi::DataType::BF16>);
 JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduceF16, HalfAllreduceImpl<ffi::DataType::F16>,
-                          BindHalfData<ffi::DataType::F16>());
+                          BindHalfData<ffi::DataType::F16>);
 
 }  // namespace jaxcomm::collectives

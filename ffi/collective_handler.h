@@ -122,12 +122,13 @@ struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, const Ca
   }
 };
 
-// Defines the exported handler `symbol` running the blocking collective `impl` on the engine
-// (AsyncCollective) with `binding` (BindCollective, then the op's own). Use it inside
+// Defines the exported CPU handler `symbol` running the blocking collective `impl` on the
+// engine (AsyncCollective), bound by BindCollective() and then `bind_data` (e.g.
+// BindDenseData: the op's own attributes, data and results, as on the GPU). Use it inside
 // namespace jaxcomm::collectives, outside any anonymous namespace.
-#define JAXCOMM_DEFINE_COLLECTIVE(symbol, impl, ...)                                      \
+#define JAXCOMM_DEFINE_COLLECTIVE(symbol, impl, bind_data)                                \
   JAXCOMM_DEFINE_HANDLER(symbol, ::jaxcomm::collectives::AsyncCollective<&impl>::Handler, \
-                         __VA_ARGS__)
+                         bind_data(::jaxcomm::collectives::BindCollective()))
 
 // Binds, in order: Ctx<ThreadPool>, Ctx<DeviceOrdinal>, Arg coordinates (S32[axes]), Arg token
 // (S32[]), Attr collective (CollectiveAttrs). Each handler then adds its own attributes, data
@@ -168,12 +169,6 @@ auto BindCompressedData(Binding binding) {
 template <typename Binding>
 auto BindSparseCollective(Binding binding) {
   return BindCompressedData(std::move(binding).template Attr<int64_t>("k"));  // set size
-}
-
-// The hierarchical collectives' mesh roles.
-template <typename Binding>
-auto BindHierarchy(Binding binding) {
-  return std::move(binding).template Attr<HierarchyAttrs>("hierarchy");
 }
 
 // The call site of op `name` made by `caller` (CPU: coordinates are in host memory).

@@ -399,11 +399,10 @@ ffi::Error HierarchicalQuantizedImpl(const kernels::TaskRunner& run, const Calle
 }  // namespace
 
 JAXCOMM_DEFINE_COLLECTIVE(JaxcommQuantizedAllreduce, QuantizedAllreduceImpl,
-                          BindCompressedData(quantized::BindQuantizer(BindCollective())));
+                          quantized::BindQuantizedData);
 JAXCOMM_DEFINE_COLLECTIVE(JaxcommHierarchicalAllreduce, HierarchicalDenseImpl,
-                          BindDenseData(BindHierarchy(BindCollective())));
-JAXCOMM_DEFINE_COLLECTIVE(
-    JaxcommHierarchicalQuantized, HierarchicalQuantizedImpl,
-    BindCompressedData(quantized::BindQuantizer(BindHierarchy(BindCollective()))));
+                          quantized::BindHierarchicalDenseData);
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommHierarchicalQuantized, HierarchicalQuantizedImpl,
+                          quantized::BindHierarchicalQuantizedData);
 
 }  // namespace jaxcomm::collectives

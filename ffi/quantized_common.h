@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "ffi/collective_handler.h"
 #include "ffi/common.h"
 #include "kernels/quantized_slices.h"
 #include "xla/ffi/api/ffi.h"
@@ -90,10 +91,25 @@ inline ffi::Error CheckQuantizedCall(const char* op, const ffi::Buffer<ffi::F32>
   return ReadSpec(op, quantizer, spec);
 }
 
-// The quantizer attribute of the quantized handlers (CPU and GPU, flat and hierarchical).
+// What the quantized allreduce binds after the common operands (CPU and GPU): its quantizer,
+// then the compressed data.
 template <typename Binding>
-auto BindQuantizer(Binding binding) {
-  return std::move(binding).template Attr<QuantizerAttrs>("quantizer");
+auto BindQuantizedData(Binding binding) {
+  return BindCompressedData(std::move(binding).template Attr<QuantizerAttrs>("quantizer"));
+}
+
+// The same for the hierarchical quantized allreduce: the mesh roles first.
+template <typename Binding>
+auto BindHierarchicalQuantizedData(Binding binding) {
+  return BindCompressedData(std::move(binding)
+                                .template Attr<HierarchyAttrs>("hierarchy")
+                                .template Attr<QuantizerAttrs>("quantizer"));
+}
+
+// The dense hierarchical allreduce: the mesh roles, then the dense data.
+template <typename Binding>
+auto BindHierarchicalDenseData(Binding binding) {
+  return BindDenseData(std::move(binding).template Attr<HierarchyAttrs>("hierarchy"));
 }
 
 }  // namespace jaxcomm::collectives::quantized

@@ -74,7 +74,6 @@ ffi::Error TopKAllgatherImpl(const kernels::TaskRunner& run, const Caller& calle
 
 }  // namespace
 
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommTopKAllgather, TopKAllgatherImpl,
-                          BindSparseCollective(BindCollective()));
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommTopKAllgather, TopKAllgatherImpl, BindSparseCollective);
 
 }  // namespace jaxcomm::collectives

@@ -34,7 +34,6 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& /*scratch*/
 
 }  // namespace
 
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommAllreduceCuda, AllreduceCuda,
-                              BindDenseData(BindGpuCollective()));
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommAllreduceCuda, AllreduceCuda, BindDenseData);
 
 }  // namespace jaxcomm::collectives::gpu

@@ -143,12 +143,13 @@ struct GpuCollective<Impl,
   }
 };
 
-// Defines the exported handler `symbol` running the GPU collective `impl` (GpuCollective) with
-// `binding` (BindGpuCollective, then the op's own). Use it inside namespace
-// jaxcomm::collectives::gpu, outside any anonymous namespace.
-#define JAXCOMM_DEFINE_GPU_COLLECTIVE(symbol, impl, ...)                                     \
+// Defines the exported GPU handler `symbol` running the collective `impl` (GpuCollective),
+// bound by BindGpuCollective() and then `bind_data`, the same as the CPU handler's
+// (JAXCOMM_DEFINE_COLLECTIVE). Use it inside namespace jaxcomm::collectives::gpu, outside any
+// anonymous namespace.
+#define JAXCOMM_DEFINE_GPU_COLLECTIVE(symbol, impl, bind_data)                               \
   JAXCOMM_DEFINE_HANDLER(symbol, ::jaxcomm::collectives::gpu::GpuCollective<&impl>::Handler, \
-                         __VA_ARGS__)
+                         bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
 
 // ffi::Error for a failed CUDA call, or Success.
 ffi::Error CheckCuda(const char* name, cudaError_t error, const char* what);

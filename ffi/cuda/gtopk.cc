@@ -172,7 +172,6 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
 
 }  // namespace
 
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommGTopKCuda, GTopKCuda,
-                              BindSparseCollective(BindGpuCollective()));
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommGTopKCuda, GTopKCuda, BindSparseCollective);
 
 }  // namespace jaxcomm::collectives::gpu

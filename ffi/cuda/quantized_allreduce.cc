@@ -551,11 +551,10 @@ ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator&
 }  // namespace
 
 JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommQuantizedAllreduceCuda, QuantizedAllreduceCuda,
-                              BindCompressedData(quantized::BindQuantizer(BindGpuCollective())));
+                              quantized::BindQuantizedData);
 JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommHierarchicalAllreduceCuda, HierarchicalDenseCuda,
-                              BindDenseData(BindHierarchy(BindGpuCollective())));
-JAXCOMM_DEFINE_GPU_COLLECTIVE(
-    JaxcommHierarchicalQuantizedCuda, HierarchicalQuantizedCuda,
-    BindCompressedData(quantized::BindQuantizer(BindHierarchy(BindGpuCollective()))));
+                              quantized::BindHierarchicalDenseData);
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommHierarchicalQuantizedCuda, HierarchicalQuantizedCuda,
+                              quantized::BindHierarchicalQuantizedData);
 
 }  // namespace jaxcomm::collectives::gpu

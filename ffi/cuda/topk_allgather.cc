@@ -84,7 +84,6 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch
 
 }  // namespace
 
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommTopKAllgatherCuda, TopKAllgatherCuda,
-                              BindSparseCollective(BindGpuCollective()));
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommTopKAllgatherCuda, TopKAllgatherCuda, BindSparseCollective);
 
 }  // namespace jaxcomm::collectives::gpu
