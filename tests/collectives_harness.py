@@ -54,6 +54,25 @@ class WorldRun:
         return [found[r] for r in sorted(found)]
 
 
+def run_script(
+    script: pathlib.Path, *args: object, timeout: float, cwd: pathlib.Path | None = None
+) -> subprocess.CompletedProcess:
+    """Runs `script` with this interpreter, capturing its output as text.
+
+    XLA_FLAGS is dropped (each worker sets its own CPU device count) and output is unbuffered.
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
+
+
 def run_world(
     processes: int,
     devices: int,

@@ -155,14 +155,15 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
                "ScatterSetSparse"));
   // Alg. 4 line 10: local values outside the global set return to the residual (whose selected
   // entries TopKAbs zeroed).
-  JAXCOMM_RETURN_IF_ERROR(
-      Launched(cuda::AddOutsideSet(local.idx(), local.val(), k, current.idx(), k, r_out, n, stream),
-               "AddOutsideSet"));
+  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::AddBySet(cuda::SetSide::kOutside, local.idx(), local.val(),
+                                                  k, current.idx(), k, r_out, n, stream),
+                                   "AddBySet(outside)"));
   // Partial sums this rank dropped at indices that still made it into the global set.
   for (int s = 0; s < merges; ++s) {
-    JAXCOMM_RETURN_IF_ERROR(Launched(cuda::AddInsideSet(dropped_idx[s], dropped_val[s], 2 * k,
-                                                        current.idx(), k, r_out, n, stream),
-                                     "AddInsideSet"));
+    JAXCOMM_RETURN_IF_ERROR(
+        Launched(cuda::AddBySet(cuda::SetSide::kInside, dropped_idx[s], dropped_val[s], 2 * k,
+                                current.idx(), k, r_out, n, stream),
+                 "AddBySet(inside)"));
   }
   JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
   group->CountTraffic(sent, got);
