@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: the launcher backend they run their recipe on, and the
-launcher's command line.
+"""What the benchmark scripts share: the launcher backend they run their recipe on, the recipe
+of a one-job benchmark, the launcher's command line, and matplotlib when it is installed.
 
 The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.path``.
 """
@@ -7,7 +7,11 @@ The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.p
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
+from typing import Any
+
+import yaml
 
 
 def recipe_backend(args: argparse.Namespace) -> dict | str:
@@ -55,3 +59,54 @@ def jaxcomm_cli(*argv: str) -> list[str]:
       ['-m', 'jaxcomm_launcher', 'launch', 'r.yaml']
     """
     return [sys.executable, "-m", "jaxcomm_launcher", *argv]
+
+
+def write_job_recipe(
+    args: argparse.Namespace, path: pathlib.Path, job: str, job_args: dict[str, Any]
+) -> None:
+    """Writes the recipe of ``benchmarks/<job>.py``: job `job` with `job_args` on the backend,
+    world and timeout the script's arguments ask for.
+
+    Args:
+      args: the script's arguments (``backend``, ``bandwidth``, ``processes``,
+        ``devices_per_process``, ``timeout``).
+      path: where the YAML goes.
+      job: the launcher job (``allreduce``, ``overlap``).
+      job_args: the job's ``args``.
+
+    Example:
+      >>> import tempfile
+      >>> a = argparse.Namespace(backend="local", processes=2, devices_per_process=1, timeout=60)
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.yaml"
+      >>> write_job_recipe(a, p, "allreduce", {"repeats": 1})
+      >>> yaml.safe_load(p.read_text())["name"]
+      'allreduce-bench-local'
+    """
+    recipe = {
+        "name": f"{job}-bench-{args.backend}",
+        "description": f"benchmarks/{job}.py",
+        "job": job,
+        "world": {"processes": args.processes, "devices_per_process": args.devices_per_process},
+        "backend": recipe_backend(args),
+        "args": job_args,
+        "timeout": args.timeout,
+    }
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), or None, after saying so,
+    when matplotlib is not installed (the script then writes its JSON only).
+
+    Example:
+      >>> plt = pyplot()  # doctest: +SKIP
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib missing: no PNG")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

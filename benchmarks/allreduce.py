@@ -27,8 +27,7 @@ import sys
 import tempfile
 import time
 
-import yaml
-from _bench import jaxcomm_cli, recipe_backend
+from _bench import jaxcomm_cli, pyplot, write_job_recipe
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -36,14 +35,11 @@ ALGORITHMS = ALL_ALGORITHMS
 
 
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
-    backend = recipe_backend(args)
-    recipe = {
-        "name": f"allreduce-bench-{args.backend}",
-        "description": "benchmarks/allreduce.py",
-        "job": "allreduce",
-        "world": {"processes": args.processes, "devices_per_process": args.devices_per_process},
-        "backend": backend,
-        "args": {
+    write_job_recipe(
+        args,
+        path,
+        "allreduce",
+        {
             "sizes": args.sizes,
             "repeats": args.repeats,
             "density": args.density,
@@ -51,9 +47,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "tau": args.tau,
             "proportion": args.proportion,
         },
-        "timeout": args.timeout,
-    }
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    )
 
 
 def main() -> None:
@@ -143,12 +137,8 @@ def main() -> None:
     }
     json_path = args.out / f"{tag}.json"
     json_path.write_text(json.dumps(result, indent=2))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for algorithm in ALGORITHMS:
             pts = [
@@ -165,8 +155,6 @@ def main() -> None:
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.out / f"{tag}.png", dpi=120)
-    except ImportError:
-        print("matplotlib missing: no PNG")
     print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
 
 

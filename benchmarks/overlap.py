@@ -42,22 +42,18 @@ import sys
 import tempfile
 import time
 
-import yaml
-from _bench import jaxcomm_cli, recipe_backend
+from _bench import jaxcomm_cli, write_job_recipe
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reached 84 %)
 
 
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
-    backend = recipe_backend(args)
-    recipe = {
-        "name": f"overlap-bench-{args.backend}",
-        "description": "benchmarks/overlap.py",
-        "job": "overlap",
-        "world": {"processes": args.processes, "devices_per_process": args.devices_per_process},
-        "backend": backend,
-        "args": {
+    write_job_recipe(
+        args,
+        path,
+        "overlap",
+        {
             "layers": args.layers,
             "width": args.width,
             "batch": args.batch,
@@ -68,9 +64,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "in_flight_bucket": args.in_flight_bucket,
             "repeats": args.repeats,
         },
-        "timeout": args.timeout,
-    }
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    )
 
 
 def bucket_label(bucket: int) -> str:

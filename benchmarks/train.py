@@ -32,7 +32,7 @@ import sys
 import time
 
 import yaml
-from _bench import jaxcomm_cli, recipe_backend
+from _bench import jaxcomm_cli, pyplot, recipe_backend
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # label -> sweep entry of the recipes (the launcher's display label of each entry)
@@ -215,12 +215,8 @@ def main() -> None:
     }
     json_path = args.out / f"{tag}.json"
     json_path.write_text(json.dumps(summary, indent=2))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
         for label, r in results.items():
             pts = [(h["seconds"], h[key]) for h in r["history"] if h[key] is not None]
@@ -233,8 +229,6 @@ def main() -> None:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.out / f"{tag}.png", dpi=120)
-    except ImportError:
-        print("matplotlib missing: no PNG")
     print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
 
 
