@@ -7,7 +7,9 @@ The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.p
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
+import subprocess
 import sys
 from typing import Any
 
@@ -110,3 +112,22 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def launch_records(recipe: pathlib.Path, run_dir: pathlib.Path) -> list[dict]:
+    """Runs ``jaxcomm launch <recipe> --out <run_dir> -q`` (the script exits if it fails) and
+    returns rank 0's metric records, every variant's in order.
+
+    Example:
+      >>> records = launch_records(pathlib.Path("r.yaml"), pathlib.Path("run"))  # doctest: +SKIP
+    """
+    launched = subprocess.run(
+        jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"), text=True
+    )
+    if launched.returncode != 0:
+        sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")
+    return [
+        json.loads(line)
+        for path in sorted(run_dir.rglob("rank0.jsonl"))
+        for line in path.read_text().splitlines()
+    ]

@@ -22,12 +22,10 @@ import collections
 import json
 import pathlib
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-from _bench import jaxcomm_cli, pyplot, write_job_recipe
+from _bench import launch_records, pyplot, write_job_recipe
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -79,16 +77,7 @@ def main() -> None:
         write_recipe(args, recipe)
         run_dir = pathlib.Path(tmp) / "run"
         start = time.monotonic()
-        launched = subprocess.run(
-            jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"), text=True
-        )
-        if launched.returncode != 0:
-            sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")
-        records = [
-            json.loads(line)
-            for path in sorted(run_dir.rglob("rank0.jsonl"))
-            for line in path.read_text().splitlines()
-        ]
+        records = launch_records(recipe, run_dir)
     wall = time.monotonic() - start
 
     grouped: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)

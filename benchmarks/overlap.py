@@ -37,12 +37,10 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-from _bench import jaxcomm_cli, write_job_recipe
+from _bench import launch_records, write_job_recipe
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reached 84 %)
@@ -313,17 +311,7 @@ def main() -> None:
         write_recipe(args, recipe)
         run_dir = pathlib.Path(tmp) / "run"
         start = time.monotonic()
-        launched = subprocess.run(
-            jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"),
-            text=True,
-        )
-        if launched.returncode != 0:
-            sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")
-        records = [
-            json.loads(line)
-            for path in sorted(run_dir.rglob("rank0.jsonl"))
-            for line in path.read_text().splitlines()
-        ]
+        records = launch_records(recipe, run_dir)
     wall = time.monotonic() - start
     result = {
         "backend": args.backend,

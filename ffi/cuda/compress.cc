@@ -219,6 +219,28 @@ ffi::Error AdaptiveDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scr
 namespace ffi = xla::ffi;
 using Stream = ffi::PlatformStream<cudaStream_t>;
 
+namespace {
+
+// XLA's stream and scratch memory, then x and the residual: how the compress handlers that
+// allocate working memory open.
+auto BindCompressWithScratch() {
+  return ffi::Ffi::Bind()
+      .Ctx<Stream>()
+      .Ctx<ffi::ScratchAllocator>()
+      .Arg<ffi::Buffer<ffi::F32>>()   // x
+      .Arg<ffi::Buffer<ffi::F32>>();  // residual: x's shape
+}
+
+// XLA's stream and scratch memory, then the packed words: the decompress handlers' opening.
+auto BindDecompressWithScratch() {
+  return ffi::Ffi::Bind()
+      .Ctx<Stream>()
+      .Ctx<ffi::ScratchAllocator>()
+      .Arg<ffi::Buffer<ffi::U32>>();  // packed
+}
+
+}  // namespace
+
 JAXCOMM_DEFINE_HANDLER(JaxcommTopKAbsCuda, jaxcomm::TopKAbsCuda,
                        ffi::Ffi::Bind()
                            .Ctx<Stream>()
@@ -229,20 +251,13 @@ JAXCOMM_DEFINE_HANDLER(JaxcommTopKAbsCuda, jaxcomm::TopKAbsCuda,
 );
 
 JAXCOMM_DEFINE_HANDLER(JaxcommTopKCompressCuda, jaxcomm::TopKCompressCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x
-                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
+                       BindCompressWithScratch()
                            .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
                            .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
 );
 
 JAXCOMM_DEFINE_HANDLER(JaxcommTopKDecompressCuda, jaxcomm::TopKDecompressCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
+                       BindDecompressWithScratch()        // packed: 1 + 2k words
                            .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
 );
 
@@ -279,31 +294,20 @@ JAXCOMM_DEFINE_HANDLER(JaxcommOneBitDecompressCuda, jaxcomm::OneBitDecompressCud
                        {ffi::Traits::kCmdBufferCompatible});
 
 JAXCOMM_DEFINE_HANDLER(JaxcommThresholdCompressCuda, jaxcomm::ThresholdCompressCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x
-                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
+                       BindCompressWithScratch()
                            .Attr<float>("tau")
                            .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + capacity
                            .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
 );
 
 JAXCOMM_DEFINE_HANDLER(JaxcommThresholdDecompressCuda, jaxcomm::ThresholdDecompressCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: 1 + capacity
+                       BindDecompressWithScratch()  // packed: 1 + capacity
                            .Attr<float>("tau")
                            .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
 );
 
 JAXCOMM_DEFINE_HANDLER(JaxcommAdaptiveCompressCuda, jaxcomm::AdaptiveCompressCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x
-                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
+                       BindCompressWithScratch()
                            .Ret<ffi::Buffer<ffi::U32>>()  // packed: Adaptive words
                            .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
                            .Attr<double>("proportion")
@@ -311,10 +315,7 @@ JAXCOMM_DEFINE_HANDLER(JaxcommAdaptiveCompressCuda, jaxcomm::AdaptiveCompressCud
                            .Attr<int64_t>("sample_size"));
 
 JAXCOMM_DEFINE_HANDLER(JaxcommAdaptiveDecompressCuda, jaxcomm::AdaptiveDecompressCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: Adaptive words
+                       BindDecompressWithScratch()        // packed: Adaptive words
                            .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
                            .Attr<double>("proportion")
                            .Attr<int64_t>("column_size"));

@@ -11,6 +11,7 @@
 
 #include "ffi/common.h"
 #include "ffi/transport/ucx_world.h"
+#include "kernels/cuda_kernels.h"
 
 namespace jaxcomm::collectives::gpu {
 
@@ -191,6 +192,16 @@ ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, const char* name, siz
                           " bytes of GPU scratch memory");
   }
   *out = *memory;
+  return ffi::Error::Success();
+}
+
+ffi::Error FinishSparse(GpuGroup& group, const char* op, const char* label, int64_t n,
+                        const uint32_t* bad, float* out, uint64_t sent, uint64_t received,
+                        cudaStream_t stream) {
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckCuda(op, kernels::cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
+  group.CountTraffic(sent, received);
+  group.Finish(label, n);
   return ffi::Error::Success();
 }
 

@@ -112,6 +112,13 @@ inline void CountDenseRing(GpuGroup& group, int64_t n) {
                      ring::DenseRingBytes(n, parts, ring::LeftOf(rank, parts)));
 }
 
+// The end of a sparse GPU collective (TopKAllgather, gTop-k): NaN-poisons the sum out[n] if a
+// received index was out of range (*bad, set on the device: the GPU form of the CPU's error),
+// then counts the traffic and records the call's metrics under `label`.
+ffi::Error FinishSparse(GpuGroup& group, const char* op, const char* label, int64_t n,
+                        const uint32_t* bad, float* out, uint64_t sent, uint64_t received,
+                        cudaStream_t stream);
+
 // ResolveGpuSite, then GpuGroup::Begin on the site as it is: the opening of a one-group call.
 ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, const Caller& caller, GpuSite* site,
                         std::unique_ptr<GpuGroup>* group);

@@ -165,10 +165,7 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
                                 current.idx(), k, r_out, n, stream),
                  "AddBySet(inside)"));
   }
-  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
-  group->CountTraffic(sent, got);
-  group->Finish("gtopk", n);
-  return ffi::Error::Success();
+  return FinishSparse(*group, kOp, "gtopk", n, bad, out, sent, got, stream);
 }
 
 }  // namespace

@@ -74,12 +74,9 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch
                                reinterpret_cast<const float*>(slot + k), k, out, n, bad, stream),
         "ScatterAddSparse"));
   }
-  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
   // What a ring allgather sends and receives per rank: the P - 1 other slots.
   const uint64_t bytes = sizeof(uint32_t) * slot_words * static_cast<uint64_t>(parts - 1);
-  group->CountTraffic(bytes, bytes);
-  group->Finish("topk_allgather", n);
-  return ffi::Error::Success();
+  return FinishSparse(*group, kOp, "topk_allgather", n, bad, out, bytes, bytes, stream);
 }
 
 }  // namespace
