@@ -204,26 +204,24 @@ TEST(UcxWorld, DeadlineNamesContextTagAndPeer) {
 
 // ---- Two processes -----------------------------------------------------------------------
 
-bool WriteAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
+// Calls io(fd, p, left) (read or write) until all n bytes have moved; false on error or EOF.
+template <typename Byte, typename Io>
+bool MoveAll(Io io, int fd, Byte* p, size_t n) {
   while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
+    const ssize_t moved = io(fd, p, n);
+    if (moved <= 0) return false;
+    p += moved;
+    n -= static_cast<size_t>(moved);
   }
   return true;
 }
 
+bool WriteAll(int fd, const void* data, size_t n) {
+  return MoveAll(write, fd, static_cast<const char*>(data), n);
+}
+
 bool ReadAll(int fd, void* data, size_t n) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    ssize_t r = read(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
+  return MoveAll(read, fd, static_cast<char*>(data), n);
 }
 
 // Swaps addresses with the other process over `fd`; returns the addresses by rank.
