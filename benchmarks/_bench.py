@@ -11,6 +11,9 @@ import json
 import pathlib
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -131,3 +134,18 @@ def launch_records(recipe: pathlib.Path, run_dir: pathlib.Path) -> list[dict]:
         for path in sorted(run_dir.rglob("rank0.jsonl"))
         for line in path.read_text().splitlines()
     ]
+
+
+def run_recipe(write: Callable[[pathlib.Path], None]) -> tuple[list[dict], float]:
+    """Writes a recipe with ``write(path)`` into a temporary directory, launches it there
+    (:func:`launch_records`) and returns rank 0's records and the wall time in seconds.
+
+    Example:
+      >>> records, wall = run_recipe(lambda path: write_recipe(args, path))  # doctest: +SKIP
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe = pathlib.Path(tmp) / "recipe.yaml"
+        write(recipe)
+        start = time.monotonic()
+        records = launch_records(recipe, pathlib.Path(tmp) / "run")
+        return records, time.monotonic() - start

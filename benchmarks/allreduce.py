@@ -22,10 +22,8 @@ import collections
 import json
 import pathlib
 import statistics
-import tempfile
-import time
 
-from _bench import launch_records, pyplot, write_job_recipe
+from _bench import pyplot, run_recipe, write_job_recipe
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -72,13 +70,7 @@ def main() -> None:
     tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
     if args.devices_per_process > 1:
         tag += f"-{args.processes}x{args.devices_per_process}"
-    with tempfile.TemporaryDirectory() as tmp:
-        recipe = pathlib.Path(tmp) / "recipe.yaml"
-        write_recipe(args, recipe)
-        run_dir = pathlib.Path(tmp) / "run"
-        start = time.monotonic()
-        records = launch_records(recipe, run_dir)
-    wall = time.monotonic() - start
+    records, wall = run_recipe(lambda path: write_recipe(args, path))
 
     grouped: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
     for r in records:

@@ -37,10 +37,8 @@ import json
 import os
 import pathlib
 import statistics
-import tempfile
-import time
 
-from _bench import launch_records, write_job_recipe
+from _bench import run_recipe, write_job_recipe
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reached 84 %)
@@ -306,13 +304,7 @@ def main() -> None:
     tag = f"overlap-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
     tag += f"-{args.processes}x{args.devices_per_process}"
     loadavg_start = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        recipe = pathlib.Path(tmp) / "recipe.yaml"
-        write_recipe(args, recipe)
-        run_dir = pathlib.Path(tmp) / "run"
-        start = time.monotonic()
-        records = launch_records(recipe, run_dir)
-    wall = time.monotonic() - start
+    records, wall = run_recipe(lambda path: write_recipe(args, path))
     result = {
         "backend": args.backend,
         "bandwidth": args.bandwidth if args.backend == "emulated" else None,
