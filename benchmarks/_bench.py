@@ -149,3 +149,25 @@ def run_recipe(write: Callable[[pathlib.Path], None]) -> tuple[list[dict], float
         start = time.monotonic()
         records = launch_records(recipe, pathlib.Path(tmp) / "run")
         return records, time.monotonic() - start
+
+
+def setup_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The result file's description of where a benchmark ran: backend, link rate (emulated
+    only) and processes.
+
+    Example:
+      >>> setup_fields(argparse.Namespace(backend="local", bandwidth="1gbit", processes=4))
+      {'backend': 'local', 'bandwidth': None, 'processes': 4}
+    """
+    return {
+        "backend": args.backend,
+        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
+        "processes": args.processes,
+    }
+
+
+def write_result(out: pathlib.Path, tag: str, result: dict[str, Any]) -> pathlib.Path:
+    """Writes `result` as ``<out>/<tag>.json`` (indented) and returns the path."""
+    path = out / f"{tag}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path

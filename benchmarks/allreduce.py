@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import pathlib
 import statistics
 
-from _bench import pyplot, run_recipe, write_job_recipe
+from _bench import pyplot, run_recipe, setup_fields, write_job_recipe, write_result
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -107,17 +106,14 @@ def main() -> None:
             f"{r['bytes_sent'] / 1e6:13.3f} {speedup:8.2f}x"
         )
     result = {
-        "backend": args.backend,
-        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
-        "processes": args.processes,
+        **setup_fields(args),
         "devices_per_process": args.devices_per_process,
         "density": args.density,
         "repeats": args.repeats,
         "wall_s": wall,
         "rows": rows,
     }
-    json_path = args.out / f"{tag}.json"
-    json_path.write_text(json.dumps(result, indent=2))
+    json_path = write_result(args.out, tag, result)
     plt = pyplot()
     if plt is not None:
         fig, ax = plt.subplots(figsize=(7, 4.5))

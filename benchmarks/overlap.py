@@ -38,7 +38,7 @@ import os
 import pathlib
 import statistics
 
-from _bench import run_recipe, write_job_recipe
+from _bench import run_recipe, setup_fields, write_job_recipe, write_result
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reached 84 %)
@@ -306,9 +306,7 @@ def main() -> None:
     loadavg_start = os.getloadavg()
     records, wall = run_recipe(lambda path: write_recipe(args, path))
     result = {
-        "backend": args.backend,
-        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
-        "processes": args.processes,
+        **setup_fields(args),
         "devices_per_process": args.devices_per_process,
         "layers": args.layers,
         "width": args.width,
@@ -325,8 +323,7 @@ def main() -> None:
     }
     result.update(summarize(records))
     print_table(tag, args, result)
-    json_path = args.out / f"{tag}.json"
-    json_path.write_text(json.dumps(result, indent=2))
+    json_path = write_result(args.out, tag, result)
     try:
         pngs = draw(tag, result, args.out)
     except ImportError:
