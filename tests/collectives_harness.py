@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import pathlib
 import signal
@@ -71,6 +72,13 @@ def run_script(
         env=env,
         cwd=cwd,
     )
+
+
+def load_output(out: pathlib.Path, name: str) -> tuple[dict, dict]:
+    """A worker's results: the arrays of ``<out>/<name>.npz`` and the JSON of ``<name>.json``."""
+    with np.load(out / f"{name}.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    return arrays, json.loads((out / f"{name}.json").read_text())
 
 
 def run_world(

@@ -5,7 +5,6 @@ mixed-precision tree. One worker process per device count (tests/bf16_worker.py)
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import jax.numpy as jnp
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import reference
 from bf16_worker import ALGORITHMS, COMPRESSED_SIZES, DENSE_SIZES, DTYPES, inputs
-from collectives_harness import run_script
+from collectives_harness import load_output, run_script
 
 import jaxcomm
 
@@ -30,9 +29,7 @@ def run(tmp_path_factory):
             proc = run_script(WORKER, "--devices", devices, "--out", out, timeout=240)
             if proc.returncode != 0:
                 pytest.fail(f"bf16 worker failed:\n{proc.stdout[-3000:]}{proc.stderr[-6000:]}")
-            with np.load(out / "bf16.npz") as data:
-                arrays = {k: data[k] for k in data.files}
-            _runs[devices] = (arrays, json.loads((out / "bf16.json").read_text()))
+            _runs[devices] = load_output(out, "bf16")
         return _runs[devices]
 
     return get

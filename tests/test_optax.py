@@ -6,13 +6,12 @@ be set before JAX initializes; each worker mode runs once per session.
 
 from __future__ import annotations
 
-import json
 import pathlib
 import types
 
 import numpy as np
 import pytest
-from collectives_harness import run_script
+from collectives_harness import load_output, run_script
 
 WORKER = pathlib.Path(__file__).with_name("optax_worker.py")
 DEVICES = 4
@@ -41,9 +40,7 @@ def worker(tmp_path_factory):
             if proc.returncode != 0:
                 _runs[mode] = proc.stdout[-4000:] + proc.stderr[-6000:]
             else:
-                with np.load(out / f"{mode}.npz") as data:
-                    arrays = {k: data[k] for k in data.files}
-                _runs[mode] = (arrays, json.loads((out / f"{mode}.json").read_text()))
+                _runs[mode] = load_output(out, mode)
         if isinstance(_runs[mode], str):
             pytest.fail(f"optax worker ({mode}) failed:\n{_runs[mode]}")
         return _runs[mode]
