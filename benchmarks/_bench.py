@@ -1,5 +1,5 @@
-"""What the benchmark scripts share: the launcher backend they run their recipe on, and the
-launcher's command line.
+"""What the benchmark scripts share: the launcher backend they run their recipe on, the recipe
+of a one-job benchmark, the launcher's command line, and matplotlib when it is installed.
 
 The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.path``.
 """
@@ -7,7 +7,16 @@ The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.p
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
+import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import yaml
 
 
 def recipe_backend(args: argparse.Namespace) -> dict | str:
@@ -55,3 +64,110 @@ def jaxcomm_cli(*argv: str) -> list[str]:
       ['-m', 'jaxcomm_launcher', 'launch', 'r.yaml']
     """
     return [sys.executable, "-m", "jaxcomm_launcher", *argv]
+
+
+def write_job_recipe(
+    args: argparse.Namespace, path: pathlib.Path, job: str, job_args: dict[str, Any]
+) -> None:
+    """Writes the recipe of ``benchmarks/<job>.py``: job `job` with `job_args` on the backend,
+    world and timeout the script's arguments ask for.
+
+    Args:
+      args: the script's arguments (``backend``, ``bandwidth``, ``processes``,
+        ``devices_per_process``, ``timeout``).
+      path: where the YAML goes.
+      job: the launcher job (``allreduce``, ``overlap``).
+      job_args: the job's ``args``.
+
+    Example:
+      >>> import tempfile
+      >>> a = argparse.Namespace(backend="local", processes=2, devices_per_process=1, timeout=60)
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "r.yaml"
+      >>> write_job_recipe(a, p, "allreduce", {"repeats": 1})
+      >>> yaml.safe_load(p.read_text())["name"]
+      'allreduce-bench-local'
+    """
+    recipe = {
+        "name": f"{job}-bench-{args.backend}",
+        "description": f"benchmarks/{job}.py",
+        "job": job,
+        "world": {"processes": args.processes, "devices_per_process": args.devices_per_process},
+        "backend": recipe_backend(args),
+        "args": job_args,
+        "timeout": args.timeout,
+    }
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (no display needed), or None, after saying so,
+    when matplotlib is not installed (the script then writes its JSON only).
+
+    Example:
+      >>> plt = pyplot()  # doctest: +SKIP
+    """
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib missing: no PNG")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def launch_records(recipe: pathlib.Path, run_dir: pathlib.Path) -> list[dict]:
+    """Runs ``jaxcomm launch <recipe> --out <run_dir> -q`` (the script exits if it fails) and
+    returns rank 0's metric records, every variant's in order.
+
+    Example:
+      >>> records = launch_records(pathlib.Path("r.yaml"), pathlib.Path("run"))  # doctest: +SKIP
+    """
+    launched = subprocess.run(
+        jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"), text=True
+    )
+    if launched.returncode != 0:
+        sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")
+    return [
+        json.loads(line)
+        for path in sorted(run_dir.rglob("rank0.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+
+
+def run_recipe(write: Callable[[pathlib.Path], None]) -> tuple[list[dict], float]:
+    """Writes a recipe with ``write(path)`` into a temporary directory, launches it there
+    (:func:`launch_records`) and returns rank 0's records and the wall time in seconds.
+
+    Example:
+      >>> records, wall = run_recipe(lambda path: write_recipe(args, path))  # doctest: +SKIP
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        recipe = pathlib.Path(tmp) / "recipe.yaml"
+        write(recipe)
+        start = time.monotonic()
+        records = launch_records(recipe, pathlib.Path(tmp) / "run")
+        return records, time.monotonic() - start
+
+
+def setup_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The result file's description of where a benchmark ran: backend, link rate (emulated
+    only) and processes.
+
+    Example:
+      >>> setup_fields(argparse.Namespace(backend="local", bandwidth="1gbit", processes=4))
+      {'backend': 'local', 'bandwidth': None, 'processes': 4}
+    """
+    return {
+        "backend": args.backend,
+        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
+        "processes": args.processes,
+    }
+
+
+def write_result(out: pathlib.Path, tag: str, result: dict[str, Any]) -> pathlib.Path:
+    """Writes `result` as ``<out>/<tag>.json`` (indented) and returns the path."""
+    path = out / f"{tag}.json"
+    path.write_text(json.dumps(result, indent=2))
+    return path

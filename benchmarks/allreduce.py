@@ -19,16 +19,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import pathlib
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 
-import yaml
-from _bench import jaxcomm_cli, recipe_backend
+from _bench import pyplot, run_recipe, setup_fields, write_job_recipe, write_result
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -36,14 +30,11 @@ ALGORITHMS = ALL_ALGORITHMS
 
 
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
-    backend = recipe_backend(args)
-    recipe = {
-        "name": f"allreduce-bench-{args.backend}",
-        "description": "benchmarks/allreduce.py",
-        "job": "allreduce",
-        "world": {"processes": args.processes, "devices_per_process": args.devices_per_process},
-        "backend": backend,
-        "args": {
+    write_job_recipe(
+        args,
+        path,
+        "allreduce",
+        {
             "sizes": args.sizes,
             "repeats": args.repeats,
             "density": args.density,
@@ -51,9 +42,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "tau": args.tau,
             "proportion": args.proportion,
         },
-        "timeout": args.timeout,
-    }
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    )
 
 
 def main() -> None:
@@ -80,22 +69,7 @@ def main() -> None:
     tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
     if args.devices_per_process > 1:
         tag += f"-{args.processes}x{args.devices_per_process}"
-    with tempfile.TemporaryDirectory() as tmp:
-        recipe = pathlib.Path(tmp) / "recipe.yaml"
-        write_recipe(args, recipe)
-        run_dir = pathlib.Path(tmp) / "run"
-        start = time.monotonic()
-        launched = subprocess.run(
-            jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"), text=True
-        )
-        if launched.returncode != 0:
-            sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")
-        records = [
-            json.loads(line)
-            for path in sorted(run_dir.rglob("rank0.jsonl"))
-            for line in path.read_text().splitlines()
-        ]
-    wall = time.monotonic() - start
+    records, wall = run_recipe(lambda path: write_recipe(args, path))
 
     grouped: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
     for r in records:
@@ -132,23 +106,16 @@ def main() -> None:
             f"{r['bytes_sent'] / 1e6:13.3f} {speedup:8.2f}x"
         )
     result = {
-        "backend": args.backend,
-        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
-        "processes": args.processes,
+        **setup_fields(args),
         "devices_per_process": args.devices_per_process,
         "density": args.density,
         "repeats": args.repeats,
         "wall_s": wall,
         "rows": rows,
     }
-    json_path = args.out / f"{tag}.json"
-    json_path.write_text(json.dumps(result, indent=2))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    json_path = write_result(args.out, tag, result)
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for algorithm in ALGORITHMS:
             pts = [
@@ -165,8 +132,6 @@ def main() -> None:
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.out / f"{tag}.png", dpi=120)
-    except ImportError:
-        print("matplotlib missing: no PNG")
     print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
 
 

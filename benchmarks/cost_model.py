@@ -36,7 +36,7 @@ import tempfile
 import time
 
 import yaml
-from _bench import jaxcomm_cli, recipe_backend
+from _bench import jaxcomm_cli, pyplot, recipe_backend
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import cost
@@ -307,13 +307,8 @@ def main() -> None:
             indent=2,
         )
     )
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib missing: no PNG")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(6.5, 6))
     for algorithm in dict.fromkeys(r["algorithm"] for r in rows):

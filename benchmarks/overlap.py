@@ -37,13 +37,8 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
 
-import yaml
-from _bench import jaxcomm_cli, recipe_backend
+from _bench import run_recipe, setup_fields, write_job_recipe, write_result
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 from jaxcomm.optax import DEFAULT_BUCKET_SIZE
@@ -52,14 +47,11 @@ TARGET = 0.80  # issue 17: at least 80 % of the communication hidden (PCCO reach
 
 
 def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
-    backend = recipe_backend(args)
-    recipe = {
-        "name": f"overlap-bench-{args.backend}",
-        "description": "benchmarks/overlap.py",
-        "job": "overlap",
-        "world": {"processes": args.processes, "devices_per_process": args.devices_per_process},
-        "backend": backend,
-        "args": {
+    write_job_recipe(
+        args,
+        path,
+        "overlap",
+        {
             "layers": args.layers,
             "width": args.width,
             "batch": args.batch,
@@ -71,9 +63,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "first_bucket_size": args.first_bucket_size,
             "repeats": args.repeats,
         },
-        "timeout": args.timeout,
-    }
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    )
 
 
 def bucket_label(bucket: int) -> str:
@@ -326,27 +316,9 @@ def main() -> None:
     tag = f"overlap-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
     tag += f"-{args.processes}x{args.devices_per_process}"
     loadavg_start = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        recipe = pathlib.Path(tmp) / "recipe.yaml"
-        write_recipe(args, recipe)
-        run_dir = pathlib.Path(tmp) / "run"
-        start = time.monotonic()
-        launched = subprocess.run(
-            jaxcomm_cli("launch", str(recipe), "--out", str(run_dir), "-q"),
-            text=True,
-        )
-        if launched.returncode != 0:
-            sys.exit(f"jaxcomm launch failed with exit code {launched.returncode}")
-        records = [
-            json.loads(line)
-            for path in sorted(run_dir.rglob("rank0.jsonl"))
-            for line in path.read_text().splitlines()
-        ]
-    wall = time.monotonic() - start
+    records, wall = run_recipe(lambda path: write_recipe(args, path))
     result = {
-        "backend": args.backend,
-        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
-        "processes": args.processes,
+        **setup_fields(args),
         "devices_per_process": args.devices_per_process,
         "layers": args.layers,
         "width": args.width,
@@ -363,8 +335,7 @@ def main() -> None:
     }
     result.update(summarize(records))
     print_table(tag, args, result)
-    json_path = args.out / f"{tag}.json"
-    json_path.write_text(json.dumps(result, indent=2))
+    json_path = write_result(args.out, tag, result)
     try:
         pngs = draw(tag, result, args.out)
     except ImportError:

@@ -32,7 +32,7 @@ import sys
 import time
 
 import yaml
-from _bench import jaxcomm_cli, recipe_backend
+from _bench import jaxcomm_cli, pyplot, recipe_backend, setup_fields, write_result
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # label -> sweep entry of the recipes (the launcher's display label of each entry)
@@ -202,9 +202,7 @@ def main() -> None:
         )
     summary = {
         "workload": args.workload,
-        "backend": args.backend,
-        "bandwidth": args.bandwidth if args.backend == "emulated" else None,
-        "processes": args.processes,
+        **setup_fields(args),
         "command": " ".join(sys.argv),
         "recipe": recipe,
         "metric": key,
@@ -213,14 +211,9 @@ def main() -> None:
         "rows": rows,
         "runs": results,
     }
-    json_path = args.out / f"{tag}.json"
-    json_path.write_text(json.dumps(summary, indent=2))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
+    json_path = write_result(args.out, tag, summary)
+    plt = pyplot()
+    if plt is not None:
         fig, ax = plt.subplots(figsize=(7.5, 4.5))
         for label, r in results.items():
             pts = [(h["seconds"], h[key]) for h in r["history"] if h[key] is not None]
@@ -233,8 +226,6 @@ def main() -> None:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.out / f"{tag}.png", dpi=120)
-    except ImportError:
-        print("matplotlib missing: no PNG")
     print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
 
 

@@ -11,15 +11,8 @@
 #include "ffi/compress_checks.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace jaxcomm {
+namespace jaxcomm::compress_checks {
 namespace {
-
-namespace ffi = xla::ffi;
-using ffi_common::InvalidArgument;
-using ffi_common::NumElements;
-
-constexpr const char* kCompressOp = compress_checks::kAdaptiveCompressOp;
-constexpr const char* kDecompressOp = compress_checks::kAdaptiveDecompressOp;
 
 ffi::Error AdaptiveCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                 ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::U32> packed,
@@ -27,9 +20,9 @@ ffi::Error AdaptiveCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                                 int64_t column_size, int64_t sample_size) {
   const int64_t n = NumElements(x);
   kernels::AdaptiveLayout layout{};
-  JAXCOMM_RETURN_IF_ERROR(compress_checks::AdaptiveCompress(
-      n, NumElements(residual), NumElements(*new_residual), proportion, column_size, sample_size,
-      NumElements(*packed), &layout));
+  JAXCOMM_RETURN_IF_ERROR(AdaptiveCompress(n, NumElements(residual), NumElements(*new_residual),
+                                           proportion, column_size, sample_size,
+                                           NumElements(*packed), &layout));
   int64_t bad = -1;
   try {
     bad = kernels::AdaptiveCompress(x.typed_data(), residual.typed_data(), layout, sample_size,
@@ -39,11 +32,11 @@ ffi::Error AdaptiveCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     // Scratch grows with column_size and sample_size; an absurd value must not abort XLA
     // (bad_alloc or length_error).
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      std::string(kCompressOp) +
+                      std::string(kAdaptiveCompressOp) +
                           ": out of memory for the per-column scratch "
                           "(column_size/sample_size too large?)");
   }
-  if (bad >= 0) return ffi_common::NonFinite(kCompressOp, bad);
+  if (bad >= 0) return ffi_common::NonFinite(kAdaptiveCompressOp, bad);
   return ffi::Error::Success();
 }
 
@@ -51,38 +44,36 @@ ffi::Error AdaptiveDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffe
                                   double proportion, int64_t column_size) {
   const int64_t words = NumElements(packed);
   kernels::AdaptiveLayout layout{};
-  JAXCOMM_RETURN_IF_ERROR(compress_checks::AdaptiveDecompress(NumElements(*x_hat), proportion,
-                                                              column_size, words, &layout));
+  JAXCOMM_RETURN_IF_ERROR(
+      AdaptiveDecompress(NumElements(*x_hat), proportion, column_size, words, &layout));
   const std::string problem =
       kernels::AdaptiveDecompress(packed.typed_data(), words, layout, x_hat->typed_data());
-  if (!problem.empty()) return InvalidArgument(kDecompressOp, problem);
+  if (!problem.empty()) return InvalidArgument(kAdaptiveDecompressOp, problem);
   return ffi::Error::Success();
 }
 
 }  // namespace
-}  // namespace jaxcomm
 
-JAXCOMM_EXPORT_HANDLER(JaxcommAdaptiveCompress);
-JAXCOMM_EXPORT_HANDLER(JaxcommAdaptiveDecompress);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommAdaptiveCompress, jaxcomm::AdaptiveCompressImpl,
-    xla::ffi::Ffi::Bind()
-        .Ctx<xla::ffi::ThreadPool>()             // intra-op threads, one task per column range
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: any shape, n elements
-        .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual: x's shape, aliased to new_residual
-        .Ret<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: Adaptive.packed_words(n) words
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual: x + residual - decoded
-        .Attr<double>("proportion")              // π >= 1, f64 so counts match Python's
-        .Attr<int64_t>("column_size")            // elements per column, >= 1
-        .Attr<int64_t>("sample_size")            // 0 = exact selection, > 0 = sampled thresholds
+JAXCOMM_DEFINE_HANDLER(
+    JaxcommAdaptiveCompress, AdaptiveCompressImpl,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::ThreadPool>()        // intra-op threads, one task per column range
+        .Arg<ffi::Buffer<ffi::F32>>()  // x: any shape, n elements
+        .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape, aliased to new_residual
+        .Ret<ffi::Buffer<ffi::U32>>()  // packed: Adaptive.packed_words(n) words
+        .Ret<ffi::Buffer<ffi::F32>>()  // new_residual: x + residual - decoded
+        .Attr<double>("proportion")    // π >= 1, f64 so counts match Python's
+        .Attr<int64_t>("column_size")  // elements per column, >= 1
+        .Attr<int64_t>("sample_size")  // 0 = exact selection, > 0 = sampled thresholds
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommAdaptiveDecompress, jaxcomm::AdaptiveDecompressImpl,
-    xla::ffi::Ffi::Bind()
-        .Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: Adaptive.packed_words(n) words
-        .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // x_hat: n elements, the decoded values
-        .Attr<double>("proportion")              // π that compress used (fixes packed length)
-        .Attr<int64_t>("column_size")            // column_size that compress used
+JAXCOMM_DEFINE_HANDLER(
+    JaxcommAdaptiveDecompress, AdaptiveDecompressImpl,
+    ffi::Ffi::Bind()
+        .Arg<ffi::Buffer<ffi::U32>>()  // packed: Adaptive.packed_words(n) words
+        .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements, the decoded values
+        .Attr<double>("proportion")    // π that compress used (fixes packed length)
+        .Attr<int64_t>("column_size")  // column_size that compress used
 );
+
+}  // namespace jaxcomm::compress_checks

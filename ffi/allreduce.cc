@@ -138,18 +138,14 @@ ffi::Error RingAllreduce(Group& group, const float* x, float* data, int64_t n,
 
 namespace {
 
-ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
-                         ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                         const CollectiveAttrs& attrs, ffi::Buffer<ffi::F32> x,
-                         ffi::ResultBuffer<ffi::F32> out,
-                         ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& caller,
+                         ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   if (static_cast<int64_t>(out->element_count()) != n) {
     return ffi::Error::InvalidArgument(std::string(kAllreduceOp) + ": output size mismatch");
   }
   std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(
-      Group::Begin(MakeCallSite(kAllreduceOp, device_id, coordinates, attrs), &group));
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kAllreduceOp, caller), &group));
   kernels::AdviseHugePages(out->typed_data(), sizeof(float) * n);
   if (group->size() > 1 && group->SharesMemoryWithAll()) {
     // Every member's memory is readable from here (same process or same host): reduce
@@ -161,15 +157,11 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
     JAXCOMM_RETURN_IF_ERROR(RingAllreduce(*group, x.typed_data(), out->typed_data(), n, &scratch));
     group->Finish("dense", n);
   }
-  token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }
 
 }  // namespace
-}  // namespace jaxcomm::collectives
 
-JAXCOMM_EXPORT_HANDLER(JaxcommAllreduce);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommAllreduce,
-    jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::AllreduceImpl>::Handler,
-    jaxcomm::collectives::BindDenseData(jaxcomm::collectives::BindCollective()));
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduce, AllreduceImpl, BindDenseData);
+
+}  // namespace jaxcomm::collectives

@@ -109,47 +109,36 @@ ffi::Error HalfAllreduce(Group& group, kernels::HalfFormat format, const uint16_
 }
 
 template <ffi::DataType T>
-ffi::Error HalfAllreduceImpl(const kernels::TaskRunner& /*run*/, int32_t device_id,
-                             ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                             const CollectiveAttrs& attrs, ffi::Buffer<T> x,
-                             ffi::ResultBuffer<T> out, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error HalfAllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& caller,
+                             ffi::Buffer<T> x, ffi::ResultBuffer<T> out) {
   const int64_t n = ffi_common::NumElements(x);
   if (ffi_common::NumElements(*out) != n) {
     return ffi_common::InvalidArgument(kAllreduceOp, "output size mismatch");
   }
   std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(
-      Group::Begin(MakeCallSite(kAllreduceOp, device_id, coordinates, attrs), &group));
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kAllreduceOp, caller), &group));
   constexpr bool kBf16 = T == ffi::DataType::BF16;
   const kernels::HalfFormat format =
       kBf16 ? kernels::HalfFormat::kBFloat16 : kernels::HalfFormat::kFloat16;
   JAXCOMM_RETURN_IF_ERROR(HalfAllreduce(*group, format, x.typed_data(), n, out->typed_data()));
   group->Finish(kBf16 ? "dense_bf16" : "dense_f16", n);
-  token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }
 
+// x in; the group sum, rounded once, and the token out.
+template <ffi::DataType T, typename Binding>
+auto BindHalfData(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<T>>()            // x: this rank's data
+      .template Ret<ffi::Buffer<T>>()            // out: the group sum, rounded once
+      .template Ret<ffi::BufferR0<ffi::S32>>();  // token out
+}
+
 }  // namespace
+
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduceBf16, HalfAllreduceImpl<ffi::DataType::BF16>,
+                          BindHalfData<ffi::DataType::BF16>);
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduceF16, HalfAllreduceImpl<ffi::DataType::F16>,
+                          BindHalfData<ffi::DataType::F16>);
+
 }  // namespace jaxcomm::collectives
-
-JAXCOMM_EXPORT_HANDLER(JaxcommAllreduceBf16);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommAllreduceBf16,
-    jaxcomm::collectives::AsyncCollective<
-        &jaxcomm::collectives::HalfAllreduceImpl<xla::ffi::DataType::BF16>>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Arg<xla::ffi::Buffer<xla::ffi::BF16>>()   // x: this rank's data
-        .Ret<xla::ffi::Buffer<xla::ffi::BF16>>()   // out: the group sum, rounded once
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);
-
-JAXCOMM_EXPORT_HANDLER(JaxcommAllreduceF16);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommAllreduceF16,
-    jaxcomm::collectives::AsyncCollective<
-        &jaxcomm::collectives::HalfAllreduceImpl<xla::ffi::DataType::F16>>::Handler,
-    jaxcomm::collectives::BindCollective()
-        .Arg<xla::ffi::Buffer<xla::ffi::F16>>()    // x: this rank's data
-        .Ret<xla::ffi::Buffer<xla::ffi::F16>>()    // out: the group sum, rounded once
-        .Ret<xla::ffi::BufferR0<xla::ffi::S32>>()  // token out
-);

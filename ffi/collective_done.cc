@@ -58,9 +58,8 @@ ffi::Future CollectiveDoneImpl(ffi::Buffer<ffi::S32, 0> ticket, ffi::RemainingAr
 }  // namespace
 }  // namespace jaxcomm::collectives
 
-JAXCOMM_EXPORT_HANDLER(JaxcommCollectiveDone);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommCollectiveDone, jaxcomm::collectives::CollectiveDoneImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::BufferR0<xla::ffi::S32>>()  // ticket
-                                  .RemainingArgs()    // start's results, then kept operands
-                                  .RemainingRets());  // start's results (aliased)
+JAXCOMM_DEFINE_HANDLER(JaxcommCollectiveDone, jaxcomm::collectives::CollectiveDoneImpl,
+                       xla::ffi::Ffi::Bind()
+                           .Arg<xla::ffi::BufferR0<xla::ffi::S32>>()  // ticket
+                           .RemainingArgs()    // start's results, then kept operands
+                           .RemainingRets());  // start's results (aliased)

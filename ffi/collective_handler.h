@@ -24,6 +24,14 @@ struct CollectiveAttrs {
   bool split;  // start only: jaxcomm_collective_done waits (CPU; ffi/engine.h, Tickets)
 };
 
+// The mesh roles of a hierarchical allreduce (dense or quantized, CPU and GPU): one dictionary
+// attribute, "hierarchy", built by jaxcomm/collectives/_attributes.py (hierarchical_attributes).
+struct HierarchyAttrs {
+  int64_t node_axis;   // index of the node axis among the manual mesh axes
+  int64_t local_axis;  // index of the local axis
+  int64_t leaders;     // 1 = single leader, else L
+};
+
 }  // namespace jaxcomm::collectives
 
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
@@ -32,6 +40,10 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("mesh_axis_sizes"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("reduce_axes"),
     ::xla::ffi::StructMember<bool>("split"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jaxcomm::collectives::HierarchyAttrs,
+                                      ::xla::ffi::StructMember<int64_t>("node_axis"),
+                                      ::xla::ffi::StructMember<int64_t>("local_axis"),
+                                      ::xla::ffi::StructMember<int64_t>("leaders"));
 
 namespace jaxcomm::collectives {
 
@@ -52,12 +64,20 @@ struct Kept<CollectiveAttrs> {
   bool split;
 };
 
+// Who makes a collective call: its device, its mesh coordinates and the world and mesh layout
+// (with the op's name, what Group::Begin needs: MakeCallSite). The common operands of every
+// collective, CPU and GPU, handed to its implementation as one value.
+struct Caller {
+  int32_t device_id;                     // global device id (CPU) or local CUDA ordinal (GPU)
+  ffi::Buffer<ffi::S32, 1> coordinates;  // lax.axis_index of each mesh axis
+  CollectiveAttrs attrs;
+};
+
 // Turns a blocking collective implementation
-//   ffi::Error Impl(const kernels::TaskRunner&, int32_t device_id, coordinates, token,
-//                   const CollectiveAttrs&, Data...)   (Data ends with the token result)
+//   ffi::Error Impl(const kernels::TaskRunner&, const Caller&, Data...)
 // into the asynchronous CPU handler
 //   ffi::Future Handler(ffi::ThreadPool, int32_t device_id, coordinates, token,
-//                       const CollectiveAttrs&, Data...)
+//                       const CollectiveAttrs&, Data..., token_out)
 // that runs Impl on the device's engine thread. Impl is written as a plain blocking algorithm;
 // only the engine ever runs it. The handler writes the token result itself: the next call's
 // ordering needs it at once, and a split call's token is its ticket.
@@ -65,24 +85,22 @@ template <auto Impl, typename Signature = decltype(Impl)>
 struct AsyncCollective;
 
 template <auto Impl, typename... Data>
-struct AsyncCollective<Impl,
-                       ffi::Error (*)(const kernels::TaskRunner&, int32_t, ffi::Buffer<ffi::S32, 1>,
-                                      ffi::Buffer<ffi::S32, 0>, const CollectiveAttrs&, Data...)> {
+struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, const Caller&, Data...)> {
   static ffi::Future Handler(ffi::ThreadPool /*pool*/, int32_t device_id,
                              ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                             const CollectiveAttrs& attrs, Data... data) {
-    auto& token_out = std::get<sizeof...(Data) - 1>(std::forward_as_tuple(data...));
-    static_assert(
-        std::is_same_v<std::decay_t<decltype(token_out)>, ffi::Result<ffi::Buffer<ffi::S32, 0>>>,
-        "a collective's last result is its token");
+                             const CollectiveAttrs& attrs, Data... data,
+                             ffi::Result<ffi::Buffer<ffi::S32, 0>> token_out) {
     auto kept =
-        std::make_shared<std::tuple<Kept<ffi::Buffer<ffi::S32, 1>>, Kept<ffi::Buffer<ffi::S32, 0>>,
-                                    Kept<CollectiveAttrs>, Kept<std::decay_t<Data>>...>>(
-            coordinates, token, attrs, data...);
+        std::make_shared<std::tuple<Kept<ffi::Buffer<ffi::S32, 1>>, Kept<CollectiveAttrs>,
+                                    Kept<std::decay_t<Data>>...>>(coordinates, attrs, data...);
     std::shared_ptr<Completion> completion =
         SubmitToEngine(device_id, [device_id, kept](const kernels::TaskRunner& run) {
-          return std::apply([&](const auto&... k) { return Impl(run, device_id, k.view()...); },
-                            *kept);
+          return std::apply(
+              [&](const auto& kept_coordinates, const auto& kept_attrs, const auto&... k) {
+                return Impl(run, Caller{device_id, kept_coordinates.view(), kept_attrs.view()},
+                            k.view()...);
+              },
+              *kept);
         });
     if (!attrs.split) {
       token_out->typed_data()[0] = token.typed_data()[0] + 1;
@@ -103,6 +121,14 @@ struct AsyncCollective<Impl,
     return CompletedFuture(ffi::Error::Success());
   }
 };
+
+// Defines the exported CPU handler `symbol` running the blocking collective `impl` on the
+// engine (AsyncCollective), bound by BindCollective() and then `bind_data` (e.g.
+// BindDenseData: the op's own attributes, data and results, as on the GPU). Use it inside
+// namespace jaxcomm::collectives, outside any anonymous namespace.
+#define JAXCOMM_DEFINE_COLLECTIVE(symbol, impl, bind_data)                                \
+  JAXCOMM_DEFINE_HANDLER(symbol, ::jaxcomm::collectives::AsyncCollective<&impl>::Handler, \
+                         bind_data(::jaxcomm::collectives::BindCollective()))
 
 // Binds, in order: Ctx<ThreadPool>, Ctx<DeviceOrdinal>, Arg coordinates (S32[axes]), Arg token
 // (S32[]), Attr collective (CollectiveAttrs). Each handler then adds its own attributes, data
@@ -145,29 +171,20 @@ auto BindSparseCollective(Binding binding) {
   return BindCompressedData(std::move(binding).template Attr<int64_t>("k"));  // set size
 }
 
-// The hierarchical collectives' mesh roles.
-template <typename Binding>
-auto BindHierarchy(Binding binding) {
-  return std::move(binding)
-      .template Attr<int64_t>("node_axis")   // index of the node axis
-      .template Attr<int64_t>("local_axis")  // index of the local axis
-      .template Attr<int64_t>("leaders");    // 1 = single leader, else L
-}
-
-inline CallSite MakeCallSite(const char* name, int32_t device_id,
-                             ffi::Buffer<ffi::S32, 1> coordinates, const CollectiveAttrs& attrs) {
+// The call site of op `name` made by `caller` (CPU: coordinates are in host memory).
+inline CallSite MakeCallSite(const char* name, const Caller& caller) {
   return CallSite{name,
-                  attrs.world,
-                  device_id,
-                  attrs.world_devices,
-                  attrs.mesh_axis_sizes,
-                  attrs.reduce_axes,
-                  coordinates.typed_data(),
-                  static_cast<int64_t>(coordinates.element_count())};
+                  caller.attrs.world,
+                  caller.device_id,
+                  caller.attrs.world_devices,
+                  caller.attrs.mesh_axis_sizes,
+                  caller.attrs.reduce_axes,
+                  caller.coordinates.typed_data(),
+                  static_cast<int64_t>(caller.coordinates.element_count())};
 }
 
 // The argument rules of the sparse (top-k based) collectives, on CPU and GPU: x, residual and
-// both results hold n elements, and 1 <= k <= n.
+// both results hold n elements, n <= 2**31 - 1 (the kernels' 31-bit indices), and 1 <= k <= n.
 inline ffi::Error CheckSparseArguments(const char* name, int64_t k, size_t n, size_t residual,
                                        size_t summed, size_t new_residual) {
   if (residual != n || summed != n || new_residual != n) {
@@ -177,7 +194,7 @@ inline ffi::Error CheckSparseArguments(const char* name, int64_t k, size_t n, si
   if (k < 1 || k > static_cast<int64_t>(n)) {
     return ffi::Error::InvalidArgument(std::string(name) + ": k must be in [1, x.size]");
   }
-  return ffi::Error::Success();
+  return ffi_common::CheckElementCount(name, static_cast<int64_t>(n));
 }
 
 // Shared opening of the sparse collectives on CPU: CheckSparseArguments, then the group.

@@ -9,10 +9,12 @@
 #include "kernels/wire.h"
 #include "xla/ffi/api/ffi.h"
 
-// The library is built with -fvisibility=hidden; handlers are its only exported symbols.
-// Declare each one with this before XLA_FFI_DEFINE_HANDLER_SYMBOL.
-#define JAXCOMM_EXPORT_HANDLER(fn) \
-  extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* fn(XLA_FFI_CallFrame* call_frame)
+// Defines the handler `symbol` (XLA_FFI_DEFINE_HANDLER_SYMBOL: `fn` bound by `binding`) and
+// exports it: the library is built with -fvisibility=hidden; handlers are its only exported
+// symbols. Use it at namespace scope, outside any anonymous namespace.
+#define JAXCOMM_DEFINE_HANDLER(symbol, fn, ...)                                                \
+  extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* symbol(XLA_FFI_CallFrame*); \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, fn, __VA_ARGS__)
 
 // Returns the ffi::Error of the expression unless it succeeded: the one way handlers
 // propagate errors.

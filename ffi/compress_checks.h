@@ -7,6 +7,9 @@
 // InvalidArgument prefixed with the op's Python name. Checks of the data itself (a NaN, a
 // corrupt packed buffer) stay with each platform's kernel: an error on the CPU, NaN in the
 // outputs on the GPU (kernels/cuda_kernels.h).
+//
+// The CPU handlers (ffi/onebit.cc, threshold.cc, adaptive.cc, topk.cc, sparse_merge.cc) are
+// defined inside this namespace, so they use its op names and checks by their plain names.
 #pragma once
 
 #include <algorithm>
@@ -26,6 +29,7 @@ namespace jaxcomm::compress_checks {
 namespace ffi = xla::ffi;
 using ffi_common::CheckElementCount;
 using ffi_common::InvalidArgument;
+using ffi_common::NumElements;
 using kernels::wire::kMaxElements;
 
 constexpr char kTopKAbsOp[] = "jaxcomm.ops.topk_abs";

@@ -3,8 +3,8 @@
 // (process_vm_readv). No data goes through UCX; only 8-byte buffer addresses and completion
 // notices do, which keeps the transport's deadlines and dead-peer detection.
 //
-// Reduce-scatter: rank r owns slice r (ring::ChunkBegin) and sums it over every rank's input, in rank
-// order and in L2-sized blocks: one read of each input, one write of the output, reduction
+// Reduce-scatter: rank r owns slice r (ring::ChunkBegin) and sums it over every rank's input, in
+// rank order and in L2-sized blocks: one read of each input, one write of the output, reduction
 // fused with the read (no receive buffer, no second pass). Allgather: rank r copies slice q
 // from rank q's output, one copy. Every element is summed once, by its owner, in one fixed
 // order, so every rank ends with bit-identical sums.

@@ -170,20 +170,6 @@ struct Kept<ffi::Result<ffi::Buffer<dtype, rank>>> {
   Kept<ffi::Buffer<dtype, rank>> buffer;
 };
 
-// The token result is written by the handler itself (collective_handler.h): a split call's
-// token is its ticket, read by done before the engine has run. The implementation's own
-// write lands here.
-template <>
-struct Kept<ffi::Result<ffi::Buffer<ffi::S32, 0>>> {
-  explicit Kept(ffi::Result<ffi::Buffer<ffi::S32, 0>> /*token_out*/)
-      : descriptor(ffi::S32, &slot, std::vector<int64_t>{}) {}
-  ffi::Result<ffi::Buffer<ffi::S32, 0>> view() const {
-    return ffi::Buffer<ffi::S32, 0>(descriptor.get());
-  }
-  int32_t slot = 0;
-  KeptDescriptor descriptor;
-};
-
 // Whether Kept<T> is a result the engine writes (has written()).
 template <typename K, typename = void>
 struct WrittenByEngine : std::false_type {};

@@ -150,16 +150,13 @@ class GTopKRun {
   std::vector<Dropped> dropped_;
 };
 
-ffi::Error GTopKImpl(const kernels::TaskRunner& run, int32_t device_id,
-                     ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                     const CollectiveAttrs& attrs, int64_t k, ffi::Buffer<ffi::F32> x,
-                     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-                     ffi::ResultBuffer<ffi::F32> new_residual,
-                     ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error GTopKImpl(const kernels::TaskRunner& run, const Caller& caller, int64_t k,
+                     ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                     ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, attrs), k,
-                                                x, residual, summed, new_residual, &group));
+  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(MakeCallSite(kOp, caller), k, x, residual, summed,
+                                                new_residual, &group));
 
   SparseSet local, current;
   local.Resize(k);
@@ -191,14 +188,11 @@ ffi::Error GTopKImpl(const kernels::TaskRunner& run, int32_t device_id,
     if (std::binary_search(global, global + k, d.index)) r_out[d.index] += d.value;
   }
   group->Finish("gtopk", n);
-  token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }
 
 }  // namespace
-}  // namespace jaxcomm::collectives
 
-JAXCOMM_EXPORT_HANDLER(JaxcommGTopK);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommGTopK, jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::GTopKImpl>::Handler,
-    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::BindCollective()));
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommGTopK, GTopKImpl, BindSparseCollective);
+
+}  // namespace jaxcomm::collectives

@@ -46,13 +46,12 @@ ffi::Error MarkImpl(int32_t device_id, std::string_view label, ffi::AnyBuffer x,
 }  // namespace
 }  // namespace jaxcomm::timeline
 
-JAXCOMM_EXPORT_HANDLER(JaxcommMark);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommMark, jaxcomm::timeline::MarkImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()   // device the value is on
-                                  .Attr<std::string_view>("label")  // name of the mark
-                                  .Arg<xla::ffi::AnyBuffer>()       // x: the marked value
-                                  .Ret<xla::ffi::AnyBuffer>());     // x again (aliased)
+JAXCOMM_DEFINE_HANDLER(JaxcommMark, jaxcomm::timeline::MarkImpl,
+                       xla::ffi::Ffi::Bind()
+                           .Ctx<xla::ffi::DeviceOrdinal>()   // device the value is on
+                           .Attr<std::string_view>("label")  // name of the mark
+                           .Arg<xla::ffi::AnyBuffer>()       // x: the marked value
+                           .Ret<xla::ffi::AnyBuffer>());     // x again (aliased)
 
 // ctypes entry point for jaxcomm.timeline.marks(): the marks as JSON, like jaxcomm_metrics_json
 // (returns the full length; call again with a larger buffer when it is >= capacity).

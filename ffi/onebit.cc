@@ -9,29 +9,21 @@
 #include "ffi/compress_checks.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace jaxcomm {
+namespace jaxcomm::compress_checks {
 namespace {
-
-namespace ffi = xla::ffi;
-using ffi_common::InvalidArgument;
-using ffi_common::NumElements;
-
-constexpr const char* kCompressOp = compress_checks::kOneBitCompressOp;
-constexpr const char* kDecompressOp = compress_checks::kOneBitDecompressOp;
 
 ffi::Error OneBitCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                               ffi::Buffer<ffi::F32> residual, int64_t column_size,
                               int64_t sample_size, ffi::ResultBuffer<ffi::U32> packed,
                               ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = NumElements(x);
-  JAXCOMM_RETURN_IF_ERROR(
-      compress_checks::OneBitCompress(n, column_size, sample_size, NumElements(residual),
-                                      NumElements(*new_residual), NumElements(*packed)));
+  JAXCOMM_RETURN_IF_ERROR(OneBitCompress(n, column_size, sample_size, NumElements(residual),
+                                         NumElements(*new_residual), NumElements(*packed)));
   const kernels::OneBitParams params{column_size, sample_size};
   const kernels::QuantizeStatus status = kernels::OneBitCompress(
       x.typed_data(), residual.typed_data(), n, params, packed->typed_data(),
       new_residual->typed_data(), ffi_common::PoolRunner(&pool));
-  if (!status.ok()) return ffi_common::NonFinite(kCompressOp, status.nonfinite_index);
+  if (!status.ok()) return ffi_common::NonFinite(kOneBitCompressOp, status.nonfinite_index);
   return ffi::Error::Success();
 }
 
@@ -40,10 +32,10 @@ ffi::Error OneBitDecompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> pack
                                 ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  JAXCOMM_RETURN_IF_ERROR(compress_checks::OneBitDecompress(n, column_size, sample_size, words));
+  JAXCOMM_RETURN_IF_ERROR(OneBitDecompress(n, column_size, sample_size, words));
   const kernels::OneBitParams params{column_size, sample_size};
   if (packed.typed_data()[0] != static_cast<uint32_t>(words)) {
-    return InvalidArgument(kDecompressOp,
+    return InvalidArgument(kOneBitDecompressOp,
                            "packed[0] = " + std::to_string(packed.typed_data()[0]) +
                                " but a OneBit buffer of this size holds " + std::to_string(words) +
                                "; was it produced by compress with the same compressor?");
@@ -54,27 +46,25 @@ ffi::Error OneBitDecompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> pack
 }
 
 }  // namespace
-}  // namespace jaxcomm
 
-JAXCOMM_EXPORT_HANDLER(JaxcommOneBitCompress);
-JAXCOMM_EXPORT_HANDLER(JaxcommOneBitDecompress);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommOneBitCompress, jaxcomm::OneBitCompressImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()  // intra-op threads for columns
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: any shape, n elems
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual: x's shape
-                                  .Attr<int64_t>("column_size")            // multiple of 32
-                                  .Attr<int64_t>("sample_size")            // 0 = exact column means
-                                  .Ret<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: OneBit words
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual
+JAXCOMM_DEFINE_HANDLER(JaxcommOneBitCompress, OneBitCompressImpl,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::ThreadPool>()        // intra-op threads for columns
+                           .Arg<ffi::Buffer<ffi::F32>>()  // x: any shape, n elems
+                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
+                           .Attr<int64_t>("column_size")  // multiple of 32
+                           .Attr<int64_t>("sample_size")  // 0 = exact column means
+                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: OneBit words
+                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommOneBitDecompress, jaxcomm::OneBitDecompressImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()  // intra-op threads for columns
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: OneBit words
-                                  .Attr<int64_t>("column_size")            // as given to compress
-                                  .Attr<int64_t>("sample_size")  // as given to compress (checked)
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // x_hat: n elements
+JAXCOMM_DEFINE_HANDLER(JaxcommOneBitDecompress, OneBitDecompressImpl,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::ThreadPool>()        // intra-op threads for columns
+                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: OneBit words
+                           .Attr<int64_t>("column_size")  // as given to compress
+                           .Attr<int64_t>("sample_size")  // as given to compress (checked)
+                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
 );
+
+}  // namespace jaxcomm::compress_checks

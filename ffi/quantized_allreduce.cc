@@ -44,6 +44,7 @@ constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierar
 
 using quantized::CheckSizes;
 using quantized::KindLabel;
+using quantized::QuantizerAttrs;
 using ring::ChunkBegin;
 using ring::ChunkSize;
 
@@ -166,25 +167,21 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
   return ffi::Error::Success();
 }
 
-ffi::Error QuantizedAllreduceImpl(
-    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs, int64_t kind, int64_t column_size,
-    int64_t sample_size, double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
-    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error QuantizedAllreduceImpl(const kernels::TaskRunner& run, const Caller& caller,
+                                  const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
+                                  ffi::Buffer<ffi::F32> residual,
+                                  ffi::ResultBuffer<ffi::F32> summed,
+                                  ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = ffi_common::NumElements(x);
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(
-      quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed, new_residual, kind,
-                                    column_size, sample_size, proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed,
+                                                        new_residual, quantizer, &spec));
   std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(
-      Group::Begin(MakeCallSite(kQuantizedOp, device_id, coordinates, attrs), &group));
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kQuantizedOp, caller), &group));
   JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduce(*group, spec, x.typed_data(), residual.typed_data(), n,
                                              summed->typed_data(), new_residual->typed_data(),
                                              run));
   group->Finish(KindLabel(spec.kind), n);
-  token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }
 
@@ -242,11 +239,12 @@ struct HierarchicalGroups {
   std::unique_ptr<Group> all, local, node;
 };
 
-ffi::Error BeginHierarchical(const char* op, int32_t device_id, ffi::Buffer<ffi::S32, 1> coords,
-                             const CollectiveAttrs& attrs, int64_t node_axis, int64_t local_axis,
+ffi::Error BeginHierarchical(const char* op, const Caller& caller, const HierarchyAttrs& hierarchy,
                              HierarchicalGroups* groups) {
-  const int64_t axes = static_cast<int64_t>(attrs.mesh_axis_sizes.size());
-  const ffi::Span<const int64_t> reduce_axes = attrs.reduce_axes;
+  const int64_t axes = static_cast<int64_t>(caller.attrs.mesh_axis_sizes.size());
+  const ffi::Span<const int64_t> reduce_axes = caller.attrs.reduce_axes;
+  const int64_t node_axis = hierarchy.node_axis;
+  const int64_t local_axis = hierarchy.local_axis;
   if (node_axis < 0 || node_axis >= axes || local_axis < 0 || local_axis >= axes ||
       node_axis == local_axis || !reduce_axes[node_axis] || !reduce_axes[local_axis]) {
     return Invalid(op, "node_axis and local_axis must be two distinct reduced mesh axes");
@@ -257,7 +255,7 @@ ffi::Error BeginHierarchical(const char* op, int32_t device_id, ffi::Buffer<ffi:
   node_mask = local_mask;
   local_mask[node_axis] = 0;
   node_mask[local_axis] = 0;
-  const CallSite all = MakeCallSite(op, device_id, coords, attrs);
+  const CallSite all = MakeCallSite(op, caller);
   CallSite local = all, node = all;
   local.reduce_axes = ffi::Span<const int64_t>(local_mask.data(), local_mask.size());
   node.reduce_axes = ffi::Span<const int64_t>(node_mask.data(), node_mask.size());
@@ -352,42 +350,36 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
   return ffi::Error::Success();
 }
 
-ffi::Error HierarchicalDenseImpl(const kernels::TaskRunner& run, int32_t device_id,
-                                 ffi::Buffer<ffi::S32, 1> coordinates,
-                                 ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
-                                 int64_t node_axis, int64_t local_axis, int64_t leaders,
-                                 ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out,
-                                 ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error HierarchicalDenseImpl(const kernels::TaskRunner& run, const Caller& caller,
+                                 const HierarchyAttrs& hierarchy, ffi::Buffer<ffi::F32> x,
+                                 ffi::ResultBuffer<ffi::F32> out) {
+  const int64_t leaders = hierarchy.leaders;
   const int64_t n = ffi_common::NumElements(x);
   JAXCOMM_RETURN_IF_ERROR(CheckSizes(kHierarchicalOp, n, {ffi_common::NumElements(*out)}));
   HierarchicalGroups g;
-  JAXCOMM_RETURN_IF_ERROR(
-      BeginHierarchical(kHierarchicalOp, device_id, coordinates, attrs, node_axis, local_axis, &g));
+  JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalOp, caller, hierarchy, &g));
   kernels::AdviseHugePages(out->typed_data(), sizeof(float) * n);
   JAXCOMM_RETURN_IF_ERROR(HierarchicalAllreduce(g, nullptr, leaders, x.typed_data(),
                                                 out->typed_data(), n, nullptr, run));
   g.all->Absorb(*g.local);
   g.all->Absorb(*g.node);
   g.all->Finish(leaders > 1 ? "hierarchical_dense" : "hierarchical_dense_leader", n);
-  token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }
 
-ffi::Error HierarchicalQuantizedImpl(
-    const kernels::TaskRunner& run, int32_t device_id, ffi::Buffer<ffi::S32, 1> coordinates,
-    ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs, int64_t node_axis,
-    int64_t local_axis, int64_t leaders, int64_t kind, int64_t column_size, int64_t sample_size,
-    double proportion, float tau, double max_density, ffi::Buffer<ffi::F32> x,
-    ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-    ffi::ResultBuffer<ffi::F32> new_residual, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error HierarchicalQuantizedImpl(const kernels::TaskRunner& run, const Caller& caller,
+                                     const HierarchyAttrs& hierarchy,
+                                     const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
+                                     ffi::Buffer<ffi::F32> residual,
+                                     ffi::ResultBuffer<ffi::F32> summed,
+                                     ffi::ResultBuffer<ffi::F32> new_residual) {
+  const int64_t leaders = hierarchy.leaders;
   const int64_t n = ffi_common::NumElements(x);
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(
-      kHierarchicalQuantizedOp, x, residual, summed, new_residual, kind, column_size, sample_size,
-      proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kHierarchicalQuantizedOp, x, residual,
+                                                        summed, new_residual, quantizer, &spec));
   HierarchicalGroups g;
-  JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, device_id, coordinates, attrs,
-                                            node_axis, local_axis, &g));
+  JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, caller, hierarchy, &g));
   float* out = summed->typed_data();
   const float* xs = x.typed_data();
   const float* rs = residual.typed_data();
@@ -401,31 +393,16 @@ ffi::Error HierarchicalQuantizedImpl(
   const std::string label =
       std::string("hierarchical_") + KindLabel(spec.kind) + (leaders > 1 ? "" : "_leader");
   g.all->Finish(label.c_str(), n);
-  token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }
 
 }  // namespace
+
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommQuantizedAllreduce, QuantizedAllreduceImpl,
+                          quantized::BindQuantizedData);
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommHierarchicalAllreduce, HierarchicalDenseImpl,
+                          quantized::BindHierarchicalDenseData);
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommHierarchicalQuantized, HierarchicalQuantizedImpl,
+                          quantized::BindHierarchicalQuantizedData);
+
 }  // namespace jaxcomm::collectives
-
-JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduce);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommQuantizedAllreduce,
-    jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::QuantizedAllreduceImpl>::Handler,
-    jaxcomm::collectives::BindCompressedData(
-        JAXCOMM_QUANTIZER_ATTRS(jaxcomm::collectives::BindCollective())));
-
-JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalAllreduce);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommHierarchicalAllreduce,
-    jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::HierarchicalDenseImpl>::Handler,
-    jaxcomm::collectives::BindDenseData(
-        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::BindCollective())));
-
-JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalQuantized);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommHierarchicalQuantized,
-    jaxcomm::collectives::AsyncCollective<
-        &jaxcomm::collectives::HierarchicalQuantizedImpl>::Handler,
-    jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
-        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::BindCollective()))));

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
+#include "ffi/collective_handler.h"
 #include "ffi/common.h"
 #include "kernels/quantized_slices.h"
 #include "xla/ffi/api/ffi.h"
@@ -14,6 +16,29 @@
 namespace jaxcomm::collectives::quantized {
 
 namespace ffi = xla::ffi;
+
+// A quantized allreduce's quantizer (kernels::QuantizerSpec as it travels): one dictionary
+// attribute, "quantizer", built by jaxcomm/collectives/_attributes.py (quantizer_attributes).
+struct QuantizerAttrs {
+  int64_t kind;  // kernels::QuantizerKind: 0 one-bit, 1 threshold, 2 adaptive
+  int64_t column_size;
+  int64_t sample_size;
+  double proportion;
+  float tau;
+  double max_density;
+};
+
+}  // namespace jaxcomm::collectives::quantized
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jaxcomm::collectives::quantized::QuantizerAttrs,
+                                      ::xla::ffi::StructMember<int64_t>("kind"),
+                                      ::xla::ffi::StructMember<int64_t>("column_size"),
+                                      ::xla::ffi::StructMember<int64_t>("sample_size"),
+                                      ::xla::ffi::StructMember<double>("proportion"),
+                                      ::xla::ffi::StructMember<float>("tau"),
+                                      ::xla::ffi::StructMember<double>("max_density"));
+
+namespace jaxcomm::collectives::quantized {
 
 inline const char* KindLabel(kernels::QuantizerKind kind) {
   switch (kind) {
@@ -27,18 +52,16 @@ inline const char* KindLabel(kernels::QuantizerKind kind) {
   return "unknown";
 }
 
-inline ffi::Error ReadSpec(const char* op, int64_t kind, int64_t column_size, int64_t sample_size,
-                           double proportion, float tau, double max_density,
-                           kernels::QuantizerSpec* spec) {
-  if (kind < 0 || kind > 2) {
-    return ffi_common::InvalidArgument(op, "unknown quantizer kind " + std::to_string(kind));
+inline ffi::Error ReadSpec(const char* op, const QuantizerAttrs& q, kernels::QuantizerSpec* spec) {
+  if (q.kind < 0 || q.kind > 2) {
+    return ffi_common::InvalidArgument(op, "unknown quantizer kind " + std::to_string(q.kind));
   }
-  *spec = kernels::QuantizerSpec{static_cast<kernels::QuantizerKind>(kind),
-                                 column_size,
-                                 sample_size,
-                                 proportion,
-                                 tau,
-                                 max_density};
+  *spec = kernels::QuantizerSpec{static_cast<kernels::QuantizerKind>(q.kind),
+                                 q.column_size,
+                                 q.sample_size,
+                                 q.proportion,
+                                 q.tau,
+                                 q.max_density};
   const std::string bad = kernels::CheckQuantizerSpec(*spec);
   if (!bad.empty()) return ffi_common::InvalidArgument(op, bad);
   return ffi::Error::Success();
@@ -58,24 +81,35 @@ inline ffi::Error CheckSizes(const char* op, int64_t n, std::initializer_list<in
 inline ffi::Error CheckQuantizedCall(const char* op, const ffi::Buffer<ffi::F32>& x,
                                      const ffi::Buffer<ffi::F32>& residual,
                                      ffi::ResultBuffer<ffi::F32> summed,
-                                     ffi::ResultBuffer<ffi::F32> new_residual, int64_t kind,
-                                     int64_t column_size, int64_t sample_size, double proportion,
-                                     float tau, double max_density, kernels::QuantizerSpec* spec) {
+                                     ffi::ResultBuffer<ffi::F32> new_residual,
+                                     const QuantizerAttrs& quantizer,
+                                     kernels::QuantizerSpec* spec) {
   JAXCOMM_RETURN_IF_ERROR(
       CheckSizes(op, ffi_common::NumElements(x),
                  {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
                   ffi_common::NumElements(*new_residual)}));
-  return ReadSpec(op, kind, column_size, sample_size, proportion, tau, max_density, spec);
+  return ReadSpec(op, quantizer, spec);
+}
+
+// What the quantized allreduce binds after the common operands (CPU and GPU): its quantizer,
+// then the compressed data.
+template <typename Binding>
+auto BindQuantizedData(Binding binding) {
+  return BindCompressedData(std::move(binding).template Attr<QuantizerAttrs>("quantizer"));
+}
+
+// The same for the hierarchical quantized allreduce: the mesh roles first.
+template <typename Binding>
+auto BindHierarchicalQuantizedData(Binding binding) {
+  return BindCompressedData(std::move(binding)
+                                .template Attr<HierarchyAttrs>("hierarchy")
+                                .template Attr<QuantizerAttrs>("quantizer"));
+}
+
+// The dense hierarchical allreduce: the mesh roles, then the dense data.
+template <typename Binding>
+auto BindHierarchicalDenseData(Binding binding) {
+  return BindDenseData(std::move(binding).template Attr<HierarchyAttrs>("hierarchy"));
 }
 
 }  // namespace jaxcomm::collectives::quantized
-
-// Attributes shared by the quantized handlers (CPU and GPU), in this order.
-#define JAXCOMM_QUANTIZER_ATTRS(binding)                              \
-  binding                                                             \
-      .Attr<int64_t>("kind") /* 0 one-bit, 1 threshold, 2 adaptive */ \
-      .Attr<int64_t>("column_size")                                   \
-      .Attr<int64_t>("sample_size")                                   \
-      .Attr<double>("proportion")                                     \
-      .Attr<float>("tau")                                             \
-      .Attr<double>("max_density")

@@ -9,14 +9,8 @@
 #include "ffi/compress_checks.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace jaxcomm {
+namespace jaxcomm::compress_checks {
 namespace {
-
-namespace ffi = xla::ffi;
-using ffi_common::InvalidArgument;
-using ffi_common::NumElements;
-
-using compress_checks::kSparseMergeOp;
 
 // Scratch reused by every call on the same thread: a jitted training step calls the merge
 // every round, and keeping the buffers avoids an allocation of (ka + kb) * 12 bytes per call.
@@ -39,8 +33,8 @@ ffi::Error SparseMergeImpl(ffi::Buffer<ffi::S32> idx_a, ffi::Buffer<ffi::F32> va
   const int64_t ka = NumElements(idx_a);
   const int64_t kb = NumElements(idx_b);
   const int64_t k = NumElements(*idx);
-  JAXCOMM_RETURN_IF_ERROR(compress_checks::SparseMerge(ka, NumElements(val_a), kb,
-                                                       NumElements(val_b), k, NumElements(*val)));
+  JAXCOMM_RETURN_IF_ERROR(
+      SparseMerge(ka, NumElements(val_a), kb, NumElements(val_b), k, NumElements(*val)));
   const kernels::SparseMergeStatus status =
       kernels::SparseMergeTopK(idx_a.typed_data(), val_a.typed_data(), ka, idx_b.typed_data(),
                                val_b.typed_data(), kb, k, idx->typed_data(), val->typed_data(),
@@ -50,16 +44,15 @@ ffi::Error SparseMergeImpl(ffi::Buffer<ffi::S32> idx_a, ffi::Buffer<ffi::F32> va
 }
 
 }  // namespace
-}  // namespace jaxcomm
 
-JAXCOMM_EXPORT_HANDLER(JaxcommSparseMerge);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSparseMerge, jaxcomm::SparseMergeImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // idx_a: ka, ascending
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // val_a: ka
-                                  .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // idx_b: kb, ascending
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // val_b: kb
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // idx: k, ascending
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // val: k, sums at idx
+JAXCOMM_DEFINE_HANDLER(JaxcommSparseMerge, SparseMergeImpl,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::Buffer<ffi::S32>>()  // idx_a: ka, ascending
+                           .Arg<ffi::Buffer<ffi::F32>>()  // val_a: ka
+                           .Arg<ffi::Buffer<ffi::S32>>()  // idx_b: kb, ascending
+                           .Arg<ffi::Buffer<ffi::F32>>()  // val_b: kb
+                           .Ret<ffi::Buffer<ffi::S32>>()  // idx: k, ascending
+                           .Ret<ffi::Buffer<ffi::F32>>()  // val: k, sums at idx
 );
+
+}  // namespace jaxcomm::compress_checks

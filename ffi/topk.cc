@@ -10,20 +10,14 @@
 #include "kernels/wire.h"
 #include "xla/ffi/api/ffi.h"
 
-namespace jaxcomm {
+namespace jaxcomm::compress_checks {
 namespace {
-
-namespace ffi = xla::ffi;
-using ffi_common::InvalidArgument;
-using ffi_common::NumElements;
-
-using compress_checks::kTopKDecompressOp;
 
 ffi::Error TopKAbsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                        ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::S32> indices) {
   const int64_t n = NumElements(x);
   const int64_t k = NumElements(*values);
-  JAXCOMM_RETURN_IF_ERROR(compress_checks::TopKAbs(n, k, NumElements(*indices)));
+  JAXCOMM_RETURN_IF_ERROR(TopKAbs(n, k, NumElements(*indices)));
   kernels::TopKAbs(x.typed_data(), nullptr, n, k, indices->typed_data(), values->typed_data(),
                    nullptr, ffi_common::PoolRunner(&pool));
   return ffi::Error::Success();
@@ -38,7 +32,7 @@ ffi::Error TopKCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int64_t words = NumElements(*packed);
   const int64_t k = (words - 1) / 2;
   JAXCOMM_RETURN_IF_ERROR(
-      compress_checks::TopKCompress(n, NumElements(residual), NumElements(*new_residual), words));
+      TopKCompress(n, NumElements(residual), NumElements(*new_residual), words));
   uint32_t* out = packed->typed_data();
   out[0] = static_cast<uint32_t>(words);
   auto* out_indices = reinterpret_cast<int32_t*>(out + 1);
@@ -52,7 +46,7 @@ ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ff
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
   const int64_t k = (words - 1) / 2;
-  JAXCOMM_RETURN_IF_ERROR(compress_checks::TopKDecompress(n, words));
+  JAXCOMM_RETURN_IF_ERROR(TopKDecompress(n, words));
   const uint32_t* in = packed.typed_data();
   if (in[0] != static_cast<uint32_t>(words)) {
     return InvalidArgument(kTopKDecompressOp,
@@ -72,31 +66,28 @@ ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ff
 }
 
 }  // namespace
-}  // namespace jaxcomm
 
-JAXCOMM_EXPORT_HANDLER(JaxcommTopKAbs);
-JAXCOMM_EXPORT_HANDLER(JaxcommTopKCompress);
-JAXCOMM_EXPORT_HANDLER(JaxcommTopKDecompress);
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAbs, jaxcomm::TopKAbsImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()  // intra-op threads for the scan
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: n-vector
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // values: k, acc order
-                                  .Ret<xla::ffi::Buffer<xla::ffi::S32>>()  // indices: k, ascending
+JAXCOMM_DEFINE_HANDLER(JaxcommTopKAbs, TopKAbsImpl,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::ThreadPool>()        // intra-op threads for the scan
+                           .Arg<ffi::Buffer<ffi::F32>>()  // x: n-vector
+                           .Ret<ffi::Buffer<ffi::F32>>()  // values: k, acc order
+                           .Ret<ffi::Buffer<ffi::S32>>()  // indices: k, ascending
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKCompress, jaxcomm::TopKCompressImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::ThreadPool>()  // intra-op threads for the scan
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // x: any shape
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()  // residual: x's shape
-                                  .Ret<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: 1 + 2k words
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // new_residual
+JAXCOMM_DEFINE_HANDLER(JaxcommTopKCompress, TopKCompressImpl,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::ThreadPool>()        // intra-op threads for the scan
+                           .Arg<ffi::Buffer<ffi::F32>>()  // x: any shape
+                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
+                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
+                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKDecompress, jaxcomm::TopKDecompressImpl,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()  // packed: 1 + 2k words
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>()  // x_hat: n elements
+JAXCOMM_DEFINE_HANDLER(JaxcommTopKDecompress, TopKDecompressImpl,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
+                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
 );
+
+}  // namespace jaxcomm::compress_checks

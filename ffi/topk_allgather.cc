@@ -19,16 +19,14 @@ namespace {
 
 constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
 
-ffi::Error TopKAllgatherImpl(const kernels::TaskRunner& run, int32_t device_id,
-                             ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                             const CollectiveAttrs& attrs, int64_t k, ffi::Buffer<ffi::F32> x,
-                             ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-                             ffi::ResultBuffer<ffi::F32> new_residual,
-                             ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error TopKAllgatherImpl(const kernels::TaskRunner& run, const Caller& caller, int64_t k,
+                             ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                             ffi::ResultBuffer<ffi::F32> summed,
+                             ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(MakeCallSite(kOp, device_id, coordinates, attrs), k,
-                                                x, residual, summed, new_residual, &group));
+  JAXCOMM_RETURN_IF_ERROR(BeginSparseCollective(MakeCallSite(kOp, caller), k, x, residual, summed,
+                                                new_residual, &group));
   const int parts = group->size();
   const int rank = group->rank();
   // slots[q] = [k indices][k values] of group rank q
@@ -71,15 +69,11 @@ ffi::Error TopKAllgatherImpl(const kernels::TaskRunner& run, int32_t device_id,
     kernels::ScatterAdd(out, indices, reinterpret_cast<const float*>(slot + k), k);
   }
   group->Finish("topk_allgather", n);
-  token_out->typed_data()[0] = token.typed_data()[0] + 1;
   return ffi::Error::Success();
 }
 
 }  // namespace
-}  // namespace jaxcomm::collectives
 
-JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgather);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommTopKAllgather,
-    jaxcomm::collectives::AsyncCollective<&jaxcomm::collectives::TopKAllgatherImpl>::Handler,
-    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::BindCollective()));
+JAXCOMM_DEFINE_COLLECTIVE(JaxcommTopKAllgather, TopKAllgatherImpl, BindSparseCollective);
+
+}  // namespace jaxcomm::collectives

@@ -185,3 +185,12 @@ def compress_call(target: str, x: Any, residual: Any, words: int, **attributes: 
         (result_like(x, (words,), jnp.uint32), result_like(x, x.shape, jnp.float32)),
         input_output_aliases={1: 1},
     )(x, residual, **attributes)
+
+
+def decompress_call(target: str, packed: Any, shape: Any, **attributes: Any) -> Any:
+    """Calls a decompress handler: packed uint32 words -> float32 array of `shape`."""
+    import jax.numpy as jnp
+
+    return jax.ffi.ffi_call(target, result_like(packed, tuple(shape), jnp.float32))(
+        packed, **attributes
+    )

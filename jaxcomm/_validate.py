@@ -84,6 +84,19 @@ def finite_float(value: Any, name: str) -> float:
     return value
 
 
+def compressor_of(compressor: Any, kind: type) -> None:
+    """Raises TypeError unless `compressor` is a `kind` (e.g. ``jaxcomm.OneBit``).
+
+    Example:
+      >>> from jaxcomm.compressors import OneBit
+      >>> compressor_of(OneBit(32), OneBit)
+    """
+    if not isinstance(compressor, kind):
+        raise TypeError(
+            f"compressor must be jaxcomm.{kind.__name__}, got {type(compressor).__name__}"
+        )
+
+
 def residual_like(x: Any, residual: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Checks an (x, residual) pair of error feedback: x float32/bfloat16/float16, the residual
     float32 (error feedback is kept in float32 whatever x's dtype), same shape.

@@ -105,18 +105,17 @@ cudaError_t CollectDropped(const int32_t* idx_a, const float* val_a, int64_t ka,
                            const int32_t* out_idx, int64_t k_out, int32_t* dropped_idx,
                            float* dropped_val, cudaStream_t stream);
 
-// dense[idx[j]] += val[j] for each j < count whose index is NOT in the ascending set
-// `set_idx[set_k]` (gTop-k, Alg. 4 line 10: local values outside the global set go back into
-// the residual). Negative indices are empty slots and skipped.
-cudaError_t AddOutsideSet(const int32_t* idx, const float* val, int64_t count,
-                          const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
-                          cudaStream_t stream);
+// Which entries AddBySet adds: those whose index is in the set, or those whose index is not.
+enum class SetSide { kOutside, kInside };
 
-// Same for the entries whose index IS in the set (gTop-k: one merge step's dropped partial
-// sums at indices of the global set). Negative indices are empty slots and skipped.
-cudaError_t AddInsideSet(const int32_t* idx, const float* val, int64_t count,
-                         const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
-                         cudaStream_t stream);
+// dense[idx[j]] += val[j] for each j < count whose index is (kInside) or is not (kOutside) in
+// the ascending set `set_idx[set_k]`. gTop-k uses both: kOutside for Alg. 4 line 10 (local
+// values outside the global set go back into the residual), kInside for one merge step's
+// dropped partial sums at indices of the global set. Negative indices are empty slots and
+// skipped.
+cudaError_t AddBySet(SetSide side, const int32_t* idx, const float* val, int64_t count,
+                     const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
+                     cudaStream_t stream);
 
 // ---- adaptive quantization (kernels/adaptive.h) ------------------------------------------
 // Same contract as kernels::AdaptiveCompress with layout {n, column_size, proportion}: packed

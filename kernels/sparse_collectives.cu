@@ -103,19 +103,11 @@ cudaError_t CollectDropped(const int32_t* idx_a, const float* val_a, int64_t ka,
   return cudaGetLastError();
 }
 
-cudaError_t AddOutsideSet(const int32_t* idx, const float* val, int64_t count,
-                          const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
-                          cudaStream_t stream) {
-  AddWhereKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(idx, val, count, set_idx, set_k,
-                                                                    dense, n, false);
-  return cudaGetLastError();
-}
-
-cudaError_t AddInsideSet(const int32_t* idx, const float* val, int64_t count,
-                         const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
-                         cudaStream_t stream) {
-  AddWhereKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(idx, val, count, set_idx, set_k,
-                                                                    dense, n, true);
+cudaError_t AddBySet(SetSide side, const int32_t* idx, const float* val, int64_t count,
+                     const int32_t* set_idx, int64_t set_k, float* dense, int64_t n,
+                     cudaStream_t stream) {
+  AddWhereKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(
+      idx, val, count, set_idx, set_k, dense, n, side == SetSide::kInside);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import pathlib
 import signal
@@ -52,6 +53,32 @@ class WorldRun:
             if c == case and n == name:
                 found[int(rank)] = value
         return [found[r] for r in sorted(found)]
+
+
+def run_script(
+    script: pathlib.Path, *args: object, timeout: float, cwd: pathlib.Path | None = None
+) -> subprocess.CompletedProcess:
+    """Runs `script` with this interpreter, capturing its output as text.
+
+    XLA_FLAGS is dropped (each worker sets its own CPU device count) and output is unbuffered.
+    """
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)
+    return subprocess.run(
+        [sys.executable, str(script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+    )
+
+
+def load_output(out: pathlib.Path, name: str) -> tuple[dict, dict]:
+    """A worker's results: the arrays of ``<out>/<name>.npz`` and the JSON of ``<name>.json``."""
+    with np.load(out / f"{name}.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    return arrays, json.loads((out / f"{name}.json").read_text())
 
 
 def run_world(

@@ -34,6 +34,33 @@ def run_cli(*args: str, cwd: pathlib.Path, timeout: float = 240) -> subprocess.C
     )
 
 
+def launch_bundled(
+    recipe: str, out: pathlib.Path, *settings: str, cwd: pathlib.Path
+) -> subprocess.CompletedProcess:
+    """``jaxcomm launch recipes/<recipe>.yaml --out <out> -q --set <setting> ...``."""
+    overrides = [arg for setting in settings for arg in ("--set", setting)]
+    recipe_path = str(ROOT / "recipes" / f"{recipe}.yaml")
+    return run_cli("launch", recipe_path, "--out", str(out), "-q", *overrides, cwd=cwd)
+
+
+def start_launch(
+    recipe: pathlib.Path,
+    out: pathlib.Path,
+    *args: str,
+    cwd: pathlib.Path,
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """Starts ``jaxcomm launch <recipe> --out <out> <args>`` without waiting (pipes as text)."""
+    return subprocess.Popen(
+        [*jaxcomm_cmd(), "launch", str(recipe), "--out", str(out), *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 def worker_pids(marker: str) -> list[int]:
     """Pids of live processes whose command line mentions `marker` (e.g. the run dir)."""
     out = []

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compress_helpers import raw_adaptive_compress
 from reference import adaptive_keep
 
 import jaxcomm
@@ -288,14 +289,6 @@ def test_ffi_handler_validates_what_python_would(attrs, words, message):
     # bad parameters into an error naming the op instead of aborting the process.
     assert jaxcomm.Adaptive(4, 16).packed_words(64) == 49
     x = jnp.ones(64, jnp.float32)
-    call = jax.ffi.ffi_call(
-        "jaxcomm_adaptive_compress",
-        (jax.ShapeDtypeStruct((words,), jnp.uint32), jax.ShapeDtypeStruct((64,), jnp.float32)),
-    )
-    typed = {
-        "proportion": np.float64(attrs["proportion"]),
-        "column_size": np.int64(attrs["column_size"]),
-        "sample_size": np.int64(attrs["sample_size"]),
-    }
+    call = raw_adaptive_compress(words, attrs)
     with pytest.raises(jax.errors.JaxRuntimeError, match=r"compress\(Adaptive\).*" + message):
-        jax.block_until_ready(call(x, x, **typed))
+        jax.block_until_ready(call(x))

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
+from collectives_harness import run_script
 
 WORKER = pathlib.Path(__file__).with_name("adaptive_training_worker.py")
 STEPS = 150
@@ -30,15 +28,7 @@ ACCURACY_TOLERANCE = 0.10
 def test_adaptive_pi64_trains_the_wide_mlp_like_dense(tmp_path):
     pytest.importorskip("sklearn")
     out = tmp_path / "runs.json"
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), "--steps", str(STEPS), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
+    proc = run_script(WORKER, "--steps", STEPS, "--out", out, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     runs = json.loads(out.read_text())
     adaptive, dense = runs["adaptive"], runs["dense"]

@@ -5,17 +5,14 @@ mixed-precision tree. One worker process per device count (tests/bf16_worker.py)
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
 from bf16_worker import ALGORITHMS, COMPRESSED_SIZES, DENSE_SIZES, DTYPES, inputs
+from collectives_harness import load_output, run_script
 
 import jaxcomm
 
@@ -29,20 +26,10 @@ def run(tmp_path_factory):
     def get(devices: int) -> tuple[dict, dict]:
         if devices not in _runs:
             out = tmp_path_factory.mktemp(f"bf16-{devices}")
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
-            env.pop("XLA_FLAGS", None)
-            proc = subprocess.run(
-                [sys.executable, str(WORKER), "--devices", str(devices), "--out", str(out)],
-                capture_output=True,
-                text=True,
-                timeout=240,
-                env=env,
-            )
+            proc = run_script(WORKER, "--devices", devices, "--out", out, timeout=240)
             if proc.returncode != 0:
                 pytest.fail(f"bf16 worker failed:\n{proc.stdout[-3000:]}{proc.stderr[-6000:]}")
-            with np.load(out / "bf16.npz") as data:
-                arrays = {k: data[k] for k in data.files}
-            _runs[devices] = (arrays, json.loads((out / "bf16.json").read_text()))
+            _runs[devices] = load_output(out, "bf16")
         return _runs[devices]
 
     return get

@@ -10,12 +10,11 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import pathlib
 import subprocess
-import sys
 
 import pytest
+from collectives_harness import run_script
 from launcher_helpers import ROOT, run_cli, write_recipe
 
 import jaxcomm
@@ -188,16 +187,7 @@ def test_profile_round_trip(tmp_path):
 
 @pytest.mark.parametrize("devices,n", [(4, 10_001), (6, 50_001)])
 def test_predicted_bytes_equal_measured_metrics(devices, n):
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
-    done = subprocess.run(
-        [sys.executable, str(HERE / "cost_worker.py"), str(devices), str(n)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
-        cwd=HERE.parent.parent,
-    )
+    done = run_script(HERE / "cost_worker.py", devices, n, timeout=240, cwd=HERE.parent.parent)
     assert done.returncode == 0, done.stderr[-3000:]
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     # The worker's inputs: identical on every rank, alternating signs, |x| > tau everywhere.

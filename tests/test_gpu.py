@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compress_helpers import raw_adaptive_compress
 from gpu_support import GPU_MARKS, GPUS
 
 import jaxcomm
@@ -334,19 +335,11 @@ def test_adaptive_decompress_corrupt_is_nan_on_gpu():
 )
 def test_adaptive_handler_checks_are_the_cpu_ones(attrs, words, message):
     """The CUDA handler runs the CPU handler's static checks (ffi/compress_checks.h)."""
-    call = jax.ffi.ffi_call(
-        "jaxcomm_adaptive_compress",
-        (jax.ShapeDtypeStruct((words,), jnp.uint32), jax.ShapeDtypeStruct((64,), jnp.float32)),
-    )
-    typed = {
-        "proportion": np.float64(attrs["proportion"]),
-        "column_size": np.int64(attrs["column_size"]),
-        "sample_size": np.int64(attrs["sample_size"]),
-    }
+    call = raw_adaptive_compress(words, attrs)
     x = np.ones(64, np.float32)
     for device in (CPU, GPUS[0]):
         with pytest.raises(jax.errors.JaxRuntimeError, match=r"compress\(Adaptive\).*" + message):
-            on(device, lambda a: call(a, a, **typed), x)
+            on(device, call, x)
 
 
 @pytest.mark.timeout(900)

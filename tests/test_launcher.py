@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 
 import pytest
-from launcher_helpers import ROOT, jaxcomm_cmd, run_cli, worker_pids, write_recipe
+from launcher_helpers import (
+    ROOT,
+    launch_bundled,
+    run_cli,
+    start_launch,
+    worker_pids,
+    write_recipe,
+)
 
 
 @pytest.mark.parametrize("processes", [2, 4])
@@ -133,13 +139,7 @@ def test_timeout_stops_every_rank(tmp_path):
 def test_ctrl_c_stops_every_rank(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", train={"steps": 10000}, args={"sleep_s": 0.1})
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [*jaxcomm_cmd(), "launch", str(recipe), "--out", str(out)],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_launch(recipe, out, cwd=tmp_path)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (out / "dense" / "rank1.jsonl").exists():
         time.sleep(0.2)
@@ -153,19 +153,12 @@ def test_ctrl_c_stops_every_rank(tmp_path):
 def test_gtopk_digits_run_sends_fewer_bytes_than_dense(tmp_path):
     pytest.importorskip("sklearn")
     out = tmp_path / "run"
-    res = run_cli(
-        "launch",
-        str(ROOT / "recipes" / "digits-dense.yaml"),
-        "--out",
-        str(out),
-        "-q",
-        "--set",
+    res = launch_bundled(
+        "digits-dense",
+        out,
         "train.steps=30",
-        "--set",
         "train.eval_every=10",
-        "--set",
         "jaxcomm.algorithm=gtopk",
-        "--set",
         "jaxcomm.density=0.01",
         cwd=tmp_path,
     )
@@ -196,18 +189,7 @@ def test_bundled_recipes_validate():
 def test_digits_dense_short(tmp_path):
     pytest.importorskip("sklearn")
     out = tmp_path / "run"
-    res = run_cli(
-        "launch",
-        str(ROOT / "recipes" / "digits-dense.yaml"),
-        "--out",
-        str(out),
-        "-q",
-        "--set",
-        "train.steps=60",
-        "--set",
-        "train.eval_every=20",
-        cwd=tmp_path,
-    )
+    res = launch_bundled("digits-dense", out, "train.steps=60", "train.eval_every=20", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     summary = json.loads((out / "summary.json").read_text())
     v = summary["variants"][0]
@@ -218,17 +200,11 @@ def test_digits_dense_short(tmp_path):
 def test_compare_sweep_runs_every_algorithm(tmp_path):
     pytest.importorskip("sklearn")
     out = tmp_path / "run"
-    res = run_cli(
-        "launch",
-        str(ROOT / "recipes" / "digits-compare.yaml"),
-        "--out",
-        str(out),
-        "-q",
-        "--set",
+    res = launch_bundled(
+        "digits-compare",
+        out,
         "train.steps=10",
-        "--set",
         "train.eval_every=5",
-        "--set",
         "world.devices_per_process=1",
         cwd=tmp_path,
     )

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from compress_helpers import jit_round_trip
 
 import jaxcomm
 from jaxcomm.ops import onebit
@@ -141,18 +142,12 @@ def test_multidimensional_and_jit():
     x = rng.standard_normal((37, 29), dtype=np.float32)
     r = rng.standard_normal((37, 29), dtype=np.float32)
     c = jaxcomm.OneBit(96, 0)
-
-    @jax.jit
-    def step(x, r):
-        packed, new_r = jaxcomm.ops.compress(x, r, c)
-        return packed, new_r, jaxcomm.ops.decompress(packed, c, x.shape)
-
-    packed, new_r, x_hat = step(jnp.asarray(x), jnp.asarray(r))
+    packed, new_r, x_hat = jit_round_trip(x, r, c)
     eager_packed, eager_r = run(x, r, c)
-    np.testing.assert_array_equal(np.asarray(packed), eager_packed)
-    np.testing.assert_array_equal(np.asarray(new_r), eager_r)
+    np.testing.assert_array_equal(packed, eager_packed)
+    np.testing.assert_array_equal(new_r, eager_r)
     assert x_hat.shape == x.shape
-    np.testing.assert_allclose(np.asarray(x_hat + new_r), x + r, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(x_hat + new_r, x + r, rtol=1e-6, atol=1e-6)
     check_against_reference(x, r, c)
 
 

@@ -6,15 +6,12 @@ be set before JAX initializes; each worker mode runs once per session.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 import types
 
 import numpy as np
 import pytest
+from collectives_harness import load_output, run_script
 
 WORKER = pathlib.Path(__file__).with_name("optax_worker.py")
 DEVICES = 4
@@ -28,32 +25,22 @@ def worker(tmp_path_factory):
     def run(mode: str) -> tuple[dict, dict]:
         if mode not in _runs:
             out = tmp_path_factory.mktemp(f"optax-{mode}")
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
-            env.pop("XLA_FLAGS", None)
-            proc = subprocess.run(
-                [
-                    sys.executable,
-                    str(WORKER),
-                    "--mode",
-                    mode,
-                    "--devices",
-                    str(DEVICES),
-                    "--epochs",
-                    str(CONVERGENCE_EPOCHS),
-                    "--out",
-                    str(out),
-                ],
-                capture_output=True,
-                text=True,
+            proc = run_script(
+                WORKER,
+                "--mode",
+                mode,
+                "--devices",
+                DEVICES,
+                "--epochs",
+                CONVERGENCE_EPOCHS,
+                "--out",
+                out,
                 timeout=280,
-                env=env,
             )
             if proc.returncode != 0:
                 _runs[mode] = proc.stdout[-4000:] + proc.stderr[-6000:]
             else:
-                with np.load(out / f"{mode}.npz") as data:
-                    arrays = {k: data[k] for k in data.files}
-                _runs[mode] = (arrays, json.loads((out / f"{mode}.json").read_text()))
+                _runs[mode] = load_output(out, mode)
         if isinstance(_runs[mode], str):
             pytest.fail(f"optax worker ({mode}) failed:\n{_runs[mode]}")
         return _runs[mode]

@@ -15,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from launcher_helpers import ROOT, jaxcomm_cmd, worker_pids, write_recipe
+from launcher_helpers import ROOT, jaxcomm_cmd, start_launch, worker_pids, write_recipe
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0,
@@ -144,14 +144,7 @@ def test_killed_task_fails_the_job_and_names_rank_and_node(slurm, tmp_path):
         tmp_path / "r.yaml", backend="slurm", train={"steps": 10000}, args={"sleep_s": 0.05}
     )
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [*jaxcomm_cmd(), "launch", str(recipe), "--out", str(out), "-q"],
-        cwd=tmp_path,
-        env=slurm.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_launch(recipe, out, "-q", cwd=tmp_path, env=slurm.env)
     try:
         wait_for(lambda: (out / "dense" / "rank1.jsonl").exists(), what="rank 1's first step")
         pid = _rank_pid(out, 1)
@@ -175,14 +168,7 @@ def test_ctrl_c_cancels_the_job_and_leaves_no_process(slurm, tmp_path):
         tmp_path / "r.yaml", backend="slurm", train={"steps": 10000}, args={"sleep_s": 0.1}
     )
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [*jaxcomm_cmd(), "launch", str(recipe), "--out", str(out)],
-        cwd=tmp_path,
-        env=slurm.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_launch(recipe, out, cwd=tmp_path, env=slurm.env)
     try:
         wait_for(lambda: (out / "dense" / "rank1.jsonl").exists(), what="rank 1's first step")
         assert len(worker_pids(str(out))) >= 2

@@ -219,113 +219,103 @@ ffi::Error AdaptiveDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scr
 namespace ffi = xla::ffi;
 using Stream = ffi::PlatformStream<cudaStream_t>;
 
-JAXCOMM_EXPORT_HANDLER(JaxcommTopKAbsCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommTopKCompressCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommTopKDecompressCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommSparseMergeCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommOneBitCompressCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommOneBitDecompressCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommThresholdCompressCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommThresholdDecompressCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommAdaptiveCompressCuda);
-JAXCOMM_EXPORT_HANDLER(JaxcommAdaptiveDecompressCuda);
+namespace {
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKAbsCuda, jaxcomm::TopKAbsCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x: n-vector
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // values: k
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // indices: k, ascending
+// XLA's stream and scratch memory, then x and the residual: how the compress handlers that
+// allocate working memory open.
+auto BindCompressWithScratch() {
+  return ffi::Ffi::Bind()
+      .Ctx<Stream>()
+      .Ctx<ffi::ScratchAllocator>()
+      .Arg<ffi::Buffer<ffi::F32>>()   // x
+      .Arg<ffi::Buffer<ffi::F32>>();  // residual: x's shape
+}
+
+// XLA's stream and scratch memory, then the packed words: the decompress handlers' opening.
+auto BindDecompressWithScratch() {
+  return ffi::Ffi::Bind()
+      .Ctx<Stream>()
+      .Ctx<ffi::ScratchAllocator>()
+      .Arg<ffi::Buffer<ffi::U32>>();  // packed
+}
+
+}  // namespace
+
+JAXCOMM_DEFINE_HANDLER(JaxcommTopKAbsCuda, jaxcomm::TopKAbsCuda,
+                       ffi::Ffi::Bind()
+                           .Ctx<Stream>()
+                           .Ctx<ffi::ScratchAllocator>()
+                           .Arg<ffi::Buffer<ffi::F32>>()  // x: n-vector
+                           .Ret<ffi::Buffer<ffi::F32>>()  // values: k
+                           .Ret<ffi::Buffer<ffi::S32>>()  // indices: k, ascending
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKCompressCuda, jaxcomm::TopKCompressCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
-                                  .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
+JAXCOMM_DEFINE_HANDLER(JaxcommTopKCompressCuda, jaxcomm::TopKCompressCuda,
+                       BindCompressWithScratch()
+                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
+                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommTopKDecompressCuda, jaxcomm::TopKDecompressCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
+JAXCOMM_DEFINE_HANDLER(JaxcommTopKDecompressCuda, jaxcomm::TopKDecompressCuda,
+                       BindDecompressWithScratch()        // packed: 1 + 2k words
+                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommSparseMergeCuda, jaxcomm::SparseMergeCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // idx_a: ka, ascending
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // val_a: ka
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // idx_b: kb, ascending
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // val_b: kb
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // idx: k, ascending
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // val: k
+JAXCOMM_DEFINE_HANDLER(JaxcommSparseMergeCuda, jaxcomm::SparseMergeCuda,
+                       ffi::Ffi::Bind()
+                           .Ctx<Stream>()
+                           .Ctx<ffi::ScratchAllocator>()
+                           .Arg<ffi::Buffer<ffi::S32>>()  // idx_a: ka, ascending
+                           .Arg<ffi::Buffer<ffi::F32>>()  // val_a: ka
+                           .Arg<ffi::Buffer<ffi::S32>>()  // idx_b: kb, ascending
+                           .Arg<ffi::Buffer<ffi::F32>>()  // val_b: kb
+                           .Ret<ffi::Buffer<ffi::S32>>()  // idx: k, ascending
+                           .Ret<ffi::Buffer<ffi::F32>>()  // val: k
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommOneBitCompressCuda, jaxcomm::OneBitCompressCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
-                                  .Attr<int64_t>("column_size")
-                                  .Attr<int64_t>("sample_size")
-                                  .Ret<ffi::Buffer<ffi::U32>>()   // packed: OneBit words
-                                  .Ret<ffi::Buffer<ffi::F32>>(),  // new_residual
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCOMM_DEFINE_HANDLER(JaxcommOneBitCompressCuda, jaxcomm::OneBitCompressCuda,
+                       ffi::Ffi::Bind()
+                           .Ctx<Stream>()
+                           .Arg<ffi::Buffer<ffi::F32>>()  // x
+                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
+                           .Attr<int64_t>("column_size")
+                           .Attr<int64_t>("sample_size")
+                           .Ret<ffi::Buffer<ffi::U32>>()   // packed: OneBit words
+                           .Ret<ffi::Buffer<ffi::F32>>(),  // new_residual
+                       {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommOneBitDecompressCuda, jaxcomm::OneBitDecompressCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()  // packed: OneBit words
-                                  .Attr<int64_t>("column_size")
-                                  .Attr<int64_t>("sample_size")
-                                  .Ret<ffi::Buffer<ffi::F32>>(),  // x_hat: n elements
-                              {ffi::Traits::kCmdBufferCompatible});
+JAXCOMM_DEFINE_HANDLER(JaxcommOneBitDecompressCuda, jaxcomm::OneBitDecompressCuda,
+                       ffi::Ffi::Bind()
+                           .Ctx<Stream>()
+                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: OneBit words
+                           .Attr<int64_t>("column_size")
+                           .Attr<int64_t>("sample_size")
+                           .Ret<ffi::Buffer<ffi::F32>>(),  // x_hat: n elements
+                       {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommThresholdCompressCuda, jaxcomm::ThresholdCompressCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
-                                  .Attr<float>("tau")
-                                  .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + capacity
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
+JAXCOMM_DEFINE_HANDLER(JaxcommThresholdCompressCuda, jaxcomm::ThresholdCompressCuda,
+                       BindCompressWithScratch()
+                           .Attr<float>("tau")
+                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + capacity
+                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommThresholdDecompressCuda, jaxcomm::ThresholdDecompressCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()  // packed: 1 + capacity
-                                  .Attr<float>("tau")
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
+JAXCOMM_DEFINE_HANDLER(JaxcommThresholdDecompressCuda, jaxcomm::ThresholdDecompressCuda,
+                       BindDecompressWithScratch()  // packed: 1 + capacity
+                           .Attr<float>("tau")
+                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
 );
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAdaptiveCompressCuda, jaxcomm::AdaptiveCompressCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
-                                  .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
-                                  .Ret<ffi::Buffer<ffi::U32>>()  // packed: Adaptive words
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
-                                  .Attr<double>("proportion")
-                                  .Attr<int64_t>("column_size")
-                                  .Attr<int64_t>("sample_size"));
+JAXCOMM_DEFINE_HANDLER(JaxcommAdaptiveCompressCuda, jaxcomm::AdaptiveCompressCuda,
+                       BindCompressWithScratch()
+                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: Adaptive words
+                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
+                           .Attr<double>("proportion")
+                           .Attr<int64_t>("column_size")
+                           .Attr<int64_t>("sample_size"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommAdaptiveDecompressCuda, jaxcomm::AdaptiveDecompressCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<Stream>()
-                                  .Ctx<ffi::ScratchAllocator>()
-                                  .Arg<ffi::Buffer<ffi::U32>>()  // packed: Adaptive words
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
-                                  .Attr<double>("proportion")
-                                  .Attr<int64_t>("column_size"));
+JAXCOMM_DEFINE_HANDLER(JaxcommAdaptiveDecompressCuda, jaxcomm::AdaptiveDecompressCuda,
+                       BindDecompressWithScratch()        // packed: Adaptive words
+                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
+                           .Attr<double>("proportion")
+                           .Attr<int64_t>("column_size"));

@@ -11,6 +11,7 @@
 
 #include "ffi/common.h"
 #include "ffi/transport/ucx_world.h"
+#include "kernels/cuda_kernels.h"
 
 namespace jaxcomm::collectives::gpu {
 
@@ -194,6 +195,16 @@ ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, const char* name, siz
   return ffi::Error::Success();
 }
 
+ffi::Error FinishSparse(GpuGroup& group, const char* op, const char* label, int64_t n,
+                        const uint32_t* bad, float* out, uint64_t sent, uint64_t received,
+                        cudaStream_t stream) {
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckCuda(op, kernels::cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
+  group.CountTraffic(sent, received);
+  group.Finish(label, n);
+  return ffi::Error::Success();
+}
+
 ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& token,
                         ffi::ResultBuffer<ffi::S32, 0>& token_out) {
   return CheckCuda("jaxcomm collective",
@@ -202,9 +213,11 @@ ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& tok
                    "token copy");
 }
 
-ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                          const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
+ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, const Caller& caller,
                           GpuSite* out) {
+  const int32_t device_ordinal = caller.device_id;
+  const ffi::Buffer<ffi::S32, 1>& coordinates = caller.coordinates;
+  const CollectiveAttrs& attrs = caller.attrs;
   if (attrs.split) {
     // jaxcomm/collectives/_call.py splits CPU calls only: NCCL already runs on a stream.
     return Fail(name, "a split (start/done) collective is CPU only");
@@ -267,10 +280,9 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_
   return ffi::Error::Success();
 }
 
-ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                        const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
-                        GpuSite* site, std::unique_ptr<GpuGroup>* group) {
-  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(name, stream, device_ordinal, coordinates, attrs, site));
+ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, const Caller& caller, GpuSite* site,
+                        std::unique_ptr<GpuGroup>* group) {
+  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(name, stream, caller, site));
   return GpuGroup::Begin(*site, site->site, group);
 }
 

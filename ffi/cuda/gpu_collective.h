@@ -69,8 +69,7 @@ struct GpuSite {
 
 // Resolves the handler's context and common operands into a GpuSite (see the file comment
 // for the one blocking read of the coordinates).
-ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                          const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
+ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, const Caller& caller,
                           GpuSite* out);
 
 // One group of a GPU call: membership, sequence number and metrics as on CPU, plus its NCCL
@@ -113,14 +112,51 @@ inline void CountDenseRing(GpuGroup& group, int64_t n) {
                      ring::DenseRingBytes(n, parts, ring::LeftOf(rank, parts)));
 }
 
+// The end of a sparse GPU collective (TopKAllgather, gTop-k): NaN-poisons the sum out[n] if a
+// received index was out of range (*bad, set on the device: the GPU form of the CPU's error),
+// then counts the traffic and records the call's metrics under `label`.
+ffi::Error FinishSparse(GpuGroup& group, const char* op, const char* label, int64_t n,
+                        const uint32_t* bad, float* out, uint64_t sent, uint64_t received,
+                        cudaStream_t stream);
+
 // ResolveGpuSite, then GpuGroup::Begin on the site as it is: the opening of a one-group call.
-ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, int32_t device_ordinal,
-                        const ffi::Buffer<ffi::S32, 1>& coordinates, const CollectiveAttrs& attrs,
-                        GpuSite* site, std::unique_ptr<GpuGroup>* group);
+ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, const Caller& caller, GpuSite* site,
+                        std::unique_ptr<GpuGroup>* group);
 
 // token_out = token (an enqueued device copy: the token orders calls through data flow only).
 ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& token,
                         ffi::ResultBuffer<ffi::S32, 0>& token_out);
+
+// Turns a GPU collective implementation
+//   ffi::Error Impl(cudaStream_t, ffi::ScratchAllocator&, const Caller&, Data...)
+// into the handler that BindGpuCollective and the op's own bindings describe
+//   ffi::Error Handler(stream, scratch, device_ordinal, coordinates, token,
+//                      const CollectiveAttrs&, Data..., token_out)
+// (Caller::device_id is the local CUDA ordinal): Impl enqueues its work on the stream, then
+// the handler forwards the token (ForwardToken).
+template <auto Impl, typename Signature = decltype(Impl)>
+struct GpuCollective;
+
+template <auto Impl, typename... Data>
+struct GpuCollective<Impl,
+                     ffi::Error (*)(cudaStream_t, ffi::ScratchAllocator&, const Caller&, Data...)> {
+  static ffi::Error Handler(cudaStream_t stream, ffi::ScratchAllocator scratch,
+                            int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
+                            ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
+                            Data... data, ffi::ResultBuffer<ffi::S32, 0> token_out) {
+    JAXCOMM_RETURN_IF_ERROR(
+        Impl(stream, scratch, Caller{device_ordinal, coordinates, attrs}, data...));
+    return ForwardToken(stream, token, token_out);
+  }
+};
+
+// Defines the exported GPU handler `symbol` running the collective `impl` (GpuCollective),
+// bound by BindGpuCollective() and then `bind_data`, the same as the CPU handler's
+// (JAXCOMM_DEFINE_COLLECTIVE). Use it inside namespace jaxcomm::collectives::gpu, outside any
+// anonymous namespace.
+#define JAXCOMM_DEFINE_GPU_COLLECTIVE(symbol, impl, bind_data)                               \
+  JAXCOMM_DEFINE_HANDLER(symbol, ::jaxcomm::collectives::gpu::GpuCollective<&impl>::Handler, \
+                         bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
 
 // ffi::Error for a failed CUDA call, or Success.
 ffi::Error CheckCuda(const char* name, cudaError_t error, const char* what);

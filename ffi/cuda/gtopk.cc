@@ -43,25 +43,20 @@ struct DeviceSet {
   float* val() const { return reinterpret_cast<float*>(words + k); }
 };
 
-ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t device_ordinal,
-                     ffi::Buffer<ffi::S32, 1> coordinates, ffi::Buffer<ffi::S32, 0> token,
-                     const CollectiveAttrs& attrs, int64_t k, ffi::Buffer<ffi::F32> x,
-                     ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
-                     ffi::ResultBuffer<ffi::F32> new_residual,
-                     ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Caller& caller,
+                     int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                     ffi::ResultBuffer<ffi::F32> summed, ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
                                                summed->element_count(),
                                                new_residual->element_count()));
-  // The CUDA kernels take 31-bit indices, and the merge counts 2k entries in 32-bit integers.
-  JAXCOMM_RETURN_IF_ERROR(ffi_common::CheckElementCount(kOp, n));
+  // The merge counts 2k entries in 32-bit integers (CheckSparseArguments: n <= 2**31 - 1).
   if (2 * k > kernels::wire::kMaxElements) {
     return ffi_common::InvalidArgument(kOp, "on the GPU 2k must be below 2**31");
   }
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(
-      BeginGpuCall(kOp, stream, device_ordinal, coordinates, attrs, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, caller, &site, &group));
   const std::vector<gtopk::Step> schedule = gtopk::Schedule(group->rank(), group->size());
   const int merges = gtopk::CountMerges(schedule);
 
@@ -160,25 +155,21 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, int32_t
                "ScatterSetSparse"));
   // Alg. 4 line 10: local values outside the global set return to the residual (whose selected
   // entries TopKAbs zeroed).
-  JAXCOMM_RETURN_IF_ERROR(
-      Launched(cuda::AddOutsideSet(local.idx(), local.val(), k, current.idx(), k, r_out, n, stream),
-               "AddOutsideSet"));
+  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::AddBySet(cuda::SetSide::kOutside, local.idx(), local.val(),
+                                                  k, current.idx(), k, r_out, n, stream),
+                                   "AddBySet(outside)"));
   // Partial sums this rank dropped at indices that still made it into the global set.
   for (int s = 0; s < merges; ++s) {
-    JAXCOMM_RETURN_IF_ERROR(Launched(cuda::AddInsideSet(dropped_idx[s], dropped_val[s], 2 * k,
-                                                        current.idx(), k, r_out, n, stream),
-                                     "AddInsideSet"));
+    JAXCOMM_RETURN_IF_ERROR(
+        Launched(cuda::AddBySet(cuda::SetSide::kInside, dropped_idx[s], dropped_val[s], 2 * k,
+                                current.idx(), k, r_out, n, stream),
+                 "AddBySet(inside)"));
   }
-  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
-  group->CountTraffic(sent, got);
-  group->Finish("gtopk", n);
-  return ForwardToken(stream, token, token_out);
+  return FinishSparse(*group, kOp, "gtopk", n, bad, out, sent, got, stream);
 }
 
 }  // namespace
-}  // namespace jaxcomm::collectives::gpu
 
-JAXCOMM_EXPORT_HANDLER(JaxcommGTopKCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommGTopKCuda, jaxcomm::collectives::gpu::GTopKCuda,
-    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::gpu::BindGpuCollective()));
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommGTopKCuda, GTopKCuda, BindSparseCollective);
+
+}  // namespace jaxcomm::collectives::gpu

@@ -63,6 +63,7 @@ namespace {
 namespace kc = kernels::cuda;
 using kernels::QuantizerKind;
 using kernels::QuantizerSpec;
+using quantized::QuantizerAttrs;
 
 constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
 constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
@@ -289,24 +290,18 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   return ffi::Error::Success();
 }
 
-ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
-                                  int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
-                                  ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
-                                  int64_t kind, int64_t column_size, int64_t sample_size,
-                                  double proportion, float tau, double max_density,
+ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                  const Caller& caller, const QuantizerAttrs& quantizer,
                                   ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
                                   ffi::ResultBuffer<ffi::F32> summed,
-                                  ffi::ResultBuffer<ffi::F32> new_residual,
-                                  ffi::ResultBuffer<ffi::S32, 0> token_out) {
+                                  ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = ffi_common::NumElements(x);
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(
-      quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed, new_residual, kind,
-                                    column_size, sample_size, proportion, tau, max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed,
+                                                        new_residual, quantizer, &spec));
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(
-      BeginGpuCall(kQuantizedOp, stream, device_ordinal, coordinates, attrs, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kQuantizedOp, stream, caller, &site, &group));
   if (n > 0) {
     JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduceGpu(*group, scratch, stream, spec, x.typed_data(),
                                                   residual.typed_data(), n, summed->typed_data(),
@@ -314,7 +309,7 @@ ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator scr
   }
   JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
   group->Finish(quantized::KindLabel(spec.kind), n);
-  return ForwardToken(stream, token, token_out);
+  return ffi::Error::Success();
 }
 
 // ---- hierarchical ------------------------------------------------------------------------
@@ -328,8 +323,10 @@ struct Hierarchy {
   std::vector<int64_t> local_mask, node_mask;  // reduce masks the sites point into
 };
 
-ffi::Error BeginHierarchy(const char* op, const GpuSite& site, int64_t node_axis,
-                          int64_t local_axis, Hierarchy* h) {
+ffi::Error BeginHierarchy(const char* op, const GpuSite& site, const HierarchyAttrs& hierarchy,
+                          Hierarchy* h) {
+  const int64_t node_axis = hierarchy.node_axis;
+  const int64_t local_axis = hierarchy.local_axis;
   const ffi::Span<const int64_t> reduce_axes = site.site.reduce_axes;
   const int64_t axes = static_cast<int64_t>(site.site.mesh_axis_sizes.size());
   if (node_axis < 0 || node_axis >= axes || local_axis < 0 || local_axis >= axes ||
@@ -487,33 +484,27 @@ ffi::Error HierarchicalGpu(Hierarchy& h, ffi::ScratchAllocator& alloc, cudaStrea
   return ffi::Error::Success();
 }
 
-// Watch both communicators, fold their traffic into the call's line, record it, forward the
-// token.
-ffi::Error FinishHierarchy(Hierarchy& h, cudaStream_t stream, const std::string& label, int64_t n,
-                           const ffi::Buffer<ffi::S32, 0>& token,
-                           ffi::ResultBuffer<ffi::S32, 0>& token_out) {
+// Watch both communicators, fold their traffic into the call's line and record it.
+ffi::Error FinishHierarchy(Hierarchy& h, cudaStream_t stream, const std::string& label, int64_t n) {
   JAXCOMM_RETURN_IF_ERROR(h.local->Watch(stream));
   JAXCOMM_RETURN_IF_ERROR(h.node->Watch(stream));
   h.all->Absorb(h.local->group());
   h.all->Absorb(h.node->group());
   h.all->Finish(label.c_str(), n);
-  return ForwardToken(stream, token, token_out);
+  return ffi::Error::Success();
 }
 
-ffi::Error HierarchicalDenseCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
-                                 int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
-                                 ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
-                                 int64_t node_axis, int64_t local_axis, int64_t leaders,
-                                 ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out,
-                                 ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error HierarchicalDenseCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                 const Caller& caller, const HierarchyAttrs& hierarchy,
+                                 ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> out) {
+  const int64_t leaders = hierarchy.leaders;
   const int64_t n = ffi_common::NumElements(x);
   JAXCOMM_RETURN_IF_ERROR(
       quantized::CheckSizes(kHierarchicalOp, n, {ffi_common::NumElements(*out)}));
   GpuSite site;
-  JAXCOMM_RETURN_IF_ERROR(
-      ResolveGpuSite(kHierarchicalOp, stream, device_ordinal, coordinates, attrs, &site));
+  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(kHierarchicalOp, stream, caller, &site));
   Hierarchy h;
-  JAXCOMM_RETURN_IF_ERROR(BeginHierarchy(kHierarchicalOp, site, node_axis, local_axis, &h));
+  JAXCOMM_RETURN_IF_ERROR(BeginHierarchy(kHierarchicalOp, site, hierarchy, &h));
   if (n > 0) {
     JAXCOMM_RETURN_IF_ERROR(
         CopyFloats(kHierarchicalOp, out->typed_data(), x.typed_data(), n, stream));
@@ -521,30 +512,25 @@ ffi::Error HierarchicalDenseCuda(cudaStream_t stream, ffi::ScratchAllocator scra
         HierarchicalGpu(h, scratch, stream, nullptr, leaders, out->typed_data(), n, nullptr));
   }
   return FinishHierarchy(h, stream,
-                         leaders > 1 ? "hierarchical_dense" : "hierarchical_dense_leader", n, token,
-                         token_out);
+                         leaders > 1 ? "hierarchical_dense" : "hierarchical_dense_leader", n);
 }
 
-ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
-                                     int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
-                                     ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
-                                     int64_t node_axis, int64_t local_axis, int64_t leaders,
-                                     int64_t kind, int64_t column_size, int64_t sample_size,
-                                     double proportion, float tau, double max_density,
-                                     ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                     const Caller& caller, const HierarchyAttrs& hierarchy,
+                                     const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
+                                     ffi::Buffer<ffi::F32> residual,
                                      ffi::ResultBuffer<ffi::F32> summed,
-                                     ffi::ResultBuffer<ffi::F32> new_residual,
-                                     ffi::ResultBuffer<ffi::S32, 0> token_out) {
+                                     ffi::ResultBuffer<ffi::F32> new_residual) {
+  const int64_t leaders = hierarchy.leaders;
   const char* op = kHierarchicalQuantizedOp;
   const int64_t n = ffi_common::NumElements(x);
   QuantizerSpec spec;
-  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(op, x, residual, summed, new_residual, kind,
-                                                        column_size, sample_size, proportion, tau,
-                                                        max_density, &spec));
+  JAXCOMM_RETURN_IF_ERROR(
+      quantized::CheckQuantizedCall(op, x, residual, summed, new_residual, quantizer, &spec));
   GpuSite site;
-  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(op, stream, device_ordinal, coordinates, attrs, &site));
+  JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(op, stream, caller, &site));
   Hierarchy h;
-  JAXCOMM_RETURN_IF_ERROR(BeginHierarchy(op, site, node_axis, local_axis, &h));
+  JAXCOMM_RETURN_IF_ERROR(BeginHierarchy(op, site, hierarchy, &h));
   if (n > 0) {
     float* out = summed->typed_data();
     float* residual_out = new_residual->typed_data();
@@ -559,26 +545,16 @@ ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator 
   }
   const std::string label = std::string("hierarchical_") + quantized::KindLabel(spec.kind) +
                             (leaders > 1 ? "" : "_leader");
-  return FinishHierarchy(h, stream, label, n, token, token_out);
+  return FinishHierarchy(h, stream, label, n);
 }
 
 }  // namespace
+
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommQuantizedAllreduceCuda, QuantizedAllreduceCuda,
+                              quantized::BindQuantizedData);
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommHierarchicalAllreduceCuda, HierarchicalDenseCuda,
+                              quantized::BindHierarchicalDenseData);
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommHierarchicalQuantizedCuda, HierarchicalQuantizedCuda,
+                              quantized::BindHierarchicalQuantizedData);
+
 }  // namespace jaxcomm::collectives::gpu
-
-JAXCOMM_EXPORT_HANDLER(JaxcommQuantizedAllreduceCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxcommQuantizedAllreduceCuda,
-                              jaxcomm::collectives::gpu::QuantizedAllreduceCuda,
-                              jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
-                                  jaxcomm::collectives::gpu::BindGpuCollective())));
-
-JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalAllreduceCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommHierarchicalAllreduceCuda, jaxcomm::collectives::gpu::HierarchicalDenseCuda,
-    jaxcomm::collectives::BindDenseData(
-        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::gpu::BindGpuCollective())));
-
-JAXCOMM_EXPORT_HANDLER(JaxcommHierarchicalQuantizedCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommHierarchicalQuantizedCuda, jaxcomm::collectives::gpu::HierarchicalQuantizedCuda,
-    jaxcomm::collectives::BindCompressedData(JAXCOMM_QUANTIZER_ATTRS(
-        jaxcomm::collectives::BindHierarchy(jaxcomm::collectives::gpu::BindGpuCollective()))));

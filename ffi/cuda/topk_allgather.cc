@@ -26,22 +26,17 @@ constexpr char kOp[] = "jaxcomm.compressed_allreduce(TopKAllgather)";
 
 ffi::Error Launched(cudaError_t error, const char* what) { return CheckCuda(kOp, error, what); }
 
-ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
-                             int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
-                             ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
-                             int64_t k, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
-                             ffi::ResultBuffer<ffi::F32> summed,
-                             ffi::ResultBuffer<ffi::F32> new_residual,
-                             ffi::ResultBuffer<ffi::S32, 0> token_out) {
+ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                             const Caller& caller, int64_t k, ffi::Buffer<ffi::F32> x,
+                             ffi::Buffer<ffi::F32> residual, ffi::ResultBuffer<ffi::F32> summed,
+                             ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t n = static_cast<int64_t>(x.element_count());
   JAXCOMM_RETURN_IF_ERROR(CheckSparseArguments(kOp, k, x.element_count(), residual.element_count(),
                                                summed->element_count(),
                                                new_residual->element_count()));
-  JAXCOMM_RETURN_IF_ERROR(ffi_common::CheckElementCount(kOp, n));  // 31-bit indices
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
-  JAXCOMM_RETURN_IF_ERROR(
-      BeginGpuCall(kOp, stream, device_ordinal, coordinates, attrs, &site, &group));
+  JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kOp, stream, caller, &site, &group));
   const int parts = group->size();
   const int rank = group->rank();
 
@@ -79,18 +74,13 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                                reinterpret_cast<const float*>(slot + k), k, out, n, bad, stream),
         "ScatterAddSparse"));
   }
-  JAXCOMM_RETURN_IF_ERROR(Launched(cuda::PoisonIfBad(bad, out, n, stream), "PoisonIfBad"));
   // What a ring allgather sends and receives per rank: the P - 1 other slots.
   const uint64_t bytes = sizeof(uint32_t) * slot_words * static_cast<uint64_t>(parts - 1);
-  group->CountTraffic(bytes, bytes);
-  group->Finish("topk_allgather", n);
-  return ForwardToken(stream, token, token_out);
+  return FinishSparse(*group, kOp, "topk_allgather", n, bad, out, bytes, bytes, stream);
 }
 
 }  // namespace
-}  // namespace jaxcomm::collectives::gpu
 
-JAXCOMM_EXPORT_HANDLER(JaxcommTopKAllgatherCuda);
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    JaxcommTopKAllgatherCuda, jaxcomm::collectives::gpu::TopKAllgatherCuda,
-    jaxcomm::collectives::BindSparseCollective(jaxcomm::collectives::gpu::BindGpuCollective()));
+JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommTopKAllgatherCuda, TopKAllgatherCuda, BindSparseCollective);
+
+}  // namespace jaxcomm::collectives::gpu

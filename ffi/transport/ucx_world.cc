@@ -18,8 +18,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -103,12 +105,35 @@ void SleepNs(int64_t ns) {
 
 }  // namespace
 
+namespace {
+
+// Reads the number in env `name` into *value (`fallback` when unset or empty). Returns "" or,
+// for an invalid value, the error naming the variable.
+std::string ReadNumberEnv(const char* name, double fallback, bool zero_allowed, double* value) {
+  *value = fallback;
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return "";
+  // Strict, as jaxcomm/config.py checks it at import: the whole text is one finite number.
+  char* end = nullptr;
+  const double parsed = std::strtod(env, &end);
+  while (end != env && std::isspace(static_cast<unsigned char>(*end))) ++end;
+  const bool in_range = zero_allowed ? parsed >= 0 : parsed > 0;
+  if (end == env || *end != '\0' || !std::isfinite(parsed) || !in_range) {
+    return std::string(name) + "='" + env + "' is not a number " + (zero_allowed ? ">=" : ">") +
+           " 0; unset it or set e.g. " + name + "=" + (zero_allowed ? "20" : "120");
+  }
+  *value = parsed;
+  return "";
+}
+
+}  // namespace
+
 std::chrono::nanoseconds DefaultTimeout() {
+  // An invalid value was already refused by UcxWorld::Create (and by jaxcomm.config at import);
+  // the default then stands.
   double seconds = kDefaultTimeoutSeconds;
-  if (const char* env = std::getenv("JAXCOMM_TIMEOUT_S"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    double parsed = std::strtod(env, &end);
-    if (end != env && parsed > 0) seconds = parsed;
+  if (!ReadNumberEnv("JAXCOMM_TIMEOUT_S", kDefaultTimeoutSeconds, false, &seconds).empty()) {
+    seconds = kDefaultTimeoutSeconds;
   }
   return std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9));
 }
@@ -247,9 +272,16 @@ std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> loca
       return fail(std::string("JAXCOMM_UCX_WAIT='") + env + "' is not 'wakeup' or 'backoff'");
     }
   }
-  impl.spin_ns = 20000;
-  if (const char* env = std::getenv("JAXCOMM_UCX_SPIN_US"); env != nullptr && *env != '\0') {
-    impl.spin_ns = static_cast<int64_t>(std::max(0.0, std::strtod(env, nullptr)) * 1000);
+  double spin_us = 0;
+  if (std::string bad = ReadNumberEnv("JAXCOMM_UCX_SPIN_US", 20.0, true, &spin_us); !bad.empty()) {
+    return fail(bad);
+  }
+  impl.spin_ns = static_cast<int64_t>(spin_us * 1000);
+  double timeout_s = 0;  // read by DefaultTimeout(); checked here so a bad value fails early
+  if (std::string bad =
+          ReadNumberEnv("JAXCOMM_TIMEOUT_S", kDefaultTimeoutSeconds, false, &timeout_s);
+      !bad.empty()) {
+    return fail(bad);
   }
 
   ucp_config_t* config = nullptr;

@@ -45,7 +45,8 @@ using Clock = std::chrono::steady_clock;
 using Deadline = Clock::time_point;
 
 // The default timeout of every transport wait: env JAXCOMM_TIMEOUT_S (seconds, may be
-// fractional), default 120 s. This is the only place that reads the variable.
+// fractional, > 0), default 120 s. This is the only place that reads the variable; an invalid
+// value makes UcxWorld::Create fail naming it (as does JAXCOMM_UCX_SPIN_US).
 std::chrono::nanoseconds DefaultTimeout();
 // Clock::now() + DefaultTimeout().
 Deadline DefaultDeadline();
@@ -65,7 +66,8 @@ inline constexpr int kMaxWorldSize = 1 << kTagSrcBits;
 
 constexpr uint64_t MakeTag(uint32_t seq, uint32_t step, uint32_t src) {
   return ((static_cast<uint64_t>(seq) & ((1ull << kTagSeqBits) - 1)) << 32) |
-         ((static_cast<uint64_t>(step) & 0xffffu) << 16) | (static_cast<uint64_t>(src) & 0xffffu);
+         ((static_cast<uint64_t>(step) & ((1ull << kTagStepBits) - 1)) << kTagSrcBits) |
+         (static_cast<uint64_t>(src) & ((1ull << kTagSrcBits) - 1));
 }
 // Same layout on the control channel (bootstrap checks, tests, tools): never matches MakeTag.
 constexpr uint64_t MakeControlTag(uint32_t seq, uint32_t step, uint32_t src) {
@@ -74,8 +76,12 @@ constexpr uint64_t MakeControlTag(uint32_t seq, uint32_t step, uint32_t src) {
 constexpr uint32_t TagSeq(uint64_t tag) {
   return static_cast<uint32_t>((tag >> 32) & ((1ull << kTagSeqBits) - 1));
 }
-constexpr uint32_t TagStep(uint64_t tag) { return static_cast<uint32_t>((tag >> 16) & 0xffffu); }
-constexpr uint32_t TagSource(uint64_t tag) { return static_cast<uint32_t>(tag & 0xffffu); }
+constexpr uint32_t TagStep(uint64_t tag) {
+  return static_cast<uint32_t>((tag >> kTagSrcBits) & ((1ull << kTagStepBits) - 1));
+}
+constexpr uint32_t TagSource(uint64_t tag) {
+  return static_cast<uint32_t>(tag & ((1ull << kTagSrcBits) - 1));
+}
 constexpr bool TagIsControl(uint64_t tag) { return (tag >> 63) != 0; }
 // "seq 5 step 2 src 1" (with "control " in front on the control channel), for messages.
 std::string DescribeTag(uint64_t tag);

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from jaxcomm import _jax_compat
 from jaxcomm.collectives import _mesh
 from jaxcomm.compressors import Adaptive, OneBit, Threshold
 
@@ -35,42 +37,47 @@ class QuantizerKind(enum.IntEnum):
 HIERARCHICAL_SCHEMES = {"multi_leader": 0, "leader": 1}
 
 
-def quantizer_attributes(c: Quantizer) -> dict[str, np.generic]:
-    """FFI attributes describing quantizer `c` (kernels/quantized_slices.h QuantizerSpec)."""
-    attrs = {
-        "kind": np.int64(QuantizerKind.ONEBIT),
-        "column_size": np.int64(1024),
-        "sample_size": np.int64(0),
-        "proportion": np.float64(1.0),
-        "tau": np.float32(1.0),
-        "max_density": np.float64(1.0),
-    }
-    if isinstance(c, OneBit):
-        attrs.update(
-            kind=np.int64(QuantizerKind.ONEBIT),
-            column_size=np.int64(c.column_size),
-            sample_size=np.int64(c.sample_size),
-        )
-    elif isinstance(c, Threshold):
-        attrs.update(
-            kind=np.int64(QuantizerKind.THRESHOLD),
-            tau=np.float32(c.tau),
-            max_density=np.float64(c.max_density),
-        )
+def quantizer_attributes(c: Quantizer) -> dict[str, Any]:
+    """The ``quantizer`` FFI attribute of quantizer `c`.
+
+    One dictionary, decoded once into the handlers' ``QuantizerAttrs`` (ffi/quantized_common.h),
+    as kernels/quantized_slices.h ``QuantizerSpec`` holds it.
+
+    Args:
+      c: a ``OneBit``, ``Threshold`` or ``Adaptive`` compressor.
+
+    Returns:
+      ``{"quantizer": ...}``, to pass as keyword attributes of the FFI call.
+
+    Example:
+      >>> from jaxcomm.compressors import OneBit
+      >>> sorted(quantizer_attributes(OneBit(column_size=64))["quantizer"])[:3]
+      ['column_size', 'kind', 'max_density']
+    """
+    kind, column_size, sample_size = QuantizerKind.ONEBIT, 1024, 0
+    proportion, tau, max_density = 1.0, 1.0, 1.0
+    if isinstance(c, Threshold):
+        kind, tau, max_density = QuantizerKind.THRESHOLD, c.tau, c.max_density
     else:
-        attrs.update(
-            kind=np.int64(QuantizerKind.ADAPTIVE),
-            column_size=np.int64(c.column_size),
-            sample_size=np.int64(c.sample_size),
-            proportion=np.float64(c.proportion),
+        column_size, sample_size = c.column_size, c.sample_size
+        if isinstance(c, Adaptive):
+            kind, proportion = QuantizerKind.ADAPTIVE, c.proportion
+    return {
+        "quantizer": _jax_compat.dict_attribute(
+            kind=np.int64(kind),
+            column_size=np.int64(column_size),
+            sample_size=np.int64(sample_size),
+            proportion=np.float64(proportion),
+            tau=np.float32(tau),
+            max_density=np.float64(max_density),
         )
-    return attrs
+    }
 
 
 def hierarchical_attributes(
     axis_name: str | Sequence[str], scheme: str, api: str
-) -> dict[str, np.int64]:
-    """Checks a hierarchical call's axes and returns its FFI attributes.
+) -> dict[str, Any]:
+    """Checks a hierarchical call's axes and returns its ``hierarchy`` FFI attribute.
 
     Args:
       axis_name: ``(node_axis, local_axis)``: the inter-node axis first, the intra-node one second.
@@ -78,6 +85,7 @@ def hierarchical_attributes(
       api: public function name, for errors.
 
     Returns:
+      ``{"hierarchy": ...}``: one dictionary (``HierarchyAttrs`` in ffi/collective_handler.h) of
       ``node_axis``, ``local_axis`` (indices among the manual mesh axes) and ``leaders``.
 
     Raises:
@@ -97,7 +105,9 @@ def hierarchical_attributes(
     names = layout.axis_names
     leaders = 1 if scheme == "leader" else max(2, layout.axis_sizes[names.index(local)])
     return {
-        "node_axis": np.int64(names.index(node)),
-        "local_axis": np.int64(names.index(local)),
-        "leaders": np.int64(leaders),
+        "hierarchy": _jax_compat.dict_attribute(
+            node_axis=np.int64(names.index(node)),
+            local_axis=np.int64(names.index(local)),
+            leaders=np.int64(leaders),
+        )
     }

@@ -89,30 +89,15 @@ def allreduce(
             target, "jaxcomm.allreduce", axis_name, [x], [(x.shape, x.dtype)], after=after
         )
         return out
+    target, attrs = "jaxcomm_allreduce", {}
     if hierarchical:
+        target = "jaxcomm_hierarchical_allreduce"
         attrs = _attributes.hierarchical_attributes(
             axis_name, hierarchical_scheme, "jaxcomm.allreduce"
         )
-        if x.size == 0:
-            return x
-        (out,) = collective_call(
-            "jaxcomm_hierarchical_allreduce",
-            "jaxcomm.allreduce",
-            axis_name,
-            [x],
-            [(x.shape, jnp.float32)],
-            after=after,
-            **attrs,
-        )
-        return out
     if x.size == 0:
         return x
     (out,) = collective_call(
-        "jaxcomm_allreduce",
-        "jaxcomm.allreduce",
-        axis_name,
-        [x],
-        [(x.shape, jnp.float32)],
-        after=after,
+        target, "jaxcomm.allreduce", axis_name, [x], [(x.shape, jnp.float32)], after=after, **attrs
     )
     return out

@@ -109,6 +109,25 @@ class Reduction:
         return f"{self.algorithm}-bf16" if self.grad_dtype == "bfloat16" else self.algorithm
 
 
+def reduction_of(config: Any) -> Reduction:
+    """The :class:`Reduction` of a run config that holds its fields (by name; a config without
+    ``allowed`` or ``profile`` gets their defaults).
+
+    Args:
+      config: a dataclass instance with at least ``algorithm``, ``density``, ``warmup``,
+        ``proportion``, ``tau``, ``grad_dtype`` and ``bucket_size``.
+
+    Returns:
+      The checked :class:`Reduction` (ValueError for an unknown algorithm or grad_dtype).
+
+    Example:
+      >>> reduction_of(Reduction(algorithm="gtopk")).algorithm
+      'gtopk'
+    """
+    names = [f.name for f in dataclasses.fields(Reduction) if hasattr(config, f.name)]
+    return Reduction(**{name: getattr(config, name) for name in names})
+
+
 def data_parallel_mesh() -> Mesh:
     """A 1-D mesh named ``dp`` over every device of every process."""
     return Mesh(np.asarray(jax.devices()), (AXIS,))

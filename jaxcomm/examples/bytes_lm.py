@@ -84,15 +84,7 @@ class BytesLMConfig:
 
     def reduction(self) -> _loop.Reduction:
         """How this run reduces gradients."""
-        return _loop.Reduction(
-            algorithm=self.algorithm,
-            density=self.density,
-            warmup=self.warmup,
-            proportion=self.proportion,
-            tau=self.tau,
-            grad_dtype=self.grad_dtype,
-            bucket_size=self.bucket_size,
-        )
+        return _loop.reduction_of(self)
 
     def __post_init__(self) -> None:
         self.reduction()

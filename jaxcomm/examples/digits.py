@@ -111,17 +111,7 @@ class DigitsConfig:
 
     def reduction(self) -> _loop.Reduction:
         """How this run reduces gradients."""
-        return _loop.Reduction(
-            algorithm=self.algorithm,
-            density=self.density,
-            warmup=self.warmup,
-            proportion=self.proportion,
-            tau=self.tau,
-            grad_dtype=self.grad_dtype,
-            bucket_size=self.bucket_size,
-            allowed=self.allowed,
-            profile=self.profile,
-        )
+        return _loop.reduction_of(self)
 
 
 class MLP(nn.Module):

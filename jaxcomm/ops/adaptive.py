@@ -18,11 +18,6 @@ from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Adaptive
 
 
-def _check(compressor: Adaptive) -> None:
-    if not isinstance(compressor, Adaptive):
-        raise TypeError(f"compressor must be jaxcomm.Adaptive, got {type(compressor).__name__}")
-
-
 def _layout_attrs(compressor: Adaptive) -> dict[str, np.generic]:
     # float64 so that the kernel's ceil(k / proportion) is the very expression Python's
     # Adaptive.packed_words evaluates; a float32 π could disagree for non-integer proportions.
@@ -66,7 +61,7 @@ def compress(
       >>> int(packed[0]), r.tolist()
       (8, [0.0, -1.0, -1.0, 0.0, -1.5, 1.0, 1.0, 1.5])
     """
-    _check(compressor)
+    _validate.compressor_of(compressor, Adaptive)
     x, residual = _validate.residual_like(x, residual)
     if x.size == 0:
         raise ValueError("x is empty; compress needs at least one element")
@@ -106,7 +101,7 @@ def decompress(packed: jax.Array, compressor: Adaptive, shape: int | Sequence[in
       >>> jaxcomm.ops.adaptive.decompress(packed, c, 8).tolist()
       [3.0, 0.0, 3.0, 0.0, -3.5, 3.0, 0.0, -3.5]
     """
-    _check(compressor)
+    _validate.compressor_of(compressor, Adaptive)
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     n = _validate.positive_int(math.prod(shape), "size", low=1, high=_validate.MAX_ELEMENTS)
     if not hasattr(packed, "dtype"):
@@ -117,6 +112,6 @@ def decompress(packed: jax.Array, compressor: Adaptive, shape: int | Sequence[in
             f"packed must be a uint32 vector of {words} words for {n} elements with "
             f"{compressor}, got {packed.dtype}{list(packed.shape)}"
         )
-    return jax.ffi.ffi_call(
-        "jaxcomm_adaptive_decompress", _ffi.result_like(packed, shape, jnp.float32)
-    )(packed, **_layout_attrs(compressor))
+    return _ffi.decompress_call(
+        "jaxcomm_adaptive_decompress", packed, shape, **_layout_attrs(compressor)
+    )

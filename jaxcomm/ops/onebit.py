@@ -10,16 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import OneBit
-
-
-def _check(compressor: OneBit) -> None:
-    if not isinstance(compressor, OneBit):
-        raise TypeError(f"compressor must be jaxcomm.OneBit, got {type(compressor).__name__}")
 
 
 def _attrs(compressor: OneBit) -> dict[str, np.int64]:
@@ -56,7 +50,7 @@ def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax
       >>> r.tolist()
       [-1.0, 1.0, 1.0, -1.0]
     """
-    _check(compressor)
+    _validate.compressor_of(compressor, OneBit)
     x, residual = _validate.residual_like(x, residual)
     words = compressor.packed_words(x.size)
     return _ffi.compress_call("jaxcomm_onebit_compress", x, residual, words, **_attrs(compressor))
@@ -86,7 +80,5 @@ def decompress(packed: jax.Array, compressor: OneBit, shape: Sequence[int]) -> j
       >>> onebit.decompress(packed, c, (4,)).tolist()
       [2.0, -3.0, 2.0, -3.0]
     """
-    _check(compressor)
-    return jax.ffi.ffi_call(
-        "jaxcomm_onebit_decompress", _ffi.result_like(packed, tuple(shape), jnp.float32)
-    )(packed, **_attrs(compressor))
+    _validate.compressor_of(compressor, OneBit)
+    return _ffi.decompress_call("jaxcomm_onebit_decompress", packed, shape, **_attrs(compressor))

@@ -10,16 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Threshold
-
-
-def _check(compressor: Threshold) -> None:
-    if not isinstance(compressor, Threshold):
-        raise TypeError(f"compressor must be jaxcomm.Threshold, got {type(compressor).__name__}")
 
 
 def compress(
@@ -51,7 +45,7 @@ def compress(
       >>> r.tolist()
       [0.5, 1.0, -2.0, 1.0]
     """
-    _check(compressor)
+    _validate.compressor_of(compressor, Threshold)
     x, residual = _validate.residual_like(x, residual)
     words = compressor.packed_words(x.size)
     return _ffi.compress_call(
@@ -83,7 +77,7 @@ def decompress(packed: jax.Array, compressor: Threshold, shape: Sequence[int]) -
       >>> threshold.decompress(packed, c, (4,)).tolist()
       [0.0, 1.0, -1.0, 0.0]
     """
-    _check(compressor)
-    return jax.ffi.ffi_call(
-        "jaxcomm_threshold_decompress", _ffi.result_like(packed, tuple(shape), jnp.float32)
-    )(packed, tau=np.float32(compressor.tau))
+    _validate.compressor_of(compressor, Threshold)
+    return _ffi.decompress_call(
+        "jaxcomm_threshold_decompress", packed, shape, tau=np.float32(compressor.tau)
+    )

@@ -52,6 +52,4 @@ def compress_topk(
 
 def decompress_topk(packed: jax.Array, compressor: TopK, shape: tuple[int, ...]) -> jax.Array:
     """Inverse of :func:`compress_topk`; see :func:`jaxcomm.ops.decompress`."""
-    return jax.ffi.ffi_call(
-        "jaxcomm_topk_decompress", _ffi.result_like(packed, shape, jnp.float32)
-    )(packed)
+    return _ffi.decompress_call("jaxcomm_topk_decompress", packed, shape)

@@ -14,6 +14,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace jaxcomm::transport {
@@ -72,6 +73,22 @@ TEST(UcxTimeout, DefaultFromEnv) {
   setenv("JAXCOMM_TIMEOUT_S", "2.5", 1);
   EXPECT_EQ(DefaultTimeout(), std::chrono::milliseconds(2500));
   unsetenv("JAXCOMM_TIMEOUT_S");
+  EXPECT_EQ(DefaultTimeout(), std::chrono::seconds(120));
+}
+
+// The C++ parse is as strict as jaxcomm/config.py: a bad value fails Create, naming the variable.
+TEST(UcxWorld, CreateRejectsBadSettings) {
+  const std::pair<const char*, const char*> bad[] = {{"JAXCOMM_UCX_SPIN_US", "fast"},
+                                                     {"JAXCOMM_UCX_SPIN_US", "-1"},
+                                                     {"JAXCOMM_TIMEOUT_S", "0"},
+                                                     {"JAXCOMM_TIMEOUT_S", "5s"}};
+  for (const auto& [name, value] : bad) {
+    setenv(name, value, 1);
+    std::string error;
+    EXPECT_EQ(UcxWorld::Create(1, {0}, &error), nullptr) << name << "=" << value;
+    EXPECT_NE(error.find(std::string(name) + "='" + value + "'"), std::string::npos) << error;
+    unsetenv(name);
+  }
   EXPECT_EQ(DefaultTimeout(), std::chrono::seconds(120));
 }
 
@@ -187,26 +204,24 @@ TEST(UcxWorld, DeadlineNamesContextTagAndPeer) {
 
 // ---- Two processes -----------------------------------------------------------------------
 
-bool WriteAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
+// Calls io(fd, p, left) (read or write) until all n bytes have moved; false on error or EOF.
+template <typename Byte, typename Io>
+bool MoveAll(Io io, int fd, Byte* p, size_t n) {
   while (n > 0) {
-    ssize_t w = write(fd, p, n);
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
+    const ssize_t moved = io(fd, p, n);
+    if (moved <= 0) return false;
+    p += moved;
+    n -= static_cast<size_t>(moved);
   }
   return true;
 }
 
+bool WriteAll(int fd, const void* data, size_t n) {
+  return MoveAll(write, fd, static_cast<const char*>(data), n);
+}
+
 bool ReadAll(int fd, void* data, size_t n) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    ssize_t r = read(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
+  return MoveAll(read, fd, static_cast<char*>(data), n);
 }
 
 // Swaps addresses with the other process over `fd`; returns the addresses by rank.

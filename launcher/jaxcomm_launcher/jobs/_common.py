@@ -1,9 +1,9 @@
-"""Helpers shared by the bundled jobs: the mesh, explicit placement, and the recipe's settings
-as the keyword arguments of the examples' ``train`` functions."""
+"""Helpers shared by the bundled jobs: the mesh, explicit placement, the recipe's settings as
+the keyword arguments of the examples' ``train`` functions, and running one of them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -53,6 +53,40 @@ def example_settings(
             out[name] = tuple(value) if isinstance(value, list) else value
     out.update(ctx.args or {})
     return out
+
+
+def train_example(
+    ctx: JobContext,
+    train: Callable[..., dict[str, Any]],
+    settings: dict[str, Any],
+    name: str,
+    quality: Callable[[dict[str, Any]], str],
+) -> dict[str, Any]:
+    """Runs an example's ``train`` with this rank's metrics and run directory; rank 0 prints
+    ``<name> <label>: <quality> after S steps, T s/step, B MB sent per rank and step``.
+
+    Args:
+        ctx: The job context.
+        train: The example's ``train`` (e.g. ``jaxcomm.examples.bytes_lm.train``).
+        settings: Its keyword arguments (:func:`example_settings`).
+        name: The job's name, first on the printed line.
+        quality: The result's model quality in words, e.g. ``"test accuracy 0.9812"``.
+
+    Returns:
+        ``train``'s result.
+
+    Example:
+        >>> train_example(ctx, train, example_settings(ctx), "digits",
+        ...               lambda r: f"test accuracy {r['test_accuracy']:.4f}")  # doctest: +SKIP
+    """
+    result = train(logger=ctx.metrics, run_dir=str(ctx.run_dir), **settings)
+    if ctx.is_main:
+        ctx.print(
+            f"{name} {result['label']}: {quality(result)} after {result['steps']} steps, "
+            f"{result['step_seconds']:.3f} s/step, "
+            f"{result['bytes_sent_per_step'] / 1e6:.2f} MB sent per rank and step"
+        )
+    return result
 
 
 def data_parallel_mesh() -> Mesh:

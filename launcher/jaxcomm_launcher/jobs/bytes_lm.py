@@ -11,7 +11,7 @@ eval_every, warmup_phase_steps, max_corpus_bytes, proportion, ...). ``train.step
 from __future__ import annotations
 
 from jaxcomm_launcher.context import JobContext
-from jaxcomm_launcher.jobs._common import example_settings
+from jaxcomm_launcher.jobs._common import example_settings, train_example
 
 
 def run(ctx: JobContext) -> None:
@@ -32,10 +32,10 @@ def run(ctx: JobContext) -> None:
     settings = example_settings(
         ctx, ("steps", "batch_size", "eval_every", "seed"), ("algorithm", "density", "grad_dtype")
     )
-    result = train(logger=ctx.metrics, run_dir=str(ctx.run_dir), **settings)
-    if ctx.is_main:
-        ctx.print(
-            f"bytes-lm {result['label']}: validation {result['validation_bits_per_byte']:.3f} "
-            f"bits/byte after {result['steps']} steps, {result['step_seconds']:.3f} s/step, "
-            f"{result['bytes_sent_per_step'] / 1e6:.2f} MB sent per rank and step"
-        )
+    train_example(
+        ctx,
+        train,
+        settings,
+        "bytes-lm",
+        lambda r: f"validation {r['validation_bits_per_byte']:.3f} bits/byte",
+    )

@@ -14,7 +14,7 @@ epoch), ``max_in_flight``.
 from __future__ import annotations
 
 from jaxcomm_launcher.context import JobContext
-from jaxcomm_launcher.jobs._common import example_settings
+from jaxcomm_launcher.jobs._common import example_settings, train_example
 
 LAYERS = 3
 PROPORTION = 64.0
@@ -44,10 +44,6 @@ def run(ctx: JobContext) -> None:
     }
     if "epochs" in args:
         overrides["steps"] = None  # epochs decide
-    result = train(logger=ctx.metrics, run_dir=str(ctx.run_dir), **overrides)
-    if ctx.is_main:
-        ctx.print(
-            f"lbann-mlp {result['label']}: test accuracy {result['test_accuracy']:.4f} after "
-            f"{result['steps']} steps, {result['step_seconds']:.3f} s/step, "
-            f"{result['bytes_sent_per_step'] / 1e6:.2f} MB sent per rank and step"
-        )
+    train_example(
+        ctx, train, overrides, "lbann-mlp", lambda r: f"test accuracy {r['test_accuracy']:.4f}"
+    )

@@ -1,0 +1,49 @@
+"""Helpers shared by the compressor tests (test_onebit.py, test_threshold.py, test_adaptive.py,
+test_gpu.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxcomm
+
+
+def jit_round_trip(x: np.ndarray, r: np.ndarray, c) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``compress`` then ``decompress`` of ``(x, r)`` with compressor `c` under one ``jax.jit``.
+
+    Returns:
+      ``(packed, new_residual, x_hat)`` as NumPy arrays.
+    """
+
+    @jax.jit
+    def step(x, r):
+        packed, new_r = jaxcomm.ops.compress(x, r, c)
+        return packed, new_r, jaxcomm.ops.decompress(packed, c, x.shape)
+
+    packed, new_r, x_hat = step(jnp.asarray(x), jnp.asarray(r))
+    return np.asarray(packed), np.asarray(new_r), np.asarray(x_hat)
+
+
+def raw_adaptive_compress(words: int, attrs: dict):
+    """The ``jaxcomm_adaptive_compress`` target called directly, past Python's checks.
+
+    Args:
+      words: the packed result's length.
+      attrs: ``proportion``, ``column_size`` and ``sample_size``, typed here as the handler
+        binds them.
+
+    Returns:
+      A function of one 64-element float32 array, used as both x and the residual.
+    """
+    call = jax.ffi.ffi_call(
+        "jaxcomm_adaptive_compress",
+        (jax.ShapeDtypeStruct((words,), jnp.uint32), jax.ShapeDtypeStruct((64,), jnp.float32)),
+    )
+    typed = {
+        "proportion": np.float64(attrs["proportion"]),
+        "column_size": np.int64(attrs["column_size"]),
+        "sample_size": np.int64(attrs["sample_size"]),
+    }
+    return lambda x: call(x, x, **typed)
