@@ -14,6 +14,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 WORKER = pathlib.Path(__file__).with_name("collective_worker.py")
 
@@ -79,6 +80,33 @@ def load_output(out: pathlib.Path, name: str) -> tuple[dict, dict]:
     with np.load(out / f"{name}.npz") as data:
         arrays = {k: data[k] for k in data.files}
     return arrays, json.loads((out / f"{name}.json").read_text())
+
+
+def worker_results(tmp_path_factory, script: pathlib.Path, timeout: float):
+    """Runs `script` once per key and caches its results (``load_output``), or its failure.
+
+    Args:
+      tmp_path_factory: pytest's factory (output directories).
+      script: the worker; it gets the call's arguments and ``--out DIR``.
+      timeout: seconds per run.
+
+    Returns:
+      ``get(key, *args, name=...)``: the results of ``script *args --out DIR`` (files
+      ``DIR/<name>.npz`` and ``.json``); a failed run fails every test that asks for it.
+    """
+    cache: dict = {}
+
+    def get(key: object, *args: object, name: str) -> tuple[dict, dict]:
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{script.stem}-{key}")
+            proc = run_script(script, *args, "--out", out, timeout=timeout)
+            ok = proc.returncode == 0
+            cache[key] = load_output(out, name) if ok else proc.stdout[-4000:] + proc.stderr[-6000:]
+        if isinstance(cache[key], str):
+            pytest.fail(f"{script.name} ({key}) failed:\n{cache[key]}")
+        return cache[key]
+
+    return get
 
 
 def run_world(

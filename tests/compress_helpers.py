@@ -26,6 +26,34 @@ def jit_round_trip(x: np.ndarray, r: np.ndarray, c) -> tuple[np.ndarray, np.ndar
     return np.asarray(packed), np.asarray(new_r), np.asarray(x_hat)
 
 
+def check_jit_round_trip(
+    c, shape: tuple[int, ...], seed: int, expected, atol: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Under ``jax.jit``, ``compress`` equals ``expected(x, r, c)`` bit for bit and
+    ``decompress`` restores ``x + r - new_residual`` (random ``x`` and ``r`` of ``shape``).
+
+    Args:
+      c: the compressor.
+      shape: shape of ``x`` and ``r``.
+      seed: NumPy seed of ``x`` and ``r``.
+      expected: ``(x, r, c) -> (packed, new_residual)``, eager or a reference.
+      atol: absolute tolerance of ``x_hat + new_residual == x + r``.
+
+    Returns:
+      ``(x, r)``, for further checks.
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    r = rng.standard_normal(shape, dtype=np.float32)
+    packed, new_r, x_hat = jit_round_trip(x, r, c)
+    want_packed, want_r = expected(x, r, c)
+    np.testing.assert_array_equal(packed, want_packed)
+    np.testing.assert_array_equal(new_r, want_r)
+    assert x_hat.shape == x.shape
+    np.testing.assert_allclose(x_hat + new_r, x + r, rtol=1e-6, atol=atol)
+    return x, r
+
+
 def raw_adaptive_compress(words: int, attrs: dict):
     """The ``jaxcomm_adaptive_compress`` target called directly, past Python's checks.
 

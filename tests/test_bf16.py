@@ -12,27 +12,18 @@ import numpy as np
 import pytest
 import reference
 from bf16_worker import ALGORITHMS, COMPRESSED_SIZES, DENSE_SIZES, DTYPES, inputs
-from collectives_harness import load_output, run_script
+from collectives_harness import worker_results
 
 import jaxcomm
 
 WORKER = pathlib.Path(__file__).with_name("bf16_worker.py")
 DEVICE_COUNTS = (3, 4)
-_runs: dict = {}
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    def get(devices: int) -> tuple[dict, dict]:
-        if devices not in _runs:
-            out = tmp_path_factory.mktemp(f"bf16-{devices}")
-            proc = run_script(WORKER, "--devices", devices, "--out", out, timeout=240)
-            if proc.returncode != 0:
-                pytest.fail(f"bf16 worker failed:\n{proc.stdout[-3000:]}{proc.stderr[-6000:]}")
-            _runs[devices] = load_output(out, "bf16")
-        return _runs[devices]
-
-    return get
+    get = worker_results(tmp_path_factory, WORKER, timeout=240)
+    return lambda devices: get(devices, "--devices", devices, name="bf16")
 
 
 def rounded(values: np.ndarray, dtype: str) -> np.ndarray:

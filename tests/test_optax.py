@@ -11,41 +11,19 @@ import types
 
 import numpy as np
 import pytest
-from collectives_harness import load_output, run_script
+from collectives_harness import worker_results
 
 WORKER = pathlib.Path(__file__).with_name("optax_worker.py")
 DEVICES = 4
 CONVERGENCE_EPOCHS = 20
 ACCURACY_BOUND = 0.015  # compressed runs must end within 1.5 points of dense
-_runs: dict = {}
 
 
 @pytest.fixture(scope="session")
 def worker(tmp_path_factory):
-    def run(mode: str) -> tuple[dict, dict]:
-        if mode not in _runs:
-            out = tmp_path_factory.mktemp(f"optax-{mode}")
-            proc = run_script(
-                WORKER,
-                "--mode",
-                mode,
-                "--devices",
-                DEVICES,
-                "--epochs",
-                CONVERGENCE_EPOCHS,
-                "--out",
-                out,
-                timeout=280,
-            )
-            if proc.returncode != 0:
-                _runs[mode] = proc.stdout[-4000:] + proc.stderr[-6000:]
-            else:
-                _runs[mode] = load_output(out, mode)
-        if isinstance(_runs[mode], str):
-            pytest.fail(f"optax worker ({mode}) failed:\n{_runs[mode]}")
-        return _runs[mode]
-
-    return run
+    get = worker_results(tmp_path_factory, WORKER, timeout=280)
+    args = ("--devices", DEVICES, "--epochs", CONVERGENCE_EPOCHS)
+    return lambda mode: get(mode, "--mode", mode, *args, name=mode)
 
 
 @pytest.mark.parametrize("mean", [True, False], ids=["mean", "sum"])

@@ -237,6 +237,16 @@ def draw_plots(run_dir: pathlib.Path) -> list[pathlib.Path]:
         return written
     title = run.get("recipe", "")
 
+    def finish_pair(fig: Any, axes: Any, name: str, left: dict, right: dict) -> None:
+        """Labels a (log-scale, linear) pair of per-step panels and saves the figure."""
+        axes[0].set(xlabel="step", **left)
+        axes[0].set_yscale("log")
+        axes[1].set(xlabel="step", **right)
+        for ax in axes:
+            ax.grid(alpha=0.3)
+            ax.legend()
+        written.append(_save(fig, run_dir / name))
+
     def column(recs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
         pts = [(r["step"], r[key]) for r in recs if r.get(key) is not None]
         return [p[0] for p in pts], [p[1] for p in pts]
@@ -249,13 +259,13 @@ def draw_plots(run_dir: pathlib.Path) -> list[pathlib.Path]:
             if not xs:
                 xs, ys = column(recs, "accuracy")
             axes[1].plot(xs, ys, marker=".", label=label)
-        axes[0].set(xlabel="step", ylabel="training loss", title=f"{title}: loss")
-        axes[0].set_yscale("log")
-        axes[1].set(xlabel="step", ylabel="accuracy", title="test accuracy (rank 0)")
-        for ax in axes:
-            ax.grid(alpha=0.3)
-            ax.legend()
-        written.append(_save(fig, run_dir / "loss.png"))
+        finish_pair(
+            fig,
+            axes,
+            "loss.png",
+            dict(ylabel="training loss", title=f"{title}: loss"),
+            dict(ylabel="accuracy", title="test accuracy (rank 0)"),
+        )
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, recs in series.items():
@@ -263,13 +273,13 @@ def draw_plots(run_dir: pathlib.Path) -> list[pathlib.Path]:
         axes[0].plot(xs, [y * 1e3 for y in ys], label=label)
         xs, ys = column(recs, "bytes_sent")
         axes[1].plot(xs, [y / 1e6 for y in ys], label=label)
-    axes[0].set(xlabel="step", ylabel="step time (ms)", title=f"{title}: step time (rank 0)")
-    axes[0].set_yscale("log")
-    axes[1].set(xlabel="step", ylabel="MB sent per step", title="bytes sent per step (rank 0)")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend()
-    written.append(_save(fig, run_dir / "step_time.png"))
+    finish_pair(
+        fig,
+        axes,
+        "step_time.png",
+        dict(ylabel="step time (ms)", title=f"{title}: step time (rank 0)"),
+        dict(ylabel="MB sent per step", title="bytes sent per step (rank 0)"),
+    )
 
     if any(column(r, "size_bytes")[0] for r in series.values()):
         fig, ax = plt.subplots(figsize=(6, 4))
