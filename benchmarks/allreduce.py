@@ -22,7 +22,7 @@ import collections
 import pathlib
 import statistics
 
-from _bench import pyplot, run_recipe, setup_fields, write_job_recipe, write_result
+from _bench import pyplot, run_recipe, save_plot, setup_fields, write_job_recipe, write_result
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -123,15 +123,15 @@ def main() -> None:
             ]
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=algorithm)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("float32 elements per rank")
-        ax.set_ylabel("median time per allreduce (ms)")
-        ax.set_title(f"{tag}, P = {args.processes}, density {args.density}")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.out / f"{tag}.png", dpi=120)
+        save_plot(
+            fig,
+            ax,
+            args.out / f"{tag}.png",
+            xlabel="float32 elements per rank",
+            ylabel="median time per allreduce (ms)",
+            title=f"{tag}, P = {args.processes}, density {args.density}",
+            log=True,
+        )
     print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
 
 

@@ -36,7 +36,7 @@ import tempfile
 import time
 
 import yaml
-from _bench import jaxcomm_cli, pyplot, recipe_backend
+from _bench import jaxcomm_cli, pyplot, recipe_backend, save_plot
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import cost
@@ -324,14 +324,16 @@ def main() -> None:
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
     ax.plot([lo, hi], [lo * 1.2, hi * 1.2], "k:", lw=0.6)
     ax.plot([lo, hi], [lo / 1.2, hi / 1.2], "k:", lw=0.6)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured ms per call")
-    ax.set_ylabel("predicted ms per call")
-    ax.set_title(f"jaxcomm.cost, {tag} (dotted: ±20 %)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(args.out / f"{tag}.png", dpi=120)
+    save_plot(
+        fig,
+        ax,
+        args.out / f"{tag}.png",
+        xlabel="measured ms per call",
+        ylabel="predicted ms per call",
+        title=f"jaxcomm.cost, {tag} (dotted: ±20 %)",
+        legend_size=7,
+        log=True,
+    )
     print(f"wrote {args.out / (tag + '.json')} and {args.out / (tag + '.png')}")
 
 

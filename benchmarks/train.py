@@ -32,7 +32,7 @@ import sys
 import time
 
 import yaml
-from _bench import jaxcomm_cli, pyplot, recipe_backend, setup_fields, write_result
+from _bench import jaxcomm_cli, pyplot, recipe_backend, save_plot, setup_fields, write_result
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # label -> sweep entry of the recipes (the launcher's display label of each entry)
@@ -219,13 +219,15 @@ def main() -> None:
             pts = [(h["seconds"], h[key]) for h in r["history"] if h[key] is not None]
             ax.plot(*zip(*pts, strict=True), marker=".", label=label)
         ax.axhline(target, color="gray", linestyle=":", label="psum final")
-        ax.set_xlabel("training wall clock (s)")
-        ax.set_ylabel(metric_name)
-        ax.set_title(f"{tag}, {args.processes} ranks")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(args.out / f"{tag}.png", dpi=120)
+        save_plot(
+            fig,
+            ax,
+            args.out / f"{tag}.png",
+            xlabel="training wall clock (s)",
+            ylabel=metric_name,
+            title=f"{tag}, {args.processes} ranks",
+            legend_size=8,
+        )
     print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
 
 
