@@ -16,6 +16,8 @@ from launcher_helpers import (
     write_recipe,
 )
 
+from jaxcomm import cost
+
 
 @pytest.mark.parametrize("processes", [2, 4])
 def test_local_launch_writes_metrics_summary_and_plots(tmp_path, processes):
@@ -24,15 +26,19 @@ def test_local_launch_writes_metrics_summary_and_plots(tmp_path, processes):
     res = run_cli("launch", str(recipe), "--out", str(out), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     # What jaxcomm.metrics() measured for each step of the smoke job's dense allreduce of
-    # 4096 float32 per rank: the ring's 2 (P - 1)/P of the vector, sent and received.
+    # 4096 float32 per rank. The local backend's ranks share a host, so the allreduce takes the
+    # shared-memory path: the ring's 2 (P - 1)/P of the vector plus three 16-byte notices to
+    # each peer, sent and received.
     ring = 2 * (processes - 1) * 4096 * 4 // processes
     for rank in range(processes):
+        want = cost.direct_bytes(4096, processes, rank)
+        assert want == ring + 3 * 16 * (processes - 1)
         lines = (out / "dense" / f"rank{rank}.jsonl").read_text().splitlines()
         assert len(lines) == 3
         for step, line in enumerate(lines):
             rec = json.loads(line)
             assert rec["rank"] == rank and rec["step"] == step
-            assert rec["bytes_sent"] == rec["bytes_received"] == ring, rec
+            assert rec["bytes_sent"] == rec["bytes_received"] == want, rec
             assert rec["compression_ratio"] == 1.0  # dense: what it sent is the dense volume
             assert 0 < rec["collective_time_s"], rec
         assert f"[r{rank}]" in res.stdout  # rank-prefixed log streaming
