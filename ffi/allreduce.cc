@@ -62,7 +62,7 @@ ffi::Error RingAllreduce(Group& group, const float* x, float* data, int64_t n,
   const int right = (rank + 1) % parts;
   const int left = (rank + parts - 1) % parts;
   auto begin = [&](int c) { return ChunkBegin(n, parts, c); };
-  auto size = [&](int c) { return ChunkBegin(n, parts, c + 1) - ChunkBegin(n, parts, c); };
+  auto size = [&](int c) { return ring::ChunkSize(n, parts, c); };
   const int64_t max_chunk = size(0);
   // Tags carry step * kMaxSegments + segment in 16 bits.
   const int64_t max_segments = (2 * (parts - 1) * kMaxSegments <= 0xffff) ? kMaxSegments : 1;

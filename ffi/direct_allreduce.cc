@@ -133,7 +133,7 @@ ffi::Error DirectAllgather(Group& group, float* out, int64_t n, DirectPeers* pee
   for (int k = 1; k < parts; ++k) {
     const int q = (rank + k) % parts;  // ranks start on different peers
     const int64_t at = ring::ChunkBegin(n, parts, q);
-    const int64_t len = ring::ChunkBegin(n, parts, q + 1) - at;
+    const int64_t len = ring::ChunkSize(n, parts, q);
     TimedWork timed(group, Work::kCopy);
     if (const void* local = group.LocalPointer(q, peers->outputs[q])) {
       std::memcpy(out + at, static_cast<const float*>(local) + at, sizeof(float) * len);
@@ -143,7 +143,7 @@ ffi::Error DirectAllgather(Group& group, float* out, int64_t n, DirectPeers* pee
     }
     read_bytes += sizeof(float) * static_cast<uint64_t>(len);
   }
-  const int64_t mine = ring::ChunkBegin(n, parts, rank + 1) - ring::ChunkBegin(n, parts, rank);
+  const int64_t mine = ring::ChunkSize(n, parts, rank);
   group.CountTraffic(sizeof(float) * static_cast<uint64_t>(mine) * (parts - 1), read_bytes);
   // Nobody may return (and let XLA reuse its buffers) while a peer still copies from them.
   JAXCOMM_RETURN_IF_ERROR(Notify(group, n, (*step)++));

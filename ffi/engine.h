@@ -149,7 +149,7 @@ struct Kept<ffi::Buffer<dtype, rank>> {
   KeptDescriptor descriptor;
 };
 
-// The small integer operands (mesh coordinates, ordering token) are copied: a split call
+// The small integer operands (the mesh coordinates) are copied: a split call
 // returns before the engine reads them, and XLA may reuse their buffers from then on.
 template <size_t rank>
 struct Kept<ffi::Buffer<ffi::S32, rank>> {

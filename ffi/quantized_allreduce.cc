@@ -291,8 +291,8 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
     uint32_t step = 0;
     JAXCOMM_RETURN_IF_ERROR(DirectReduceScatter(local, x, out, n, &peers, &step));
     g.all->MarkPhase("intra_reduce_scatter");
-    const int64_t begin = ring::ChunkBegin(n, parts, rank);
-    const int64_t size = ring::ChunkBegin(n, parts, rank + 1) - begin;
+    const int64_t begin = ChunkBegin(n, parts, rank);
+    const int64_t size = ChunkSize(n, parts, rank);
     if (leaders > 1) {
       JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
                                         residual_out ? residual_out + begin : nullptr, run));
@@ -315,7 +315,7 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
   g.all->MarkPhase("intra_reduce_scatter");
   const int owned = (rank + 1) % parts;
   const int64_t begin = ChunkBegin(n, parts, owned);
-  const int64_t size = ChunkBegin(n, parts, owned + 1) - begin;
+  const int64_t size = ChunkSize(n, parts, owned);
   if (leaders > 1 || parts == 1) {
     JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
                                       residual_out ? residual_out + begin : nullptr, run));
@@ -337,7 +337,7 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
   for (int q = 1; q < parts; ++q) {
     const int c = (q + 1) % parts;
     const int64_t b = ChunkBegin(n, parts, c);
-    const int64_t len = ChunkBegin(n, parts, c + 1) - b;
+    const int64_t len = ChunkSize(n, parts, c);
     size_t got = 0;
     JAXCOMM_RETURN_IF_ERROR(local.Recv(q, out + b, sizeof(float) * len, &got, gather_step));
     if (got != sizeof(float) * len) return Invalid(local.name(), "a local rank sent a short chunk");
