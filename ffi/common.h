@@ -2,8 +2,12 @@
 // (JAXCOMM_RETURN_IF_ERROR), error text, thread-pool adapter, argument checks.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <optional>
 #include <string>
+#include <type_traits>
 
 #include "kernels/parallel.h"
 #include "kernels/wire.h"
@@ -42,6 +46,18 @@ int64_t NumElements(const BufferT& buffer) {
 }
 
 // InvalidArgument error prefixed with the op's Python name, e.g. "jaxcomm.ops.topk_abs: ...".
+// `bytes` of device scratch memory from XLA's allocator, starting at a multiple of 256 bytes
+// (what the CUDA kernels carve their pieces at), or nullopt. XLA refuses any alignment above 16
+// ("Unsupported alignment", seen on jaxlib 0.11 with an H200), so 256 comes from asking for
+// 255 bytes more and rounding the pointer up.
+inline std::optional<void*> AllocateAligned256(ffi::ScratchAllocator& scratch, size_t bytes) {
+  constexpr uintptr_t kAlign = 256;
+  std::optional<void*> memory = scratch.Allocate(bytes + kAlign - 1, 16);
+  if (!memory) return std::nullopt;
+  const uintptr_t address = reinterpret_cast<uintptr_t>(*memory);
+  return reinterpret_cast<void*>((address + kAlign - 1) & ~(kAlign - 1));
+}
+
 inline ffi::Error InvalidArgument(const char* op, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(op) + ": " + message);
 }
@@ -67,5 +83,39 @@ inline ffi::Error NonFinite(const char* op, int64_t index) {
 // into `buffer` (NUL-terminated, truncated to `capacity` - 1) and returns its full length, so
 // the caller asks again with a larger buffer when the result is >= capacity.
 int64_t CopyJson(const std::string& json, char* buffer, int64_t capacity);
+
+// Builds text (the JSON of the ctypes readers, error messages) with `<<` like an
+// ostringstream, without iostreams: numbers go through snprintf ("%.15g" keeps microseconds of a
+// clock that counts from boot), whatever the C++ locale. On the GPU machine (jaxlib 0.11.2,
+// library built with GCC 13.3) ostream's number formatting crashed inside
+// jaxcomm_metrics_json; this builder does not depend on the locale machinery at all.
+class TextBuilder {
+ public:
+  TextBuilder& operator<<(const char* text) {
+    text_ += text;
+    return *this;
+  }
+  TextBuilder& operator<<(const std::string& text) {
+    text_ += text;
+    return *this;
+  }
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
+  TextBuilder& operator<<(T value) {
+    char digits[32];
+    if constexpr (std::is_floating_point_v<T>) {
+      std::snprintf(digits, sizeof(digits), "%.15g", static_cast<double>(value));
+    } else if constexpr (std::is_signed_v<T>) {
+      std::snprintf(digits, sizeof(digits), "%lld", static_cast<long long>(value));
+    } else {
+      std::snprintf(digits, sizeof(digits), "%llu", static_cast<unsigned long long>(value));
+    }
+    text_ += digits;
+    return *this;
+  }
+  const std::string& str() const { return text_; }
+
+ private:
+  std::string text_;
+};
 
 }  // namespace jaxcomm::ffi_common

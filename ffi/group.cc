@@ -6,7 +6,6 @@
 #include <deque>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <utility>
 
 #include "ffi/common.h"
@@ -260,7 +259,7 @@ std::string Group::MissingLocalDevices() const {
   }
   if (missing.empty()) return "";
   const double seconds = std::chrono::duration<double>(transport::DefaultTimeout()).count();
-  std::ostringstream out;
+  ffi_common::TextBuilder out;
   out << name_ << " #" << seq_ << ": device(s) " << JoinInts(missing)
       << " of this process never started it within " << seconds << " s (device(s) "
       << JoinInts(started)
@@ -333,8 +332,7 @@ void Group::Finish(const char* algorithm, int64_t elements) {
 
 std::string MetricsJson() {
   std::lock_guard<std::mutex> lock(g_metrics_mu);
-  std::ostringstream out;
-  out.precision(15);  // microseconds of a monotonic clock that counts from boot
+  ffi_common::TextBuilder out;
   out << "{\"totals\": [";
   bool first = true;
   for (const auto& [key, total] : g_totals) {

@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <string_view>
 
@@ -57,8 +56,7 @@ JAXCOMM_DEFINE_HANDLER(JaxcommMark, jaxcomm::timeline::MarkImpl,
 // (returns the full length; call again with a larger buffer when it is >= capacity).
 extern "C" __attribute__((visibility("default"))) int64_t jaxcomm_marks_json(char* buffer,
                                                                              int64_t capacity) {
-  std::ostringstream out;
-  out.precision(15);
+  jaxcomm::ffi_common::TextBuilder out;
   out << "[";
   {
     std::lock_guard<std::mutex> lock(jaxcomm::timeline::g_marks_mu);

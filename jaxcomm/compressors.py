@@ -130,7 +130,9 @@ class Threshold:
     """Threshold quantization with error feedback (Strom 2015; Dryden et al. §3.2).
 
     Entries with ``acc > tau`` are sent as ``+tau``, ``acc < -tau`` as ``-tau``; the rest stay in
-    the residual.
+    the residual. In ``compressed_allreduce`` each slice's owner requantizes the sum with the
+    same strict test, as in the paper, so an entry that only one rank sent (a sum of exactly
+    ``+-tau``) goes back to the owner's residual; over one rank nothing is ever sent.
 
     Args:
       tau: the threshold, > 0.

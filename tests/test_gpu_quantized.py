@@ -120,7 +120,14 @@ def test_quantized_matches_reference(name, n):
     )
     expected, expected_residuals, _ = reference.quantized_allreduce(list(xs), list(rs), c)
     assert_matches_reference(name, xs, rs, summed, residuals, expected, expected_residuals)
-    if n >= 1000:
+    if name.startswith("threshold") and len(GPUS) == 1:
+        # One rank: every sent entry reaches the owner as exactly +-tau, which the strict
+        # requantization (acc > tau, as in the paper) drops back into the residual. Nothing is
+        # ever sent; the whole acc stays in the residual (found on a one-GPU machine).
+        assert np.count_nonzero(summed[0]) == 0
+        acc = (xs[0] + rs[0]).astype(np.float32)
+        np.testing.assert_allclose(residuals[0], acc, rtol=1e-6, atol=1e-6)
+    elif n >= 1000:
         assert np.count_nonzero(summed[0]) > 0
 
 

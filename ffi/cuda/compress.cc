@@ -35,7 +35,7 @@ ffi::Error Launched(const char* op, cudaError_t error) {
 
 // Device scratch of `bytes` (256-aligned), or an error naming the op.
 std::optional<void*> Scratch(ffi::ScratchAllocator& scratch, size_t bytes) {
-  return scratch.Allocate(bytes, 256);
+  return ffi_common::AllocateAligned256(scratch, bytes);
 }
 ffi::Error NoScratch(const char* op, size_t bytes) {
   return ffi::Error(ffi::ErrorCode::kResourceExhausted, std::string(op) + ": could not allocate " +

@@ -185,7 +185,7 @@ ffi::Error CheckCuda(const char* name, cudaError_t error, const char* what) {
 
 ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, const char* name, size_t bytes,
                            void** out) {
-  std::optional<void*> memory = scratch.Allocate(std::max<size_t>(bytes, 1), 256);
+  std::optional<void*> memory = ffi_common::AllocateAligned256(scratch, std::max<size_t>(bytes, 1));
   if (!memory) {
     return ffi::Error(ffi::ErrorCode::kResourceExhausted,
                       std::string(name) + ": could not allocate " + std::to_string(bytes) +
