@@ -5,6 +5,8 @@
 // engine still reads, and the `after` values the caller wants computed before the sum is
 // awaited). Results: the start's data results again, aliased (input_output_aliases), so the
 // done returns the buffers the engine wrote, once it has written them.
+#include "ffi/collective_done.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,11 +18,11 @@
 
 namespace jaxcomm::collectives {
 namespace {
-
 constexpr char kDoneOp[] = "jaxcomm_collective_done";
+}  // namespace
 
-ffi::Error CollectedResults(ffi::RemainingArgs args, ffi::RemainingRets rets,
-                            std::vector<const void*>* results) {
+ffi::Error DoneResults(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                       std::vector<const void*>* results) {
   if (args.size() < rets.size()) {
     return ffi::Error::InvalidArgument(std::string(kDoneOp) +
                                        ": fewer operands than results (each result is an "
@@ -41,10 +43,12 @@ ffi::Error CollectedResults(ffi::RemainingArgs args, ffi::RemainingRets rets,
   return ffi::Error::Success();
 }
 
+namespace {
+
 ffi::Error Redeem(ffi::Buffer<ffi::S32, 0> ticket, ffi::RemainingArgs args, ffi::RemainingRets rets,
                   std::shared_ptr<Completion>* completion) {
   std::vector<const void*> results;
-  JAXCOMM_RETURN_IF_ERROR(CollectedResults(args, rets, &results));
+  JAXCOMM_RETURN_IF_ERROR(DoneResults(args, rets, &results));
   return RedeemTicket(ticket.typed_data()[0], results, completion);
 }
 

@@ -46,12 +46,16 @@ TARGETS: dict[str, tuple[str, bool]] = {
     "jaxcomm_quantized_allreduce": ("JaxcommQuantizedAllreduce", True),
     "jaxcomm_hierarchical_allreduce": ("JaxcommHierarchicalAllreduce", True),
     "jaxcomm_hierarchical_quantized": ("JaxcommHierarchicalQuantized", True),
-    # the second half of a split collective (jaxcomm/collectives/_call.py), CPU only
-    "jaxcomm_collective_done": ("JaxcommCollectiveDone", False),
+    # the second half of a split collective (jaxcomm/collectives/_call.py)
+    "jaxcomm_collective_done": ("JaxcommCollectiveDone", True),
     # timeline (jaxcomm/timeline.py)
     "jaxcomm_mark": ("JaxcommMark", False),
 }
 
+# Collectives whose CUDA handler may run split (start/done) on jaxcomm's own stream: those that
+# take no XLA scratch memory (ffi/cuda/gpu_collective.h, JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE;
+# the others refuse `split`). Every CPU collective may split.
+GPU_SPLIT_TARGETS: frozenset[str] = frozenset({"jaxcomm_allreduce"})
 
 _i32, _i64, _u32, _f64 = ctypes.c_int, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double
 _str, _ptr = ctypes.c_char_p, ctypes.c_void_p

@@ -10,7 +10,9 @@ Skipped without a GPU.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import reference
 from gpu_support import GPU_MARKS, GPUS, gpu_mesh, per_rank_data, run_sharded
@@ -160,3 +162,99 @@ def test_sparse_records_metrics(algorithm):
     run_sharded(lambda v, r: jaxcomm.compressed_allreduce(v, r, "d", algo), data, data)
     rows = [r for r in jaxcomm.metrics()["totals"] if r["algorithm"] == algorithm]
     assert rows and all(r["calls"] >= 1 for r in rows)
+
+
+# ---- split (start/done) on jaxcomm's own stream (ffi/cuda/gpu_collective.h, "Split calls") ----
+
+
+def _lowered_text(fn, *per_rank):
+    mesh = gpu_mesh()
+    spec = P("d")
+    args = [jax.device_put(np.concatenate(v), NamedSharding(mesh, spec)) for v in per_rank]
+    f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=spec))
+    return f.lower(*args).as_text()
+
+
+def test_split_allreduce_matches_psum_and_lowers_to_start_done():
+    def split(v):
+        later = jnp.tanh(v * 3.0).sum() * jnp.ones_like(v)  # what runs while NCCL works
+        return jaxcomm.allreduce(v, "d", after=later), later
+
+    xs = per_rank_data(2**20 + 3, 21)
+    text = _lowered_text(split, xs)
+    assert "jaxcomm_collective_done" in text  # the dense GPU allreduce splits
+    got, later = run_sharded(split, xs)
+    (want,) = run_sharded(lambda v: jax.lax.psum(v, "d"), xs)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    for x, lt in zip(xs, later, strict=True):
+        np.testing.assert_allclose(lt, np.tanh(x * 3.0).sum(), rtol=1e-5)
+
+
+def test_compressed_after_is_accepted_unsplit_on_gpu():
+    c = jaxcomm.TopKAllgather(0.01)
+    xs = per_rank_data(4096, 22)
+    rs = [np.zeros_like(x) for x in xs]
+
+    def with_after(x, r):
+        return jaxcomm.compressed_allreduce(x, r, "d", c, after=x * 2.0)
+
+    assert "jaxcomm_collective_done" not in _lowered_text(with_after, xs, rs)
+    got = run_sharded(with_after, xs, rs)
+    want = run_sharded(lambda x, r: jaxcomm.compressed_allreduce(x, r, "d", c), xs, rs)
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_overlapped_training_loop_matches_unsplit_without_syncs():
+    """allreduce_gradients(overlap=True) on GPU: every bucket but the last splits onto
+    jaxcomm's stream. 20 steps dispatched without a sync between them (as users run) must give
+    the same bits as overlap=False."""
+    mesh = gpu_mesh()
+    rng = np.random.default_rng(23)
+    widths = [256, 512, 512, 256, 10]
+    params = {
+        f"w{i}": jnp.asarray(rng.standard_normal((a, b)).astype(np.float32) / np.sqrt(a))
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True))
+    }
+    batch = jnp.asarray(rng.standard_normal((len(GPUS) * 64, widths[0])).astype(np.float32))
+
+    def loss(p, x):
+        for i in range(len(widths) - 1):
+            x = jnp.tanh(x @ p[f"w{i}"])
+        return jnp.mean(x**2)
+
+    def train(overlap):
+        opt = optax.chain(
+            jaxcomm.optax.allreduce_gradients("d", bucket_size=100_000, overlap=overlap),
+            optax.sgd(0.05),
+        )
+
+        def step(p, s, x):
+            g = jax.grad(loss)(p, x)
+            updates, s = opt.update(g, s, p)
+            return optax.apply_updates(p, updates), s
+
+        sharded = jax.jit(
+            jax.shard_map(
+                step,
+                mesh=mesh,
+                in_specs=(P(), P(), P("d")),
+                out_specs=(P(), P()),
+                check_vma=False,
+            )
+        )
+        p, s = params, opt.init(params)
+        text = sharded.lower(p, s, batch).as_text()
+        for _ in range(20):
+            p, s = sharded(p, s, batch)
+        return jax.device_get(p), text
+
+    split_params, split_text = train(True)
+    plain_params, plain_text = train(False)
+    assert split_text.count("jaxcomm_collective_done") >= 2  # several buckets in flight
+    assert "jaxcomm_collective_done" not in plain_text
+    for name in params:
+        np.testing.assert_array_equal(split_params[name], plain_params[name])
+        assert not np.array_equal(split_params[name], np.asarray(params[name]))

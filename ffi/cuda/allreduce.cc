@@ -1,6 +1,7 @@
 // Dense allreduce on the GPU (platform "CUDA" of target jaxcomm_allreduce): ncclAllReduce over
 // the group's communicator on XLA's stream. NCCL's ring/tree gives every rank the same bits,
-// as the CPU ring does.
+// as the CPU ring does. It takes no scratch memory, so it may run split (start/done) on
+// jaxcomm's own stream (ffi/cuda/gpu_collective.h).
 #include <cuda_runtime_api.h>
 
 #include "ffi/common.h"
@@ -34,6 +35,6 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& /*scratch*/
 
 }  // namespace
 
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommAllreduceCuda, AllreduceCuda, BindDenseData);
+JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE(JaxcommAllreduceCuda, AllreduceCuda, BindDenseData);
 
 }  // namespace jaxcomm::collectives::gpu

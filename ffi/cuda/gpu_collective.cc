@@ -46,6 +46,10 @@ struct Tables {
   std::map<std::tuple<int64_t, int, std::vector<int64_t>>, std::vector<int32_t>> coordinates;
   // (world, self world rank, members) -> communicator
   std::map<std::tuple<int64_t, int, std::vector<int>>, std::shared_ptr<CommState>> comms;
+  // local CUDA ordinal -> jaxcomm's stream for split collectives on that device
+  std::map<int, cudaStream_t> comm_streams;
+  // first result buffer of a split start -> its results and the event after its work
+  std::map<const void*, std::pair<std::vector<const void*>, cudaEvent_t>> splits;
 };
 Tables& tables() {
   static Tables* t = new Tables();
@@ -218,10 +222,6 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, const Caller& c
   const int32_t device_ordinal = caller.device_id;
   const ffi::Buffer<ffi::S32, 1>& coordinates = caller.coordinates;
   const CollectiveAttrs& attrs = caller.attrs;
-  if (attrs.split) {
-    // jaxcomm/collectives/_call.py splits CPU calls only: NCCL already runs on a stream.
-    return Fail(name, "a split (start/done) collective is CPU only");
-  }
   const int64_t world = attrs.world;
   const ffi::Span<const int64_t> world_devices = attrs.world_devices;
   Tables& t = tables();
@@ -319,6 +319,81 @@ ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
   result->state_ = std::move(state);
   *out = std::move(result);
   return ffi::Error::Success();
+}
+
+ffi::Error BeginSplit(const char* name, int device_ordinal, cudaStream_t xla_stream,
+                      cudaStream_t* comm_stream) {
+  Tables& t = tables();
+  {
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = t.comm_streams.find(device_ordinal);
+    if (it != t.comm_streams.end()) *comm_stream = it->second;
+  }
+  if (*comm_stream == nullptr) {
+    // Highest priority, so that NCCL's kernels get SMs ahead of backward's when both are ready.
+    int least = 0, greatest = 0;
+    JAXCOMM_RETURN_IF_ERROR(CheckCuda(name, cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                                      "cudaDeviceGetStreamPriorityRange"));
+    cudaStream_t created = nullptr;
+    JAXCOMM_RETURN_IF_ERROR(CheckCuda(
+        name, cudaStreamCreateWithPriority(&created, cudaStreamNonBlocking, greatest),
+        "creating jaxcomm's stream"));
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto [it, inserted] = t.comm_streams.emplace(device_ordinal, created);
+    if (!inserted) cudaStreamDestroy(created);  // another thread made one first
+    *comm_stream = it->second;
+  }
+  cudaEvent_t ready = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(CheckCuda(
+      name, cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate"));
+  ffi::Error error = CheckCuda(name, cudaEventRecord(ready, xla_stream), "cudaEventRecord");
+  if (error.success()) {
+    error = CheckCuda(name, cudaStreamWaitEvent(*comm_stream, ready, 0), "cudaStreamWaitEvent");
+  }
+  cudaEventDestroy(ready);  // released once the wait is satisfied
+  return error;
+}
+
+ffi::Error EndSplit(const char* name, cudaStream_t comm_stream, std::vector<const void*> results) {
+  if (results.empty()) return Fail(name, "a split collective needs a result buffer");
+  cudaEvent_t done = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(CheckCuda(
+      name, cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
+  if (ffi::Error e = CheckCuda(name, cudaEventRecord(done, comm_stream), "cudaEventRecord");
+      !e.success()) {
+    cudaEventDestroy(done);
+    return e;
+  }
+  Tables& t = tables();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  const void* key = results.front();
+  if (t.splits.count(key)) {
+    cudaEventDestroy(done);
+    return Fail(name, "a split collective already writes this result buffer (a done is missing)");
+  }
+  t.splits.emplace(key, std::make_pair(std::move(results), done));
+  return ffi::Error::Success();
+}
+
+ffi::Error AwaitSplit(const char* name, cudaStream_t xla_stream,
+                      const std::vector<const void*>& results) {
+  cudaEvent_t done = nullptr;
+  {
+    Tables& t = tables();
+    std::lock_guard<std::mutex> lock(t.mutex);
+    auto it = results.empty() ? t.splits.end() : t.splits.find(results.front());
+    if (it == t.splits.end() || it->second.first != results) {
+      // XLA copied a result between start and done, or done got buffers of no start.
+      return Fail(name, "its buffers are not those a split collective is writing (was a result "
+                        "copied between start and done?)");
+    }
+    done = it->second.second;
+    t.splits.erase(it);
+  }
+  ffi::Error error =
+      CheckCuda(name, cudaStreamWaitEvent(xla_stream, done, 0), "cudaStreamWaitEvent");
+  cudaEventDestroy(done);  // released once the wait is satisfied
+  return error;
 }
 
 ffi::Error GpuGroup::Check(ncclResult_t result, const char* what) const {

@@ -5,7 +5,8 @@
 // (jaxcomm/_world.py), used only for setup: Group::Begin discovers the group from the mesh
 // coordinates as on CPU (ffi/group.h), and group rank 0 sends the group's ncclUniqueId to the
 // other members over it. Data plane = NCCL on XLA's stream: handlers only enqueue, never
-// synchronize, so results are ready when XLA's later work on the stream runs.
+// synchronize, so results are ready when XLA's later work on the stream runs. A split call
+// (start/done, below) runs on jaxcomm's own stream instead, ordered by CUDA events.
 //
 // Two one-time costs per device and mesh shape, both at the first call: the mesh coordinates
 // operand lives in device memory and is read with one blocking copy (later calls reuse it:
@@ -127,35 +128,89 @@ ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, const Caller& cal
 ffi::Error ForwardToken(cudaStream_t stream, const ffi::Buffer<ffi::S32, 0>& token,
                         ffi::ResultBuffer<ffi::S32, 0>& token_out);
 
+// ---- Split calls (start/done) on the GPU ---------------------------------------------------
+// A split start (CollectiveAttrs::split, set by jaxcomm/collectives/_call.py for the targets of
+// jaxcomm._ffi.GPU_SPLIT_TARGETS) enqueues its NCCL work on jaxcomm's own stream of the device,
+// behind an event recorded on XLA's stream (the operands are ready there), and returns. XLA's
+// stream goes on with whatever does not need the sum (the rest of backward) while NCCL runs.
+// The start files an event recorded after its work under its result buffers;
+// jaxcomm_collective_done (CUDA) finds it by those buffers, which it receives aliased, and
+// makes XLA's stream wait on it. No host thread ever waits. The operands stay alive until then
+// because done reads them (as on CPU). Only collectives that take no XLA scratch memory may
+// split: XLA frees scratch in its own stream's order as soon as the handler returns.
+
+// The comm stream of `device_ordinal`, made to wait for the work enqueued so far on
+// `xla_stream`.
+ffi::Error BeginSplit(const char* name, int device_ordinal, cudaStream_t xla_stream,
+                      cudaStream_t* comm_stream);
+// Records the end of the start's work on `comm_stream` and files it under `results` (the
+// buffers done will hand back, in order).
+ffi::Error EndSplit(const char* name, cudaStream_t comm_stream, std::vector<const void*> results);
+// Makes `xla_stream` wait for the split start whose results are `results` (done's side).
+ffi::Error AwaitSplit(const char* name, cudaStream_t xla_stream,
+                      const std::vector<const void*>& results);
+
+namespace internal {
+// The device buffer of a result argument of a collective (what a split start files); other
+// arguments add nothing.
+template <typename T>
+void AddResult(std::vector<const void*>&, const T&) {}
+template <typename B>
+void AddResult(std::vector<const void*>& results, ffi::Result<B> result) {
+  results.push_back(result->untyped_data());
+}
+}  // namespace internal
+
 // Turns a GPU collective implementation
 //   ffi::Error Impl(cudaStream_t, ffi::ScratchAllocator&, const Caller&, Data...)
 // into the handler that BindGpuCollective and the op's own bindings describe
 //   ffi::Error Handler(stream, scratch, device_ordinal, coordinates, token,
 //                      const CollectiveAttrs&, Data..., token_out)
 // (Caller::device_id is the local CUDA ordinal): Impl enqueues its work on the stream, then
-// the handler forwards the token (ForwardToken).
-template <auto Impl, typename Signature = decltype(Impl)>
+// the handler forwards the token (ForwardToken). kSplittable: the collective takes no scratch
+// memory and may run as a split start (above) on jaxcomm's stream; others refuse `split`.
+template <auto Impl, bool kSplittable, typename Signature = decltype(Impl)>
 struct GpuCollective;
 
-template <auto Impl, typename... Data>
-struct GpuCollective<Impl,
+template <auto Impl, bool kSplittable, typename... Data>
+struct GpuCollective<Impl, kSplittable,
                      ffi::Error (*)(cudaStream_t, ffi::ScratchAllocator&, const Caller&, Data...)> {
   static ffi::Error Handler(cudaStream_t stream, ffi::ScratchAllocator scratch,
                             int32_t device_ordinal, ffi::Buffer<ffi::S32, 1> coordinates,
                             ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
                             Data... data, ffi::ResultBuffer<ffi::S32, 0> token_out) {
-    JAXCOMM_RETURN_IF_ERROR(
-        Impl(stream, scratch, Caller{device_ordinal, coordinates, attrs}, data...));
-    return ForwardToken(stream, token, token_out);
+    const Caller caller{device_ordinal, coordinates, attrs};
+    if (!attrs.split) {
+      JAXCOMM_RETURN_IF_ERROR(Impl(stream, scratch, caller, data...));
+      return ForwardToken(stream, token, token_out);
+    }
+    if constexpr (!kSplittable) {
+      return ffi::Error::InvalidArgument(
+          "this jaxcomm collective cannot be split (start/done) on the GPU: it takes XLA "
+          "scratch memory (jaxcomm._ffi.GPU_SPLIT_TARGETS lists the ones that can)");
+    } else {
+      cudaStream_t comm = nullptr;
+      JAXCOMM_RETURN_IF_ERROR(BeginSplit("jaxcomm collective", device_ordinal, stream, &comm));
+      JAXCOMM_RETURN_IF_ERROR(Impl(comm, scratch, caller, data...));
+      std::vector<const void*> results;
+      (internal::AddResult(results, data), ...);
+      JAXCOMM_RETURN_IF_ERROR(EndSplit("jaxcomm collective", comm, std::move(results)));
+      return ForwardToken(stream, token, token_out);
+    }
   }
 };
 
 // Defines the exported GPU handler `symbol` running the collective `impl` (GpuCollective),
 // bound by BindGpuCollective() and then `bind_data`, the same as the CPU handler's
 // (JAXCOMM_DEFINE_COLLECTIVE). Use it inside namespace jaxcomm::collectives::gpu, outside any
-// anonymous namespace.
-#define JAXCOMM_DEFINE_GPU_COLLECTIVE(symbol, impl, bind_data)                               \
-  JAXCOMM_DEFINE_HANDLER(symbol, ::jaxcomm::collectives::gpu::GpuCollective<&impl>::Handler, \
+// anonymous namespace. The _SPLITTABLE form also lets the call run as a split start.
+#define JAXCOMM_DEFINE_GPU_COLLECTIVE(symbol, impl, bind_data)                        \
+  JAXCOMM_DEFINE_HANDLER(symbol,                                                      \
+                         (::jaxcomm::collectives::gpu::GpuCollective<&impl, false>::Handler), \
+                         bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
+#define JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE(symbol, impl, bind_data)             \
+  JAXCOMM_DEFINE_HANDLER(symbol,                                                     \
+                         (::jaxcomm::collectives::gpu::GpuCollective<&impl, true>::Handler), \
                          bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
 
 // ffi::Error for a failed CUDA call, or Success.

@@ -25,8 +25,10 @@ def collective_call(
 ) -> list[jax.Array]:
     """Emits one ordered collective custom call and returns its data results.
 
-    With ``after`` on CPU, the call is split in two (ffi/engine.h, "Tickets"): the collective
-    call itself only queues the work on jaxcomm's engine and returns; a second call,
+    With ``after``, the call is split in two (ffi/engine.h, "Tickets"; on GPU
+    ffi/cuda/gpu_collective.h, "Split calls", for the targets of ``_ffi.GPU_SPLIT_TARGETS``):
+    the collective call itself only queues the work (on jaxcomm's engine thread, or on
+    jaxcomm's own CUDA stream behind an event) and returns; a second call,
     ``jaxcomm_collective_done``, takes the ticket, the results, the data operands (so their
     buffers stay alive while the engine reads them) and ``after`` (so XLA schedules it after
     those values exist), and returns the results once the engine has written them. XLA runs
@@ -41,7 +43,7 @@ def collective_call(
       aliases: data operand index -> data result index that may reuse its buffer (a donated
         residual is then updated in place instead of allocating a new array).
       after: a pytree of arrays to compute before the results are awaited (``None``: one
-        call that XLA awaits where it is). Ignored off CPU, where NCCL runs on a stream.
+        call that XLA awaits where it is). Ignored on GPU for targets that cannot split.
       **attributes: extra FFI attributes.
 
     Returns:
@@ -56,7 +58,7 @@ def collective_call(
             "devices (a manual shard_map over every mesh axis)"
         )
     like = operands[0]
-    split = after is not None and layout.platform == "cpu"
+    split = after is not None and (layout.platform == "cpu" or target in _ffi.GPU_SPLIT_TARGETS)
     token = _ordering.token_in()
     out_types = [_ffi.result_like(like, shape, dtype) for shape, dtype in results]
     out_types.append(_ffi.result_like(like, (), jnp.int32))
