@@ -1,5 +1,6 @@
 """What the benchmark scripts share: the launcher backend they run their recipe on, the recipe
-of a one-job benchmark, the launcher's command line, and matplotlib when it is installed.
+of a one-job benchmark, the launcher's command line, matplotlib when it is installed, and the
+JSON and PNG they write.
 
 The scripts run as ``python benchmarks/<name>.py``, so this folder is on ``sys.path``.
 """
@@ -208,3 +209,38 @@ def write_result(out: pathlib.Path, tag: str, result: dict[str, Any]) -> pathlib
     path = out / f"{tag}.json"
     path.write_text(json.dumps(result, indent=2))
     return path
+
+
+def write_result_and_plot(
+    out: pathlib.Path,
+    tag: str,
+    result: dict[str, Any],
+    draw: Callable[[Any], None],
+    *,
+    figsize: tuple[float, float],
+    **labels: Any,
+) -> None:
+    """Writes a benchmark's outputs and says which: ``<out>/<tag>.json`` (:func:`write_result`)
+    and, when matplotlib is installed, the single-axes figure ``<out>/<tag>.png`` whose data
+    ``draw(ax)`` adds (:func:`save_plot` labels and saves it).
+
+    Args:
+      out, tag, result: as for :func:`write_result`.
+      draw: adds the data (with legend labels) to the axes.
+      figsize: the figure's size in inches.
+      **labels: :func:`save_plot`'s keywords (``xlabel``, ``ylabel``, ``title``,
+        ``legend_size``, ``log``).
+
+    Example:
+      >>> write_result_and_plot(out, "t", {"rows": []}, lambda ax: ax.plot([1], label="a"),
+      ...                       figsize=(7, 4.5), xlabel="n", ylabel="ms", title="t")  # doctest: +SKIP
+    """
+    json_path = write_result(out, tag, result)
+    plt = pyplot()
+    if plt is None:
+        print(f"\nwrote {json_path}")
+        return
+    fig, ax = plt.subplots(figsize=figsize)
+    draw(ax)
+    png = save_plot(fig, ax, out / f"{tag}.png", **labels)
+    print(f"\nwrote {json_path} and {png}")

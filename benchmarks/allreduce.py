@@ -21,8 +21,9 @@ import argparse
 import collections
 import pathlib
 import statistics
+from typing import Any
 
-from _bench import pyplot, run_recipe, save_plot, setup_fields, write_job_recipe, write_result
+from _bench import run_recipe, setup_fields, write_job_recipe, write_result_and_plot
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -113,26 +114,26 @@ def main() -> None:
         "wall_s": wall,
         "rows": rows,
     }
-    json_path = write_result(args.out, tag, result)
-    plt = pyplot()
-    if plt is not None:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+
+    def draw(ax: Any) -> None:
         for algorithm in ALGORITHMS:
             pts = [
                 (r["elements"], r["median_s"] * 1e3) for r in rows if r["algorithm"] == algorithm
             ]
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=algorithm)
-        save_plot(
-            fig,
-            ax,
-            args.out / f"{tag}.png",
-            xlabel="float32 elements per rank",
-            ylabel="median time per allreduce (ms)",
-            title=f"{tag}, P = {args.processes}, density {args.density}",
-            log=True,
-        )
-    print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
+
+    write_result_and_plot(
+        args.out,
+        tag,
+        result,
+        draw,
+        figsize=(7, 4.5),
+        xlabel="float32 elements per rank",
+        ylabel="median time per allreduce (ms)",
+        title=f"{tag}, P = {args.processes}, density {args.density}",
+        log=True,
+    )
 
 
 if __name__ == "__main__":

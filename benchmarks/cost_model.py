@@ -34,9 +34,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import yaml
-from _bench import jaxcomm_cli, pyplot, recipe_backend, save_plot
+from _bench import jaxcomm_cli, recipe_backend, write_result_and_plot
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import cost
@@ -296,45 +297,40 @@ def main() -> None:
     tag = (
         "cost-model-" + args.backend + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
     )
-    (args.out / f"{tag}.json").write_text(
-        json.dumps(
-            {
-                "args": vars(args) | {"out": str(args.out)},
-                "summary": summary,
-                "profiles": profiles,
-                "rows": rows,
-            },
-            indent=2,
-        )
-    )
-    plt = pyplot()
-    if plt is None:
-        return
-    fig, ax = plt.subplots(figsize=(6.5, 6))
-    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
-        pts = [r for r in rows if r["algorithm"] == algorithm]
-        ax.scatter(
-            [r["measured_s"] * 1e3 for r in pts],
-            [r["predicted_s"] * 1e3 for r in pts],
-            label=algorithm,
-            s=22,
-        )
-    lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
-    hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.25
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    ax.plot([lo, hi], [lo * 1.2, hi * 1.2], "k:", lw=0.6)
-    ax.plot([lo, hi], [lo / 1.2, hi / 1.2], "k:", lw=0.6)
-    save_plot(
-        fig,
-        ax,
-        args.out / f"{tag}.png",
+    result = {
+        "args": vars(args) | {"out": str(args.out)},
+        "summary": summary,
+        "profiles": profiles,
+        "rows": rows,
+    }
+
+    def draw(ax: Any) -> None:
+        for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+            pts = [r for r in rows if r["algorithm"] == algorithm]
+            ax.scatter(
+                [r["measured_s"] * 1e3 for r in pts],
+                [r["predicted_s"] * 1e3 for r in pts],
+                label=algorithm,
+                s=22,
+            )
+        lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
+        hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.25
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.plot([lo, hi], [lo * 1.2, hi * 1.2], "k:", lw=0.6)
+        ax.plot([lo, hi], [lo / 1.2, hi / 1.2], "k:", lw=0.6)
+
+    write_result_and_plot(
+        args.out,
+        tag,
+        result,
+        draw,
+        figsize=(6.5, 6),
         xlabel="measured ms per call",
         ylabel="predicted ms per call",
         title=f"jaxcomm.cost, {tag} (dotted: ±20 %)",
         legend_size=7,
         log=True,
     )
-    print(f"wrote {args.out / (tag + '.json')} and {args.out / (tag + '.png')}")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,10 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Any
 
 import yaml
-from _bench import jaxcomm_cli, pyplot, recipe_backend, save_plot, setup_fields, write_result
+from _bench import jaxcomm_cli, recipe_backend, setup_fields, write_result_and_plot
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # label -> sweep entry of the recipes (the launcher's display label of each entry)
@@ -211,24 +212,24 @@ def main() -> None:
         "rows": rows,
         "runs": results,
     }
-    json_path = write_result(args.out, tag, summary)
-    plt = pyplot()
-    if plt is not None:
-        fig, ax = plt.subplots(figsize=(7.5, 4.5))
+
+    def draw(ax: Any) -> None:
         for label, r in results.items():
             pts = [(h["seconds"], h[key]) for h in r["history"] if h[key] is not None]
             ax.plot(*zip(*pts, strict=True), marker=".", label=label)
         ax.axhline(target, color="gray", linestyle=":", label="psum final")
-        save_plot(
-            fig,
-            ax,
-            args.out / f"{tag}.png",
-            xlabel="training wall clock (s)",
-            ylabel=metric_name,
-            title=f"{tag}, {args.processes} ranks",
-            legend_size=8,
-        )
-    print(f"\nwrote {json_path} and {args.out / (tag + '.png')}")
+
+    write_result_and_plot(
+        args.out,
+        tag,
+        summary,
+        draw,
+        figsize=(7.5, 4.5),
+        xlabel="training wall clock (s)",
+        ylabel=metric_name,
+        title=f"{tag}, {args.processes} ranks",
+        legend_size=8,
+    )
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ GRAD_DTYPES = ("float32", "bfloat16")
 class Reduction:
     """How gradients are reduced over ``dp``.
 
+    The examples' run configs (``DigitsConfig``, ``BytesLMConfig``) extend it, so these
+    settings are declared here once.
+
     Attributes:
       algorithm: one of :data:`ALGORITHMS`.
       density: ρ of the sparse algorithms after warm-up.
@@ -44,7 +47,9 @@ class Reduction:
         epoch, for the sparse algorithms.
       proportion: π of ``adaptive``.
       tau: threshold of ``threshold``.
-      grad_dtype: ``"bfloat16"`` casts each rank's gradient to bf16 before the reduction.
+      grad_dtype: ``"bfloat16"`` casts each rank's gradient to bf16 before the reduction
+        (``psum``: a bf16 ``lax.pmean``; jaxcomm: its 16-bit dense wire, or bf16 input to a
+        compressor); parameters and optimizer stay float32.
       bucket_size: most elements per jaxcomm collective call.
       allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
         None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).

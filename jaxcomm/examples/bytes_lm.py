@@ -31,7 +31,6 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxcomm import optax as jc_optax
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import AXIS
 from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT
@@ -40,12 +39,13 @@ VALIDATION_FRACTION = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
-class BytesLMConfig:
+class BytesLMConfig(_loop.Reduction):
     """Settings of one run.
 
     Attributes:
-      algorithm, density, warmup, proportion, tau, grad_dtype, bucket_size: the gradient
-        reduction (:class:`jaxcomm.examples._loop.Reduction`).
+      algorithm, density, warmup, proportion, tau, grad_dtype, bucket_size, allowed, profile:
+        the gradient reduction (:class:`jaxcomm.examples._loop.Reduction`, whose fields these
+        are).
       warmup_phase_steps: steps per gTop-k warm-up density (the paper uses one epoch; an
         epoch of this corpus is thousands of steps, so short runs set it).
       steps: optimizer steps.
@@ -61,13 +61,6 @@ class BytesLMConfig:
       seed: initialization, batch order and validation windows.
     """
 
-    algorithm: str = "dense"
-    density: float = 0.01
-    warmup: bool = True
-    proportion: float = 64.0
-    tau: float = 0.001
-    grad_dtype: str = "float32"
-    bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
     warmup_phase_steps: int = 50
     steps: int = 200
     batch_size: int = 32

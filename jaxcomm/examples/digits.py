@@ -33,7 +33,6 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxcomm import cost
-from jaxcomm import optax as jc_optax
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import ALGORITHMS, AXIS, GRAD_DTYPES
 from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT
@@ -44,14 +43,17 @@ SPLIT_SEED = 1234  # the file is ordered by writer: shuffle once, the same way e
 
 
 @dataclasses.dataclass(frozen=True)
-class DigitsConfig:
+class DigitsConfig(_loop.Reduction):
     """Settings of one training run.
 
     Attributes:
+      algorithm, density, warmup, tau, grad_dtype, bucket_size, allowed, profile: the gradient
+        reduction (:class:`jaxcomm.examples._loop.Reduction`, whose fields these are).
+      proportion: π of ``adaptive`` (about 1/π of each sign's values sent per column); 16
+        keeps the 4810-parameter MLP within 0.4 points of dense in 20 epochs, 64 (the
+        :class:`~jaxcomm.examples._loop.Reduction` default) does not (91 %: too few entries
+        per step for so small a model).
       model: ``"mlp"`` or ``"cnn"``.
-      algorithm: one of :data:`ALGORITHMS`.
-      density: ρ of the sparse algorithms after warm-up.
-      warmup: use the gTop-k paper's warm-up densities in the first epochs (sparse only).
       warmup_phase_steps: steps per warm-up density (None: one epoch, as in the paper; short
         runs scale the warm-up down with it).
       epochs: passes over the 1500 training images (ignored when ``steps`` is set).
@@ -61,27 +63,14 @@ class DigitsConfig:
       momentum: SGD momentum (0 for none).
       hidden: MLP hidden width (CNN: channels of the second conv layer).
       layers: number of hidden layers of the MLP (LBANN's MNIST model: 3 of width 4096).
-      grad_dtype: ``"bfloat16"`` casts each rank's gradients to bf16 before they are reduced
-        (``psum``: a bf16 ``lax.pmean``; jaxcomm: its 16-bit dense wire, or bf16 input to a
-        compressor); parameters and optimizer stay float32.
       max_in_flight: training steps queued ahead of the devices (``jaxcomm.paced``; 0 waits
         for every step).
       seed: parameter initialization and batch order (identical on every process).
       eval_every: steps between test-accuracy evaluations (the last step is always one).
-      proportion: π of ``adaptive`` (about 1/π of each sign's values sent per column); 16
-        keeps the 4810-parameter MLP within 0.4 points of dense in 20 epochs, 64 does not
-        (91 %: too few entries per step for so small a model).
-      tau: threshold of ``threshold``.
-      bucket_size: most elements per collective call.
-      allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
-        None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).
-      profile: ``auto``: a profile JSON written by ``jaxcomm probe`` (None: the built-in one).
     """
 
+    proportion: float = 16.0
     model: str = "mlp"
-    algorithm: str = "dense"
-    density: float = 0.01
-    warmup: bool = True
     warmup_phase_steps: int | None = None
     epochs: int = 20
     steps: int | None = None
@@ -90,15 +79,9 @@ class DigitsConfig:
     momentum: float = 0.9
     hidden: int = 64
     layers: int = 1
-    grad_dtype: str = "float32"
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     seed: int = 0
     eval_every: int = 25
-    proportion: float = 16.0
-    tau: float = 0.001
-    bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
-    allowed: tuple[str, ...] | None = None
-    profile: str | None = None
 
     def __post_init__(self) -> None:
         if self.model not in ("mlp", "cnn"):

@@ -7,7 +7,8 @@ import json
 import math
 import pathlib
 import statistics
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -203,6 +204,15 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+class _Panel(NamedTuple):
+    """One panel of a per-step figure of :func:`draw_plots`: a line per run of a sweep."""
+
+    points: Callable[[list[dict[str, Any]]], tuple[list[int], list[float]]]  # records -> xs, ys
+    ylabel: str
+    title: str
+    marker: str | None = None  # Axes.plot's marker (None: a line only)
+
+
 def draw_plots(run_dir: pathlib.Path) -> list[pathlib.Path]:
     """Draws the run's PNGs (one line per run of a sweep) and returns their paths.
 
@@ -237,48 +247,46 @@ def draw_plots(run_dir: pathlib.Path) -> list[pathlib.Path]:
         return written
     title = run.get("recipe", "")
 
-    def finish_pair(fig: Any, axes: Any, name: str, left: dict, right: dict) -> None:
-        """Labels a (log-scale, linear) pair of per-step panels and saves the figure."""
-        axes[0].set(xlabel="step", **left)
-        axes[0].set_yscale("log")
-        axes[1].set(xlabel="step", **right)
-        for ax in axes:
+    def column(
+        recs: list[dict[str, Any]], key: str, scale: float = 1.0
+    ) -> tuple[list[int], list[float]]:
+        pts = [(r["step"], r[key]) for r in recs if r.get(key) is not None]
+        return [p[0] for p in pts], [p[1] * scale for p in pts]
+
+    def accuracy(recs: list[dict[str, Any]]) -> tuple[list[int], list[float]]:
+        xs, ys = column(recs, "test_accuracy")
+        return (xs, ys) if xs else column(recs, "accuracy")
+
+    def per_step_pair(name: str, left: _Panel, right: _Panel) -> None:
+        """Saves a figure of two per-step panels (the left one log-scale), a line per run."""
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, panel in zip(axes, (left, right), strict=True):
+            for label, recs in series.items():
+                ax.plot(*panel.points(recs), marker=panel.marker, label=label)
+            ax.set(xlabel="step", ylabel=panel.ylabel, title=panel.title)
             ax.grid(alpha=0.3)
             ax.legend()
+        axes[0].set_yscale("log")
         written.append(_save(fig, run_dir / name))
 
-    def column(recs: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-        pts = [(r["step"], r[key]) for r in recs if r.get(key) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
     if any(column(r, "loss")[0] for r in series.values()):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for label, recs in series.items():
-            axes[0].plot(*column(recs, "loss"), label=label)
-            xs, ys = column(recs, "test_accuracy")
-            if not xs:
-                xs, ys = column(recs, "accuracy")
-            axes[1].plot(xs, ys, marker=".", label=label)
-        finish_pair(
-            fig,
-            axes,
+        per_step_pair(
             "loss.png",
-            dict(ylabel="training loss", title=f"{title}: loss"),
-            dict(ylabel="accuracy", title="test accuracy (rank 0)"),
+            _Panel(lambda recs: column(recs, "loss"), "training loss", f"{title}: loss"),
+            _Panel(accuracy, "accuracy", "test accuracy (rank 0)", marker="."),
         )
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label, recs in series.items():
-        xs, ys = column(recs, "step_time_s")
-        axes[0].plot(xs, [y * 1e3 for y in ys], label=label)
-        xs, ys = column(recs, "bytes_sent")
-        axes[1].plot(xs, [y / 1e6 for y in ys], label=label)
-    finish_pair(
-        fig,
-        axes,
+    per_step_pair(
         "step_time.png",
-        dict(ylabel="step time (ms)", title=f"{title}: step time (rank 0)"),
-        dict(ylabel="MB sent per step", title="bytes sent per step (rank 0)"),
+        _Panel(
+            lambda recs: column(recs, "step_time_s", 1e3),
+            "step time (ms)",
+            f"{title}: step time (rank 0)",
+        ),
+        _Panel(
+            lambda recs: column(recs, "bytes_sent", 1e-6),
+            "MB sent per step",
+            "bytes sent per step (rank 0)",
+        ),
     )
 
     if any(column(r, "size_bytes")[0] for r in series.values()):

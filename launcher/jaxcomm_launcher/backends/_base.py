@@ -59,6 +59,69 @@ class SupervisedBackend(BackendRunner, abc.ABC):
         """The commands :meth:`start` would run, for ``--dry-run``."""
 
 
+class PerRankBackend(SupervisedBackend):
+    """A supervised backend that starts every rank as its own process (local, emulated).
+
+    Subclasses say what each rank runs (:meth:`rank_launches`); starting them under the
+    supervisor with :func:`base_env` plus the rank's own variables, and the ``--dry-run``
+    lines, are the same for all of them and live here.
+    """
+
+    @abc.abstractmethod
+    def rank_launches(
+        self, spec_path: pathlib.Path, *, dry_run: bool = False
+    ) -> list[tuple[list[str], dict[str, str]]]:
+        """Returns ``(argv, the rank's own environment variables)`` for every rank, in order.
+
+        Args:
+            spec_path: The run's spec.json.
+            dry_run: Only describing (``--dry-run``): probe or create nothing.
+        """
+
+    def start(self, supervisor: Supervisor, spec_path: pathlib.Path) -> None:
+        """Starts every rank of one run under `supervisor`.
+
+        Args:
+            supervisor: Receives the processes.
+            spec_path: The run's spec.json.
+
+        Returns:
+            None.
+        """
+        env = base_env(self.recipe)
+        for rank, (cmd, extra) in enumerate(self.rank_launches(spec_path)):
+            supervisor.start(cmd, {**env, **extra}, rank=rank)
+
+    def describe(self, spec_path: pathlib.Path) -> list[str]:
+        """Returns the shell lines that :meth:`start` would run (for ``--dry-run``)."""
+        return [
+            shell_join(cmd, extra) + " &"
+            for cmd, extra in self.rank_launches(spec_path, dry_run=True)
+        ]
+
+
+def rank_env(rank: int, processes: int, coordinator: str) -> dict[str, str]:
+    """Returns the variables that tell a rank who it is (read by ``jaxcomm_launcher.worker``).
+
+    Args:
+        rank: The rank (``jax.distributed`` process id).
+        processes: Ranks in the run.
+        coordinator: ``host:port`` of rank 0's ``jax.distributed`` coordinator.
+
+    Returns:
+        ``JAXCOMM_PROCESS_ID``, ``JAXCOMM_NUM_PROCESSES`` and ``JAXCOMM_COORDINATOR``.
+
+    Example:
+        >>> rank_env(1, 2, "127.0.0.1:29500")["JAXCOMM_PROCESS_ID"]
+        '1'
+    """
+    return {
+        "JAXCOMM_PROCESS_ID": str(rank),
+        "JAXCOMM_NUM_PROCESSES": str(processes),
+        "JAXCOMM_COORDINATOR": coordinator,
+    }
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """Returns a TCP port that was free on `host` a moment ago.
 

@@ -25,18 +25,16 @@ from types import TracebackType
 from jaxcomm_launcher import cleanup
 from jaxcomm_launcher.backends._base import (
     BackendError,
-    SupervisedBackend,
-    base_env,
-    shell_join,
+    PerRankBackend,
+    rank_env,
     worker_command,
 )
-from jaxcomm_launcher.procs import Supervisor
 from jaxcomm_launcher.recipe import EmulatedBackend, Recipe
 
 COORDINATOR_PORT = 29500  # any port works: the namespaces are fresh
 
 
-class EmulatedBackendRunner(SupervisedBackend):
+class EmulatedBackendRunner(PerRankBackend):
     """Creates the namespaces on ``__enter__``, starts ranks in them, removes all on exit.
 
     Args:
@@ -196,40 +194,31 @@ class EmulatedBackendRunner(SupervisedBackend):
         return cmd + worker_command(spec_path)
 
     def _rank_env(self, rank: int) -> dict[str, str]:
-        env = {
-            "JAXCOMM_PROCESS_ID": str(rank),
-            "JAXCOMM_NUM_PROCESSES": str(self.recipe.world.processes),
-            "JAXCOMM_COORDINATOR": f"{self.addresses[0]}:{COORDINATOR_PORT}",
-            "JAXCOMM_NODE_ADDRESS": self.addresses[rank],
-        }
+        n, coordinator = self.recipe.world.processes, f"{self.addresses[0]}:{COORDINATOR_PORT}"
+        env = {**rank_env(rank, n, coordinator), "JAXCOMM_NODE_ADDRESS": self.addresses[rank]}
         if self.opts.ucx_tls:
             env["UCX_TLS"] = self.opts.ucx_tls
             env["UCX_NET_DEVICES"] = "eth0"
         return env
 
-    def start(self, supervisor: Supervisor, spec_path: pathlib.Path) -> None:
-        """Starts every rank in its namespace under `supervisor`.
+    def rank_launches(
+        self, spec_path: pathlib.Path, *, dry_run: bool = False
+    ) -> list[tuple[list[str], dict[str, str]]]:
+        """Returns every rank's command in its namespace and its variables (address, UCX).
 
         Args:
-            supervisor: Receives the processes.
             spec_path: The run's spec.json.
-
-        Returns:
-            None.
+            dry_run: Unused: the namespaces' names and addresses are fixed at construction.
         """
-        env = base_env(self.recipe)
-        for rank in range(self.recipe.world.processes):
-            supervisor.start(
-                self.rank_command(rank, spec_path), {**env, **self._rank_env(rank)}, rank=rank
-            )
+        return [
+            (self.rank_command(rank, spec_path), self._rank_env(rank))
+            for rank in range(self.recipe.world.processes)
+        ]
 
     def describe(self, spec_path: pathlib.Path) -> list[str]:
         """Returns set-up commands and rank commands (for ``--dry-run``)."""
-        lines = [shlex for shlex in (" ".join(c) for c in self.setup_commands())]
-        lines += [
-            shell_join(self.rank_command(r, spec_path), self._rank_env(r)) + " &"
-            for r in range(self.recipe.world.processes)
-        ]
+        lines = [" ".join(c) for c in self.setup_commands()]
+        lines += super().describe(spec_path)
         lines.append(
             f"# tear-down: ip netns del {' '.join(self.namespaces)}; ip link del {self.bridge}"
         )

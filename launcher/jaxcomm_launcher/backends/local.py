@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import pathlib
 
-from jaxcomm_launcher.backends._base import (
-    SupervisedBackend,
-    base_env,
-    free_port,
-    shell_join,
-    worker_command,
-)
-from jaxcomm_launcher.procs import Supervisor
+from jaxcomm_launcher.backends._base import PerRankBackend, free_port, rank_env, worker_command
 
 
-class LocalBackendRunner(SupervisedBackend):
+class LocalBackendRunner(PerRankBackend):
     """Starts ``world.processes`` workers with JAXCOMM_PROCESS_ID/NUM_PROCESSES/COORDINATOR.
 
     Args:
@@ -28,34 +21,16 @@ class LocalBackendRunner(SupervisedBackend):
 
     kind = "local"
 
-    def _rank_envs(self, port: int) -> list[dict[str, str]]:
-        n = self.recipe.world.processes
-        return [
-            {
-                "JAXCOMM_PROCESS_ID": str(rank),
-                "JAXCOMM_NUM_PROCESSES": str(n),
-                "JAXCOMM_COORDINATOR": f"127.0.0.1:{port}",
-            }
-            for rank in range(n)
-        ]
-
-    def start(self, supervisor: Supervisor, spec_path: pathlib.Path) -> None:
-        """Starts every rank of one run under `supervisor`.
+    def rank_launches(
+        self, spec_path: pathlib.Path, *, dry_run: bool = False
+    ) -> list[tuple[list[str], dict[str, str]]]:
+        """Returns the worker command and rank variables of every rank (coordinator on loopback).
 
         Args:
-            supervisor: Receives the processes.
             spec_path: The run's spec.json.
-
-        Returns:
-            None.
+            dry_run: Show port 29500 instead of probing for a free one.
         """
-        env = base_env(self.recipe)
         # A fresh port per sweep entry: the previous coordinator's socket may linger.
-        for rank, extra in enumerate(self._rank_envs(free_port())):
-            supervisor.start(worker_command(spec_path), {**env, **extra}, rank=rank)
-
-    def describe(self, spec_path: pathlib.Path) -> list[str]:
-        """Returns the shell lines that ``start`` would run (for ``--dry-run``)."""
-        return [
-            shell_join(worker_command(spec_path), extra) + " &" for extra in self._rank_envs(29500)
-        ]
+        coordinator = f"127.0.0.1:{29500 if dry_run else free_port()}"
+        n = self.recipe.world.processes
+        return [(worker_command(spec_path), rank_env(rank, n, coordinator)) for rank in range(n)]
