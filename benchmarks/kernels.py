@@ -5,7 +5,7 @@ Measures, in one run and on the same input (n float32, k = ceil(density * n)):
   * jaxcomm.ops.compress for each compressor (with error feedback) vs a plain memory copy of
     the same bytes (NumPy copyto), as GB/s of x read.
 
-Prints a table and writes JSON (default benchmarks/results/kernels.json).
+Prints a table, writes JSON (default benchmarks/results/kernels.json) and a PNG beside it.
 
 Usage:
   python benchmarks/kernels.py                      # n = 25M, density = 0.001, 7 repeats
@@ -21,6 +21,7 @@ import json
 import pathlib
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -29,6 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxcomm
+
+# .ci/gpu-check runs this file with `python -P` (so that the installed jaxcomm is imported, not
+# the source tree), which leaves this directory off sys.path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _bench import pyplot, save_plot  # noqa: E402
 
 
 def median_seconds(
@@ -196,7 +202,27 @@ def main() -> None:
             indent=2,
         )
     )
-    print(f"\nwrote {args.out}")
+    plt = pyplot()
+    if plt is not None:
+        png = args.out.with_suffix(".png")
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        for is_baseline, color, label in [(False, "C0", "jaxcomm"), (True, "0.6", "baseline")]:
+            chosen = [r for r in rows if bool(r["baseline"]) == is_baseline]
+            ax.barh(
+                [r["name"] for r in chosen], [r["gbps"] for r in chosen], color=color, label=label
+            )
+        ax.invert_yaxis()
+        save_plot(
+            fig,
+            ax,
+            png,
+            xlabel="GB/s of x read (higher is better)",
+            ylabel="",
+            title=f"{device}: n = {n}, k = {k}",
+        )
+        print(f"\nwrote {args.out} and {png}")
+    else:
+        print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":
