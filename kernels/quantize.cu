@@ -51,6 +51,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int64_t lane_count[kLanes];
   __shared__ float means[2];
   __shared__ uint32_t block_max;
+  __shared__ float sampled[kThreads];
   const int64_t c = blockIdx.x;
   const int64_t ncols = (n + column_size - 1) / column_size;
   const int64_t begin = c * column_size;
@@ -87,8 +88,8 @@ __global__ void __launch_bounds__(kThreads)
     lane_count[threadIdx.x] = count;
   }
   __syncthreads();
+  SignSums sums;  // thread 0 adds, in the CPU's order
   if (threadIdx.x == 0) {
-    SignSums sums;
     if (sample_size == 0) {
       for (int l = 0; l < kLanes; ++l) {
         sums.nonneg += lane_nonneg[l];
@@ -97,9 +98,25 @@ __global__ void __launch_bounds__(kThreads)
       }
       sums.count_neg = len8 - sums.count_nonneg;
       for (int64_t i = len8; i < len; ++i) sums.Add(acc[i]);
-    } else {
-      for (int64_t j = 0; j < sample_size; ++j) sums.Add(acc[detail::SamplePosition(c, j, len)]);
     }
+  }
+  if (sample_size > 0) {
+    // Sampled sums: the whole block draws kThreads positions at a time (a 64-bit hash and
+    // modulo each) and fetches them; thread 0 then adds them in sample order, as the CPU does.
+    // With thread 0 drawing and fetching alone, OneBit(sample_size=64) took 0.66 ms for 25M
+    // floats on an H200 (ncu: 9 % of memory throughput).
+    for (int64_t chunk = 0; chunk < sample_size; chunk += kThreads) {
+      const int64_t j = chunk + threadIdx.x;
+      if (j < sample_size) sampled[threadIdx.x] = acc[detail::SamplePosition(c, j, len)];
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const int64_t count = min(static_cast<int64_t>(kThreads), sample_size - chunk);
+        for (int64_t t = 0; t < count; ++t) sums.Add(sampled[t]);
+      }
+      __syncthreads();
+    }
+  }
+  if (threadIdx.x == 0) {
     means[0] = sums.count_nonneg
                    ? static_cast<float>(sums.nonneg / static_cast<double>(sums.count_nonneg))
                    : 0.0f;

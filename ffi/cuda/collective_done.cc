@@ -3,11 +3,12 @@
 // recorded after its NCCL work on jaxcomm's stream; the host never waits. The ticket operand
 // only orders done after the start (its value is not read: it lives in device memory); the
 // start is found by its result buffers, which done receives aliased.
+#include "ffi/collective_done.h"
+
 #include <cuda_runtime_api.h>
 
 #include <vector>
 
-#include "ffi/collective_done.h"
 #include "ffi/common.h"
 #include "ffi/cuda/gpu_collective.h"
 #include "xla/ffi/api/ffi.h"
@@ -27,7 +28,7 @@ ffi::Error CollectiveDoneCuda(cudaStream_t stream, ffi::BufferR0<ffi::S32> /*tic
 JAXCOMM_DEFINE_HANDLER(JaxcommCollectiveDoneCuda, CollectiveDoneCuda,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream: waits
-                           .Arg<ffi::BufferR0<ffi::S32>>()  // ticket (orders only)
+                           .Arg<ffi::BufferR0<ffi::S32>>()            // ticket (orders only)
                            .RemainingArgs()    // start's results, then kept operands
                            .RemainingRets());  // start's results (aliased)
 

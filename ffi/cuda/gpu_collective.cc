@@ -335,17 +335,17 @@ ffi::Error BeginSplit(const char* name, int device_ordinal, cudaStream_t xla_str
     JAXCOMM_RETURN_IF_ERROR(CheckCuda(name, cudaDeviceGetStreamPriorityRange(&least, &greatest),
                                       "cudaDeviceGetStreamPriorityRange"));
     cudaStream_t created = nullptr;
-    JAXCOMM_RETURN_IF_ERROR(CheckCuda(
-        name, cudaStreamCreateWithPriority(&created, cudaStreamNonBlocking, greatest),
-        "creating jaxcomm's stream"));
+    JAXCOMM_RETURN_IF_ERROR(
+        CheckCuda(name, cudaStreamCreateWithPriority(&created, cudaStreamNonBlocking, greatest),
+                  "creating jaxcomm's stream"));
     std::lock_guard<std::mutex> lock(t.mutex);
     auto [it, inserted] = t.comm_streams.emplace(device_ordinal, created);
     if (!inserted) cudaStreamDestroy(created);  // another thread made one first
     *comm_stream = it->second;
   }
   cudaEvent_t ready = nullptr;
-  JAXCOMM_RETURN_IF_ERROR(CheckCuda(
-      name, cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate"));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckCuda(name, cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate"));
   ffi::Error error = CheckCuda(name, cudaEventRecord(ready, xla_stream), "cudaEventRecord");
   if (error.success()) {
     error = CheckCuda(name, cudaStreamWaitEvent(*comm_stream, ready, 0), "cudaStreamWaitEvent");
@@ -357,8 +357,8 @@ ffi::Error BeginSplit(const char* name, int device_ordinal, cudaStream_t xla_str
 ffi::Error EndSplit(const char* name, cudaStream_t comm_stream, std::vector<const void*> results) {
   if (results.empty()) return Fail(name, "a split collective needs a result buffer");
   cudaEvent_t done = nullptr;
-  JAXCOMM_RETURN_IF_ERROR(CheckCuda(
-      name, cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
+  JAXCOMM_RETURN_IF_ERROR(
+      CheckCuda(name, cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate"));
   if (ffi::Error e = CheckCuda(name, cudaEventRecord(done, comm_stream), "cudaEventRecord");
       !e.success()) {
     cudaEventDestroy(done);
@@ -384,8 +384,9 @@ ffi::Error AwaitSplit(const char* name, cudaStream_t xla_stream,
     auto it = results.empty() ? t.splits.end() : t.splits.find(results.front());
     if (it == t.splits.end() || it->second.first != results) {
       // XLA copied a result between start and done, or done got buffers of no start.
-      return Fail(name, "its buffers are not those a split collective is writing (was a result "
-                        "copied between start and done?)");
+      return Fail(name,
+                  "its buffers are not those a split collective is writing (was a result "
+                  "copied between start and done?)");
     }
     done = it->second.second;
     t.splits.erase(it);

@@ -204,12 +204,12 @@ struct GpuCollective<Impl, kSplittable,
 // bound by BindGpuCollective() and then `bind_data`, the same as the CPU handler's
 // (JAXCOMM_DEFINE_COLLECTIVE). Use it inside namespace jaxcomm::collectives::gpu, outside any
 // anonymous namespace. The _SPLITTABLE form also lets the call run as a split start.
-#define JAXCOMM_DEFINE_GPU_COLLECTIVE(symbol, impl, bind_data)                        \
-  JAXCOMM_DEFINE_HANDLER(symbol,                                                      \
+#define JAXCOMM_DEFINE_GPU_COLLECTIVE(symbol, impl, bind_data)                                \
+  JAXCOMM_DEFINE_HANDLER(symbol,                                                              \
                          (::jaxcomm::collectives::gpu::GpuCollective<&impl, false>::Handler), \
                          bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
-#define JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE(symbol, impl, bind_data)             \
-  JAXCOMM_DEFINE_HANDLER(symbol,                                                     \
+#define JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE(symbol, impl, bind_data)                    \
+  JAXCOMM_DEFINE_HANDLER(symbol,                                                             \
                          (::jaxcomm::collectives::gpu::GpuCollective<&impl, true>::Handler), \
                          bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
 
