@@ -214,8 +214,9 @@ def allreduce_gradients(
         ``bucket_size``. A small first bucket starts communication earlier in backward.
       overlap: await every bucket but the last only after the last bucket's gradients exist,
         so that, inside a jitted step that also computes the gradients, each bucket's
-        collective runs while backward computes the earlier layers (CPU; on GPU the
-        collectives are awaited where they are issued). ``False`` awaits each bucket at once.
+        collective runs while backward computes the earlier layers (CPU; on GPU the dense
+        allreduce, on jaxcomm's own CUDA stream, while the compressed collectives are awaited
+        where they are issued). ``False`` awaits each bucket at once.
       compressor: deprecated name of ``algorithm`` (a DeprecationWarning; passing both is a
         TypeError).
 

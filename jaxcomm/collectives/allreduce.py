@@ -56,7 +56,9 @@ def allreduce(
         returns, the second waits for it and is scheduled after ``after`` exists, so XLA runs
         the computation of ``after`` in between. In a training step, pass the gradient that
         backward produces last (``jaxcomm.optax.allreduce_gradients`` does this for its
-        buckets). CPU only; ignored on GPU meshes.
+        buckets). On GPU meshes the start runs NCCL on jaxcomm's own CUDA stream behind an
+        event and the done makes XLA's stream wait for it; the hierarchical GPU allreduce is
+        not split (``after`` is then ignored).
 
     Returns:
       The sum over the group, with ``x``'s shape.
