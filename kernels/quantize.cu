@@ -59,10 +59,27 @@ __global__ void __launch_bounds__(kThreads)
   float* acc = out + begin;
 
   uint32_t max_key = 0;
-  for (int64_t i = threadIdx.x; i < len; i += blockDim.x) {
-    const float a = x[begin + i] + r[begin + i];
-    acc[i] = a;
-    max_key = max(max_key, MagnitudeKey(a));
+  // Up to kColumnUnroll elements per thread are loaded before any is used, so that each thread
+  // has that many loads of x and of r in flight (latency, not bandwidth, bounded the one-at-a-
+  // time loop: ncu put this kernel at 27 % of an H200's memory throughput).
+  constexpr int kColumnUnroll = 4;
+  for (int64_t base = 0; base < len; base += kColumnUnroll * blockDim.x) {
+    float xs[kColumnUnroll], rs[kColumnUnroll];
+#pragma unroll
+    for (int u = 0; u < kColumnUnroll; ++u) {
+      const int64_t i = base + u * blockDim.x + threadIdx.x;
+      xs[u] = i < len ? x[begin + i] : 0.0f;
+      rs[u] = i < len ? r[begin + i] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kColumnUnroll; ++u) {
+      const int64_t i = base + u * blockDim.x + threadIdx.x;
+      if (i < len) {
+        const float a = xs[u] + rs[u];
+        acc[i] = a;
+        max_key = max(max_key, MagnitudeKey(a));
+      }
+    }
   }
   max_key = Reduce(temp).Reduce(max_key, MaxOp());
   if (threadIdx.x == 0) block_max = max_key;

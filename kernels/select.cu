@@ -110,10 +110,23 @@ __global__ void __launch_bounds__(kThreads)
   // Bits above this digit; the shift by 32 for pass 0 is avoided (undefined in C++).
   const uint32_t fixed_mask = pass == 0 ? 0u : ~((1u << (shift + Bits(pass))) - 1u);
   const uint32_t prefix = state->prefix;
-  JAXCOMM_GRID_STRIDE(i, n) {
-    const uint32_t key = source.Key(i);
+  auto count = [&](uint32_t key) {
     if ((key & fixed_mask) == prefix) atomicAdd(&local[(key >> shift) & digit_mask], 1u);
+  };
+  // kUnroll keys are loaded before any is counted, so each thread has kUnroll loads in flight:
+  // with one (a plain grid-stride loop) the pass reached 40 % of an H200's memory throughput
+  // (ncu), bound by latency rather than bandwidth. Counts are integers: the order is free.
+  constexpr int kUnroll = 4;
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    uint32_t keys[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) keys[u] = source.Key(i + u * stride);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) count(keys[u]);
   }
+  for (; i < n; i += stride) count(source.Key(i));
   __syncthreads();
   for (int b = threadIdx.x; b < kBins; b += blockDim.x) {
     if (local[b]) atomicAdd(&hist[pass * kBins + b], local[b]);
