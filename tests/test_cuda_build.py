@@ -115,3 +115,18 @@ def test_cudaarchs_is_honoured(tmp_path):
         env,
     )
     assert "CMAKE_CUDA_ARCHITECTURES:STRING=86" in (build / "CMakeCache.txt").read_text()
+
+
+def test_gpu_split_targets_match_the_splittable_cuda_handlers():
+    """jaxcomm._ffi.GPU_SPLIT_TARGETS (Python emits start/done for them on GPU) names exactly the
+    handlers ffi/cuda/ defines with JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE (the others refuse
+    `split` at run time, which CI without a GPU would never see)."""
+    import re
+
+    from jaxcomm._ffi import GPU_SPLIT_TARGETS, TARGETS
+
+    sources = "".join(p.read_text() for p in (REPO_ROOT / "ffi" / "cuda").glob("*.cc"))
+    splittable = set(re.findall(r"JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE\((\w+),", sources))
+    assert splittable, "no splittable CUDA handler found: did the macro's name change?"
+    assert {TARGETS[t][0] + "Cuda" for t in GPU_SPLIT_TARGETS} == splittable
+    assert all(TARGETS[t][1] for t in GPU_SPLIT_TARGETS)
