@@ -210,3 +210,24 @@ def test_digits_config_from_a_recipe_entry():
     assert cfg.warmup is False and cfg.seed == 3 and cfg.allowed == ("dense", "gtopk")
     with pytest.raises(TypeError, match="unknown digits settings"):
         _loop.make_config(DigitsConfig, {"epoch": 3}, "digits")
+
+
+def test_examples_command_line_parses_every_config_field():
+    """`python -m jaxcomm.examples.digits --allowed dense,gtopk --warmup 0 --grad-dtype
+    bfloat16`: every field gets a parser of its own type (tuples and optional strings were
+    parsed as int before)."""
+    import dataclasses
+
+    from jaxcomm.examples import _loop
+    from jaxcomm.examples.bytes_lm import BytesLMConfig
+    from jaxcomm.examples.digits import DigitsConfig
+
+    for config in (DigitsConfig, BytesLMConfig):
+        fields = {f.name: _loop._option_parser(f) for f in dataclasses.fields(config)}
+        assert fields["allowed"]("dense, gtopk") == ("dense", "gtopk")
+        assert fields["profile"]("p.json") == "p.json"
+        assert fields["grad_dtype"]("bfloat16") == "bfloat16"
+        assert fields["warmup"]("0") is False and fields["warmup"]("true") is True
+        assert fields["bucket_size"]("4096") == 4096
+        with pytest.raises(ValueError, match="0/1"):
+            fields["warmup"]("maybe")

@@ -389,6 +389,33 @@ def make_config(config: type, fields: dict[str, Any], workload: str) -> Any:
     return config(**fields)
 
 
+def _parse_bool(text: str) -> bool:
+    """``1/true/yes`` or ``0/false/no`` (any case), as ``--warmup 0`` takes."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise ValueError(f"expected 0/1 or true/false, got {text!r}")
+
+
+def _option_parser(field: dataclasses.Field) -> Callable[[str], Any]:
+    """How :func:`command_line` parses a config field's option, from its annotation (a string
+    under ``from __future__ import annotations``): ``int``, ``float``, ``str``, ``bool``,
+    ``tuple[str, ...]`` (comma-separated), each optionally ``| None``."""
+    kind = str(field.type).replace(" | None", "").strip()
+    parsers: dict[str, Callable[[str], Any]] = {
+        "int": int,
+        "float": float,
+        "str": str,
+        "bool": _parse_bool,
+        "tuple[str, ...]": lambda text: tuple(v.strip() for v in text.split(",") if v.strip()),
+    }
+    if kind not in parsers:
+        raise TypeError(f"command_line: no option parser for {field.name}: {field.type}")
+    return parsers[kind]
+
+
 def command_line(description: str, config: type, train: Callable[..., dict[str, Any]]) -> None:
     """The examples' command line: ``--devices N`` and one option per field of ``config``.
 
@@ -398,7 +425,8 @@ def command_line(description: str, config: type, train: Callable[..., dict[str, 
     Args:
       description: the ``--help`` text.
       config: the example's config dataclass (e.g. ``DigitsConfig``); ``--hidden-size 64``
-        sets ``hidden_size``; booleans take 0/1.
+        sets ``hidden_size``; booleans take 0/1 (or true/false); tuples take comma-separated
+        values (``--allowed dense,gtopk``).
       train: the example's ``train`` function.
 
     Returns:
@@ -413,13 +441,12 @@ def command_line(description: str, config: type, train: Callable[..., dict[str, 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--devices", type=int, default=4, help="CPU devices in this process")
     for f in dataclasses.fields(config):
-        kind = {"int": int, "float": float, "str": str, "bool": int}.get(str(f.type), None)
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind or int, default=None)
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}", type=_option_parser(f), default=None, help=str(f.type)
+        )
     args = vars(parser.parse_args())
     jax.config.update("jax_num_cpu_devices", args.pop("devices"))
     overrides = {k: v for k, v in args.items() if v is not None}
-    if "warmup" in overrides:
-        overrides["warmup"] = bool(overrides["warmup"])
     result = train(**overrides)
     result.pop("history")
     print(json.dumps(result, indent=2))
