@@ -22,7 +22,7 @@ using TaskRunner = std::function<void(int num_tasks, const std::function<void(in
 // Runs every task on the calling thread.
 void RunTasksSerially(int num_tasks, const std::function<void(int)>& task);
 
-// Runs tasks on up to `num_threads` std::threads (the caller included). For tests/benchmarks.
+// Runs tasks on up to `num_threads` std::threads (the caller included). For tests and benchmarks.
 TaskRunner ThreadedRunner(int num_threads);
 
 // How many tasks to split `n` elements into so each task gets at least `min_per_task`.

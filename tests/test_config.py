@@ -144,3 +144,39 @@ def test_launcher_backends_do_not_import_the_runner():
         "print('ok')"
     )
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+def test_every_repository_path_named_in_the_tree_exists():
+    """Comments, docstrings and docs name files by their repository path (ffi/engine.h,
+    benchmarks/overlap.py, ...): each such path must exist, so that a rename updates them.
+    Paths followed by a placeholder (`<...>`, `{...}`, `*`) are skipped."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    listed = subprocess.run(
+        ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=False
+    ).stdout.split()
+    if not listed:
+        pytest.skip("not a git checkout")
+    pattern = re.compile(
+        r"(?<![\w./<-])((?:ffi|kernels|jaxcomm|launcher|tests|benchmarks|docs|recipes|\.ci)"
+        r"/[\w./-]*\w)"
+    )
+    missing = []
+    for name in listed:
+        path = root / name
+        if path.suffix in (".png", ".json", ".whl") or not path.is_file():
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for match in pattern.finditer(text):
+            ref = match.group(1)
+            end = match.end()
+            if text[end : end + 1] in ("-", "{", "<", "*"):
+                continue  # a name built at run time (results/overlap-<backend>...)
+            if not (root / ref).exists() and not any(
+                p.startswith(ref + ".")
+                for p in listed  # "results/x" for x.json and x.png
+            ):
+                missing.append(f"{name}: {ref}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)

@@ -3,7 +3,7 @@
 // NCCL is opened with dlopen, not linked: libjaxcomm_ffi.so must keep loading on machines
 // without NCCL (CPU-only use of a CUDA build), and on GPU machines the copy JAX already loaded
 // (from the nvidia-nccl wheel) is the one to share. Python names the library once
-// (SetNcclLibrary, from jaxcomm/collectives/nccl.py); the first user loads it.
+// (SetNcclLibrary, from jaxcomm/config.py); the first user loads it.
 #pragma once
 
 #include <nccl.h>
