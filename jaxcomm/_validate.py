@@ -97,6 +97,16 @@ def compressor_of(compressor: Any, kind: type) -> None:
         )
 
 
+def non_empty(x: jnp.ndarray, api: str) -> None:
+    """Refuses an empty ``x`` at trace time, naming ``api`` (the kernels need one element).
+
+    Example:
+      >>> non_empty(jnp.ones(3), "compress")
+    """
+    if x.size == 0:
+        raise ValueError(f"x is empty; {api} needs at least one element")
+
+
 def residual_like(x: Any, residual: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Checks an (x, residual) pair of error feedback: x float32/bfloat16/float16, the residual
     float32 (error feedback is kept in float32 whatever x's dtype), same shape.

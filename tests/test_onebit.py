@@ -203,3 +203,8 @@ def test_decompress_rejects_bad_packed():
     # Direct op with a mismatched size reaches the handler's own check.
     with pytest.raises(KERNEL_ERRORS, match=r"OneBit.*packs 80 elements"):
         np.asarray(onebit.decompress(packed, c, (80,)))
+
+
+def test_empty_x_is_refused_at_trace_time():
+    with pytest.raises(ValueError, match="x is empty"):
+        jaxcomm.ops.onebit.compress(jnp.zeros(0), jnp.zeros(0), jaxcomm.OneBit())

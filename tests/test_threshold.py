@@ -140,3 +140,8 @@ def test_decompress_rejects_bad_packed():
     ]:
         with pytest.raises(KERNEL_ERRORS, match=rf"decompress\(Threshold\).*{what}"):
             np.asarray(jaxcomm.ops.decompress(bad, c, 7))
+
+
+def test_empty_x_is_refused_at_trace_time():
+    with pytest.raises(ValueError, match="x is empty"):
+        jaxcomm.ops.threshold.compress(jnp.zeros(0), jnp.zeros(0), jaxcomm.Threshold(0.1))

@@ -63,8 +63,7 @@ def compress(
     """
     _validate.compressor_of(compressor, Adaptive)
     x, residual = _validate.residual_like(x, residual)
-    if x.size == 0:
-        raise ValueError("x is empty; compress needs at least one element")
+    _validate.non_empty(x, "compress")
     words = compressor.packed_words(x.size)
     return _ffi.compress_call(
         "jaxcomm_adaptive_compress",

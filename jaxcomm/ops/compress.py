@@ -61,8 +61,7 @@ def compress(
     """
     _check_compressor(compressor)
     x, residual = _validate.residual_like(x, residual)
-    if x.size == 0:
-        raise ValueError("x is empty; compress needs at least one element")
+    _validate.non_empty(x, "compress")
     return _KERNELS[type(compressor)][0](x, residual, compressor)
 
 

@@ -47,6 +47,7 @@ def compress(
     """
     _validate.compressor_of(compressor, Threshold)
     x, residual = _validate.residual_like(x, residual)
+    _validate.non_empty(x, "compress")
     words = compressor.packed_words(x.size)
     return _ffi.compress_call(
         "jaxcomm_threshold_compress", x, residual, words, tau=np.float32(compressor.tau)

@@ -31,8 +31,7 @@ def topk_abs(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """
     x = _validate.float32_array(x, "x", ndim=1)
     n = x.shape[0]
-    if n == 0:
-        raise ValueError("x is empty; topk_abs needs at least one element")
+    _validate.non_empty(x, "topk_abs")
     k = _validate.positive_int(k, "k", low=1, high=n)
     values, indices = jax.ffi.ffi_call(
         "jaxcomm_topk_abs",
