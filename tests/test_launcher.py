@@ -142,7 +142,8 @@ def test_timeout_stops_every_rank(tmp_path):
     assert not worker_pids(str(out))
 
 
-def test_ctrl_c_stops_every_rank(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_every_rank(tmp_path, signum):
     recipe = write_recipe(tmp_path / "r.yaml", train={"steps": 10000}, args={"sleep_s": 0.1})
     out = tmp_path / "run"
     proc = start_launch(recipe, out, cwd=tmp_path)
@@ -150,10 +151,13 @@ def test_ctrl_c_stops_every_rank(tmp_path):
     while time.monotonic() < deadline and not (out / "dense" / "rank1.jsonl").exists():
         time.sleep(0.2)
     assert len(worker_pids(str(out))) >= 2
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert "interrupted" in err
     assert not worker_pids(str(out))
+    run = json.loads((out / "run.json").read_text())
+    assert run["variants"][0]["label"] == "dense"  # the run was saved on the way out
 
 
 def test_gtopk_digits_run_sends_fewer_bytes_than_dense(tmp_path):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import signal
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -27,14 +28,23 @@ class LaunchFailed(Exception):
         self.exit_code = exit_code
 
 
-def _install_sigterm() -> Any:
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Inside the block SIGTERM raises :class:`Interrupted` (so the ranks are stopped and the
+    run is saved, as for Ctrl-C); the previous handler comes back on leaving it."""
+
     def handler(signum: int, frame: FrameType | None) -> None:
         raise Interrupted()
 
     try:
-        return signal.signal(signal.SIGTERM, handler)
+        old = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread (e.g. embedded use): Ctrl-C handling only
-        return None
+        old = None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
 
 
 def run_recipe(
@@ -75,9 +85,8 @@ def run_recipe(
     variants = recipe.variants()
     deadline = None if timeout is None else time.monotonic() + timeout
     failure: LaunchFailed | None = None
-    old_term = _install_sigterm()
     try:
-        with make_backend(recipe, run_dir) as backend:
+        with _sigterm_interrupts(), make_backend(recipe, run_dir) as backend:
             for settings in variants:
                 label = settings.display_label()
                 entry: dict[str, Any] = {"label": label, "jaxcomm": settings.model_dump()}
@@ -123,8 +132,6 @@ def run_recipe(
     except Interrupted:
         failure = LaunchFailed("interrupted (SIGTERM): every rank was stopped", exit_code=130)
     finally:
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
         save_run()
     return _finish(recipe, run_dir, console, failure)
 
@@ -183,12 +190,8 @@ def run_slurm_recipe(
             highlight=False,
         )
         return None
-    old_term = _install_sigterm()
-    try:
+    with _sigterm_interrupts():
         outcome, state = backend.follow(job_id, console, timeout=timeout, quiet=quiet)
-    finally:
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
     run = collect(
         run_dir, state, cancelled=None if outcome.reason in ("ok", "failed") else outcome.reason
     )
