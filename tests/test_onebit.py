@@ -8,20 +8,15 @@ checked bit-exactly against the kernel's own decoded values.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from compress_helpers import check_jit_round_trip
+from compress_helpers import KERNEL_ERRORS, check_jit_round_trip
 
 import jaxcomm
 from jaxcomm.ops import onebit
 
 MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
-
-# An ffi::Error from a handler surfaces as JaxRuntimeError when it is raised while the
-# result is fetched, and as ValueError (INVALID_ARGUMENT) when eager dispatch raises it.
-KERNEL_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
 
 
 def splitmix64(z: np.ndarray) -> np.ndarray:

@@ -5,18 +5,13 @@ bit-exactly: there is no summation, only one float32 add and one float32 subtrac
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from compress_helpers import check_jit_round_trip
+from compress_helpers import KERNEL_ERRORS, check_jit_round_trip
 
 import jaxcomm
 from jaxcomm.ops import threshold
-
-# An ffi::Error from a handler surfaces as JaxRuntimeError when it is raised while the
-# result is fetched, and as ValueError (INVALID_ARGUMENT) when eager dispatch raises it.
-KERNEL_ERRORS = (jax.errors.JaxRuntimeError, ValueError)
 
 
 def reference(x: np.ndarray, r: np.ndarray, c: jaxcomm.Threshold) -> tuple[np.ndarray, np.ndarray]:
