@@ -16,48 +16,22 @@ namespace {
 // from other processes) of 256 KiB stay in a core's L2 (1 MiB on this machine).
 constexpr int64_t kBlock = 1 << 16;
 
-// What ranks tell each other: a buffer address and the element count, which every rank
-// checks against its own before it reads a byte of a peer's memory.
-struct Notice {
-  uint64_t address = 0;
-  int64_t elements = 0;
-};
+using Notice = transport::UcxWorld::Notice;
 
-// Sends {value, n} to every other rank and receives theirs; (*values)[q] gets rank q's address
-// (step `step`). Fails, naming the peer, when a rank's element count differs.
-ffi::Error ExchangeAddress(Group& group, uint64_t value, int64_t n, std::vector<uint64_t>* values,
-                           uint32_t step) {
-  const int parts = group.size();
-  const int rank = group.rank();
-  std::vector<Notice> notices(parts);
-  notices[rank] = {value, n};
-  std::vector<transport::Request> requests;
-  requests.reserve(2 * (parts - 1));
-  for (int q = 0; q < parts; ++q) {
-    if (q != rank) requests.push_back(group.PostRecv(q, &notices[q], sizeof(Notice), step));
-  }
-  for (int q = 0; q < parts; ++q) {
-    if (q != rank) requests.push_back(group.PostSend(q, &notices[rank], sizeof(Notice), step));
-  }
-  JAXCOMM_RETURN_IF_ERROR(group.Wait(requests.data(), requests.size()));
-  values->assign(parts, 0);
-  for (int q = 0; q < parts; ++q) {
-    if (notices[q].elements != n) {
+// Waits for every peer's notice of `step` (ucx_world.h, "Notices") and checks that each
+// passed `n` elements before this rank reads a byte of its memory.
+ffi::Error GatherNotices(Group& group, int64_t n, uint32_t step, std::vector<Notice>* notices) {
+  JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(step, notices));
+  for (int q = 0; q < group.size(); ++q) {
+    if (q != group.rank() && (*notices)[q].elements != n) {
       return ffi::Error::InvalidArgument(
           std::string(group.name()) + ": group rank " + std::to_string(q) + " passed " +
-          std::to_string(notices[q].elements) + " elements where group rank " +
-          std::to_string(rank) + " passed " + std::to_string(n) +
+          std::to_string((*notices)[q].elements) + " elements where group rank " +
+          std::to_string(group.rank()) + " passed " + std::to_string(n) +
           "; every rank must pass an array of the same shape and dtype");
     }
-    (*values)[q] = notices[q].address;
   }
   return ffi::Error::Success();
-}
-
-// A notice without an address: every rank tells every other one it reached `step`.
-ffi::Error Notify(Group& group, int64_t n, uint32_t step) {
-  std::vector<uint64_t> ignored;
-  return ExchangeAddress(group, 0, n, &ignored, step);
 }
 
 }  // namespace
@@ -66,8 +40,18 @@ ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t
                                DirectPeers* peers, uint32_t* step) {
   const int parts = group.size();
   const int rank = group.rank();
-  JAXCOMM_RETURN_IF_ERROR(
-      ExchangeAddress(group, transport::UcxWorld::AddressOf(x), n, &peers->inputs, (*step)++));
+  // Both addresses at once: the allgather's "my slice is final" then needs no payload.
+  const uint32_t ready = (*step)++;
+  const Notice mine{transport::UcxWorld::AddressOf(x), transport::UcxWorld::AddressOf(out), n};
+  group.PostNotice(ready, &mine);
+  std::vector<Notice> notices;
+  JAXCOMM_RETURN_IF_ERROR(GatherNotices(group, n, ready, &notices));
+  peers->inputs.assign(parts, 0);
+  peers->outputs.assign(parts, 0);
+  for (int q = 0; q < parts; ++q) {
+    peers->inputs[q] = notices[q].input;
+    peers->outputs[q] = notices[q].output;
+  }
   thread_local std::vector<float> acc, first, next;
   acc.resize(kBlock);
   first.resize(kBlock);
@@ -126,9 +110,11 @@ ffi::Error DirectAllgather(Group& group, float* out, int64_t n, DirectPeers* pee
                            uint32_t* step) {
   const int parts = group.size();
   const int rank = group.rank();
-  // "Slice `rank` of my out is final, here it is" (and: I no longer read anyone's x).
-  JAXCOMM_RETURN_IF_ERROR(
-      ExchangeAddress(group, transport::UcxWorld::AddressOf(out), n, &peers->outputs, (*step)++));
+  // "Slice `rank` of my out is final" (and: I no longer read anyone's x). The addresses came
+  // with DirectReduceScatter's notices.
+  const uint32_t final_step = (*step)++;
+  group.PostNotice(final_step);
+  JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(final_step, nullptr));
   uint64_t read_bytes = 0;
   for (int k = 1; k < parts; ++k) {
     const int q = (rank + k) % parts;  // ranks start on different peers
@@ -146,7 +132,9 @@ ffi::Error DirectAllgather(Group& group, float* out, int64_t n, DirectPeers* pee
   const int64_t mine = ring::ChunkSize(n, parts, rank);
   group.CountTraffic(sizeof(float) * static_cast<uint64_t>(mine) * (parts - 1), read_bytes);
   // Nobody may return (and let XLA reuse its buffers) while a peer still copies from them.
-  JAXCOMM_RETURN_IF_ERROR(Notify(group, n, (*step)++));
+  const uint32_t done_step = (*step)++;
+  group.PostNotice(done_step);
+  JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(done_step, nullptr));
   group.MarkPhase("allgather");
   return ffi::Error::Success();
 }
@@ -157,36 +145,26 @@ ffi::Error DirectBroadcast(Group& group, int root, float* out, int64_t n, uint32
   const uint32_t done_step = (*step)++;
   if (group.size() == 1) return ffi::Error::Success();
   if (rank == root) {
-    const Notice notice{transport::UcxWorld::AddressOf(out), n};
-    std::vector<transport::Request> requests;
-    for (int q = 0; q < group.size(); ++q) {
-      if (q != root) requests.push_back(group.PostSend(q, &notice, sizeof(notice), address_step));
-    }
-    JAXCOMM_RETURN_IF_ERROR(group.Wait(requests.data(), requests.size()));
-    requests.clear();
-    std::vector<Notice> done(group.size());
-    for (int q = 0; q < group.size(); ++q) {
-      if (q != root) requests.push_back(group.PostRecv(q, &done[q], sizeof(Notice), done_step));
-    }
-    JAXCOMM_RETURN_IF_ERROR(group.Wait(requests.data(), requests.size()));
+    const Notice notice{0, transport::UcxWorld::AddressOf(out), n};
+    group.PostNotice(address_step, &notice);
+    JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(done_step, nullptr, -1));
     group.CountTraffic(sizeof(float) * static_cast<uint64_t>(n) * (group.size() - 1), 0);
     return ffi::Error::Success();
   }
   // The hierarchical allreduce's phases before this one checked the element counts.
-  Notice notice;
-  size_t got = 0;
-  JAXCOMM_RETURN_IF_ERROR(group.Recv(root, &notice, sizeof(notice), &got, address_step));
+  std::vector<Notice> notices;
+  JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(address_step, &notices, root));
   {
     TimedWork timed(group, Work::kCopy);
-    if (const void* local = group.LocalPointer(root, notice.address)) {
+    if (const void* local = group.LocalPointer(root, notices[root].output)) {
       std::memcpy(out, local, sizeof(float) * n);
     } else {
-      JAXCOMM_RETURN_IF_ERROR(group.ReadFrom(root, notice.address, out, sizeof(float) * n));
+      JAXCOMM_RETURN_IF_ERROR(group.ReadFrom(root, notices[root].output, out, sizeof(float) * n));
     }
   }
   group.CountTraffic(0, sizeof(float) * static_cast<uint64_t>(n));
-  const Notice done{0, n};
-  return group.Send(root, &done, sizeof(done), done_step);
+  group.PostNotice(done_step);
+  return ffi::Error::Success();
 }
 
 ffi::Error DirectAllreduce(Group& group, const float* x, float* out, int64_t n) {

@@ -1,7 +1,9 @@
 // Dense allreduce among ranks that can read each other's memory (ffi/transport/ucx_world.h,
 // "Shared memory"): ranks of one process (plain loads) and processes of one host
-// (process_vm_readv). No data goes through UCX; only 8-byte buffer addresses and completion
-// notices do, which keeps the transport's deadlines and dead-peer detection.
+// (process_vm_readv). Nothing goes through UCX: buffer addresses and completion notices go
+// through the notice slots the ranks share (ffi/transport/ucx_world.h, "Notices"), which keep
+// the transport's deadlines and dead-peer detection. Three notice rounds per allreduce: "here
+// are my buffers", "my slice is final", "I am done reading yours".
 //
 // Reduce-scatter: rank r owns slice r (ring::ChunkBegin) and sums it over every rank's input, in
 // rank order and in L2-sized blocks: one read of each input, one write of the output, reduction
