@@ -241,6 +241,11 @@ bool Group::SharesMemoryWithAll() const {
                      [&](int member) { return world_->SharesMemory(member); });
 }
 
+bool Group::SpansProcesses() const {
+  return std::any_of(members_.begin(), members_.end(),
+                     [&](int member) { return !world_->IsLocal(member); });
+}
+
 ffi::Error Group::ReadFrom(int group_rank, uint64_t address, void* dst, size_t bytes) {
   const transport::Status status =
       world_->ReadPeer(members_[group_rank], address, dst, bytes,

@@ -83,10 +83,16 @@ bool NoticeReached(uint64_t posted, uint64_t wanted) {
   return ((posted - wanted) & ((uint64_t{1} << kNoticeKeyBits) - 1)) <
          (uint64_t{1} << (kNoticeKeyBits - 1));
 }
-size_t NoticeSegmentBytes(size_t local_ranks) {
-  const size_t bytes = local_ranks * UcxWorld::kNoticeSeqs * sizeof(NoticeSlot);
-  const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  return (bytes + page - 1) / page * page;
+// A process's segment holds one block per local rank (in local-rank order): the rank's notice
+// slots, padded to kNoticeBlockBytes, then its kStagingAreas staging areas. Pages are only
+// backed once touched (a staging area costs what the collectives write into it).
+constexpr size_t kNoticeBlockBytes = 4096;
+static_assert(UcxWorld::kNoticeSeqs * sizeof(NoticeSlot) <= kNoticeBlockBytes);
+constexpr size_t kRankBlockBytes =
+    kNoticeBlockBytes + UcxWorld::kStagingAreas * UcxWorld::kStagingBytes;
+size_t NoticeSegmentBytes(size_t local_ranks) { return local_ranks * kRankBlockBytes; }
+NoticeSlot* RankBlock(void* segment, size_t index) {
+  return reinterpret_cast<NoticeSlot*>(static_cast<char*>(segment) + index * kRankBlockBytes);
 }
 // Maps process `pid`'s notice segment (its memfd `fd`) into this process; null on failure.
 void* MapNoticeSegment(int64_t pid, int64_t fd, size_t* bytes) {
@@ -412,9 +418,9 @@ std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> loca
         mmap(nullptr, impl.notice_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, impl.notice_fd, 0);
     if (segment != MAP_FAILED) {
       impl.notice_segment = segment;
-      auto* slots = static_cast<NoticeSlot*>(segment);
-      for (size_t i = 0; i < world->local_ranks_.size() * kNoticeSeqs; ++i) {
-        new (&slots[i]) NoticeSlot();
+      for (size_t i = 0; i < world->local_ranks_.size(); ++i) {
+        NoticeSlot* slots = RankBlock(segment, i);
+        for (uint32_t k = 0; k < kNoticeSeqs; ++k) new (&slots[k]) NoticeSlot();
       }
     }
   }
@@ -543,8 +549,7 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
         shares_memory_[r] = false;
       } else if (IsLocal(r)) {
         shares_memory_[r] = true;
-        impl_->notice_slots[r] =
-            static_cast<NoticeSlot*>(impl_->notice_segment) + LocalIndex(r) * kNoticeSeqs;
+        impl_->notice_slots[r] = RankBlock(impl_->notice_segment, LocalIndex(r));
       } else if (cross_process && identity == my_identity && pid > 0 && notice_fd >= 0 &&
                  slot_index >= 0) {
         uint64_t seen = 0;
@@ -552,12 +557,12 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
         auto& [segment, segment_bytes] = segment_of_pid[pid];
         if (segment == nullptr) segment = MapNoticeSegment(pid, notice_fd, &segment_bytes);
         const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
-        const size_t slots_end = (static_cast<size_t>(slot_index) + 1) * kNoticeSeqs;
+        const size_t block_end = (static_cast<size_t>(slot_index) + 1) * kRankBlockBytes;
         shares_memory_[r] = ReadProcess(pid, probe, &seen, sizeof(seen)) == 0 &&
                             seen == kProbeValue && segment != nullptr &&
-                            slots_end * sizeof(NoticeSlot) <= segment_bytes && pidfd >= 0;
+                            block_end <= segment_bytes && pidfd >= 0;
         if (shares_memory_[r]) {
-          impl_->notice_slots[r] = static_cast<NoticeSlot*>(segment) + slot_index * kNoticeSeqs;
+          impl_->notice_slots[r] = RankBlock(segment, static_cast<size_t>(slot_index));
           impl_->pidfds[r] = pidfd;
         } else if (pidfd >= 0) {
           close(pidfd);
@@ -629,6 +634,15 @@ Status UcxWorld::ReadPeer(int peer, uint64_t address, void* dst, size_t bytes,
   return Status(StatusCode::kInternal, std::string(context) + ": reading " + std::to_string(bytes) +
                                            " bytes of peer rank " + std::to_string(peer) +
                                            "'s memory failed: " + std::strerror(error));
+}
+
+void* UcxWorld::StagingArea(int rank, uint32_t seq) const {
+  if (rank < 0 || rank >= world_size_ || impl_->notice_slots.empty() ||
+      impl_->notice_slots[rank] == nullptr) {
+    return nullptr;
+  }
+  return reinterpret_cast<char*>(impl_->notice_slots[rank]) + kNoticeBlockBytes +
+         (seq % kStagingAreas) * kStagingBytes;
 }
 
 void UcxWorld::PostNotice(int self, uint32_t seq, uint32_t step, const Notice* notice) {
