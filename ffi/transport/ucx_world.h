@@ -23,10 +23,10 @@
 // may read a peer's memory directly: a plain load for ranks of this process (same address
 // space), or one kernel copy with process_vm_readv (Linux cross-memory attach, as OpenMPI's
 // and UCX's `cma` do) for a process on the same host. The collectives then exchange only
-// buffer addresses and completion notices through UCX, and those small messages keep the
-// failure detection. "Same host" means the same boot, PID, network and IPC namespaces (so the
-// emulated cluster's nodes, each in its own namespaces, still talk through their shaped
-// links), and that a probe read of the peer succeeded at Connect. Env
+// buffer addresses and completion notices (below), which keep the failure detection. "Same
+// host" means the same boot, PID, network and IPC namespaces (so the emulated cluster's nodes,
+// each in its own namespaces, still talk through their shaped links), that a probe read of
+// the peer succeeded at Connect, and that its notice segment could be mapped. Env
 // JAXCOMM_SHARED_MEMORY=0 turns all of it off (everything goes through UCX, as before).
 //
 // Notices. The small messages of the shared-memory collectives (buffer addresses, "done")
