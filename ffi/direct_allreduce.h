@@ -1,7 +1,14 @@
 // Dense allreduce among ranks that can read each other's memory (ffi/transport/ucx_world.h,
 // "Shared memory"): ranks of one process (plain loads) and processes of one host
-// (process_vm_readv). No data goes through UCX; only 8-byte buffer addresses and completion
-// notices do, which keeps the transport's deadlines and dead-peer detection.
+// (process_vm_readv). Nothing goes through UCX: buffer addresses and completion notices go
+// through the notice slots the ranks share (ffi/transport/ucx_world.h, "Notices"), which keep
+// the transport's deadlines and dead-peer detection. Three notice rounds per allreduce: "here
+// are my buffers", "my slice is final", "I am done reading yours".
+//
+// Staged: when a member lives in another process and the vector fits a staging area
+// (ffi/transport/ucx_world.h, "Staging areas"), each rank first copies its x (but slice r) into
+// its area and writes its reduced slice there too; peers then read those with plain loads
+// instead of process_vm_readv, whose per-page pinning cost more than the extra copies.
 //
 // Reduce-scatter: rank r owns slice r (ring::ChunkBegin) and sums it over every rank's input, in
 // rank order and in L2-sized blocks: one read of each input, one write of the output, reduction
@@ -22,20 +29,15 @@
 
 namespace jaxcomm::collectives {
 
-// Peers' buffer addresses, kept between the phases of one call.
-struct DirectPeers {
-  std::vector<uint64_t> inputs;   // each rank's x
-  std::vector<uint64_t> outputs;  // each rank's out
-};
-
 // out[slice rank] = sum over group ranks q (in order) of x_q[slice rank]. `step` is the next
-// free tag step of `group` (advanced). Other slices of `out` are left untouched.
-ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t n,
-                               DirectPeers* peers, uint32_t* step);
+// free tag step of `group` (advanced by one: the "here are my buffers" notice). Other slices
+// of `out` are left untouched. A rank reads rank q's input as soon as q's notice is there.
+ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t n, uint32_t* step);
 
-// Every rank copies slice q of rank q's `out` into its own, then waits until every peer is done
-// with its buffers.
-ffi::Error DirectAllgather(Group& group, float* out, int64_t n, DirectPeers* peers, uint32_t* step);
+// Every rank copies slice q of rank q's `out` into its own, each as soon as q says it is final
+// (the addresses are those of the DirectReduceScatter before it), then waits until every peer
+// is done with its buffers.
+ffi::Error DirectAllgather(Group& group, float* out, int64_t n, uint32_t* step);
 
 // Group rank `root`'s out[0, n) to every rank's out; root waits until every copy is done.
 ffi::Error DirectBroadcast(Group& group, int root, float* out, int64_t n, uint32_t* step);

@@ -241,6 +241,11 @@ bool Group::SharesMemoryWithAll() const {
                      [&](int member) { return world_->SharesMemory(member); });
 }
 
+bool Group::SpansProcesses() const {
+  return std::any_of(members_.begin(), members_.end(),
+                     [&](int member) { return !world_->IsLocal(member); });
+}
+
 ffi::Error Group::ReadFrom(int group_rank, uint64_t address, void* dst, size_t bytes) {
   const transport::Status status =
       world_->ReadPeer(members_[group_rank], address, dst, bytes,
@@ -269,20 +274,50 @@ std::string Group::MissingLocalDevices() const {
   return out.str();
 }
 
-ffi::Error Group::Wait(transport::Request* requests, size_t count, size_t* received) {
-  std::string context = std::string(name_) + " (group rank " + std::to_string(rank_) + " of " +
-                        std::to_string(size()) + ")";
-  const auto waiting = std::chrono::steady_clock::now();
-  transport::Status status = world_->WaitAll(self_world_rank_, requests, count, deadline_, context);
-  metrics_.wait_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+std::string Group::Context() const {
+  return std::string(name_) + " (group rank " + std::to_string(rank_) + " of " +
+         std::to_string(size()) + ")";
+}
+
+ffi::Error Group::WaitOutcome(const transport::Status& status) {
   if (status.code() == transport::StatusCode::kDeadlineExceeded) {
     // A local peer that never started this collective is not a network problem: say so.
     if (std::string missing = MissingLocalDevices(); !missing.empty()) {
       return ffi::Error::Internal(StopEngine(missing));
     }
   }
-  if (!status.ok()) return FromStatus(status);
+  return FromStatus(status);
+}
+
+ffi::Error Group::WaitNotices(uint32_t step, std::vector<transport::UcxWorld::Notice>* notices,
+                              int only) {
+  std::vector<int> waited;  // group ranks
+  for (int q = 0; q < size(); ++q) {
+    if (q != rank_ && (only < 0 || q == only)) waited.push_back(q);
+  }
+  std::vector<int> peers;
+  for (int q : waited) peers.push_back(members_[q]);
+  std::vector<transport::UcxWorld::Notice> got(peers.size());
+  const auto waiting = std::chrono::steady_clock::now();
+  const transport::Status status = world_->WaitNotices(
+      self_world_rank_, peers.data(), peers.size(), seq_, step, got.data(), deadline_, Context());
+  metrics_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+  if (!status.ok()) return WaitOutcome(status);
+  if (notices != nullptr) {
+    notices->assign(size(), transport::UcxWorld::Notice{});
+    for (size_t i = 0; i < waited.size(); ++i) (*notices)[waited[i]] = got[i];
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error Group::Wait(transport::Request* requests, size_t count, size_t* received) {
+  const auto waiting = std::chrono::steady_clock::now();
+  transport::Status status =
+      world_->WaitAll(self_world_rank_, requests, count, deadline_, Context());
+  metrics_.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
+  if (!status.ok()) return WaitOutcome(status);
   for (size_t i = 0; i < count; ++i) {
     if (requests[i].is_recv()) metrics_.bytes_received += requests[i].received_bytes();
   }

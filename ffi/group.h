@@ -126,6 +126,21 @@ class Group {
     return world_->LocalPointer(members_[group_rank], address);
   }
   ffi::Error ReadFrom(int group_rank, uint64_t address, void* dst, size_t bytes);
+  // Notices among members that share memory (ucx_world.h, "Notices"): this rank reached
+  // `step` of this call (with `notice`: and here are its buffers), and the wait until every
+  // other member did (or only group rank `only`); `notices` (optional) gets each member's, by
+  // group rank (this rank's entry zero). Waiting counts as wait time, like Wait().
+  void PostNotice(uint32_t step, const transport::UcxWorld::Notice* notice = nullptr) {
+    world_->PostNotice(self_world_rank_, seq_, step, notice);
+  }
+  ffi::Error WaitNotices(uint32_t step, std::vector<transport::UcxWorld::Notice>* notices,
+                         int only = -1);
+  // Group rank q's staging area for this call (ucx_world.h, "Staging areas"), or null.
+  float* StagingArea(int group_rank) const {
+    return static_cast<float*>(world_->StagingArea(members_[group_rank], seq_));
+  }
+  // Whether some member lives in another process (then reading it costs process_vm_readv).
+  bool SpansProcesses() const;
 
   // Records this call's metrics (algorithm label, element count, bytes, wall time).
   void Finish(const char* algorithm, int64_t elements);
@@ -135,6 +150,10 @@ class Group {
   // After a deadline: a message naming the devices of this process that never started this
   // collective, or "" when every local member did.
   std::string MissingLocalDevices() const;
+  // The error of a failed wait (transport status -> ffi::Error, stopping the engine).
+  ffi::Error WaitOutcome(const transport::Status& status);
+  // "jaxcomm.allreduce (group rank r of P)", for transport messages.
+  std::string Context() const;
   int64_t world_handle_ = 0;
   std::vector<int64_t> world_devices_;  // device id of each world rank
   std::shared_ptr<transport::UcxWorld> world_;

@@ -287,9 +287,8 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
   if (parts > 1 && local.SharesMemoryWithAll()) {
     // The node's ranks read each other's memory (ffi/direct_allreduce.h): rank l reduces
     // slice l of the node sum straight from its peers' inputs.
-    DirectPeers peers;
     uint32_t step = 0;
-    JAXCOMM_RETURN_IF_ERROR(DirectReduceScatter(local, x, out, n, &peers, &step));
+    JAXCOMM_RETURN_IF_ERROR(DirectReduceScatter(local, x, out, n, &step));
     g.all->MarkPhase("intra_reduce_scatter");
     const int64_t begin = ChunkBegin(n, parts, rank);
     const int64_t size = ChunkSize(n, parts, rank);
@@ -297,11 +296,11 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
       JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
                                         residual_out ? residual_out + begin : nullptr, run));
       g.all->MarkPhase("inter_node");
-      JAXCOMM_RETURN_IF_ERROR(DirectAllgather(local, out, n, &peers, &step));
+      JAXCOMM_RETURN_IF_ERROR(DirectAllgather(local, out, n, &step));
       g.all->MarkPhase("intra_allgather");
       return ffi::Error::Success();
     }
-    JAXCOMM_RETURN_IF_ERROR(DirectAllgather(local, out, n, &peers, &step));
+    JAXCOMM_RETURN_IF_ERROR(DirectAllgather(local, out, n, &step));
     if (rank == 0) JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out, n, residual_out, run));
     g.all->MarkPhase("inter_node");
     JAXCOMM_RETURN_IF_ERROR(DirectBroadcast(local, 0, out, n, &step));

@@ -109,7 +109,7 @@ SETTINGS: dict[str, Setting] = {
             "20",
             "microseconds, a number >= 0",
             "C++ ffi/transport/ucx_world.cc (World::Create)",
-            "How long a wait polls UCX before it sleeps.",
+            "How long a wait polls UCX (or a same-host peer's notice) before it sleeps.",
             _number(float, 0.0, exclusive=False),
         ),
         Setting(
@@ -118,8 +118,8 @@ SETTINGS: dict[str, Setting] = {
             "1 or 0",
             "C++ ffi/transport/ucx_world.cc (SharedMemoryEnabled)",
             "1: ranks of one host read each other's buffers directly (same process: loads; "
-            "same host: process_vm_readv), the dense allreduce's fast path; 0: every byte goes "
-            "through UCX.",
+            "same host: process_vm_readv) and exchange notices in shared memory, the dense "
+            "allreduce's fast path; 0: every byte goes through UCX.",
             _choice("1", "0"),
         ),
         Setting(

@@ -405,22 +405,19 @@ def ring_bytes(n: int, parts: int, rank: int) -> int:
     return _F32 * (2 * n - _even_size(n, parts, rank + 1) - _even_size(n, parts, rank + 2))
 
 
-_NOTICE = 16  # bytes of one notice of the shared-memory allreduce: address, element count
-
-
 def _direct_rs_bytes(n: int, parts: int, rank: int) -> int:
     # DirectReduceScatter (ffi/direct_allreduce.cc): the peers read every slice of this rank's
-    # input but its own; one address to each peer.
+    # input but its own (its notices go through shared memory, not a transport).
     if parts <= 1:
         return 0
-    return _F32 * (n - _even_size(n, parts, rank)) + (parts - 1) * _NOTICE
+    return _F32 * (n - _even_size(n, parts, rank))
 
 
 def _direct_ag_bytes(n: int, parts: int, rank: int) -> int:
-    # DirectAllgather: every peer reads this rank's reduced slice; an address and a "done".
+    # DirectAllgather: every peer reads this rank's reduced slice.
     if parts <= 1:
         return 0
-    return (parts - 1) * (_F32 * _even_size(n, parts, rank) + 2 * _NOTICE)
+    return (parts - 1) * _F32 * _even_size(n, parts, rank)
 
 
 def direct_bytes(n: int, parts: int, rank: int) -> int:
@@ -428,8 +425,8 @@ def direct_bytes(n: int, parts: int, rank: int) -> int:
 
     Ranks of one host read each other's memory (ffi/direct_allreduce.h): the bytes a rank
     "sends" are those its peers read from it (every slice of its input but its own, then its
-    reduced slice to each peer) plus three 16-byte notices to each peer. The same 2(P-1)/P·n
-    as the ring for even slices, through memory instead of a link.
+    reduced slice to each peer). The same 2(P-1)/P·n as the ring for even slices, through
+    memory instead of a link; the ranks' notices live in shared memory and send nothing.
 
     Args:
       n: elements.
@@ -441,7 +438,7 @@ def direct_bytes(n: int, parts: int, rank: int) -> int:
 
     Example:
       >>> direct_bytes(10, 2, 0)
-      88
+      40
     """
     return _direct_rs_bytes(n, parts, rank) + _direct_ag_bytes(n, parts, rank)
 
@@ -673,10 +670,8 @@ def bytes_sent(
     total = _direct_rs_bytes(n, local, l_rank) + _direct_ag_bytes(n, local, l_rank)
     if not leader or local == 1:
         total += inter(_even_size(n, local, l_rank))
-    elif l_rank != 0:
-        total += _NOTICE  # "done" after copying the leader's sum
-    else:
-        total += inter(n) + (local - 1) * (n * _F32 + _NOTICE)  # the sum, read by every rank
+    elif l_rank == 0:
+        total += inter(n) + (local - 1) * n * _F32  # the sum, read by every rank
     return float(total)
 
 

@@ -13,6 +13,8 @@ import time
 
 from collectives_harness import parse_worker_args
 
+UNSTAGED_SIZE = (16 << 20) // 4 + 1  # float32 elements just past the shared staging area
+
 
 def main() -> None:
     args = parse_worker_args(["cases", "die", "mismatch", "steps", "quantized"])
@@ -98,6 +100,10 @@ def main() -> None:
 
     # 786437: several pipelined segments (of 2^17 floats) per ring chunk on up to 6 ranks.
     sizes = [1, 7, 1000, 65537, 786437]
+    if args.processes > 1 and world <= 4:
+        # One float more than a 16 MiB staging area (ffi/transport/ucx_world.h): ranks of
+        # different processes read each other's buffers with process_vm_readv instead.
+        sizes.append(UNSTAGED_SIZE)
     for n in sizes:
         x = shard(inputs(n, n))
         f = smap(lambda v: (jaxcomm.allreduce(v[0], "dp")[None], jax.lax.psum(v, "dp")), 1, 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from collective_worker import UNSTAGED_SIZE
 from conftest import UCX_ONLY, WORLD_CONFIGS, make_inputs
 
 
@@ -21,6 +22,21 @@ def test_allreduce_matches_psum(world_run, processes, devices, n):
         np.testing.assert_allclose(ours[rank], psum[rank], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(ours[rank], expected, rtol=1e-5, atol=1e-5)
         # Bit-identical on every rank.
+        np.testing.assert_array_equal(ours[rank], ours[0])
+
+
+@pytest.mark.parametrize("processes,devices", [(2, 1), (2, 2), (4, 1)], ids=str)
+def test_vectors_past_the_staging_area_match_psum(world_run, processes, devices):
+    # Across processes the shared-memory path stages vectors up to 16 MiB through shared
+    # areas; past that, ranks read each other's buffers with process_vm_readv. Both must agree
+    # with psum and be bit-identical on every rank.
+    run = world_run(processes, devices)
+    world = processes * devices
+    ours = run.rank_values(f"allreduce/{UNSTAGED_SIZE}", "out")
+    psum = run.rank_values(f"allreduce/{UNSTAGED_SIZE}", "psum")
+    assert len(ours) == world
+    for rank in range(world):
+        np.testing.assert_allclose(ours[rank], psum[rank], rtol=1e-5, atol=1e-5)
         np.testing.assert_array_equal(ours[rank], ours[0])
 
 

@@ -139,10 +139,10 @@ def test_sparse_bytes_scale_as_the_papers_say():
         assert ag == (p - 1) * 2 * options.k(n) * 4  # O(kP)
         assert gt == pytest.approx(2 * (p - 1) / p * 2 * options.k(n) * 4)  # mean over ranks
     # Dense ring: 2(P-1)/P of the vector per rank; on one host the shared-memory path moves
-    # as much, plus three 16-byte notices to each peer.
+    # as much (its notices go through shared memory and send nothing).
     across = cost.World(8, 1, "across_hosts")
     assert cost.bytes_sent("dense", 8000, across) == pytest.approx(2 * 7 / 8 * 8000 * 4)
-    assert cost.bytes_sent("dense", 8000, cost.World(8)) == 2 * 7 / 8 * 8000 * 4 + 3 * 7 * 16
+    assert cost.bytes_sent("dense", 8000, cost.World(8)) == 2 * 7 / 8 * 8000 * 4
 
 
 def test_overlap_hides_communication_only():

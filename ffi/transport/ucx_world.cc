@@ -10,8 +10,13 @@
 //   per-request state inside UCX's request memory) are needed.
 #include "ffi/transport/ucx_world.h"
 
+#include <fcntl.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <ucp/api/ucp.h>
@@ -21,10 +26,12 @@
 #include <cctype>
 #include <cerrno>
 #include <cinttypes>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -45,10 +52,70 @@ constexpr auto kCloseGrace = std::chrono::milliseconds(2000);
 enum class WaitMode { kWakeup, kBackoff };
 
 // ---- Host identity (shared memory, see ucx_world.h) ---------------------------------------
-// Address() appends to UCX's address: identity bytes, pid (8), probe address (8), identity
-// length (4), kTrailerMagic (4). Connect() strips it again.
-constexpr uint32_t kTrailerMagic = 0x4d43584a;  // "JXCM"
-constexpr size_t kTrailerFixed = 8 + 8 + 4 + 4;
+// Address() appends to UCX's address: identity bytes, pid (8), probe address (8), notice
+// memfd number (8), index of the rank's slots in it (8), identity length (4), kTrailerMagic (4).
+// Connect() strips it again.
+constexpr uint32_t kTrailerMagic = 0x4d43584b;  // "KXCM": the trailer with notice slots
+constexpr size_t kTrailerFixed = 8 + 8 + 8 + 8 + 4 + 4;
+
+// ---- Notice slots (see "Notices" in ucx_world.h) --------------------------------------------
+// One cache line per (rank, seq modulo kNoticeSeqs), in a MAP_SHARED memfd segment. The
+// atomics are lock-free and address-free, so they work across the processes mapping it.
+struct alignas(64) NoticeSlot {
+  std::atomic<uint64_t> progress{0};  // NoticeKey(seq, step) last posted; 0 = nothing yet
+  std::atomic<uint32_t> wake{0};      // futex word: bumped on every post
+  std::atomic<uint32_t> sleepers{0};  // waiters inside futex(FUTEX_WAIT) on `wake`
+  std::atomic<uint64_t> input{0}, output{0};
+  std::atomic<int64_t> elements{0};
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free && sizeof(NoticeSlot) == 64);
+// How often a waiter asleep on a futex wakes to check its peers' processes and the deadline.
+constexpr int kNoticeCheckMs = 10;
+// (seq, step) as one number that grows along a rank's program: seq has 31 bits, step 16.
+constexpr int kNoticeKeyBits = 47;
+uint64_t NoticeKey(uint32_t seq, uint32_t step) {
+  return ((static_cast<uint64_t>(seq) << 16) | (step & 0xffffu)) &
+         ((uint64_t{1} << kNoticeKeyBits) - 1);
+}
+// Whether `posted` is `wanted` or later, across the wrap of seq at 2^31.
+bool NoticeReached(uint64_t posted, uint64_t wanted) {
+  if (posted == 0) return false;
+  return ((posted - wanted) & ((uint64_t{1} << kNoticeKeyBits) - 1)) <
+         (uint64_t{1} << (kNoticeKeyBits - 1));
+}
+// A process's segment holds one block per local rank (in local-rank order): the rank's notice
+// slots, padded to kNoticeBlockBytes, then its kStagingAreas staging areas. Pages are only
+// backed once touched (a staging area costs what the collectives write into it).
+constexpr size_t kNoticeBlockBytes = 4096;
+static_assert(UcxWorld::kNoticeSeqs * sizeof(NoticeSlot) <= kNoticeBlockBytes);
+constexpr size_t kRankBlockBytes =
+    kNoticeBlockBytes + UcxWorld::kStagingAreas * UcxWorld::kStagingBytes;
+size_t NoticeSegmentBytes(size_t local_ranks) { return local_ranks * kRankBlockBytes; }
+NoticeSlot* RankBlock(void* segment, size_t index) {
+  return reinterpret_cast<NoticeSlot*>(static_cast<char*>(segment) + index * kRankBlockBytes);
+}
+// Maps process `pid`'s notice segment (its memfd `fd`) into this process; null on failure.
+void* MapNoticeSegment(int64_t pid, int64_t fd, size_t* bytes) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+  const int opened = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (opened < 0) return nullptr;
+  struct stat info {};
+  void* segment = nullptr;
+  if (fstat(opened, &info) == 0 && info.st_size > 0) {
+    *bytes = static_cast<size_t>(info.st_size);
+    segment = mmap(nullptr, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
+    if (segment == MAP_FAILED) segment = nullptr;
+  }
+  close(opened);  // the mapping keeps the memory
+  return segment;
+}
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t ns) {
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
 // What a peer reads at Connect to prove it can read this process's memory.
 constexpr uint64_t kProbeValue = 0x216d6d6f6378616aull;  // "jaxcomm!"
 const volatile uint64_t g_probe = kProbeValue;
@@ -169,6 +236,15 @@ struct UcxWorld::Impl {
   WaitMode mode = WaitMode::kWakeup;
   int64_t spin_ns = 0;
   std::vector<std::unique_ptr<LocalRank>> locals;  // parallel to local_ranks_
+  // Notices: this process's segment (memfd, mapping) and, by world rank, the first of the
+  // rank's kNoticeSeqs slots (null where memory is not shared) and a pidfd of its process
+  // (-1 for ranks of this process).
+  int notice_fd = -1;
+  void* notice_segment = nullptr;
+  size_t notice_bytes = 0;
+  std::vector<NoticeSlot*> notice_slots;
+  std::vector<int> pidfds;
+  std::vector<std::pair<void*, size_t>> peer_segments;  // other processes' segments, mapped
 };
 
 namespace {
@@ -332,6 +408,22 @@ std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> loca
       if (status != UCS_OK) return fail("ucp_worker_get_efd: " + UcsError(status));
     }
   }
+  // Notice slots (see ucx_world.h). Without them (no memfd) nothing is shared: Connect
+  // then leaves every shared-memory path off.
+  impl.notice_bytes = NoticeSegmentBytes(world->local_ranks_.size());
+  impl.notice_fd = memfd_create("jaxcomm-notices", MFD_CLOEXEC);
+  if (impl.notice_fd >= 0 &&
+      ftruncate(impl.notice_fd, static_cast<off_t>(impl.notice_bytes)) == 0) {
+    void* segment =
+        mmap(nullptr, impl.notice_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, impl.notice_fd, 0);
+    if (segment != MAP_FAILED) {
+      impl.notice_segment = segment;
+      for (size_t i = 0; i < world->local_ranks_.size(); ++i) {
+        NoticeSlot* slots = RankBlock(segment, i);
+        for (uint32_t k = 0; k < kNoticeSeqs; ++k) new (&slots[k]) NoticeSlot();
+      }
+    }
+  }
   return world;
 }
 
@@ -378,6 +470,12 @@ UcxWorld::~UcxWorld() {
     if (local->worker != nullptr) ucp_worker_destroy(local->worker);
   }
   if (impl.context != nullptr) ucp_cleanup(impl.context);
+  for (auto& [segment, bytes] : impl.peer_segments) munmap(segment, bytes);
+  for (int fd : impl.pidfds) {
+    if (fd >= 0) close(fd);
+  }
+  if (impl.notice_segment != nullptr) munmap(impl.notice_segment, impl.notice_bytes);
+  if (impl.notice_fd >= 0) close(impl.notice_fd);
 }
 
 std::string UcxWorld::Address(int rank) const {
@@ -393,10 +491,14 @@ std::string UcxWorld::Address(int rank) const {
   const std::string identity = HostIdentity();
   const int64_t pid = getpid();
   const uint64_t probe = AddressOf(const_cast<const uint64_t*>(&g_probe));
+  const int64_t notice_fd = impl_->notice_segment != nullptr ? impl_->notice_fd : -1;
+  const int64_t slot_index = index;
   const auto identity_length = static_cast<uint32_t>(identity.size());
   bytes += identity;
   bytes.append(reinterpret_cast<const char*>(&pid), 8);
   bytes.append(reinterpret_cast<const char*>(&probe), 8);
+  bytes.append(reinterpret_cast<const char*>(&notice_fd), 8);
+  bytes.append(reinterpret_cast<const char*>(&slot_index), 8);
   bytes.append(reinterpret_cast<const char*>(&identity_length), 4);
   bytes.append(reinterpret_cast<const char*>(&kTrailerMagic), 4);
   return bytes;
@@ -421,7 +523,11 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
   shares_memory_.assign(world_size_, false);
   pids_.assign(world_size_, -1);
   const std::string my_identity = HostIdentity();
-  const bool enabled = SharedMemoryEnabled();
+  const bool enabled = SharedMemoryEnabled() && impl_->notice_segment != nullptr;
+  impl_->notice_slots.assign(world_size_, nullptr);
+  impl_->pidfds.assign(world_size_, -1);
+  // Other processes' notice segments (mapping, bytes), mapped once per process.
+  std::map<int64_t, std::pair<void*, size_t>> segment_of_pid;
   const bool cross_process = enabled && !my_identity.empty();
   for (int r = 0; r < world_size_; ++r) {
     std::string& a = ucx_addresses[r];
@@ -432,24 +538,42 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
       if (a.size() < kTrailerFixed + identity_length) return fail("malformed address trailer");
       const size_t at = a.size() - kTrailerFixed - identity_length;
       const std::string identity = a.substr(at, identity_length);
-      int64_t pid = -1;
+      int64_t pid = -1, notice_fd = -1, slot_index = -1;
       uint64_t probe = 0;
       std::memcpy(&pid, a.data() + at + identity_length, 8);
       std::memcpy(&probe, a.data() + at + identity_length + 8, 8);
+      std::memcpy(&notice_fd, a.data() + at + identity_length + 16, 8);
+      std::memcpy(&slot_index, a.data() + at + identity_length + 24, 8);
       a.resize(at);
       if (!enabled) {
         shares_memory_[r] = false;
       } else if (IsLocal(r)) {
         shares_memory_[r] = true;
-      } else if (cross_process && identity == my_identity && pid > 0) {
+        impl_->notice_slots[r] = RankBlock(impl_->notice_segment, LocalIndex(r));
+      } else if (cross_process && identity == my_identity && pid > 0 && notice_fd >= 0 &&
+                 slot_index >= 0) {
         uint64_t seen = 0;
-        shares_memory_[r] =
-            ReadProcess(pid, probe, &seen, sizeof(seen)) == 0 && seen == kProbeValue;
         pids_[r] = pid;
+        auto& [segment, segment_bytes] = segment_of_pid[pid];
+        if (segment == nullptr) segment = MapNoticeSegment(pid, notice_fd, &segment_bytes);
+        const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
+        const size_t block_end = (static_cast<size_t>(slot_index) + 1) * kRankBlockBytes;
+        shares_memory_[r] = ReadProcess(pid, probe, &seen, sizeof(seen)) == 0 &&
+                            seen == kProbeValue && segment != nullptr &&
+                            block_end <= segment_bytes && pidfd >= 0;
+        if (shares_memory_[r]) {
+          impl_->notice_slots[r] = RankBlock(segment, static_cast<size_t>(slot_index));
+          impl_->pidfds[r] = pidfd;
+        } else if (pidfd >= 0) {
+          close(pidfd);
+        }
       }
     } else {
       shares_memory_[r] = enabled && IsLocal(r);
     }
+  }
+  for (auto& [pid, mapped] : segment_of_pid) {
+    if (mapped.first != nullptr) impl_->peer_segments.push_back(mapped);
   }
   for (auto& local : impl_->locals) {
     local->links.reset(new PeerLink[world_size_]);
@@ -510,6 +634,105 @@ Status UcxWorld::ReadPeer(int peer, uint64_t address, void* dst, size_t bytes,
   return Status(StatusCode::kInternal, std::string(context) + ": reading " + std::to_string(bytes) +
                                            " bytes of peer rank " + std::to_string(peer) +
                                            "'s memory failed: " + std::strerror(error));
+}
+
+void* UcxWorld::StagingArea(int rank, uint32_t seq) const {
+  if (rank < 0 || rank >= world_size_ || impl_->notice_slots.empty() ||
+      impl_->notice_slots[rank] == nullptr) {
+    return nullptr;
+  }
+  return reinterpret_cast<char*>(impl_->notice_slots[rank]) + kNoticeBlockBytes +
+         (seq % kStagingAreas) * kStagingBytes;
+}
+
+void UcxWorld::PostNotice(int self, uint32_t seq, uint32_t step, const Notice* notice) {
+  NoticeSlot* slots = IsLocal(self) ? impl_->notice_slots[self] : nullptr;
+  if (slots == nullptr) return;  // WaitNotices of the peers fails on their side
+  NoticeSlot& slot = slots[seq % kNoticeSeqs];
+  if (notice != nullptr) {
+    // Read by peers only after they saw `progress` (seq_cst below orders these before it).
+    slot.input.store(notice->input, std::memory_order_relaxed);
+    slot.output.store(notice->output, std::memory_order_relaxed);
+    slot.elements.store(notice->elements, std::memory_order_relaxed);
+  }
+  slot.progress.store(NoticeKey(seq, step));
+  // A waiter registers in `sleepers` before its last look at `progress` and sleeps only while
+  // `wake` is unchanged, so either it sees this post or this sees it and wakes it.
+  slot.wake.fetch_add(1);
+  if (slot.sleepers.load() > 0) FutexWakeAll(&slot.wake);
+}
+
+Status UcxWorld::WaitNotices(int self, const int* peers, size_t count, uint32_t seq, uint32_t step,
+                             Notice* notices, Deadline deadline, std::string_view context) {
+  const uint64_t wanted = NoticeKey(seq, step);
+  auto where = [&] {
+    return " while rank " + std::to_string(self) + " waited for seq " + std::to_string(seq) +
+           " step " + std::to_string(step);
+  };
+  for (size_t i = 0; i < count; ++i) {
+    if (!IsLocal(self) || peers[i] < 0 || peers[i] >= world_size_ ||
+        impl_->notice_slots[peers[i]] == nullptr) {
+      return Status(StatusCode::kInvalidArgument,
+                    std::string(context) + ": rank " + std::to_string(peers[i]) +
+                        " has no notice slot shared with rank " + std::to_string(self));
+    }
+  }
+  auto slot_of = [&](size_t i) -> NoticeSlot& {
+    return impl_->notice_slots[peers[i]][seq % kNoticeSeqs];
+  };
+  size_t next = 0;  // peers before `next` have reached the step
+  const Deadline spin_until = Clock::now() + std::chrono::nanoseconds(impl_->spin_ns);
+  for (;;) {
+    while (next < count && NoticeReached(slot_of(next).progress.load(), wanted)) ++next;
+    if (next == count) break;
+    const Deadline now = Clock::now();
+    if (now < spin_until) {
+      sched_yield();
+      continue;
+    }
+    // Dead processes first: their slots will never move.
+    for (size_t i = next; i < count; ++i) {
+      const int pidfd = impl_->pidfds[peers[i]];
+      if (pidfd < 0) continue;
+      pollfd exited{pidfd, POLLIN, 0};
+      if (poll(&exited, 1, 0) > 0) {
+        return Status(StatusCode::kPeerFailed,
+                      std::string(context) + ": peer rank " + std::to_string(peers[i]) +
+                          " failed (its process " + std::to_string(pids_[peers[i]]) + " exited)" +
+                          where());
+      }
+    }
+    if (now >= deadline) {
+      std::string late;
+      for (size_t i = next; i < count; ++i) {
+        if (!NoticeReached(slot_of(i).progress.load(), wanted)) {
+          late += (late.empty() ? "" : ", ") + std::to_string(peers[i]);
+        }
+      }
+      return Status(StatusCode::kDeadlineExceeded, std::string(context) + ": deadline exceeded" +
+                                                       where() + "; waiting on peer rank(s) " +
+                                                       late +
+                                                       " (default timeout: env JAXCOMM_TIMEOUT_S)");
+    }
+    NoticeSlot& slot = slot_of(next);
+    const uint32_t seen = slot.wake.load();
+    slot.sleepers.fetch_add(1);
+    if (!NoticeReached(slot.progress.load(), wanted)) {
+      const int64_t remaining_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count() + 1;
+      FutexWait(&slot.wake, seen, std::min<int64_t>(remaining_ns, kNoticeCheckMs * 1000000));
+    }
+    slot.sleepers.fetch_sub(1);
+  }
+  if (notices != nullptr) {
+    for (size_t i = 0; i < count; ++i) {
+      const NoticeSlot& slot = slot_of(i);
+      notices[i] = {slot.input.load(std::memory_order_relaxed),
+                    slot.output.load(std::memory_order_relaxed),
+                    slot.elements.load(std::memory_order_relaxed)};
+    }
+  }
+  return Status::Ok();
 }
 
 int UcxWorld::StartRequest(Request& r, int self, int peer, uint64_t tag, size_t bytes) const {

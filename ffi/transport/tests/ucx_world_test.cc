@@ -356,5 +356,97 @@ TEST(UcxWorld, KilledPeerFailsWaitPromptly) {
   close(fds[0]);
 }
 
+TEST(UcxNotices, PostAndWaitOnThreads) {
+  auto world = LocalWorld(3);
+  ASSERT_NE(world, nullptr);
+  // Three ranks, two steps of collective 5: each says where its buffers are, then "done".
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(3);
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      const UcxWorld::Notice mine{uint64_t(100 + r), uint64_t(200 + r), 42};
+      world->PostNotice(r, 5, 0, &mine);
+      std::vector<int> peers;
+      for (int q = 0; q < 3; ++q) {
+        if (q != r) peers.push_back(q);
+      }
+      std::vector<UcxWorld::Notice> got(2);
+      Status s = world->WaitNotices(r, peers.data(), 2, 5, 0, got.data(), In(10s), "notices");
+      if (!s.ok()) errors[r] = s.message();
+      for (size_t i = 0; i < 2; ++i) {
+        if (got[i].input != uint64_t(100 + peers[i]) || got[i].output != uint64_t(200 + peers[i]) ||
+            got[i].elements != 42) {
+          errors[r] = "rank " + std::to_string(r) + " read a wrong notice of rank " +
+                      std::to_string(peers[i]);
+        }
+      }
+      world->PostNotice(r, 5, 1, nullptr);
+      s = world->WaitNotices(r, peers.data(), 2, 5, 1, nullptr, In(10s), "notices");
+      if (!s.ok()) errors[r] = s.message();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  // A later step of collective 5 that rank 2 never posts: the deadline names it and the step.
+  const int peers[] = {1, 2};
+  world->PostNotice(1, 5, 2, nullptr);
+  Status s = world->WaitNotices(0, peers, 2, 5, 2, nullptr, In(200ms), "jaxcomm.test_op");
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("jaxcomm.test_op"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("seq 5 step 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("peer rank(s) 2 "), std::string::npos) << s.message();
+  // Collective 13 shares collective 5's slot (seq modulo kNoticeSeqs): a post for 13 counts as
+  // having passed every step of 5, and 5's posts do not count for 13.
+  world->PostNotice(2, 13, 0, nullptr);
+  EXPECT_TRUE(world->WaitNotices(0, peers, 2, 5, 2, nullptr, In(10s), "wrap").ok());
+  s = world->WaitNotices(0, peers, 1, 13, 0, nullptr, In(50ms), "wrap");
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded) << s.message();
+}
+
+TEST(UcxNotices, StagingAndAKilledPeerProcess) {
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  pid_t child = Fork([&] {
+    close(fds[0]);
+    std::string error;
+    auto world = ProcessWorld(fds[1], 1, &error);
+    if (!world) return 10;
+    // Fill the staging area of collective 3, then say so; then wait to be killed.
+    auto* staged = static_cast<uint32_t*>(world->StagingArea(1, 3));
+    if (staged == nullptr) return 11;
+    for (uint32_t i = 0; i < 1024; ++i) staged[i] = 7 * i + 1;
+    const UcxWorld::Notice mine{0, 0, 1024};
+    world->PostNotice(1, 3, 0, &mine);
+    pause();
+    return 12;
+  });
+  close(fds[1]);
+  std::string error;
+  auto world = ProcessWorld(fds[0], 0, &error);
+  ASSERT_NE(world, nullptr) << error;
+  ASSERT_TRUE(world->SharesMemory(1)) << "a forked child on this host shares memory";
+  const int peer[] = {1};
+  UcxWorld::Notice got;
+  Status s = world->WaitNotices(0, peer, 1, 3, 0, &got, In(30s), "staging test");
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(got.elements, 1024);
+  const auto* staged = static_cast<const uint32_t*>(world->StagingArea(1, 3));
+  ASSERT_NE(staged, nullptr);
+  for (uint32_t i = 0; i < 1024; ++i) ASSERT_EQ(staged[i], 7 * i + 1) << i;
+  // The child never posts step 1; once it is killed the wait fails naming it, long before the
+  // deadline.
+  std::thread killer([&] {
+    std::this_thread::sleep_for(200ms);
+    kill(child, SIGKILL);
+  });
+  s = world->WaitNotices(0, peer, 1, 3, 1, nullptr, In(60s), "killed-peer notices");
+  killer.join();
+  EXPECT_EQ(s.code(), StatusCode::kPeerFailed) << s.message();
+  EXPECT_NE(s.message().find("peer rank 1 failed"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("exited"), std::string::npos) << s.message();
+  EXPECT_EQ(ExitCode(child), 128 + SIGKILL);
+  close(fds[0]);
+}
+
 }  // namespace
 }  // namespace jaxcomm::transport
