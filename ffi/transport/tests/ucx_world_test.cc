@@ -266,6 +266,40 @@ int ExitCode(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// A world of two processes: a forked child joins as rank 1 and runs `child_body` on its world
+// (exit code 10 if it cannot join); the caller is rank 0 (`world` null, `error` saying why, if
+// it cannot join). The socketpair carries the address swap.
+struct TwoProcessWorld {
+  pid_t child = -1;
+  int fd = -1;
+  std::unique_ptr<UcxWorld> world;
+  std::string error;
+  ~TwoProcessWorld() {
+    world.reset();
+    if (fd >= 0) close(fd);
+  }
+};
+
+std::unique_ptr<TwoProcessWorld> StartTwoProcessWorld(
+    const std::function<int(UcxWorld&)>& child_body) {
+  auto out = std::make_unique<TwoProcessWorld>();
+  int fds[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) {
+    out->error = "socketpair failed";
+    return out;
+  }
+  out->child = Fork([&] {
+    close(fds[0]);
+    std::string error;
+    auto world = ProcessWorld(fds[1], 1, &error);
+    return world ? child_body(*world) : 10;
+  });
+  close(fds[1]);
+  out->fd = fds[0];
+  out->world = ProcessWorld(fds[0], 0, &out->error);
+  return out;
+}
+
 // Both processes exchange every size with each other (a 2-rank ring).
 int Exchange(UcxWorld& world, int rank, const std::vector<size_t>& sizes, std::string* error) {
   int peer = 1 - rank;
@@ -289,47 +323,36 @@ int Exchange(UcxWorld& world, int rank, const std::vector<size_t>& sizes, std::s
 }
 
 TEST(UcxWorld, TwoProcesses) {
-  int fds[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
   const std::vector<size_t> sizes = {0, 1, 4, kMiB, 64 * kMiB};
-  pid_t child = Fork([&] {
-    close(fds[0]);
+  auto pair = StartTwoProcessWorld([&](UcxWorld& world) {
     std::string error;
-    auto world = ProcessWorld(fds[1], 1, &error);
-    if (!world) return 10;
-    int rc = Exchange(*world, 1, sizes, &error);
+    int rc = Exchange(world, 1, sizes, &error);
     if (rc != 0) fprintf(stderr, "child: %s\n", error.c_str());
     return rc;
   });
-  close(fds[1]);
+  ASSERT_NE(pair->world, nullptr) << pair->error;
+  auto& world = pair->world;
   std::string error;
-  auto world = ProcessWorld(fds[0], 0, &error);
-  ASSERT_NE(world, nullptr) << error;
   EXPECT_EQ(Exchange(*world, 0, sizes, &error), 0) << error;
-  EXPECT_EQ(ExitCode(child), 0);
+  EXPECT_EQ(ExitCode(pair->child), 0);
   Counters c = world->GetCounters(0);
   EXPECT_EQ(c.messages_sent, sizes.size());
   EXPECT_EQ(c.bytes_received, 64 * kMiB + kMiB + 5);
-  close(fds[0]);
 }
 
 TEST(UcxWorld, KilledPeerFailsWaitPromptly) {
-  int fds[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  pid_t child = Fork([&] {
-    close(fds[0]);
+  auto pair = StartTwoProcessWorld([](UcxWorld& world) {
     std::string error;
-    auto world = ProcessWorld(fds[1], 1, &error);
-    if (!world || Exchange(*world, 1, {4, kMiB}, &error) != 0) return 10;
+    if (Exchange(world, 1, {4, kMiB}, &error) != 0) return 10;
     // Mid-exchange: wait for a message the parent never sends, until SIGKILL arrives.
     std::vector<uint8_t> in(64 * kMiB);
-    world->Recv(1, 0, MakeTag(99, 0, 0), in.data(), in.size(), nullptr, In(60s), "child");
+    world.Recv(1, 0, MakeTag(99, 0, 0), in.data(), in.size(), nullptr, In(60s), "child");
     return 11;
   });
-  close(fds[1]);
+  ASSERT_NE(pair->world, nullptr) << pair->error;
+  auto& world = pair->world;
+  const pid_t child = pair->child;
   std::string error;
-  auto world = ProcessWorld(fds[0], 0, &error);
-  ASSERT_NE(world, nullptr) << error;
   ASSERT_EQ(Exchange(*world, 0, {4, kMiB}, &error), 0) << error;
   std::thread killer([&] {
     std::this_thread::sleep_for(300ms);
@@ -353,7 +376,6 @@ TEST(UcxWorld, KilledPeerFailsWaitPromptly) {
   auto teardown = Clock::now();
   world.reset();
   EXPECT_LT(Clock::now() - teardown, 5s);
-  close(fds[0]);
 }
 
 TEST(UcxNotices, PostAndWaitOnThreads) {
@@ -404,26 +426,19 @@ TEST(UcxNotices, PostAndWaitOnThreads) {
 }
 
 TEST(UcxNotices, StagingAndAKilledPeerProcess) {
-  int fds[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  pid_t child = Fork([&] {
-    close(fds[0]);
-    std::string error;
-    auto world = ProcessWorld(fds[1], 1, &error);
-    if (!world) return 10;
+  auto pair = StartTwoProcessWorld([](UcxWorld& world) {
     // Fill the staging area of collective 3, then say so; then wait to be killed.
-    auto* staged = static_cast<uint32_t*>(world->StagingArea(1, 3));
+    auto* staged = static_cast<uint32_t*>(world.StagingArea(1, 3));
     if (staged == nullptr) return 11;
     for (uint32_t i = 0; i < 1024; ++i) staged[i] = 7 * i + 1;
     const UcxWorld::Notice mine{0, 0, 1024};
-    world->PostNotice(1, 3, 0, &mine);
+    world.PostNotice(1, 3, 0, &mine);
     pause();
     return 12;
   });
-  close(fds[1]);
-  std::string error;
-  auto world = ProcessWorld(fds[0], 0, &error);
-  ASSERT_NE(world, nullptr) << error;
+  ASSERT_NE(pair->world, nullptr) << pair->error;
+  auto& world = pair->world;
+  const pid_t child = pair->child;
   ASSERT_TRUE(world->SharesMemory(1)) << "a forked child on this host shares memory";
   const int peer[] = {1};
   UcxWorld::Notice got;
@@ -445,7 +460,6 @@ TEST(UcxNotices, StagingAndAKilledPeerProcess) {
   EXPECT_NE(s.message().find("peer rank 1 failed"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("exited"), std::string::npos) << s.message();
   EXPECT_EQ(ExitCode(child), 128 + SIGKILL);
-  close(fds[0]);
 }
 
 }  // namespace
