@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -34,13 +35,17 @@ def run_cli(*args: str, cwd: pathlib.Path, timeout: float = 240) -> subprocess.C
     )
 
 
-def launch_bundled(
-    recipe: str, out: pathlib.Path, *settings: str, cwd: pathlib.Path
-) -> subprocess.CompletedProcess:
-    """``jaxcomm launch recipes/<recipe>.yaml --out <out> -q --set <setting> ...``."""
+def launch_bundled(recipe: str, tmp_path: pathlib.Path, *settings: str) -> pathlib.Path:
+    """Runs ``jaxcomm launch recipes/<recipe>.yaml --out <tmp_path>/run -q --set <setting> ...``
+    (the bundled recipes train the digits example: skipped without scikit-learn), checks that
+    it succeeded and returns the run directory."""
+    pytest.importorskip("sklearn")
+    out = tmp_path / "run"
     overrides = [arg for setting in settings for arg in ("--set", setting)]
     recipe_path = str(ROOT / "recipes" / f"{recipe}.yaml")
-    return run_cli("launch", recipe_path, "--out", str(out), "-q", *overrides, cwd=cwd)
+    res = run_cli("launch", recipe_path, "--out", str(out), "-q", *overrides, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return out
 
 
 def start_launch(
