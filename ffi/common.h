@@ -99,6 +99,10 @@ class TextBuilder {
     text_ += text;
     return *this;
   }
+  TextBuilder& operator<<(char c) {  // a character, as ostream prints it (not its code)
+    text_ += c;
+    return *this;
+  }
   template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
   TextBuilder& operator<<(T value) {
     char digits[32];
