@@ -46,18 +46,6 @@ int64_t NumElements(const BufferT& buffer) {
 }
 
 // InvalidArgument error prefixed with the op's Python name, e.g. "jaxcomm.ops.topk_abs: ...".
-// `bytes` of device scratch memory from XLA's allocator, starting at a multiple of 256 bytes
-// (what the CUDA kernels carve their pieces at), or nullopt. XLA refuses any alignment above 16
-// ("Unsupported alignment", seen on jaxlib 0.11 with an H200), so 256 comes from asking for
-// 255 bytes more and rounding the pointer up.
-inline std::optional<void*> AllocateAligned256(ffi::ScratchAllocator& scratch, size_t bytes) {
-  constexpr uintptr_t kAlign = 256;
-  std::optional<void*> memory = scratch.Allocate(bytes + kAlign - 1, 16);
-  if (!memory) return std::nullopt;
-  const uintptr_t address = reinterpret_cast<uintptr_t>(*memory);
-  return reinterpret_cast<void*>((address + kAlign - 1) & ~(kAlign - 1));
-}
-
 inline ffi::Error InvalidArgument(const char* op, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(op) + ": " + message);
 }
@@ -77,6 +65,26 @@ inline ffi::Error NonFinite(const char* op, int64_t index) {
                                  std::to_string(index) +
                                  "; quantizers cannot encode it (check the gradients, e.g. "
                                  "with jax.debug_nans, or lower the learning rate)");
+}
+
+// Device scratch memory from XLA's allocator for the CUDA handlers: `bytes` (at least 1)
+// starting at a multiple of 256 bytes (what the CUDA kernels carve their pieces at) into *out,
+// or a ResourceExhausted error naming `op`. XLA's allocator fails any alignment above 16 (seen
+// with jaxlib 0.11.2 on an H200; the reason only reaches XLA's diagnostics), so the 256 comes
+// from asking for 255 bytes more and rounding the pointer up.
+inline ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, const char* op, size_t bytes,
+                                  void** out) {
+  constexpr uintptr_t kAlign = 256;
+  const size_t wanted = bytes > 0 ? bytes : 1;
+  std::optional<void*> memory = scratch.Allocate(wanted + kAlign - 1, 16);
+  if (!memory) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      std::string(op) + ": could not allocate " + std::to_string(bytes) +
+                          " bytes of GPU scratch memory");
+  }
+  *out =
+      reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(*memory) + kAlign - 1) & ~(kAlign - 1));
+  return ffi::Error::Success();
 }
 
 // The ctypes convention of the library's JSON readers (metrics, timeline marks): copies `json`

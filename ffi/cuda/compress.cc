@@ -10,7 +10,6 @@
 // whose address XLA does not promise to keep stable across graph replays.
 #include <cuda_runtime_api.h>
 
-#include <optional>
 #include <string>
 
 #include "ffi/common.h"
@@ -33,16 +32,6 @@ ffi::Error Launched(const char* op, cudaError_t error) {
                               ": CUDA launch failed: " + cudaGetErrorString(error));
 }
 
-// Device scratch of `bytes` (256-aligned), or an error naming the op.
-std::optional<void*> Scratch(ffi::ScratchAllocator& scratch, size_t bytes) {
-  return ffi_common::AllocateAligned256(scratch, bytes);
-}
-ffi::Error NoScratch(const char* op, size_t bytes) {
-  return ffi::Error(ffi::ErrorCode::kResourceExhausted, std::string(op) + ": could not allocate " +
-                                                            std::to_string(bytes) +
-                                                            " bytes of GPU scratch memory");
-}
-
 // ---- TopK -------------------------------------------------------------------------------
 
 ffi::Error TopKAbsCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Buffer<ffi::F32> x,
@@ -51,11 +40,11 @@ ffi::Error TopKAbsCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::
   const int64_t k = NumElements(*values);
   JAXCOMM_RETURN_IF_ERROR(checks::TopKAbs(n, k, NumElements(*indices)));
   const size_t bytes = gpu::TopKScratchBytes(n);
-  auto work = Scratch(scratch, bytes);
-  if (!work) return NoScratch(checks::kTopKAbsOp, bytes);
+  void* work = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(ffi_common::AllocateScratch(scratch, checks::kTopKAbsOp, bytes, &work));
   return Launched(checks::kTopKAbsOp,
                   gpu::TopKAbs(x.typed_data(), nullptr, n, k, indices->typed_data(),
-                               values->typed_data(), nullptr, *work, stream));
+                               values->typed_data(), nullptr, work, stream));
 }
 
 ffi::Error TopKCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
@@ -68,8 +57,9 @@ ffi::Error TopKCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
   JAXCOMM_RETURN_IF_ERROR(
       checks::TopKCompress(n, NumElements(residual), NumElements(*new_residual), words));
   const size_t bytes = gpu::TopKScratchBytes(n);
-  auto work = Scratch(scratch, bytes);
-  if (!work) return NoScratch(checks::kTopKCompressOp, bytes);
+  void* work = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(
+      ffi_common::AllocateScratch(scratch, checks::kTopKCompressOp, bytes, &work));
   uint32_t* out = packed->typed_data();
   // The header is static (1 + 2k) but lives in device memory: a one-thread kernel writes it.
   if (cudaError_t error = gpu::WriteWord(out, static_cast<uint32_t>(words), stream);
@@ -79,7 +69,7 @@ ffi::Error TopKCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
   return Launched(checks::kTopKCompressOp, gpu::TopKAbs(x.typed_data(), residual.typed_data(), n, k,
                                                         reinterpret_cast<int32_t*>(out + 1),
                                                         reinterpret_cast<float*>(out + 1 + k),
-                                                        new_residual->typed_data(), *work, stream));
+                                                        new_residual->typed_data(), work, stream));
 }
 
 ffi::Error TopKDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
@@ -88,11 +78,12 @@ ffi::Error TopKDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch
   const int64_t words = NumElements(packed);
   JAXCOMM_RETURN_IF_ERROR(checks::TopKDecompress(n, words));
   const size_t bytes = gpu::TopKDecompressScratchBytes();
-  auto work = Scratch(scratch, bytes);
-  if (!work) return NoScratch(checks::kTopKDecompressOp, bytes);
+  void* work = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(
+      ffi_common::AllocateScratch(scratch, checks::kTopKDecompressOp, bytes, &work));
   return Launched(
       checks::kTopKDecompressOp,
-      gpu::TopKDecompress(packed.typed_data(), words, n, x_hat->typed_data(), *work, stream));
+      gpu::TopKDecompress(packed.typed_data(), words, n, x_hat->typed_data(), work, stream));
 }
 
 // ---- sparse merge -----------------------------------------------------------------------
@@ -108,12 +99,13 @@ ffi::Error SparseMergeCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
       checks::SparseMerge(ka, NumElements(val_a), kb, NumElements(val_b), k, NumElements(*val)));
   JAXCOMM_RETURN_IF_ERROR(checks::SparseMergeDeviceLimit(ka, kb));
   const size_t bytes = gpu::SparseMergeScratchBytes(ka, kb);
-  auto work = Scratch(scratch, bytes);
-  if (!work) return NoScratch(checks::kSparseMergeOp, bytes);
+  void* work = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(
+      ffi_common::AllocateScratch(scratch, checks::kSparseMergeOp, bytes, &work));
   return Launched(checks::kSparseMergeOp,
                   gpu::SparseMergeTopK(idx_a.typed_data(), val_a.typed_data(), ka,
                                        idx_b.typed_data(), val_b.typed_data(), kb, k,
-                                       idx->typed_data(), val->typed_data(), *work, stream));
+                                       idx->typed_data(), val->typed_data(), work, stream));
 }
 
 // ---- OneBit -----------------------------------------------------------------------------
@@ -153,12 +145,13 @@ ffi::Error ThresholdCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scra
   JAXCOMM_RETURN_IF_ERROR(
       checks::ThresholdCompress(n, tau, words, NumElements(residual), NumElements(*new_residual)));
   const size_t bytes = gpu::ThresholdScratchBytes(n);
-  auto work = Scratch(scratch, bytes);
-  if (!work) return NoScratch(checks::kThresholdCompressOp, bytes);
+  void* work = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(
+      ffi_common::AllocateScratch(scratch, checks::kThresholdCompressOp, bytes, &work));
   return Launched(
       checks::kThresholdCompressOp,
       gpu::ThresholdCompress(x.typed_data(), residual.typed_data(), n, tau, words - 1,
-                             packed->typed_data(), new_residual->typed_data(), *work, stream));
+                             packed->typed_data(), new_residual->typed_data(), work, stream));
 }
 
 ffi::Error ThresholdDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
@@ -168,11 +161,12 @@ ffi::Error ThresholdDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator sc
   const int64_t words = NumElements(packed);
   JAXCOMM_RETURN_IF_ERROR(checks::ThresholdDecompress(n, tau, words));
   const size_t bytes = gpu::ThresholdDecompressScratchBytes();
-  auto work = Scratch(scratch, bytes);
-  if (!work) return NoScratch(checks::kThresholdDecompressOp, bytes);
+  void* work = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(
+      ffi_common::AllocateScratch(scratch, checks::kThresholdDecompressOp, bytes, &work));
   return Launched(checks::kThresholdDecompressOp,
                   gpu::ThresholdDecompress(packed.typed_data(), words, n, tau, x_hat->typed_data(),
-                                           *work, stream));
+                                           work, stream));
 }
 
 // ---- Adaptive ---------------------------------------------------------------------------
@@ -189,12 +183,13 @@ ffi::Error AdaptiveCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scrat
                                column_size, sample_size, NumElements(*packed), &layout));
   JAXCOMM_RETURN_IF_ERROR(checks::AdaptiveDeviceSampleLimit(sample_size));
   const size_t bytes = gpu::AdaptiveCompressScratchBytes(n, column_size, proportion, sample_size);
-  auto work = Scratch(scratch, bytes);
-  if (!work) return NoScratch(checks::kAdaptiveCompressOp, bytes);
+  void* work = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(
+      ffi_common::AllocateScratch(scratch, checks::kAdaptiveCompressOp, bytes, &work));
   return Launched(checks::kAdaptiveCompressOp,
                   gpu::AdaptiveCompress(x.typed_data(), residual.typed_data(), n, column_size,
                                         proportion, sample_size, packed->typed_data(),
-                                        new_residual->typed_data(), *work, stream));
+                                        new_residual->typed_data(), work, stream));
 }
 
 ffi::Error AdaptiveDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
@@ -205,12 +200,12 @@ ffi::Error AdaptiveDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scr
   kernels::AdaptiveLayout layout{};
   JAXCOMM_RETURN_IF_ERROR(checks::AdaptiveDecompress(n, proportion, column_size, words, &layout));
   const size_t bytes = gpu::AdaptiveDecompressScratchBytes();
-  auto work = Scratch(scratch, bytes);
-  if (!work) return NoScratch(checks::kAdaptiveDecompressOp, bytes);
-  return Launched(
-      checks::kAdaptiveDecompressOp,
-      gpu::AdaptiveDecompress(packed.typed_data(), words, n, column_size, proportion,
-                              x_hat->typed_data(), /*accumulate=*/false, *work, stream));
+  void* work = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(
+      ffi_common::AllocateScratch(scratch, checks::kAdaptiveDecompressOp, bytes, &work));
+  return Launched(checks::kAdaptiveDecompressOp,
+                  gpu::AdaptiveDecompress(packed.typed_data(), words, n, column_size, proportion,
+                                          x_hat->typed_data(), /*accumulate=*/false, work, stream));
 }
 
 }  // namespace

@@ -187,18 +187,6 @@ ffi::Error CheckCuda(const char* name, cudaError_t error, const char* what) {
                               " failed: " + cudaGetErrorString(error));
 }
 
-ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, const char* name, size_t bytes,
-                           void** out) {
-  std::optional<void*> memory = ffi_common::AllocateAligned256(scratch, std::max<size_t>(bytes, 1));
-  if (!memory) {
-    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
-                      std::string(name) + ": could not allocate " + std::to_string(bytes) +
-                          " bytes of GPU scratch memory");
-  }
-  *out = *memory;
-  return ffi::Error::Success();
-}
-
 ffi::Error FinishSparse(GpuGroup& group, const char* op, const char* label, int64_t n,
                         const uint32_t* bad, float* out, uint64_t sent, uint64_t received,
                         cudaStream_t stream) {

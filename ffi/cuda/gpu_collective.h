@@ -38,6 +38,8 @@
 
 namespace jaxcomm::collectives::gpu {
 
+using ffi_common::AllocateScratch;  // device scratch, 256-aligned (ffi/common.h)
+
 // Binds, in order: Ctx<PlatformStream>, Ctx<ScratchAllocator>, Ctx<DeviceOrdinal>, Arg
 // coordinates, Arg token, Attr collective (CollectiveAttrs): the same operands and attributes
 // as BindCollective (the CPU handlers), so one ffi_call lowers to either platform.
@@ -215,9 +217,5 @@ struct GpuCollective<Impl, kSplittable,
 
 // ffi::Error for a failed CUDA call, or Success.
 ffi::Error CheckCuda(const char* name, cudaError_t error, const char* what);
-
-// Device scratch of `bytes` (256-aligned), or a ResourceExhausted error naming the collective.
-ffi::Error AllocateScratch(ffi::ScratchAllocator& scratch, const char* name, size_t bytes,
-                           void** out);
 
 }  // namespace jaxcomm::collectives::gpu
