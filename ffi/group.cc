@@ -412,11 +412,8 @@ void ResetMetrics() {
 
 // ctypes entry points for jaxcomm.metrics(): copy the JSON into `buffer` and return its full
 // length (call again with a larger buffer when the return value >= capacity).
-extern "C" __attribute__((visibility("default"))) int64_t jaxcomm_metrics_json(char* buffer,
-                                                                               int64_t capacity) {
+JAXCOMM_C_API int64_t jaxcomm_metrics_json(char* buffer, int64_t capacity) {
   return jaxcomm::ffi_common::CopyJson(jaxcomm::collectives::MetricsJson(), buffer, capacity);
 }
 
-extern "C" __attribute__((visibility("default"))) void jaxcomm_metrics_reset() {
-  jaxcomm::collectives::ResetMetrics();
-}
+JAXCOMM_C_API void jaxcomm_metrics_reset() { jaxcomm::collectives::ResetMetrics(); }

@@ -54,8 +54,7 @@ JAXCOMM_DEFINE_HANDLER(JaxcommMark, jaxcomm::timeline::MarkImpl,
 
 // ctypes entry point for jaxcomm.timeline.marks(): the marks as JSON, like jaxcomm_metrics_json
 // (returns the full length; call again with a larger buffer when it is >= capacity).
-extern "C" __attribute__((visibility("default"))) int64_t jaxcomm_marks_json(char* buffer,
-                                                                             int64_t capacity) {
+JAXCOMM_C_API int64_t jaxcomm_marks_json(char* buffer, int64_t capacity) {
   jaxcomm::ffi_common::TextBuilder out;
   out << "[";
   {
@@ -71,7 +70,7 @@ extern "C" __attribute__((visibility("default"))) int64_t jaxcomm_marks_json(cha
   return jaxcomm::ffi_common::CopyJson(out.str(), buffer, capacity);
 }
 
-extern "C" __attribute__((visibility("default"))) void jaxcomm_marks_reset() {
+JAXCOMM_C_API void jaxcomm_marks_reset() {
   std::lock_guard<std::mutex> lock(jaxcomm::timeline::g_marks_mu);
   jaxcomm::timeline::g_marks.clear();
 }

@@ -9,10 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "ffi/common.h"
 #include "ffi/transport/ucx_world.h"
 #include "ffi/transport/world_registry.h"
-
-#define JAXCOMM_C_API extern "C" __attribute__((visibility("default")))
 
 namespace {
 
