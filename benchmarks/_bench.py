@@ -68,7 +68,11 @@ def jaxcomm_cli(*argv: str) -> list[str]:
 
 
 def write_job_recipe(
-    args: argparse.Namespace, path: pathlib.Path, job: str, job_args: dict[str, Any]
+    args: argparse.Namespace,
+    path: pathlib.Path,
+    job: str,
+    job_args: dict[str, Any],
+    env: dict[str, str] | None = None,
 ) -> None:
     """Writes the recipe of ``benchmarks/<job>.py``: job `job` with `job_args` on the backend,
     world and timeout the script's arguments ask for.
@@ -79,6 +83,7 @@ def write_job_recipe(
       path: where the YAML goes.
       job: the launcher job (``allreduce``, ``overlap``).
       job_args: the job's ``args``.
+      env: extra environment variables of the ranks (the recipe's ``env``).
 
     Example:
       >>> import tempfile
@@ -97,6 +102,8 @@ def write_job_recipe(
         "args": job_args,
         "timeout": args.timeout,
     }
+    if env:
+        recipe["env"] = env
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
 
 

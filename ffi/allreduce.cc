@@ -1,5 +1,7 @@
-// Dense allreduce over UCX: ring reduce-scatter + ring allgather, the bandwidth-optimal
-// schedule (each rank sends and receives 2(P-1)/P * n elements).
+// Dense allreduce: the schedules of ffi/allreduce.h over UCX (ring reduce-scatter + ring
+// allgather, the bandwidth-optimal schedule: each rank sends and receives 2(P-1)/P * n
+// elements; recursive doubling for small vectors), and the choice among them and the
+// shared-memory ones (DenseAllreduce).
 #include "ffi/allreduce.h"
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include "ffi/engine.h"
 #include "ffi/group.h"
 #include "ffi/ring_schedule.h"
+#include "ffi/transport/ucx_world.h"
 #include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -136,6 +139,89 @@ ffi::Error RingAllreduce(Group& group, const float* x, float* data, int64_t n,
   return ffi::Error::Success();
 }
 
+// DoublingAllreduce (ffi/allreduce.h).
+ffi::Error DoublingAllreduce(Group& group, const float* x, float* data, int64_t n,
+                             std::vector<float>* scratch) {
+  const int parts = group.size();
+  const int rank = group.rank();
+  if (data != x) {
+    TimedWork timed(group, Work::kCopy);
+    std::memcpy(data, x, sizeof(float) * n);
+  }
+  if (parts == 1) return ffi::Error::Success();
+  scratch->resize(static_cast<size_t>(std::max<int64_t>(1, n)));
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+  int p2 = 1;
+  while (p2 * 2 <= parts) p2 *= 2;
+  const int paired = 2 * (parts - p2);  // ranks [0, paired) fold in pairs
+  // This rank's index among the p2 that exchange (-1: folded into rank + 1), and back.
+  const int virtual_rank = rank < paired ? (rank % 2 == 1 ? rank / 2 : -1) : rank - paired / 2;
+  auto real_rank = [&](int v) { return v < paired / 2 ? 2 * v + 1 : v + paired / 2; };
+  uint32_t step = 0;
+  size_t got = 0;
+  if (rank < paired) {
+    if (virtual_rank < 0) {
+      JAXCOMM_RETURN_IF_ERROR(group.Send(rank + 1, data, bytes, step));
+    } else {
+      JAXCOMM_RETURN_IF_ERROR(group.Recv(rank - 1, scratch->data(), bytes, &got, step));
+      JAXCOMM_RETURN_IF_ERROR(CheckReceived(group, got, bytes, rank - 1));
+      TimedWork timed(group, Work::kReduce);
+      kernels::Add(data, scratch->data(), data, n);  // x[rank - 1] + x[rank]: rank order
+    }
+  }
+  ++step;
+  for (int mask = 1; mask < p2; mask <<= 1, ++step) {
+    if (virtual_rank < 0) continue;
+    const int partner = real_rank(virtual_rank ^ mask);
+    JAXCOMM_RETURN_IF_ERROR(
+        group.SendRecv(partner, data, bytes, partner, scratch->data(), bytes, &got, step));
+    JAXCOMM_RETURN_IF_ERROR(CheckReceived(group, got, bytes, partner));
+    TimedWork timed(group, Work::kReduce);
+    kernels::AddInto(data, scratch->data(), n);  // a + b here, b + a there: the same bits
+  }
+  if (rank < paired) {
+    if (virtual_rank < 0) {
+      JAXCOMM_RETURN_IF_ERROR(group.Recv(rank + 1, data, bytes, &got, step));
+      JAXCOMM_RETURN_IF_ERROR(CheckReceived(group, got, bytes, rank + 1));
+    } else {
+      JAXCOMM_RETURN_IF_ERROR(group.Send(rank - 1, data, bytes, step));
+    }
+  }
+  group.MarkPhase("doubling");
+  return ffi::Error::Success();
+}
+
+size_t SmallAllreduceBytes() {
+  // An invalid value was refused by jaxcomm.config at import; the default then stands here.
+  static const size_t bytes = [] {
+    double value = 0;
+    const std::string bad = transport::ReadNumberEnv(
+        "JAXCOMM_SMALL_ALLREDUCE_BYTES", static_cast<double>(kSmallAllreduceBytes), true, &value);
+    return bad.empty() ? static_cast<size_t>(value) : kSmallAllreduceBytes;
+  }();
+  return bytes;
+}
+
+// DenseAllreduce (ffi/allreduce.h): the table at the top of ffi/allreduce.h.
+ffi::Error DenseAllreduce(Group& group, const float* x, float* data, int64_t n,
+                          std::vector<float>* scratch, const char** algorithm) {
+  const bool small = sizeof(float) * static_cast<size_t>(n) <= SmallAllreduceBytes();
+  const char* label;
+  ffi::Error error;
+  if (group.size() > 1 && group.SharesMemoryWithAll()) {
+    // Every member's memory is readable from here (same process or same host): reduce
+    // straight from the peers' inputs, no transport in between.
+    label = small ? "dense_direct_oneshot" : "dense_direct";
+    error = small ? DirectAllreduceOneShot(group, x, data, n) : DirectAllreduce(group, x, data, n);
+  } else {
+    label = small ? "dense_doubling" : "dense";
+    error = small ? DoublingAllreduce(group, x, data, n, scratch)
+                  : RingAllreduce(group, x, data, n, scratch);
+  }
+  if (algorithm != nullptr) *algorithm = label;
+  return error;
+}
+
 namespace {
 
 ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& caller,
@@ -147,16 +233,11 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& calle
   std::unique_ptr<Group> group;
   JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kAllreduceOp, caller), &group));
   kernels::AdviseHugePages(out->typed_data(), sizeof(float) * n);
-  if (group->size() > 1 && group->SharesMemoryWithAll()) {
-    // Every member's memory is readable from here (same process or same host): reduce
-    // straight from the peers' inputs into the output, no transport in between.
-    JAXCOMM_RETURN_IF_ERROR(DirectAllreduce(*group, x.typed_data(), out->typed_data(), n));
-    group->Finish("dense_direct", n);
-  } else {
-    thread_local std::vector<float> scratch;
-    JAXCOMM_RETURN_IF_ERROR(RingAllreduce(*group, x.typed_data(), out->typed_data(), n, &scratch));
-    group->Finish("dense", n);
-  }
+  thread_local std::vector<float> scratch;
+  const char* algorithm = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(
+      DenseAllreduce(*group, x.typed_data(), out->typed_data(), n, &scratch, &algorithm));
+  group->Finish(algorithm, n);
   return ffi::Error::Success();
 }
 
@@ -165,3 +246,8 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& calle
 JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduce, AllreduceImpl, BindDenseData);
 
 }  // namespace jaxcomm::collectives
+
+// SmallAllreduceBytes(), for jaxcomm/cost.py's byte counts and times.
+JAXCOMM_C_API int64_t jaxcomm_allreduce_small_bytes() {
+  return static_cast<int64_t>(jaxcomm::collectives::SmallAllreduceBytes());
+}

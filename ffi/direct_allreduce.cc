@@ -201,4 +201,56 @@ ffi::Error DirectAllreduce(Group& group, const float* x, float* out, int64_t n) 
   return DirectAllgather(group, out, n, &step);
 }
 
+ffi::Error DirectAllreduceOneShot(Group& group, const float* x, float* out, int64_t n) {
+  const int parts = group.size();
+  const int rank = group.rank();
+  float* const staging = Staged(group, n) ? group.StagingArea(rank) : nullptr;
+  if (staging != nullptr) {
+    TimedWork timed(group, Work::kCopy);
+    std::memcpy(staging, x, sizeof(float) * n);
+  }
+  uint32_t step = 0;
+  const uint32_t ready = step++;
+  const Notice mine{transport::UcxWorld::AddressOf(x), transport::UcxWorld::AddressOf(out), n};
+  group.PostNotice(ready, &mine);
+  // Peers may read x itself (unstaged): when out is x, sum into `acc` and copy after the done
+  // round.
+  thread_local std::vector<float> acc, copied;
+  const bool aliased = out == x && staging == nullptr;
+  if (aliased) acc.resize(static_cast<size_t>(n));
+  float* const sum = aliased ? acc.data() : out;
+  for (int q = 0; q < parts; ++q) {
+    // This rank's own x from its staging copy: with out == x, summing may overwrite x first.
+    const float* input = staging != nullptr ? staging : x;
+    if (q != rank) {
+      Notice notice;
+      JAXCOMM_RETURN_IF_ERROR(WaitForPeer(group, q, n, ready, &notice));
+      if (staging != nullptr) {
+        input = group.StagingArea(q);
+      } else if (const void* local = group.LocalPointer(q, notice.input)) {
+        input = static_cast<const float*>(local);
+      } else {
+        TimedWork timed(group, Work::kCopy);
+        copied.resize(static_cast<size_t>(n));
+        JAXCOMM_RETURN_IF_ERROR(group.ReadFrom(q, notice.input, copied.data(), sizeof(float) * n));
+        input = copied.data();
+      }
+    }
+    TimedWork timed(group, Work::kReduce);
+    if (q == 0) {
+      if (input != sum) std::memcpy(sum, input, sizeof(float) * n);
+    } else {
+      kernels::AddInto(sum, input, n);  // ((x0 + x1) + x2) + ...: rank order on every rank
+    }
+  }
+  const uint64_t bytes = sizeof(float) * static_cast<uint64_t>(n) * (parts - 1);
+  group.CountTraffic(bytes, bytes);  // every peer reads all of this rank's x, and vice versa
+  const uint32_t done_step = step++;
+  group.PostNotice(done_step);
+  JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(done_step, nullptr));
+  if (aliased) std::memcpy(out, acc.data(), sizeof(float) * n);
+  group.MarkPhase("oneshot");
+  return ffi::Error::Success();
+}
+
 }  // namespace jaxcomm::collectives

@@ -45,4 +45,11 @@ ffi::Error DirectBroadcast(Group& group, int root, float* out, int64_t n, uint32
 // Reduce-scatter then allgather: out = sum over the group of x (out may alias x).
 ffi::Error DirectAllreduce(Group& group, const float* x, float* out, int64_t n);
 
+// The same sum for small vectors, in two notice rounds instead of three: every rank reads
+// every input (staged, as above, when the group spans processes) and sums all n elements in
+// rank order itself, so every rank computes the same bits; then it waits until no peer reads
+// its x any more. Reads (P - 1)·n floats per rank instead of 2(P - 1)/P·n, which pays only
+// for latency-bound vectors (ffi/allreduce.h, kSmallAllreduceBytes). out may alias x.
+ffi::Error DirectAllreduceOneShot(Group& group, const float* x, float* out, int64_t n);
+
 }  // namespace jaxcomm::collectives

@@ -264,15 +264,13 @@ ffi::Error BeginHierarchical(const char* op, const Caller& caller, const Hierarc
   return Group::Begin(node, &groups->node);
 }
 
-// Allreduce of data[0, n) across nodes: dense ring, or quantized with the residual of the
-// quantized part in residual_out (zero elsewhere is the caller's job).
+// Allreduce of data[0, n) across nodes: dense (ffi/allreduce.h's schedules), or quantized with the
+// residual of the quantized part in residual_out (zero elsewhere is the caller's job).
 ffi::Error InterNode(Group& node, const QuantizerSpec* spec, float* data, int64_t n,
                      float* residual_out, const kernels::TaskRunner& run) {
   thread_local std::vector<float> scratch;
-  if (spec == nullptr && node.size() > 1 && node.SharesMemoryWithAll()) {
-    return DirectAllreduce(node, data, data, n);  // nodes of one host (tests, benchmarks)
-  }
-  if (spec == nullptr) return RingAllreduce(node, data, data, n, &scratch);
+  // Nodes of one host (tests, benchmarks) reduce through shared memory.
+  if (spec == nullptr) return DenseAllreduce(node, data, data, n, &scratch);
   return QuantizedAllreduce(node, *spec, data, nullptr, n, data, residual_out, run);
 }
 

@@ -68,6 +68,8 @@ C_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "jaxcomm_metrics_reset": (None, []),
     "jaxcomm_marks_json": (_i64, [_str, _i64]),
     "jaxcomm_marks_reset": (None, []),
+    # ffi/allreduce.h: the largest vector (bytes) of the small-vector dense schedules
+    "jaxcomm_allreduce_small_bytes": (_i64, []),
     # ffi/world_api.cc: the UCX world
     "jaxcomm_world_last_error": (_str, []),
     "jaxcomm_world_default_timeout_s": (_f64, []),

@@ -123,6 +123,17 @@ SETTINGS: dict[str, Setting] = {
             _choice("1", "0"),
         ),
         Setting(
+            "JAXCOMM_SMALL_ALLREDUCE_BYTES",
+            "32768",
+            "bytes, an integer >= 0",
+            "C++ ffi/allreduce.cc (SmallAllreduceBytes); Python jaxcomm/cost.py reads it back "
+            "through jaxcomm_allreduce_small_bytes",
+            "Dense float32 allreduces of at most this many bytes take the latency-optimal "
+            "schedules (recursive doubling over a transport, one-shot through shared memory) "
+            "instead of the ring or the direct reduce-scatter + allgather; 0 turns them off.",
+            _number(int, 0, exclusive=False),
+        ),
+        Setting(
             "JAXCOMM_NCCL_LIBRARY",
             "",
             "a path to libnccl.so.2, or empty",

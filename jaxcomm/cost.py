@@ -598,6 +598,104 @@ def quantized_bytes(kind: str, n: int, parts: int, rank: int, options: Options) 
     return _F32 * words
 
 
+def small_allreduce_bytes() -> int:
+    """The largest dense float32 allreduce (bytes) that takes the small-vector schedules.
+
+    ``JAXCOMM_SMALL_ALLREDUCE_BYTES`` as the C++ library reads it (ffi/allreduce.h): vectors up
+    to this size run recursive doubling over a transport and the one-shot read through shared
+    memory, larger ones the ring and the direct reduce-scatter + allgather.
+
+    Returns:
+      Bytes (0: the small-vector schedules are off).
+
+    Example:
+      >>> small_allreduce_bytes() >= 0
+      True
+    """
+    from jaxcomm import _ffi  # the library is the one place that reads the setting
+
+    return int(_ffi.library().jaxcomm_allreduce_small_bytes())
+
+
+def _doubling_rounds(parts: int) -> tuple[int, int]:
+    """(log2 of the largest power of two p2 <= parts, ranks that fold in pairs)."""
+    p2 = 1 << (parts.bit_length() - 1)
+    return p2.bit_length() - 1, 2 * (parts - p2)
+
+
+def doubling_bytes(n: int, parts: int, rank: int) -> int:
+    """Bytes rank ``rank`` sends in jaxcomm's recursive-doubling allreduce of ``n`` float32.
+
+    Every exchange sends the whole vector (ffi/allreduce.cc, DoublingAllreduce). When ``parts``
+    is not a power of two, the first 2(P - p2) ranks pair up: the even one sends its vector
+    once and receives the result, the odd one exchanges for both and sends the result back.
+
+    Args:
+      n: elements.
+      parts: ranks in the group.
+      rank: this rank's index in the group.
+
+    Returns:
+      Bytes sent.
+
+    Example:
+      >>> [doubling_bytes(10, 3, r) for r in range(3)]
+      [40, 80, 40]
+    """
+    if parts <= 1:
+        return 0
+    rounds, paired = _doubling_rounds(parts)
+    if rank < paired:
+        return _F32 * n * (1 if rank % 2 == 0 else rounds + 1)
+    return _F32 * n * rounds
+
+
+def oneshot_bytes(n: int, parts: int, rank: int) -> int:
+    """Bytes rank ``rank`` "sends" in jaxcomm's one-shot shared-memory allreduce of ``n`` float32.
+
+    Every peer reads all of this rank's input (ffi/direct_allreduce.h, DirectAllreduceOneShot).
+
+    Args:
+      n: elements.
+      parts: ranks in the group.
+      rank: this rank's index in the group (every rank sends as much).
+
+    Returns:
+      Bytes sent.
+
+    Example:
+      >>> oneshot_bytes(10, 3, 0)
+      80
+    """
+    del rank
+    return (parts - 1) * _F32 * n if parts > 1 else 0
+
+
+def dense_bytes(n: int, parts: int, rank: int, shared_memory: bool) -> int:
+    """Bytes rank ``rank`` sends in ``jaxcomm.allreduce`` of ``n`` float32 over ``parts`` ranks.
+
+    The schedule of ffi/allreduce.h: by where the ranks are (``shared_memory``: one host) and
+    by size (:func:`small_allreduce_bytes`).
+
+    Args:
+      n: elements.
+      parts: ranks in the group.
+      rank: this rank's index in the group.
+      shared_memory: whether every rank of the group reads the others' memory (one host).
+
+    Returns:
+      Bytes sent.
+
+    Example:
+      >>> dense_bytes(1 << 20, 2, 0, shared_memory=False) == ring_bytes(1 << 20, 2, 0)
+      True
+    """
+    small = _F32 * n <= small_allreduce_bytes()
+    if shared_memory:
+        return (oneshot_bytes if small else direct_bytes)(n, parts, rank)
+    return (doubling_bytes if small else ring_bytes)(n, parts, rank)
+
+
 def _hier_parts(algorithm: str) -> tuple[str | None, bool]:
     """(quantizer kind or None for dense, single leader?) of a hier_* algorithm."""
     name = algorithm.removeprefix("hier_")
@@ -626,8 +724,8 @@ def bytes_sent(
       Bytes (an integer value for one rank, the mean otherwise).
 
     Example:
-      >>> bytes_sent("dense", 1000, World(processes=4))
-      6000.0
+      >>> bytes_sent("dense", 100_000, World(processes=4))
+      600000.0
     """
     options = options or Options()
     _check_algorithm(algorithm)
@@ -642,10 +740,10 @@ def bytes_sent(
     if n == 0 or p == 1:
         return 0.0
     one_host = world.flat_link() != "across_hosts"
-    if algorithm == "psum" or (algorithm == "dense" and not one_host):
+    if algorithm == "psum":
         return float(ring_bytes(n, p, rank))
     if algorithm == "dense":
-        return float(direct_bytes(n, p, rank))
+        return float(dense_bytes(n, p, rank, shared_memory=one_host))
     if algorithm == "topk_allgather":
         return float((p - 1) * 2 * options.k(n) * _F32)
     if algorithm == "gtopk":
@@ -661,8 +759,7 @@ def bytes_sent(
         if nodes == 1:
             return 0
         if kind is None:
-            same_host = world.inter_process == "same_host"
-            return (direct_bytes if same_host else ring_bytes)(m, nodes, node)
+            return dense_bytes(m, nodes, node, shared_memory=world.inter_process == "same_host")
         return quantized_bytes(kind, m, nodes, node, options)
 
     # A node's ranks share a process: its reduce-scatter and allgather are the shared-memory
@@ -762,13 +859,51 @@ def ring_path(n: int, parts: int) -> tuple[int, int]:
     return steps, steps * _ceil_div(n, parts) * _F32
 
 
-def _ring_time(t: _Tally, n: int, parts: int, link: str, contention: int = 1) -> None:
-    """Ring reduce-scatter + allgather of n floats (ffi/allreduce.cc)."""
+def dense_path(n: int, parts: int, shared_memory: bool) -> tuple[int, int, int]:
+    """The critical path of ``jaxcomm.allreduce``'s schedule (ffi/allreduce.h) of n float32.
+
+    Over a transport: recursive doubling (small vectors) or the pipelined ring. Through shared
+    memory: the one-shot (small) or the direct reduce-scatter + allgather, whose "messages"
+    are notice rounds and whose bytes are what a rank reads from its peers.
+
+    Args:
+      n: elements.
+      parts: ranks in the group.
+      shared_memory: whether the ranks read each other's memory (one host).
+
+    Returns:
+      ``(messages, bytes, summed)``: latency steps and bytes one rank moves in sequence, and
+      the elements its reductions add (beyond the first copy of x into the output).
+
+    Example:
+      >>> dense_path(1 << 20, 4, shared_memory=False)
+      (6, 6291456, 786432)
+    """
     if parts <= 1 or n == 0:
+        return 0, 0, 0
+    if _F32 * n <= small_allreduce_bytes():
+        if shared_memory:
+            return 2, (parts - 1) * n * _F32, (parts - 1) * n
+        rounds, paired = _doubling_rounds(parts)
+        steps = rounds + (2 if paired else 0)
+        return steps, steps * n * _F32, (rounds + (1 if paired else 0)) * n
+    chunk = _ceil_div(n, parts)
+    if shared_memory:
+        return 3, 2 * (parts - 1) * chunk * _F32, (parts - 1) * chunk
+    steps, nbytes = ring_path(n, parts)
+    return steps, nbytes, (parts - 1) * chunk
+
+
+def _dense_time(t: _Tally, n: int, parts: int, link: str, contention: int = 1) -> None:
+    """``jaxcomm.allreduce``'s schedule of n floats over ``link`` (:func:`dense_path`)."""
+    shared_memory = link != "across_hosts"
+    messages, nbytes, summed = dense_path(n, parts, shared_memory)
+    if messages == 0:
         return
-    messages, nbytes = ring_path(n, parts)
     t.send(link, messages, nbytes, contention)
-    t.kernel("sum", (parts - 1) * _ceil_div(n, parts))
+    t.kernel("sum", summed)
+    if link == "same_host" and _F32 * n > small_allreduce_bytes():
+        t.kernel("sum", n)  # staging: x into this rank's shared area
 
 
 def _quantized_time(
@@ -835,12 +970,12 @@ def predict(
             # the links allow a ring to be (a profile from loopback planning a network).
             messages, nbytes = ring_path(n, p)
             wire = profile.links[flat].seconds(messages, nbytes)
-            fitted = profile.psum.seconds(1, bytes_sent("dense", n, world, options, 0))
+            fitted = profile.psum.seconds(1, bytes_sent("psum", n, world, options, 0))
             t.comm += max(fitted, wire)
             t.messages += messages
     elif algorithm == "dense":
-        t.kernel("sum", n)  # copy of x into the output
-        _ring_time(t, n, p, flat)
+        t.kernel("sum", n)  # x into the output: a copy, or the first pass of the reduction
+        _dense_time(t, n, p, flat)
     elif algorithm in ("topk_allgather", "gtopk"):
         k = options.k(n)
         t.kernel("topk", n)
@@ -874,7 +1009,7 @@ def predict(
         if not leader or local == 1:
             # Every local rank runs its own inter-node allreduce through the process's link.
             if kind is None:
-                _ring_time(t, chunk, nodes, inter_link, contention=local)
+                _dense_time(t, chunk, nodes, inter_link, contention=local)
             else:
                 _quantized_time(t, kind, chunk, nodes, inter_link, options, local)
             if local > 1:
@@ -882,7 +1017,7 @@ def predict(
         else:
             t.send("same_process", local - 1, (local - 1) * chunk * _F32)  # gather to leader
             if kind is None:
-                _ring_time(t, n, nodes, inter_link)
+                _dense_time(t, n, nodes, inter_link)
             else:
                 _quantized_time(t, kind, n, nodes, inter_link, options, 1)
             t.send("same_process", local - 1, (local - 1) * n * _F32)  # leader sends the sum

@@ -17,7 +17,10 @@ def metrics() -> dict[str, Any]:
     Returns:
       ``{"totals": [...], "recent": [...]}``. Each total aggregates one (world rank, API name,
       algorithm); the algorithm labels are those of ``jaxcomm.cost`` (``dense``,
-      ``topk_allgather``, ``gtopk``, ``onebit``, ``threshold``, ``adaptive``), ``dense_bf16`` /
+      ``topk_allgather``, ``gtopk``, ``onebit``, ``threshold``, ``adaptive``; ``dense`` is the
+      ring over a transport, and the dense schedules of ffi/allreduce.h add
+      ``dense_doubling`` (small vectors over a transport), ``dense_direct`` and
+      ``dense_direct_oneshot`` (through shared memory, large and small)), ``dense_bf16`` /
       ``dense_f16`` (the 16-bit wire) and ``hierarchical_<dense|onebit|threshold|adaptive>``
       (``_leader`` for the single-leader scheme): ``calls``, ``group_size``, ``elements``, ``bytes_sent``, ``bytes_received``,
       ``seconds``, ``dense_bytes_sent`` (what a dense float32 schedule would have sent; equal

@@ -110,6 +110,12 @@ def main() -> None:
         ours, psum = f(x)
         save(f"allreduce/{n}", "out", ours)
         save(f"allreduce/{n}", "psum", psum)
+    # Which schedule each size took (ffi/allreduce.h: by where the ranks are and by size).
+    recent = [r for r in jaxcomm.metrics()["recent"] if r["name"] == "jaxcomm.allreduce"]
+    for n in sizes:
+        results[f"metrics/allreduce_algorithm/{n}"] = np.asarray(
+            sorted({r["algorithm"] for r in recent if r["elements"] == n})
+        )
 
     # A 2-D array, reduced as a whole.
     x2 = shard(inputs(6 * 35, 5).reshape(world, 6, 35))
@@ -161,9 +167,6 @@ def main() -> None:
     totals = jaxcomm.metrics()["totals"]
     results["metrics/calls"] = np.asarray(sum(t["calls"] for t in totals))
     results["metrics/bytes_sent"] = np.asarray(sum(t["bytes_sent"] for t in totals))
-    results["metrics/allreduce_algorithms"] = np.asarray(
-        sorted({t["algorithm"] for t in totals if t["name"] == "jaxcomm.allreduce"})
-    )
     np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
     print("WORKER DONE", flush=True)
 

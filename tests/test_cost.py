@@ -141,8 +141,27 @@ def test_sparse_bytes_scale_as_the_papers_say():
     # Dense ring: 2(P-1)/P of the vector per rank; on one host the shared-memory path moves
     # as much (its notices go through shared memory and send nothing).
     across = cost.World(8, 1, "across_hosts")
-    assert cost.bytes_sent("dense", 8000, across) == pytest.approx(2 * 7 / 8 * 8000 * 4)
-    assert cost.bytes_sent("dense", 8000, cost.World(8)) == 2 * 7 / 8 * 8000 * 4
+    assert cost.bytes_sent("dense", 80000, across) == pytest.approx(2 * 7 / 8 * 80000 * 4)
+    assert cost.bytes_sent("dense", 80000, cost.World(8)) == 2 * 7 / 8 * 80000 * 4
+    # Up to 32 KiB: recursive doubling sends the whole vector log2(P) times, the one-shot
+    # lets each of the P - 1 peers read all of it.
+    assert cost.bytes_sent("dense", 8000, across) == 3 * 8000 * 4
+    assert cost.bytes_sent("dense", 8000, cost.World(8)) == 7 * 8000 * 4
+
+
+def test_small_schedule_bytes_by_hand():
+    # P = 6: p2 = 4, ranks 0-3 fold in pairs (0 -> 1, 2 -> 3); 1, 3, 4, 5 exchange twice; the
+    # odd ones of a pair also send the result back.
+    assert [cost.doubling_bytes(10, 6, r) for r in range(6)] == [40, 120, 40, 120, 80, 80]
+    assert [cost.doubling_bytes(10, 4, r) for r in range(4)] == [80] * 4
+    assert cost.doubling_bytes(10, 1, 0) == cost.oneshot_bytes(10, 1, 0) == 0
+    limit = cost.small_allreduce_bytes()
+    assert limit == 32 * 1024  # JAXCOMM_SMALL_ALLREDUCE_BYTES' default (jaxcomm/config.py)
+    n = limit // 4
+    assert cost.dense_bytes(n, 4, 0, shared_memory=False) == cost.doubling_bytes(n, 4, 0)
+    assert cost.dense_bytes(n + 1, 4, 0, shared_memory=False) == cost.ring_bytes(n + 1, 4, 0)
+    assert cost.dense_bytes(n, 4, 0, shared_memory=True) == cost.oneshot_bytes(n, 4, 0)
+    assert cost.dense_bytes(n + 1, 4, 0, shared_memory=True) == cost.direct_bytes(n + 1, 4, 0)
 
 
 def test_overlap_hides_communication_only():

@@ -26,13 +26,13 @@ def test_local_launch_writes_metrics_summary_and_plots(tmp_path, processes):
     res = run_cli("launch", str(recipe), "--out", str(out), cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     # What jaxcomm.metrics() measured for each step of the smoke job's dense allreduce of
-    # 4096 float32 per rank. The local backend's ranks share a host, so the allreduce takes the
-    # shared-memory path: the ring's 2 (P - 1)/P of the vector, sent and received (its notices
-    # go through shared memory and count nothing).
-    ring = 2 * (processes - 1) * 4096 * 4 // processes
+    # 4096 float32 per rank. The local backend's ranks share a host and the vector is small
+    # (16 KiB), so the allreduce takes the one-shot shared-memory path: every peer reads all of
+    # a rank's vector (its notices go through shared memory and count nothing).
+    oneshot = (processes - 1) * 4096 * 4
     for rank in range(processes):
-        want = cost.direct_bytes(4096, processes, rank)
-        assert want == ring
+        want = cost.bytes_sent("dense", 4096, cost.World(processes), rank=rank)
+        assert want == oneshot
         lines = (out / "dense" / f"rank{rank}.jsonl").read_text().splitlines()
         assert len(lines) == 3
         for step, line in enumerate(lines):

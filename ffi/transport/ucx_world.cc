@@ -172,10 +172,6 @@ void SleepNs(int64_t ns) {
 
 }  // namespace
 
-namespace {
-
-// Reads the number in env `name` into *value (`fallback` when unset or empty). Returns "" or,
-// for an invalid value, the error naming the variable.
 std::string ReadNumberEnv(const char* name, double fallback, bool zero_allowed, double* value) {
   *value = fallback;
   const char* env = std::getenv(name);
@@ -192,8 +188,6 @@ std::string ReadNumberEnv(const char* name, double fallback, bool zero_allowed, 
   *value = parsed;
   return "";
 }
-
-}  // namespace
 
 std::chrono::nanoseconds DefaultTimeout() {
   // An invalid value was already refused by UcxWorld::Create (and by jaxcomm.config at import);

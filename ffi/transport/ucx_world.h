@@ -60,6 +60,11 @@ std::chrono::nanoseconds DefaultTimeout();
 // Clock::now() + DefaultTimeout().
 Deadline DefaultDeadline();
 
+// Reads the number in env `name` into *value (`fallback` when unset or empty), strictly, as
+// jaxcomm/config.py checks it at import: the whole text one finite number, > 0 (>= 0 with
+// `zero_allowed`). Returns "" or, for an invalid value, the error naming the variable.
+std::string ReadNumberEnv(const char* name, double fallback, bool zero_allowed, double* value);
+
 // ---- Tags -------------------------------------------------------------------------------
 // 64-bit UCX tag layout (receives match all 64 bits, so two collectives or two steps can
 // never take each other's messages):

@@ -16,9 +16,13 @@ warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
   them with ``dense``/``psum`` in a world with ``devices_per_process`` > 1 (flat over all ranks).
 
 Recipe ``args``: sizes (float32 elements per device), repeats (>= 5), density (default
-0.001), algorithms, tau (threshold), proportion (adaptive), allowed and profile (``auto``). One metrics line per timed call:
-algorithm, size_bytes, step_time_s, bytes_sent/bytes_received (measured by jaxcomm's
-counters for jaxcomm algorithms; the ring-allreduce volume for psum).
+0.001), algorithms, tau (threshold), proportion (adaptive), allowed and profile (``auto``),
+chain (default 1: allreduces per timed call, each on the previous one's result scaled by
+1/P, so that latency-bound sizes are timed back to back instead of each behind the Python
+work and rank skew between calls). One metrics line per timed call: algorithm, size_bytes,
+chain, step_time_s (per allreduce: the call's time / chain), bytes_sent/bytes_received (per
+allreduce; measured by jaxcomm's counters for jaxcomm algorithms; the ring-allreduce volume
+for psum).
 """
 
 from __future__ import annotations
@@ -113,6 +117,20 @@ def _step(algorithm: str, args: dict) -> Callable:
     return step
 
 
+def _chained(fn: Callable, chain: int, ranks: int) -> Callable:
+    """``fn`` applied ``chain`` times in a row, each on the last sum scaled by 1/ranks."""
+    if chain == 1:
+        return fn
+
+    def chained(v: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
+        for _ in range(chain - 1):
+            summed, r = fn(v, r)
+            v = summed * (1.0 / ranks)  # the next allreduce depends on this one
+        return fn(v, r)
+
+    return chained
+
+
 def run(ctx: JobContext) -> None:
     """Measures every requested algorithm at every size; rank 0 prints medians.
 
@@ -129,6 +147,9 @@ def run(ctx: JobContext) -> None:
 
     sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
     repeats = int(ctx.args.get("repeats", 5))
+    chain = int(ctx.args.get("chain", 1))
+    if chain < 1:
+        raise ValueError(f"args.chain must be an integer >= 1, got {chain}")
     algorithms = list(ctx.args.get("algorithms", ALL_ALGORITHMS))
     unknown = sorted(set(algorithms) - set(ALL_ALGORITHMS) - {AUTO})
     if unknown:
@@ -150,7 +171,7 @@ def run(ctx: JobContext) -> None:
                 mesh, spec = flat_mesh, P(AXIS)
                 x = shard_batch(local, mesh)
                 zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
-            fn = _step(algorithm, ctx.args)
+            fn = _chained(_step(algorithm, ctx.args), chain, mesh.size)
             # The residual is donated, as a training step does with its optimizer state.
             compiled = jax.jit(
                 jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
@@ -168,20 +189,21 @@ def run(ctx: JobContext) -> None:
                 jaxcomm.reset_metrics()
                 t0 = time.perf_counter()
                 _, residual = jax.block_until_ready(compiled(x, residual))
-                dt = time.perf_counter() - t0
+                dt = (time.perf_counter() - t0) / chain
                 times.append(dt)
                 if algorithm == "psum":
                     sent = received = ring_allreduce_bytes(size * 4, mesh.size)
                 else:
                     totals = jaxcomm.metrics()["totals"]
                     ranks = max(1, len({t["world_rank"] for t in totals}))
-                    sent = sum(t["bytes_sent"] for t in totals) / ranks
-                    received = sum(t["bytes_received"] for t in totals) / ranks
+                    sent = sum(t["bytes_sent"] for t in totals) / ranks / chain
+                    received = sum(t["bytes_received"] for t in totals) / ranks / chain
                 ctx.metrics.log(
                     step_index,
                     force=True,
                     algorithm=algorithm,
                     size_bytes=size * 4,
+                    chain=chain,
                     step_time_s=dt,
                     collective_time_s=dt,
                     bytes_sent=sent,

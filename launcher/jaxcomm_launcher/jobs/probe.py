@@ -6,8 +6,10 @@ several ranks sharing cores, loopback or a shaped network. Every measurement run
 rank at once (a barrier first), the median of ``repeats`` timed calls is kept, and rank 0
 fits the model (:mod:`jaxcomm.cost`) and writes the profile:
 
-* links: jaxcomm's ring allreduce over all ranks at several sizes, fit by least squares to
-  ``2(P-1) * (alpha + chunk bytes * beta)`` after removing the call overhead and the ring's
+* links: ``jaxcomm.allreduce`` over all ranks at several sizes, fit by least squares to
+  ``messages * alpha + bytes * beta`` of the schedule it took at each size
+  (``jaxcomm.cost.dense_path``: the ring or recursive doubling over a transport, the direct
+  or one-shot path through shared memory) after removing the call overhead and the
   reduction kernel;
   this measures the slowest link class of the world: between processes (``same_host``, or
   ``across_hosts`` when the processes are on different hosts or emulated ones), or between
@@ -283,12 +285,10 @@ def run(ctx: JobContext) -> None:
     for name, (parts, ns) in rings.items():
         rows, ys = [], []
         for n in ns:
-            steps, nbytes = cost.ring_path(n, parts)
-            chunk = -(-n // parts)
+            # The schedule jaxcomm.allreduce took at this size (ring, doubling, direct, one-shot).
+            steps, nbytes, summed = cost.dense_path(n, parts, name != "across_hosts")
             rows.append([steps, nbytes])
-            ys.append(
-                max(0.0, t[f"ring.{name}.{n}"] - call - gamma["sum"] * (n + (parts - 1) * chunk))
-            )
+            ys.append(max(0.0, t[f"ring.{name}.{n}"] - call - gamma["sum"] * (n + summed)))
         alpha, beta = _fit_line(rows, ys)
         if beta <= 0.0:
             # Noise at small sizes can leave no slope: charge the largest size's time to
