@@ -166,7 +166,8 @@ ffi::Error DoublingAllreduce(Group& group, const float* x, float* data, int64_t 
       JAXCOMM_RETURN_IF_ERROR(group.Recv(rank - 1, scratch->data(), bytes, &got, step));
       JAXCOMM_RETURN_IF_ERROR(CheckReceived(group, got, bytes, rank - 1));
       TimedWork timed(group, Work::kReduce);
-      kernels::Add(data, scratch->data(), data, n);  // x[rank - 1] + x[rank]: rank order
+      // x[rank] + x[rank - 1]: the same bits as in rank order (addition commutes).
+      kernels::AddInto(data, scratch->data(), n);
     }
   }
   ++step;
