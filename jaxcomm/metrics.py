@@ -18,8 +18,11 @@ def metrics() -> dict[str, Any]:
       ``{"totals": [...], "recent": [...]}``. Each total aggregates one (world rank, API name,
       algorithm); the algorithm labels are those of ``jaxcomm.cost`` (``dense``,
       ``topk_allgather``, ``gtopk``, ``onebit``, ``threshold``, ``adaptive``), ``dense_bf16`` /
-      ``dense_f16`` (the 16-bit wire) and ``hierarchical_<dense|onebit|threshold|adaptive>``
-      (``_leader`` for the single-leader scheme): ``calls``, ``group_size``, ``elements``, ``bytes_sent``, ``bytes_received``,
+      ``dense_f16`` (the 16-bit wire), ``dense_direct`` / ``dense_bf16_direct`` /
+      ``dense_f16_direct`` (the same sums through shared memory when every rank of the group
+      is on this host; bytes as ``jaxcomm.cost.direct_bytes``) and
+      ``hierarchical_<dense|onebit|threshold|adaptive>`` (``_leader`` for the single-leader
+      scheme): ``calls``, ``group_size``, ``elements``, ``bytes_sent``, ``bytes_received``,
       ``seconds``, ``dense_bytes_sent`` (what a dense float32 schedule would have sent; equal
       to ``bytes_sent`` for dense collectives) and ``compression_ratio``
       (``dense_bytes_sent / bytes_sent``, 1.0 when nothing was sent). ``recent`` lists the
