@@ -31,6 +31,7 @@
 #include "ffi/quantized_schedule.h"
 #include "ffi/ring_schedule.h"
 #include "kernels/half.h"
+#include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
@@ -126,6 +127,8 @@ ffi::Error HalfAllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& c
   constexpr bool kBf16 = T == ffi::DataType::BF16;
   const kernels::HalfFormat format =
       kBf16 ? kernels::HalfFormat::kBFloat16 : kernels::HalfFormat::kFloat16;
+  // As the float32 allreduce: a fresh output faults in 2 MiB pages, not 4 KiB ones.
+  kernels::AdviseHugePages(out->typed_data(), sizeof(uint16_t) * n);
   if (group->size() > 1 && group->SharesMemoryWithAll()) {
     JAXCOMM_RETURN_IF_ERROR(
         DirectHalfAllreduce(*group, format, x.typed_data(), out->typed_data(), n));
