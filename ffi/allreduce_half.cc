@@ -12,6 +12,11 @@
 //   3. Ring allgather of the rounded 16-bit chunks.
 // Each rank sends 2 (P - 1)/P * n * 2 bytes, half of the float32 ring; every rank ends with the
 // same bits, and the result is the float32 sum rounded once (independent of P's ring order).
+//
+// When every member shares memory (one host), the same schedule runs without the transport,
+// as the float32 allreduce does (ffi/direct_allreduce.h, DirectHalfAllreduce): the owner reads
+// the 16-bit slices straight from the peers (or their staging areas: half the bytes of
+// float32), with the same float32 sum in rank order, so both paths give the same bits.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -20,11 +25,13 @@
 
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
+#include "ffi/direct_allreduce.h"
 #include "ffi/engine.h"
 #include "ffi/group.h"
 #include "ffi/quantized_schedule.h"
 #include "ffi/ring_schedule.h"
 #include "kernels/half.h"
+#include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
@@ -120,8 +127,16 @@ ffi::Error HalfAllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& c
   constexpr bool kBf16 = T == ffi::DataType::BF16;
   const kernels::HalfFormat format =
       kBf16 ? kernels::HalfFormat::kBFloat16 : kernels::HalfFormat::kFloat16;
-  JAXCOMM_RETURN_IF_ERROR(HalfAllreduce(*group, format, x.typed_data(), n, out->typed_data()));
-  group->Finish(kBf16 ? "dense_bf16" : "dense_f16", n);
+  // As the float32 allreduce: a fresh output faults in 2 MiB pages, not 4 KiB ones.
+  kernels::AdviseHugePages(out->typed_data(), sizeof(uint16_t) * n);
+  if (group->size() > 1 && group->SharesMemoryWithAll()) {
+    JAXCOMM_RETURN_IF_ERROR(
+        DirectHalfAllreduce(*group, format, x.typed_data(), out->typed_data(), n));
+    group->Finish(kBf16 ? "dense_bf16_direct" : "dense_f16_direct", n);
+  } else {
+    JAXCOMM_RETURN_IF_ERROR(HalfAllreduce(*group, format, x.typed_data(), n, out->typed_data()));
+    group->Finish(kBf16 ? "dense_bf16" : "dense_f16", n);
+  }
   return ffi::Error::Success();
 }
 

@@ -7,13 +7,15 @@
 
 #include "ffi/common.h"
 #include "ffi/transport/ucx_world.h"
+#include "kernels/half.h"
 #include "kernels/reduce.h"
 
 namespace jaxcomm::collectives {
 namespace {
 
 // Elements per block of the fused reduction: three blocks (accumulator and two inputs read
-// from other processes) of 256 KiB stay in a core's L2 (1 MiB on this machine).
+// from other processes) of 256 KiB stay in a core's L2 (1 MiB on this machine). 16-bit
+// inputs make half as many bytes per block, with a float32 accumulator of the same size.
 constexpr int64_t kBlock = 1 << 16;
 
 using Notice = transport::UcxWorld::Notice;
@@ -35,109 +37,128 @@ ffi::Error WaitForPeer(Group& group, int q, int64_t n, uint32_t step, Notice* no
   return ffi::Error::Success();
 }
 
-// Whether this call stages through shared areas (ucx_world.h, "Staging areas"): when a member
-// lives in another process (process_vm_readv would pin every page it reads) and the vector
-// fits. The same on every rank of the group: n is checked, the members are the same.
+// Whether this call stages n elements of T through shared areas (ucx_world.h, "Staging
+// areas"): when a member lives in another process (process_vm_readv would pin every page it
+// reads) and the vector fits. The same on every rank of the group: n is checked, the members
+// are the same.
+template <typename T = float>
 bool Staged(const Group& group, int64_t n) {
   return group.SpansProcesses() &&
-         static_cast<size_t>(n) * sizeof(float) <= transport::UcxWorld::kStagingBytes &&
+         static_cast<size_t>(n) * sizeof(T) <= transport::UcxWorld::kStagingBytes &&
          group.StagingArea(group.rank()) != nullptr;
 }
 
-}  // namespace
+// The peers' inputs during a reduce-scatter: rank q's x[at, at + len) as a pointer into this
+// process's memory (this rank's x, a peer's staging area, the x of a rank of this process),
+// or read into the caller's `buffer` (process_vm_readv). Waits for q's "here are my buffers"
+// notice of `step` the first time it is asked for q.
+template <typename T>
+class PeerInputs {
+ public:
+  PeerInputs(Group& group, const T* x, int64_t n, uint32_t step, bool staged)
+      : group_(group),
+        x_(x),
+        n_(n),
+        step_(step),
+        staged_(staged),
+        notices_(group.size()),
+        known_(group.size(), false) {}
 
-ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t n,
-                               uint32_t* step) {
+  ffi::Error Get(int q, int64_t at, int64_t len, T* buffer, const T** data) {
+    if (q == group_.rank()) {
+      *data = x_ + at;
+      return ffi::Error::Success();
+    }
+    if (!known_[q]) {
+      JAXCOMM_RETURN_IF_ERROR(WaitForPeer(group_, q, n_, step_, &notices_[q]));
+      known_[q] = true;
+    }
+    if (staged_) {
+      *data = group_.StagingArea<T>(q) + at;
+    } else if (const void* local = group_.LocalPointer(q, notices_[q].input)) {
+      *data = static_cast<const T*>(local) + at;
+    } else {
+      TimedWork timed(group_, Work::kCopy);
+      JAXCOMM_RETURN_IF_ERROR(
+          group_.ReadFrom(q, notices_[q].input + sizeof(T) * at, buffer, sizeof(T) * len));
+      *data = buffer;
+    }
+    return ffi::Error::Success();
+  }
+
+ private:
+  Group& group_;
+  const T* x_;
+  int64_t n_;
+  uint32_t step_;
+  bool staged_;
+  std::vector<Notice> notices_;  // rank q's, once waited for (known_)
+  std::vector<bool> known_;
+};
+
+// DirectReduceScatter over elements of T. `sum_block(inputs, at, len, dst)` writes the sum
+// over every group rank q (inputs.Get, in rank order) of x_q[at, at + len) into dst[0, len),
+// which aliases no input. dst is this rank's staging area when staged (peers read the slice
+// there), else out itself unless out is x (then a bounce block: x is still being read).
+template <typename T, typename SumBlock>
+ffi::Error ReduceScatter(Group& group, const T* x, T* out, int64_t n, uint32_t* step,
+                         SumBlock&& sum_block) {
   const int parts = group.size();
   const int rank = group.rank();
   const int64_t begin = ring::ChunkBegin(n, parts, rank);
   const int64_t end = ring::ChunkBegin(n, parts, rank + 1);
   // Staged: the peers read their slices of x from this rank's staging area, and this rank
   // writes its reduced slice there for them (as well as into out).
-  float* const staging = Staged(group, n) ? group.StagingArea(rank) : nullptr;
+  T* const staging = Staged<T>(group, n) ? group.StagingArea<T>(rank) : nullptr;
   if (staging != nullptr) {
     TimedWork timed(group, Work::kCopy);
-    std::memcpy(staging, x, sizeof(float) * begin);
-    std::memcpy(staging + end, x + end, sizeof(float) * (n - end));
+    std::memcpy(staging, x, sizeof(T) * begin);
+    std::memcpy(staging + end, x + end, sizeof(T) * (n - end));
   }
   // Both addresses at once: the allgather's "my slice is final" then needs no payload.
   const uint32_t ready = (*step)++;
   const Notice mine{transport::UcxWorld::AddressOf(x), transport::UcxWorld::AddressOf(out), n};
   group.PostNotice(ready, &mine);
-  std::vector<Notice> inputs(parts);  // rank q's, once waited for (`known`)
-  std::vector<bool> known(parts, false);
-  thread_local std::vector<float> acc, first, next;
-  acc.resize(kBlock);
-  first.resize(kBlock);
-  next.resize(kBlock);
-  // Rank q's x[at, at + len): a pointer into this process's memory (its x, or its staging
-  // area), or a copy in `buffer`.
-  auto source = [&](int q, int64_t at, int64_t len, float* buffer,
-                    const float** data) -> ffi::Error {
-    if (q == rank) {
-      *data = x + at;
-      return ffi::Error::Success();
-    }
-    if (!known[q]) {
-      JAXCOMM_RETURN_IF_ERROR(WaitForPeer(group, q, n, ready, &inputs[q]));
-      known[q] = true;
-    }
-    if (staging != nullptr) {
-      *data = group.StagingArea(q) + at;
-    } else if (const void* local = group.LocalPointer(q, inputs[q].input)) {
-      *data = static_cast<const float*>(local) + at;
-    } else {
-      TimedWork timed(group, Work::kCopy);
-      JAXCOMM_RETURN_IF_ERROR(
-          group.ReadFrom(q, inputs[q].input + sizeof(float) * at, buffer, sizeof(float) * len));
-      *data = buffer;
-    }
-    return ffi::Error::Success();
-  };
-  // The last addition writes the staging area, or `out` directly unless out is x itself
-  // (then through `acc`).
+  PeerInputs<T> inputs(group, x, n, ready, staging != nullptr);
   const bool aliased = out == x && staging == nullptr;
+  thread_local std::vector<T> bounce;
+  if (aliased) bounce.resize(kBlock);
   uint64_t read_bytes = 0;
   for (int64_t at = begin; at < end; at += kBlock) {
     const int64_t len = std::min(kBlock, end - at);
-    const float* a = nullptr;
-    JAXCOMM_RETURN_IF_ERROR(source(0, at, len, first.data(), &a));
     if (parts == 1) {
-      if (!aliased) std::memcpy(out + at, a, sizeof(float) * len);
+      if (!aliased) std::memcpy(out + at, x + at, sizeof(T) * len);
       continue;
     }
-    for (int q = 1; q < parts; ++q) {
-      const float* b = nullptr;
-      JAXCOMM_RETURN_IF_ERROR(source(q, at, len, next.data(), &b));
-      float* const last = staging != nullptr ? staging + at : out + at;
-      float* dst = (q == parts - 1 && !aliased) ? last : acc.data();
-      TimedWork timed(group, Work::kReduce);
-      if (q == 1) {
-        kernels::Add(dst, a, b, len);
-      } else if (dst == acc.data()) {
-        kernels::AddInto(acc.data(), b, len);
-      } else {
-        kernels::Add(dst, acc.data(), b, len);
-      }
-    }
-    if (aliased) std::memcpy(out + at, acc.data(), sizeof(float) * len);
-    if (staging != nullptr) std::memcpy(out + at, staging + at, sizeof(float) * len);
-    read_bytes += sizeof(float) * static_cast<uint64_t>(len) * (parts - 1);
+    T* const dst = staging != nullptr ? staging + at : aliased ? bounce.data() : out + at;
+    JAXCOMM_RETURN_IF_ERROR(sum_block(inputs, at, len, dst));
+    if (dst != out + at) std::memcpy(out + at, dst, sizeof(T) * len);
+    read_bytes += sizeof(T) * static_cast<uint64_t>(len) * (parts - 1);
   }
   // What the peers read of this rank's x: their slices.
-  group.CountTraffic(sizeof(float) * static_cast<uint64_t>(n - (end - begin)), read_bytes);
+  group.CountTraffic(sizeof(T) * static_cast<uint64_t>(n - (end - begin)), read_bytes);
   group.MarkPhase("reduce_scatter");
   return ffi::Error::Success();
 }
 
-ffi::Error DirectAllgather(Group& group, float* out, int64_t n, uint32_t* step) {
+// DirectAllgather over elements of T (bytes: nothing is added).
+template <typename T>
+ffi::Error Allgather(Group& group, T* out, int64_t n, uint32_t* step, bool rewritten) {
   const int parts = group.size();
   const int rank = group.rank();
+  const bool staged = Staged<T>(group, n);  // as in the reduce-scatter: same call, same n
+  if (staged && rewritten) {
+    // Peers read slice `rank` of this area only after the notice below (the reduce-scatter
+    // read the other slices), so it may change until then.
+    TimedWork timed(group, Work::kCopy);
+    const int64_t begin = ring::ChunkBegin(n, parts, rank);
+    std::memcpy(group.StagingArea<T>(rank) + begin, out + begin,
+                sizeof(T) * ring::ChunkSize(n, parts, rank));
+  }
   // "Slice `rank` of my out is final" (and: I no longer read anyone's x). The addresses came
-  // with DirectReduceScatter's notice and stay in the slot.
+  // with the reduce-scatter's notice and stay in the slot.
   const uint32_t final_step = (*step)++;
   group.PostNotice(final_step);
-  const bool staged = Staged(group, n);  // as in DirectReduceScatter: same call, same n
   uint64_t read_bytes = 0;
   for (int k = 1; k < parts; ++k) {
     const int q = (rank + k) % parts;  // ranks start on different peers
@@ -147,17 +168,17 @@ ffi::Error DirectAllgather(Group& group, float* out, int64_t n, uint32_t* step) 
     JAXCOMM_RETURN_IF_ERROR(WaitForPeer(group, q, n, final_step, &owner));
     TimedWork timed(group, Work::kCopy);
     if (staged) {
-      std::memcpy(out + at, group.StagingArea(q) + at, sizeof(float) * len);
+      std::memcpy(out + at, group.StagingArea<T>(q) + at, sizeof(T) * len);
     } else if (const void* local = group.LocalPointer(q, owner.output)) {
-      std::memcpy(out + at, static_cast<const float*>(local) + at, sizeof(float) * len);
+      std::memcpy(out + at, static_cast<const T*>(local) + at, sizeof(T) * len);
     } else {
       JAXCOMM_RETURN_IF_ERROR(
-          group.ReadFrom(q, owner.output + sizeof(float) * at, out + at, sizeof(float) * len));
+          group.ReadFrom(q, owner.output + sizeof(T) * at, out + at, sizeof(T) * len));
     }
-    read_bytes += sizeof(float) * static_cast<uint64_t>(len);
+    read_bytes += sizeof(T) * static_cast<uint64_t>(len);
   }
   const int64_t mine = ring::ChunkSize(n, parts, rank);
-  group.CountTraffic(sizeof(float) * static_cast<uint64_t>(mine) * (parts - 1), read_bytes);
+  group.CountTraffic(sizeof(T) * static_cast<uint64_t>(mine) * (parts - 1), read_bytes);
   // Nobody may return (and let XLA reuse its buffers, or the next call its staging area)
   // while a peer still copies from them.
   const uint32_t done_step = (*step)++;
@@ -167,12 +188,55 @@ ffi::Error DirectAllgather(Group& group, float* out, int64_t n, uint32_t* step) 
   return ffi::Error::Success();
 }
 
+}  // namespace
+
+ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t n,
+                               uint32_t* step) {
+  const int parts = group.size();
+  thread_local std::vector<float> acc, first, next;
+  acc.resize(kBlock);
+  first.resize(kBlock);
+  next.resize(kBlock);
+  // Fused with the reads: the first addition writes acc from two inputs, the last one writes
+  // dst (no separate pass to copy or widen anything).
+  auto sum_block = [&](PeerInputs<float>& inputs, int64_t at, int64_t len,
+                       float* dst) -> ffi::Error {
+    const float* a = nullptr;
+    JAXCOMM_RETURN_IF_ERROR(inputs.Get(0, at, len, first.data(), &a));
+    for (int q = 1; q < parts; ++q) {
+      const float* b = nullptr;
+      JAXCOMM_RETURN_IF_ERROR(inputs.Get(q, at, len, next.data(), &b));
+      const bool last = q == parts - 1;
+      const float* const so_far = q == 1 ? a : acc.data();
+      TimedWork timed(group, Work::kReduce);
+      if (last || q == 1) {
+        kernels::Add(last ? dst : acc.data(), so_far, b, len);
+      } else {
+        kernels::AddInto(acc.data(), b, len);
+      }
+    }
+    return ffi::Error::Success();
+  };
+  return ReduceScatter(group, x, out, n, step, sum_block);
+}
+
+ffi::Error DirectAllgather(Group& group, float* out, int64_t n, uint32_t* step, bool rewritten) {
+  return Allgather(group, out, n, step, rewritten);
+}
+
 ffi::Error DirectBroadcast(Group& group, int root, float* out, int64_t n, uint32_t* step) {
   const int rank = group.rank();
   const uint32_t address_step = (*step)++;
   const uint32_t done_step = (*step)++;
   if (group.size() == 1) return ffi::Error::Success();
+  // Staged: the root's result goes through its staging area, read with plain loads (the
+  // area is free: see the header). Every rank decides alike (Staged).
+  const bool staged = Staged(group, n);
   if (rank == root) {
+    if (staged) {
+      TimedWork timed(group, Work::kCopy);
+      std::memcpy(group.StagingArea(root), out, sizeof(float) * n);
+    }
     const Notice notice{0, transport::UcxWorld::AddressOf(out), n};
     group.PostNotice(address_step, &notice);
     JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(done_step, nullptr, -1));
@@ -184,7 +248,9 @@ ffi::Error DirectBroadcast(Group& group, int root, float* out, int64_t n, uint32
   JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(address_step, &notices, root));
   {
     TimedWork timed(group, Work::kCopy);
-    if (const void* local = group.LocalPointer(root, notices[root].output)) {
+    if (staged) {
+      std::memcpy(out, group.StagingArea(root), sizeof(float) * n);
+    } else if (const void* local = group.LocalPointer(root, notices[root].output)) {
       std::memcpy(out, local, sizeof(float) * n);
     } else {
       JAXCOMM_RETURN_IF_ERROR(group.ReadFrom(root, notices[root].output, out, sizeof(float) * n));
@@ -213,28 +279,21 @@ ffi::Error DirectAllreduceOneShot(Group& group, const float* x, float* out, int6
   const uint32_t ready = step++;
   const Notice mine{transport::UcxWorld::AddressOf(x), transport::UcxWorld::AddressOf(out), n};
   group.PostNotice(ready, &mine);
+  PeerInputs<float> inputs(group, x, n, ready, staging != nullptr);
   // Peers may read x itself (unstaged): when out is x, sum into `acc` and copy after the done
   // round.
   thread_local std::vector<float> acc, copied;
   const bool aliased = out == x && staging == nullptr;
   if (aliased) acc.resize(static_cast<size_t>(n));
+  // Read with process_vm_readv (unstaged peers of another process) into `copied`.
+  if (staging == nullptr && group.SpansProcesses()) copied.resize(static_cast<size_t>(n));
   float* const sum = aliased ? acc.data() : out;
   for (int q = 0; q < parts; ++q) {
-    // This rank's own x from its staging copy: with out == x, summing may overwrite x first.
-    const float* input = staging != nullptr ? staging : x;
-    if (q != rank) {
-      Notice notice;
-      JAXCOMM_RETURN_IF_ERROR(WaitForPeer(group, q, n, ready, &notice));
-      if (staging != nullptr) {
-        input = group.StagingArea(q);
-      } else if (const void* local = group.LocalPointer(q, notice.input)) {
-        input = static_cast<const float*>(local);
-      } else {
-        TimedWork timed(group, Work::kCopy);
-        copied.resize(static_cast<size_t>(n));
-        JAXCOMM_RETURN_IF_ERROR(group.ReadFrom(q, notice.input, copied.data(), sizeof(float) * n));
-        input = copied.data();
-      }
+    const float* input = nullptr;
+    if (q == rank && staging != nullptr) {
+      input = staging;  // its own copy: with out == x, summing may overwrite x first
+    } else {
+      JAXCOMM_RETURN_IF_ERROR(inputs.Get(q, 0, n, copied.data(), &input));
     }
     TimedWork timed(group, Work::kReduce);
     if (q == 0) {
@@ -251,6 +310,34 @@ ffi::Error DirectAllreduceOneShot(Group& group, const float* x, float* out, int6
   if (aliased) std::memcpy(out, acc.data(), sizeof(float) * n);
   group.MarkPhase("oneshot");
   return ffi::Error::Success();
+}
+
+ffi::Error DirectHalfAllreduce(Group& group, kernels::HalfFormat format, const uint16_t* x,
+                               uint16_t* out, int64_t n) {
+  const int parts = group.size();
+  thread_local std::vector<float> acc;
+  thread_local std::vector<uint16_t> buffer;
+  acc.resize(kBlock);
+  buffer.resize(kBlock);
+  // As HalfAllreduce's owner does (ffi/allreduce_half.cc): widen and add every rank's
+  // contribution in rank order into a float32 sum that starts at +0 (so that -0 inputs give
+  // the ring's +0, bit for bit), then round once.
+  auto sum_block = [&](PeerInputs<uint16_t>& inputs, int64_t at, int64_t len,
+                       uint16_t* dst) -> ffi::Error {
+    std::fill_n(acc.data(), len, 0.0f);
+    for (int q = 0; q < parts; ++q) {
+      const uint16_t* part = nullptr;
+      JAXCOMM_RETURN_IF_ERROR(inputs.Get(q, at, len, buffer.data(), &part));
+      TimedWork timed(group, Work::kReduce);
+      kernels::AddHalfInto(format, acc.data(), part, len);
+    }
+    TimedWork timed(group, Work::kReduce);
+    kernels::FloatToHalf(format, acc.data(), dst, len);
+    return ffi::Error::Success();
+  };
+  uint32_t step = 0;
+  JAXCOMM_RETURN_IF_ERROR(ReduceScatter(group, x, out, n, &step, sum_block));
+  return Allgather(group, out, n, &step, false);
 }
 
 }  // namespace jaxcomm::collectives

@@ -135,9 +135,11 @@ class Group {
   }
   ffi::Error WaitNotices(uint32_t step, std::vector<transport::UcxWorld::Notice>* notices,
                          int only = -1);
-  // Group rank q's staging area for this call (ucx_world.h, "Staging areas"), or null.
-  float* StagingArea(int group_rank) const {
-    return static_cast<float*>(world_->StagingArea(members_[group_rank], seq_));
+  // Group rank q's staging area for this call (ucx_world.h, "Staging areas"), or null, as
+  // an array of T (the collective's element type).
+  template <typename T = float>
+  T* StagingArea(int group_rank) const {
+    return static_cast<T*>(world_->StagingArea(members_[group_rank], seq_));
   }
   // Whether some member lives in another process (then reading it costs process_vm_readv).
   bool SpansProcesses() const;

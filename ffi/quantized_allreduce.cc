@@ -294,7 +294,7 @@ ffi::Error HierarchicalAllreduce(HierarchicalGroups& g, const QuantizerSpec* spe
       JAXCOMM_RETURN_IF_ERROR(InterNode(*g.node, spec, out + begin, size,
                                         residual_out ? residual_out + begin : nullptr, run));
       g.all->MarkPhase("inter_node");
-      JAXCOMM_RETURN_IF_ERROR(DirectAllgather(local, out, n, &step));
+      JAXCOMM_RETURN_IF_ERROR(DirectAllgather(local, out, n, &step, /*rewritten=*/true));
       g.all->MarkPhase("intra_allgather");
       return ffi::Error::Success();
     }

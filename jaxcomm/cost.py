@@ -405,33 +405,36 @@ def ring_bytes(n: int, parts: int, rank: int) -> int:
     return _F32 * (2 * n - _even_size(n, parts, rank + 1) - _even_size(n, parts, rank + 2))
 
 
-def _direct_rs_bytes(n: int, parts: int, rank: int) -> int:
+def _direct_rs_bytes(n: int, parts: int, rank: int, width: int = _F32) -> int:
     # DirectReduceScatter (ffi/direct_allreduce.cc): the peers read every slice of this rank's
     # input but its own (its notices go through shared memory, not a transport).
     if parts <= 1:
         return 0
-    return _F32 * (n - _even_size(n, parts, rank))
+    return width * (n - _even_size(n, parts, rank))
 
 
-def _direct_ag_bytes(n: int, parts: int, rank: int) -> int:
+def _direct_ag_bytes(n: int, parts: int, rank: int, width: int = _F32) -> int:
     # DirectAllgather: every peer reads this rank's reduced slice.
     if parts <= 1:
         return 0
-    return (parts - 1) * _F32 * _even_size(n, parts, rank)
+    return (parts - 1) * width * _even_size(n, parts, rank)
 
 
-def direct_bytes(n: int, parts: int, rank: int) -> int:
-    """Bytes rank ``rank`` sends in jaxcomm's shared-memory allreduce of ``n`` float32.
+def direct_bytes(n: int, parts: int, rank: int, element_bytes: int = _F32) -> int:
+    """Bytes rank ``rank`` sends in jaxcomm's shared-memory allreduce of ``n`` elements.
 
     Ranks of one host read each other's memory (ffi/direct_allreduce.h): the bytes a rank
     "sends" are those its peers read from it (every slice of its input but its own, then its
     reduced slice to each peer). The same 2(P-1)/P·n as the ring for even slices, through
     memory instead of a link; the ranks' notices live in shared memory and send nothing.
+    The metric labels ``dense_direct`` (float32) and ``dense_bf16_direct`` /
+    ``dense_f16_direct`` (2-byte elements) count these bytes.
 
     Args:
       n: elements.
       parts: ranks in the group.
       rank: this rank's index in the group.
+      element_bytes: bytes per element: 4 (float32) or 2 (bfloat16, float16).
 
     Returns:
       Bytes sent.
@@ -439,8 +442,14 @@ def direct_bytes(n: int, parts: int, rank: int) -> int:
     Example:
       >>> direct_bytes(10, 2, 0)
       40
+      >>> direct_bytes(10, 2, 0, element_bytes=2)
+      20
     """
-    return _direct_rs_bytes(n, parts, rank) + _direct_ag_bytes(n, parts, rank)
+    if element_bytes not in (2, _F32):
+        raise ValueError(f"element_bytes must be 2 or 4, got {element_bytes}")
+    return _direct_rs_bytes(n, parts, rank, element_bytes) + _direct_ag_bytes(
+        n, parts, rank, element_bytes
+    )
 
 
 def gtopk_sends(rank: int, parts: int) -> int:

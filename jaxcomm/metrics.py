@@ -20,9 +20,12 @@ def metrics() -> dict[str, Any]:
       ``topk_allgather``, ``gtopk``, ``onebit``, ``threshold``, ``adaptive``; ``dense`` is the
       ring over a transport, and the dense schedules of ffi/allreduce.h add
       ``dense_doubling`` (small vectors over a transport), ``dense_direct`` and
-      ``dense_direct_oneshot`` (through shared memory, large and small)), ``dense_bf16`` /
-      ``dense_f16`` (the 16-bit wire) and ``hierarchical_<dense|onebit|threshold|adaptive>``
-      (``_leader`` for the single-leader scheme): ``calls``, ``group_size``, ``elements``, ``bytes_sent``, ``bytes_received``,
+      ``dense_direct_oneshot`` (through shared memory when every rank of the group is on this
+      host, large and small)), ``dense_bf16`` / ``dense_f16`` (the 16-bit wire) and
+      ``dense_bf16_direct`` / ``dense_f16_direct`` (the same sums through shared memory;
+      bytes as ``jaxcomm.cost.direct_bytes``),
+      ``hierarchical_<dense|onebit|threshold|adaptive>`` (``_leader`` for the single-leader
+      scheme): ``calls``, ``group_size``, ``elements``, ``bytes_sent``, ``bytes_received``,
       ``seconds``, ``dense_bytes_sent`` (what a dense float32 schedule would have sent; equal
       to ``bytes_sent`` for dense collectives) and ``compression_ratio``
       (``dense_bytes_sent / bytes_sent``, 1.0 when nothing was sent). ``recent`` lists the

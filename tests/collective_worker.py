@@ -14,10 +14,18 @@ import time
 from collectives_harness import parse_worker_args
 
 UNSTAGED_SIZE = (16 << 20) // 4 + 1  # float32 elements just past the shared staging area
+HALF_UNSTAGED_SIZE = (16 << 20) // 2 + 1  # 16-bit elements just past it
+# 16-bit dense allreduce cases (mode "half"): sizes below one rank per element, uneven slices,
+# several L2 blocks per slice; with processes > 1 also UNSTAGED_SIZE (staged in 16 bits, not
+# in float32) and HALF_UNSTAGED_SIZE (past the staging area: process_vm_readv).
+HALF_SIZES = [1, 7, 1000, 65537, 786437]
+HALF_DTYPES = ("bfloat16", "float16")
 
 
 def main() -> None:
-    args = parse_worker_args(["cases", "die", "mismatch", "steps", "quantized"])
+    args = parse_worker_args(
+        ["cases", "die", "mismatch", "steps", "quantized", "half", "hier_spanning"]
+    )
 
     import jax
 
@@ -92,8 +100,9 @@ def main() -> None:
             os._exit(3)
         os._exit(0)
 
-    if args.mode == "quantized":
-        quantized_cases(args, mesh, shard, save, smap, inputs, results)
+    other_modes = {"quantized": quantized_cases, "half": half_cases, "hier_spanning": hier_spanning}
+    if args.mode in other_modes:
+        other_modes[args.mode](args, mesh, shard, save, smap, inputs, results)
         np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
         print("WORKER DONE", flush=True)
         return
@@ -277,6 +286,86 @@ def quantized_cases(args, mesh, shard, save, smap, inputs, results) -> None:
                 summed, new_r = f(x, r)
                 save(f"hierarchical_q/{scheme}/{name}/{n}", "summed", summed)
                 save(f"hierarchical_q/{scheme}/{name}/{n}", "residual", new_r)
+
+
+def half_sizes(processes: int) -> list[int]:
+    """The sizes of half_cases in a world of `processes` processes."""
+    return HALF_SIZES + ([UNSTAGED_SIZE, HALF_UNSTAGED_SIZE] if processes > 1 else [])
+
+
+def half_cases(args, mesh, shard, save, smap, inputs, results) -> None:
+    """The dense allreduce of 16-bit arrays over ("dp",): the result's bits (uint16) and each
+    rank's metric label and bytes_sent per case "half/<dtype>/<n>". Inputs: inputs(n, n) rounded
+    to the dtype; case "half/<dtype>/zeros" has -0.0 on every rank (a float32 sum that starts
+    at the first input would keep -0, the ring's sum starting at +0 gives +0)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxcomm
+
+    world = jax.device_count()
+    for dtype in HALF_DTYPES:
+        cases = {str(n): inputs(n, n) for n in half_sizes(args.processes)}
+        cases["zeros"] = np.full((world, 7), -0.0, np.float32)
+        f = smap(
+            lambda v, dtype=dtype: jax.lax.bitcast_convert_type(
+                jaxcomm.allreduce(v[0].astype(dtype), "dp"), jnp.uint16
+            )[None],
+            1,
+            1,
+        )
+        for name, rows in cases.items():
+            case = f"half/{dtype}/{name}"
+            x = shard(rows)
+            jaxcomm.reset_metrics()
+            save(case, "bits", jax.block_until_ready(f(x)))
+            for record in jaxcomm.metrics()["recent"]:
+                rank = record["world_rank"]
+                results[f"{case}/{rank}/algorithm"] = np.asarray(record["algorithm"])
+                results[f"{case}/{rank}/bytes_sent"] = np.asarray(record["bytes_sent"])
+
+
+HIER_SPANNING_SIZES = [7, 65537, UNSTAGED_SIZE]
+
+
+def hier_spanning(args, mesh, shard, save, smap, inputs, results) -> None:
+    """The dense hierarchical allreduce over a ("node", "local") mesh of the world's devices
+    reshaped to (2, world / 2), whatever the processes: with 4 processes x 1 device a node's
+    local ranks live in two processes (the single leader's broadcast then crosses processes:
+    staged up to 16 MiB, process_vm_readv past it). Case "hier_spanning/<scheme>/<n>": out and
+    psum; inputs(n, 19 * n + 1)."""
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import jaxcomm
+
+    mesh2 = jax.sharding.Mesh(mesh.devices.reshape(2, -1), ("node", "local"))
+    spec = P(("node", "local"))
+    both = ("node", "local")
+    for scheme in ("multi_leader", "leader"):
+        f = jax.jit(
+            jax.shard_map(
+                lambda v, scheme=scheme: (
+                    jaxcomm.allreduce(v[0], both, hierarchical=True, hierarchical_scheme=scheme)[
+                        None
+                    ],
+                    jax.lax.psum(v, both),
+                ),
+                mesh=mesh2,
+                in_specs=spec,
+                out_specs=(spec, spec),
+            )
+        )
+        for n in HIER_SPANNING_SIZES:
+            rows = inputs(n, 19 * n + 1)
+            x = jax.make_array_from_callback(
+                rows.shape, NamedSharding(mesh2, spec), lambda i, rows=rows: rows[i]
+            )
+            ours, psum = f(x)
+            save(f"hier_spanning/{scheme}/{n}", "out", ours)
+            save(f"hier_spanning/{scheme}/{n}", "psum", psum)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,12 @@ flat = Mesh(np.asarray(jax.devices()), ("dp",))
 hier = Mesh(np.asarray(jax.devices()).reshape(2, -1), HIER)
 out = {
     "dense": run(lambda v, r: (jaxcomm.allreduce(v[0], "dp")[None], r), flat, P("dp")),
+    # The 16-bit dense allreduce (2 bytes per element; not an algorithm of jaxcomm.cost).
+    "dense_bf16": run(
+        lambda v, r: (jaxcomm.allreduce(v[0].astype("bfloat16"), "dp").astype(v.dtype)[None], r),
+        flat,
+        P("dp"),
+    ),
     "topk_allgather": run(compressed(jaxcomm.TopKAllgather(0.01), "dp"), flat, P("dp")),
     "gtopk": run(compressed(jaxcomm.GTopK(0.01), "dp"), flat, P("dp")),
     "onebit": run(compressed(jaxcomm.OneBit(), "dp"), flat, P("dp")),

@@ -12,9 +12,12 @@ import numpy as np
 import pytest
 import reference
 from bf16_worker import ALGORITHMS, COMPRESSED_SIZES, DENSE_SIZES, DTYPES, inputs
+from collective_worker import half_sizes
 from collectives_harness import worker_results
+from conftest import UCX_ONLY, make_inputs
 
 import jaxcomm
+from jaxcomm import cost
 
 WORKER = pathlib.Path(__file__).with_name("bf16_worker.py")
 DEVICE_COUNTS = (3, 4)
@@ -47,10 +50,55 @@ def test_dense_is_float32_sum_rounded_once(run, devices, dtype, n):
     eps = float(jnp.finfo(dtype).eps)
     scale = np.abs(xs).sum(axis=0)
     assert np.all(np.abs(arrays[f"{case}/psum"][0] - expected) <= 2 * devices * eps * scale + 1e-6)
-    # 2 bytes per element on the wire: each rank sends every chunk but its own twice.
-    assert info[case]["algorithms"] == [f"dense_{'bf16' if dtype == 'bfloat16' else 'f16'}"]
+    # 2 bytes per element: each rank sends every chunk but its own twice (here read from it
+    # through shared memory: the ranks share a process).
+    assert info[case]["algorithms"] == [f"{label(dtype)}_direct"]
     assert max(info[case]["bytes_sent"]) <= 2 * 2 * n * (devices - 1) / devices + 2 * 2
     assert sum(info[case]["bytes_sent"]) == 2 * 2 * n * (devices - 1)
+
+
+def label(dtype: str) -> str:
+    """The metric label of the 16-bit dense allreduce of `dtype` over UCX."""
+    return f"dense_{'bf16' if dtype == 'bfloat16' else 'f16'}"
+
+
+# 1 x N (ranks share a process), N x 1 (processes of one host: staged up to 16 MiB), N x D.
+HALF_WORLDS = [(1, 3), (2, 1), (2, 2), (3, 1)]
+
+
+@pytest.mark.parametrize("processes,devices", HALF_WORLDS, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shared_memory_path_gives_the_rings_bits(world_run, processes, devices, dtype):
+    # The shared-memory path (every rank on this host) against the UCX ring
+    # (JAXCOMM_SHARED_MEMORY=0) and the float32 sum rounded once, compared as 16-bit words.
+    direct = world_run(processes, devices, mode="half")
+    ring = world_run(processes, devices, mode="half", env=UCX_ONLY)
+    world = processes * devices
+    for name in [*map(str, half_sizes(processes)), "zeros"]:
+        case = f"half/{dtype}/{name}"
+        bits = direct.rank_values(case, "bits")
+        assert len(bits) == world
+        for rank, (mine, theirs) in enumerate(
+            zip(bits, ring.rank_values(case, "bits"), strict=True)
+        ):
+            np.testing.assert_array_equal(mine, bits[0], err_msg=f"{case} rank {rank}")
+            np.testing.assert_array_equal(mine, theirs, err_msg=f"{case} rank {rank}")
+        assert [str(a) for a in direct.rank_values(case, "algorithm")] == [
+            f"{label(dtype)}_direct"
+        ] * world
+        assert [str(a) for a in ring.rank_values(case, "algorithm")] == [label(dtype)] * world
+        if name == "zeros":
+            assert not bits[0].any(), "-0 on every rank sums to +0, as the ring's sum from +0"
+            continue
+        n = int(name)
+        xs = rounded(make_inputs(world, n, n), dtype)
+        expected = rounded(xs.sum(axis=0, dtype=np.float32), dtype)
+        got = bits[0].view(jnp.dtype(dtype)).astype(np.float32)
+        np.testing.assert_array_equal(got, expected, err_msg=case)
+        sent = direct.rank_values(case, "bytes_sent")
+        assert [int(b) for b in sent] == [
+            cost.direct_bytes(n, world, rank, element_bytes=2) for rank in range(world)
+        ]
 
 
 @pytest.mark.parametrize("devices", DEVICE_COUNTS)

@@ -212,6 +212,11 @@ def test_predicted_bytes_equal_measured_metrics(devices, n):
     # The worker's inputs: identical on every rank, alternating signs, |x| > tau everywhere.
     options = cost.Options(density=0.01, threshold_fraction=1.0, selection_overlap=1.0)
     assert set(measured) >= {"dense", "gtopk", "topk_allgather", "onebit", "adaptive", "hier_dense"}
+    # bf16 on one host: the shared-memory schedule at 2 bytes per element.
+    half = measured.pop("dense_bf16")
+    assert len(half) == devices
+    for rank, sent in half.items():
+        assert cost.direct_bytes(n, devices, int(rank), element_bytes=2) == sent, rank
     for algorithm, per_rank in measured.items():
         hier = algorithm.startswith("hier_")
         world = cost.World(2, devices // 2) if hier else cost.World(1, devices)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from collective_worker import QUANTIZED_CASES, QUANTIZED_SIZES
+from collective_worker import HIER_SPANNING_SIZES, QUANTIZED_CASES, QUANTIZED_SIZES
 from conftest import UCX_ONLY, make_inputs
 from jax.sharding import PartitionSpec as P
 
@@ -27,15 +27,29 @@ PATHS = {"shared_memory": ({}, 0), "ucx": (UCX_ONLY, 1)}
 @pytest.mark.parametrize("n", QUANTIZED_SIZES)
 def test_dense_equals_psum_over_both_axes(world_run, path, processes, devices, scheme, n):
     run = world_run(processes, devices, mode="quantized", env=PATHS[path][0])
-    case = f"hierarchical/{scheme}/{n}"
+    check_dense(run, f"hierarchical/{scheme}/{n}", make_inputs(4, n, 13 * n + 1))
+
+
+def check_dense(run, case: str, xs: np.ndarray) -> None:
+    """The 4 ranks' "out" of `case`: bit-identical, equal to their "psum" and to the sum."""
     ours = run.rank_values(case, "out")
     psum = run.rank_values(case, "psum")
     assert len(ours) == 4
-    expected = make_inputs(4, n, 13 * n + 1).astype(np.float64).sum(axis=0)
+    expected = xs.astype(np.float64).sum(axis=0)
     for rank in range(4):
         np.testing.assert_array_equal(ours[rank], ours[0])
         np.testing.assert_allclose(ours[rank], psum[rank], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(ours[rank], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("n", HIER_SPANNING_SIZES)
+def test_dense_with_a_node_across_processes(world_run, scheme, n):
+    # 4 processes x 1 device as 2 x 2: a node's local ranks live in two processes, so the
+    # single leader's broadcast crosses processes (through the leader's staging area; past
+    # 16 MiB with process_vm_readv).
+    run = world_run(4, 1, mode="hier_spanning")
+    check_dense(run, f"hier_spanning/{scheme}/{n}", make_inputs(4, n, 19 * n + 1))
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
