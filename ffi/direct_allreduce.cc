@@ -96,10 +96,12 @@ class PeerInputs {
   std::vector<bool> known_;
 };
 
-// DirectReduceScatter over elements of T. `sum_block(inputs, at, len, dst)` writes the sum
-// over every group rank q (inputs.Get, in rank order) of x_q[at, at + len) into dst[0, len),
-// which aliases no input. dst is this rank's staging area when staged (peers read the slice
-// there), else out itself unless out is x (then a bounce block: x is still being read).
+// DirectReduceScatter over elements of T. `sum_block(inputs, at, len, dst, also)` writes the
+// sum over every group rank q (inputs.Get, in rank order) of x_q[at, at + len) into dst[0, len)
+// and, when `also` is not null, into also[0, len) too, in the same pass where it can; neither
+// aliases an input. dst is this rank's staging area when staged (peers read the slice there;
+// `also` is then out, unless out is x, which may still be an input: then a copy after), else
+// out itself unless out is x (then a bounce block: x is still being read).
 template <typename T, typename SumBlock>
 ffi::Error ReduceScatter(Group& group, const T* x, T* out, int64_t n, uint32_t* step,
                          SumBlock&& sum_block) {
@@ -131,8 +133,9 @@ ffi::Error ReduceScatter(Group& group, const T* x, T* out, int64_t n, uint32_t* 
       continue;
     }
     T* const dst = staging != nullptr ? staging + at : aliased ? bounce.data() : out + at;
-    JAXCOMM_RETURN_IF_ERROR(sum_block(inputs, at, len, dst));
-    if (dst != out + at) std::memcpy(out + at, dst, sizeof(T) * len);
+    T* const also = staging != nullptr && out != x ? out + at : nullptr;
+    JAXCOMM_RETURN_IF_ERROR(sum_block(inputs, at, len, dst, also));
+    if (dst != out + at && also == nullptr) std::memcpy(out + at, dst, sizeof(T) * len);
     read_bytes += sizeof(T) * static_cast<uint64_t>(len) * (parts - 1);
   }
   // What the peers read of this rank's x: their slices.
@@ -198,9 +201,9 @@ ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t
   first.resize(kBlock);
   next.resize(kBlock);
   // Fused with the reads: the first addition writes acc from two inputs, the last one writes
-  // dst (no separate pass to copy or widen anything).
-  auto sum_block = [&](PeerInputs<float>& inputs, int64_t at, int64_t len,
-                       float* dst) -> ffi::Error {
+  // dst, and `also` in the same pass (no separate pass to copy anything).
+  auto sum_block = [&](PeerInputs<float>& inputs, int64_t at, int64_t len, float* dst,
+                       float* also) -> ffi::Error {
     const float* a = nullptr;
     JAXCOMM_RETURN_IF_ERROR(inputs.Get(0, at, len, first.data(), &a));
     for (int q = 1; q < parts; ++q) {
@@ -209,7 +212,9 @@ ffi::Error DirectReduceScatter(Group& group, const float* x, float* out, int64_t
       const bool last = q == parts - 1;
       const float* const so_far = q == 1 ? a : acc.data();
       TimedWork timed(group, Work::kReduce);
-      if (last || q == 1) {
+      if (last && also != nullptr) {
+        kernels::AddTwice(dst, also, so_far, b, len);
+      } else if (last || q == 1) {
         kernels::Add(last ? dst : acc.data(), so_far, b, len);
       } else {
         kernels::AddInto(acc.data(), b, len);
@@ -322,8 +327,8 @@ ffi::Error DirectHalfAllreduce(Group& group, kernels::HalfFormat format, const u
   // As HalfAllreduce's owner does (ffi/allreduce_half.cc): widen and add every rank's
   // contribution in rank order into a float32 sum that starts at +0 (so that -0 inputs give
   // the ring's +0, bit for bit), then round once.
-  auto sum_block = [&](PeerInputs<uint16_t>& inputs, int64_t at, int64_t len,
-                       uint16_t* dst) -> ffi::Error {
+  auto sum_block = [&](PeerInputs<uint16_t>& inputs, int64_t at, int64_t len, uint16_t* dst,
+                       uint16_t* also) -> ffi::Error {
     std::fill_n(acc.data(), len, 0.0f);
     for (int q = 0; q < parts; ++q) {
       const uint16_t* part = nullptr;
@@ -333,6 +338,7 @@ ffi::Error DirectHalfAllreduce(Group& group, kernels::HalfFormat format, const u
     }
     TimedWork timed(group, Work::kReduce);
     kernels::FloatToHalf(format, acc.data(), dst, len);
+    if (also != nullptr) std::memcpy(also, dst, sizeof(uint16_t) * len);  // dst is in cache
     return ffi::Error::Success();
   };
   uint32_t step = 0;

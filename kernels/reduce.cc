@@ -16,6 +16,14 @@ __attribute__((target_clones("avx2", "default"))) void Add(float* __restrict dst
   for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
 }
 
+__attribute__((target_clones("avx2", "default"))) void AddTwice(float* __restrict dst,
+                                                                float* __restrict copy,
+                                                                const float* __restrict a,
+                                                                const float* __restrict b,
+                                                                int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = copy[i] = a[i] + b[i];
+}
+
 void ScatterAdd(float* dst, const int32_t* indices, const float* values, int64_t k) {
   for (int64_t j = 0; j < k; ++j) dst[indices[j]] += values[j];
 }

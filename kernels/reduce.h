@@ -13,6 +13,11 @@ void AddInto(float* dst, const float* src, int64_t n);
 // dst == a).
 void Add(float* dst, const float* a, const float* b, int64_t n);
 
+// dst[i] = copy[i] = a[i] + b[i] for i < n, in one pass: a sum that must land in two places
+// (the shared staging area peers read and this rank's output) without reading it back. No
+// buffer may overlap another.
+void AddTwice(float* dst, float* copy, const float* a, const float* b, int64_t n);
+
 // dst[indices[j]] += values[j] for j < k (indices in [0, n), as validated by the caller).
 void ScatterAdd(float* dst, const int32_t* indices, const float* values, int64_t k);
 

@@ -31,6 +31,21 @@ TEST(Add, SumsTwoInputsIntoAThirdIncludingTails) {
   }
 }
 
+TEST(AddTwice, WritesTheSameSumToBothIncludingTails) {
+  for (int64_t n : {0, 1, 7, 8, 33, 1000}) {
+    std::vector<float> a(n), b(n), dst(n, -1.0f), copy(n, -2.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = 0.1f * static_cast<float>(i);
+      b[i] = 3.0f - 0.7f * static_cast<float>(i);
+    }
+    AddTwice(dst.data(), copy.data(), a.data(), b.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(dst[i], a[i] + b[i]);
+      EXPECT_EQ(copy[i], a[i] + b[i]);
+    }
+  }
+}
+
 TEST(AdviseHugePages, LeavesTheDataAsItWas) {
   std::vector<float> data(3 << 20, 2.0f);  // 12 MiB: at least one aligned 2 MiB page inside
   AdviseHugePages(data.data(), data.size() * sizeof(float));
