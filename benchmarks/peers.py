@@ -8,9 +8,16 @@ process runs, per size and per repeat, in this order and after a barrier each:
 * ``mpi4jax``  — ``mpi4jax.allreduce`` inside ``jax.jit``
 * ``psum``     — ``lax.psum`` inside ``jax.shard_map`` (XLA's CPU collectives: Gloo)
 * ``jaxcomm``  — ``jaxcomm.allreduce`` inside ``jax.shard_map``
+* ``jit_call`` — no communication and no memory traffic: the same jitted ``shard_map`` call on
+  the same array, returning twice its first element: what dispatching and synchronizing a
+  jitted step costs here. OpenMPI on NumPy buffers pays none of it; psum, mpi4jax and jaxcomm
+  all pay it, so the last column compares ``jaxcomm - jit_call`` with OpenMPI.
 
-so the four share the machine's noise. Rank 0's wall time of each call is recorded; the table
-shows the median over ``--repeats`` calls of every ``--rounds`` launch. Writes
+so all of them share the machine's noise. A sample is ``--calls`` calls of one implementation
+back to back after the barrier (each call waits for its result), rank 0's wall time divided by
+``--calls``: one call per barrier times the ranks' wake-up from the barrier as much as the
+allreduce (MPI's barrier leaves them yielding the cores; jaxcomm's engine threads then wait for a
+core). The table shows the median over ``--repeats`` samples of every ``--rounds`` launch. Writes
 ``benchmarks/results/peers-local.json`` and a PNG.
 
 Peers come from PyPI (``mpi4py``, ``mpi4jax``) and are installed into this Python when missing;
@@ -36,7 +43,7 @@ import subprocess
 import sys
 import time
 
-IMPLEMENTATIONS = ("openmpi", "mpi4jax", "psum", "jaxcomm")
+IMPLEMENTATIONS = ("openmpi", "mpi4jax", "psum", "jaxcomm", "jit_call")
 PEER_PACKAGES = ("mpi4py", "mpi4jax")
 
 
@@ -90,6 +97,7 @@ def worker(args: argparse.Namespace) -> None:
 
     psum = sharded(lambda v: lax.psum(v, "dp"))
     ours = sharded(lambda v: jaxcomm.allreduce(v[0], "dp")[None])
+    call_only = sharded(lambda v: v[:, :1] * 2.0)
     mpi_jit = jax.jit(lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=comm))
 
     def calls_for(local: np.ndarray, recv: np.ndarray) -> dict:
@@ -101,6 +109,7 @@ def worker(args: argparse.Namespace) -> None:
             "mpi4jax": lambda: mpi_jit(x_local).block_until_ready(),
             "psum": lambda: psum(x_global).block_until_ready(),
             "jaxcomm": lambda: ours(x_global).block_until_ready(),
+            "jit_call": lambda: call_only(x_global).block_until_ready(),
         }
 
     def first_row(value) -> np.ndarray:
@@ -118,6 +127,8 @@ def worker(args: argparse.Namespace) -> None:
             comm.Barrier()
             results[name] = first_row(call()).copy()
         for name, value in results.items():
+            if name == "jit_call":
+                continue  # no allreduce
             np.testing.assert_allclose(
                 value, results["openmpi"], rtol=1e-4, atol=1e-4, err_msg=name
             )
@@ -127,8 +138,9 @@ def worker(args: argparse.Namespace) -> None:
             for name, call in calls.items():
                 comm.Barrier()
                 start = time.perf_counter()
-                call()
-                times[name][n].append(time.perf_counter() - start)
+                for _ in range(args.calls):
+                    call()
+                times[name][n].append((time.perf_counter() - start) / args.calls)
     if rank == 0:
         print("PEERS-JSON " + json.dumps(times), flush=True)
     jax.distributed.shutdown()
@@ -139,6 +151,9 @@ def main() -> None:
     parser.add_argument("--processes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 25_000_000])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--calls", type=int, default=10, help="calls back to back per sample (after a barrier)"
+    )
     parser.add_argument("--rounds", type=int, default=1, help="mpirun launches per P")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -149,6 +164,8 @@ def main() -> None:
         return
     if args.repeats < 5:
         parser.error("--repeats must be >= 5")
+    if args.calls < 1:
+        parser.error("--calls must be >= 1")
     ensure_peers()
 
     samples: dict[tuple[int, str, int], list[float]] = collections.defaultdict(list)
@@ -161,7 +178,8 @@ def main() -> None:
             if os.geteuid() == 0:
                 command.append("--allow-run-as-root")
             command += [sys.executable, __file__, "--worker", "--port", str(free_port())]
-            command += ["--repeats", str(args.repeats), "--sizes", *map(str, args.sizes)]
+            command += ["--repeats", str(args.repeats), "--calls", str(args.calls)]
+            command += ["--sizes", *map(str, args.sizes)]
             env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
             done = subprocess.run(command, env=env, text=True, capture_output=True)
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("PEERS-JSON ")]
@@ -177,23 +195,36 @@ def main() -> None:
                      "median_s": statistics.median(ts), "times_s": ts})  # fmt: skip
     median = {(r["processes"], r["implementation"], r["elements"]): r["median_s"] for r in rows}
     print(f"\ndense allreduce, loopback, P processes x 1 CPU device, float32, median of "
-          f"{args.repeats * args.rounds}")  # fmt: skip
+          f"{args.repeats * args.rounds} samples of {args.calls} calls")  # fmt: skip
     header = f"{'P':>2s} {'elements':>10s}" + "".join(f" {i:>10s}" for i in IMPLEMENTATIONS)
-    print(header + "   jaxcomm vs openmpi / psum")
+    print(header + "   jaxcomm vs openmpi / psum; jaxcomm - jit_call vs openmpi")
+    ratios = []
     for p in args.processes:
         for n in args.sizes:
             ms = [median[(p, i, n)] * 1e3 for i in IMPLEMENTATIONS]
-            vs = median[(p, "openmpi", n)] / median[(p, "jaxcomm", n)]
-            vp = median[(p, "psum", n)] / median[(p, "jaxcomm", n)]
+            ours = median[(p, "jaxcomm", n)]
+            own = ours - median[(p, "jit_call", n)]  # the call beyond dispatch and sync
+            ratio = {
+                "processes": p,
+                "elements": n,
+                "jaxcomm_vs_openmpi": median[(p, "openmpi", n)] / ours,
+                "jaxcomm_vs_psum": median[(p, "psum", n)] / ours,
+                "collective_vs_openmpi": median[(p, "openmpi", n)] / own if own > 0 else None,
+            }
+            ratios.append(ratio)
+            beyond = ratio["collective_vs_openmpi"]
             print(
                 f"{p:2d} {n:10d}"
-                + "".join(f" {t:8.1f}ms" for t in ms)
-                + f"   {vs:.2f}x / {vp:.2f}x"
+                + "".join(f" {t:8.2f}ms" for t in ms)
+                + f"   {ratio['jaxcomm_vs_openmpi']:.2f}x / {ratio['jaxcomm_vs_psum']:.2f}x; "
+                + (f"{beyond:.2f}x" if beyond else "-")
             )
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / "peers-local.json"
     json_path.write_text(json.dumps({"repeats": args.repeats, "rounds": args.rounds,
-                                     "host_cores": os.cpu_count(), "rows": rows}, indent=2))  # fmt: skip
+                                     "calls": args.calls,
+                                     "host_cores": os.cpu_count(), "rows": rows,
+                                     "ratios": ratios}, indent=2))  # fmt: skip
     try:
         import matplotlib
 
