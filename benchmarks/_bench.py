@@ -1,4 +1,4 @@
-"""What the benchmark scripts share: the launcher backend they run their recipe on, the recipe
+"""What the benchmark scripts share: the options and launcher backend they run their recipe on, the recipe
 of a one-job benchmark, the launcher's command line, matplotlib when it is installed, and the
 JSON and PNG they write.
 
@@ -18,6 +18,29 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
+
+
+def add_world_arguments(
+    parser: argparse.ArgumentParser, *, processes: bool = True, devices: bool = True
+) -> None:
+    """Adds the options that say where a benchmark's ranks run: ``--backend`` (``local`` or
+    ``emulated``), ``--bandwidth`` (the emulated links' tbf rate) and, unless turned off,
+    ``--processes`` (default 4) and ``--devices-per-process`` (default 1).
+
+    Example:
+      >>> parser = argparse.ArgumentParser()
+      >>> add_world_arguments(parser)
+      >>> parser.parse_args([]).backend
+      'local'
+    """
+    parser.add_argument("--backend", choices=["local", "emulated"], default="local")
+    parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
+    if processes:
+        parser.add_argument("--processes", type=int, default=4)
+    if devices:
+        parser.add_argument(
+            "--devices-per-process", type=int, default=1, help="local ranks per node (process)"
+        )
 
 
 def recipe_backend(args: argparse.Namespace) -> dict | str:
@@ -216,6 +239,14 @@ def write_result(out: pathlib.Path, tag: str, result: dict[str, Any]) -> pathlib
     path = out / f"{tag}.json"
     path.write_text(json.dumps(result, indent=2))
     return path
+
+
+# The axes of a time-per-allreduce plot over message sizes (write_result_and_plot's labels).
+TIME_PER_ALLREDUCE_AXES: dict[str, Any] = {
+    "xlabel": "float32 elements per rank",
+    "ylabel": "median time per allreduce (ms)",
+    "log": True,
+}
 
 
 def write_result_and_plot(

@@ -23,7 +23,14 @@ import pathlib
 import statistics
 from typing import Any
 
-from _bench import run_recipe, setup_fields, write_job_recipe, write_result_and_plot
+from _bench import (
+    TIME_PER_ALLREDUCE_AXES,
+    add_world_arguments,
+    run_recipe,
+    setup_fields,
+    write_job_recipe,
+    write_result_and_plot,
+)
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 # The job that runs in every rank owns the list of algorithms it can measure.
@@ -48,12 +55,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["local", "emulated"], default="local")
-    parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
-    parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument(
-        "--devices-per-process", type=int, default=1, help="local ranks per node (process)"
-    )
+    add_world_arguments(parser)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 25_000_000])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--density", type=float, default=0.001)
@@ -129,10 +131,8 @@ def main() -> None:
         result,
         draw,
         figsize=(7, 4.5),
-        xlabel="float32 elements per rank",
-        ylabel="median time per allreduce (ms)",
         title=f"{tag}, P = {args.processes}, density {args.density}",
-        log=True,
+        **TIME_PER_ALLREDUCE_AXES,
     )
 
 

@@ -37,7 +37,7 @@ import time
 from typing import Any
 
 import yaml
-from _bench import jaxcomm_cli, recipe_backend, write_result_and_plot
+from _bench import add_world_arguments, jaxcomm_cli, recipe_backend, write_result_and_plot
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import cost
@@ -209,8 +209,7 @@ def main() -> None:
         help="only print the model's table for P up to 1024 at 10/100/400 Gbit/s (ms, 25M floats)",
     )
     parser.add_argument("--profile", type=pathlib.Path, help="profile for --extrapolate")
-    parser.add_argument("--backend", choices=["local", "emulated"], default="local")
-    parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
+    add_world_arguments(parser, processes=False, devices=False)
     parser.add_argument("--worlds", nargs="+", default=["2x1", "4x1", "2x2"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
     parser.add_argument("--repeats", type=int, default=5)

@@ -38,7 +38,7 @@ import os
 import pathlib
 import statistics
 
-from _bench import run_recipe, setup_fields, write_job_recipe, write_result
+from _bench import add_world_arguments, run_recipe, setup_fields, write_job_recipe, write_result
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 from jaxcomm.optax import DEFAULT_BUCKET_SIZE
@@ -272,10 +272,7 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["local", "emulated"], default="local")
-    parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
-    parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument("--devices-per-process", type=int, default=1)
+    add_world_arguments(parser)
     parser.add_argument("--layers", type=int, default=25)
     parser.add_argument("--width", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=128, help="rows per device")

@@ -32,7 +32,14 @@ import pathlib
 import statistics
 from typing import Any
 
-from _bench import run_recipe, setup_fields, write_job_recipe, write_result_and_plot
+from _bench import (
+    TIME_PER_ALLREDUCE_AXES,
+    add_world_arguments,
+    run_recipe,
+    setup_fields,
+    write_job_recipe,
+    write_result_and_plot,
+)
 
 PATHS = {"shared": {}, "transport": {"JAXCOMM_SHARED_MEMORY": "0"}}
 # JAXCOMM_SMALL_ALLREDUCE_BYTES forcing each schedule at every size.
@@ -79,10 +86,7 @@ def crossover(rows: list[dict], path: str) -> int | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["local", "emulated"], default="local")
-    parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
-    parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument("--devices-per-process", type=int, default=1)
+    add_world_arguments(parser)
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=[256, 1024, 4096, 16384, 65536, 262144, 1048576]
     )
@@ -181,10 +185,8 @@ def main() -> None:
         result,
         draw,
         figsize=(7.5, 4.8),
-        xlabel="float32 elements per rank",
-        ylabel="median time per allreduce (ms)",
         title=f"{tag}: small vs large schedules",
-        log=True,
+        **TIME_PER_ALLREDUCE_AXES,
     )
 
 

@@ -33,7 +33,13 @@ import time
 from typing import Any
 
 import yaml
-from _bench import jaxcomm_cli, recipe_backend, setup_fields, write_result_and_plot
+from _bench import (
+    add_world_arguments,
+    jaxcomm_cli,
+    recipe_backend,
+    setup_fields,
+    write_result_and_plot,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # label -> sweep entry of the recipes (the launcher's display label of each entry)
@@ -100,9 +106,7 @@ def time_to_target(history: list[dict], key: str, target: float, higher: bool) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", choices=sorted(METRICS), default="lbann-mlp")
-    parser.add_argument("--backend", choices=["local", "emulated"], default="local")
-    parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
-    parser.add_argument("--processes", type=int, default=4)
+    add_world_arguments(parser, devices=False)
     parser.add_argument(
         "--algorithms",
         nargs="+",
