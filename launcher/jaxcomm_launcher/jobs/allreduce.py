@@ -51,6 +51,8 @@ ALL_ALGORITHMS = list(cost.ALGORITHMS)
 HIERARCHICAL = ("node", "local")
 # Accepted in args.algorithms but not run by default: the cost model's choice per size.
 AUTO = "auto"
+# The algorithms that keep no residual (their step takes and returns it unchanged).
+WITHOUT_RESIDUAL = ("psum", "dense", "hier_dense", "hier_dense_leader")
 
 
 def _step(algorithm: str, args: dict) -> Callable:
@@ -172,11 +174,20 @@ def run(ctx: JobContext) -> None:
                 x = shard_batch(local, mesh)
                 zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
             fn = _chained(_step(algorithm, ctx.args), chain, mesh.size)
-            # The residual is donated, as a training step does with its optimizer state.
-            compiled = jax.jit(
-                jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
-                donate_argnums=1,
-            )
+            if algorithm in WITHOUT_RESIDUAL:
+                # Nothing to carry: passing a donated residual through unchanged made XLA
+                # alias it to the sum and copy both (2 x 100 MB per call at 25M floats).
+                dense = jax.jit(
+                    jax.shard_map(lambda v, f=fn: f(v, None)[0], mesh=mesh, in_specs=spec,
+                                  out_specs=spec)
+                )  # fmt: skip
+                compiled = lambda v, r, f=dense: (f(v), r)  # noqa: E731
+            else:
+                # The residual is donated, as a training step does with its optimizer state.
+                compiled = jax.jit(
+                    jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
+                    donate_argnums=1,
+                )
             _, residual = jax.block_until_ready(compiled(x, zeros))  # compile + warm up
             if algorithm == AUTO and ctx.is_main:
                 from jaxcomm import cost
