@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -405,19 +406,19 @@ def ring_bytes(n: int, parts: int, rank: int) -> int:
     return _F32 * (2 * n - _even_size(n, parts, rank + 1) - _even_size(n, parts, rank + 2))
 
 
-def _direct_rs_bytes(n: int, parts: int, rank: int, width: int = _F32) -> int:
+def _direct_rs_bytes(n: int, parts: int, rank: int, element_bytes: int = _F32) -> int:
     # DirectReduceScatter (ffi/direct_allreduce.cc): the peers read every slice of this rank's
     # input but its own (its notices go through shared memory, not a transport).
     if parts <= 1:
         return 0
-    return width * (n - _even_size(n, parts, rank))
+    return element_bytes * (n - _even_size(n, parts, rank))
 
 
-def _direct_ag_bytes(n: int, parts: int, rank: int, width: int = _F32) -> int:
+def _direct_ag_bytes(n: int, parts: int, rank: int, element_bytes: int = _F32) -> int:
     # DirectAllgather: every peer reads this rank's reduced slice.
     if parts <= 1:
         return 0
-    return (parts - 1) * width * _even_size(n, parts, rank)
+    return (parts - 1) * element_bytes * _even_size(n, parts, rank)
 
 
 def direct_bytes(n: int, parts: int, rank: int, element_bytes: int = _F32) -> int:
@@ -607,6 +608,7 @@ def quantized_bytes(kind: str, n: int, parts: int, rank: int, options: Options) 
     return _F32 * words
 
 
+@functools.cache  # the library reads the setting once per process, so asking once suffices
 def small_allreduce_bytes() -> int:
     """The largest dense float32 allreduce (bytes) that takes the small-vector schedules.
 
