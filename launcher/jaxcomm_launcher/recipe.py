@@ -71,6 +71,13 @@ class EmulatedBackend(_Strict):
     )
     ipc_isolation: bool = Field(True, description="run each rank under `unshare --ipc`")
     ucx_tls: str | None = Field("tcp", description="UCX_TLS for the ranks (None: leave unset)")
+    cpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="cores each node (rank) is pinned to with taskset; None: the launcher's "
+        "cores split evenly, at least 1 (more nodes than cores wrap round: oversubscribed)",
+    )
+    pin_cpus: bool = Field(True, description="pin each node to its own cores (taskset)")
 
     @field_validator("bandwidth")
     @classmethod

@@ -14,6 +14,7 @@ import socket
 import sys
 from typing import Any
 
+from jaxcomm_launcher.placement import Placement
 from jaxcomm_launcher.procs import Supervisor
 from jaxcomm_launcher.recipe import Recipe
 
@@ -37,6 +38,11 @@ class BackendRunner:
 
     def __enter__(self) -> BackendRunner:
         return self
+
+    def placement(self) -> Placement | None:
+        """Returns which cores the ranks run on, or None where the launcher does not place
+        them (mpirun, slurm: the scheduler does)."""
+        return None
 
     def __exit__(self, *exc_info: object) -> None:
         return None

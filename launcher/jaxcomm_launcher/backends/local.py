@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 
 from jaxcomm_launcher.backends._base import PerRankBackend, free_port, rank_env, worker_command
+from jaxcomm_launcher.placement import Placement, local_placement
 
 
 class LocalBackendRunner(PerRankBackend):
@@ -20,6 +21,10 @@ class LocalBackendRunner(PerRankBackend):
     """
 
     kind = "local"
+
+    def placement(self) -> Placement:
+        """Returns the world as one node: its processes share the host's cores, unpinned."""
+        return local_placement(self.recipe.world.processes)
 
     def rank_launches(
         self, spec_path: pathlib.Path, *, dry_run: bool = False
