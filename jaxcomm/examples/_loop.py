@@ -114,6 +114,53 @@ class Reduction:
         return f"{self.algorithm}-bf16" if self.grad_dtype == "bfloat16" else self.algorithm
 
 
+@dataclasses.dataclass(frozen=True)
+class Stopping:
+    """When a run stops before its last step (the examples' configs extend it, as they extend
+    :class:`Reduction`).
+
+    Attributes:
+      target: stop at the first evaluation that reaches this value of the example's metric
+        (test accuracy: at least; validation bits per byte: at most). None: run every step.
+      time_cap_s: stop at the first evaluation after this many seconds of training.
+    """
+
+    target: float | None = None
+    time_cap_s: float | None = None
+
+    def loop_options(self, higher_is_better: bool) -> dict[str, Any]:
+        """The keyword arguments of :func:`train_loop` that carry these settings.
+
+        Example:
+          >>> Stopping(target=0.9).loop_options(True)["target"]
+          0.9
+        """
+        if self.time_cap_s is not None and self.time_cap_s <= 0:
+            raise ValueError(f"time_cap_s must be > 0, got {self.time_cap_s}")
+        return {
+            "target": self.target,
+            "higher_is_better": higher_is_better,
+            "time_cap_s": self.time_cap_s,
+        }
+
+
+def stop_summary(loop: LoopResult, config: Stopping) -> dict[str, Any]:
+    """The result fields that say how a run ended: steps run, why it stopped, its target and
+    the training seconds at which it reached it.
+
+    Example:
+      >>> stop_summary(result, cfg)["stopped"]  # doctest: +SKIP
+      'target'
+    """
+    return {
+        "steps": loop.steps,
+        "stopped": loop.stopped,
+        "target": config.target,
+        "time_cap_s": config.time_cap_s,
+        "time_to_target_s": loop.time_to_target_s,
+    }
+
+
 def reduction_of(config: Any) -> Reduction:
     """The :class:`Reduction` of a run config that holds its fields (by name; a config without
     ``allowed`` or ``profile`` gets their defaults).
@@ -236,6 +283,11 @@ class LoopResult:
       seconds: training wall clock from the end of the first (compiling) step, evaluations
         excluded.
       timed_steps: steps inside ``seconds``.
+      steps: optimizer steps run (fewer than asked when the run stopped at its target or
+        time cap).
+      stopped: why the loop ended: ``"target"``, ``"time_cap"`` or ``"steps"``.
+      time_to_target_s: ``seconds`` at the first evaluation that reached the target (None:
+        no target, or not reached).
     """
 
     params: Any
@@ -244,6 +296,49 @@ class LoopResult:
     history: list[dict[str, float]]
     seconds: float
     timed_steps: int
+    steps: int = 0
+    stopped: str = "steps"
+    time_to_target_s: float | None = None
+
+
+def reached(value: float, target: float | None, higher_is_better: bool) -> bool:
+    """Whether `value` reaches `target` (at least, or at most when lower is better).
+
+    Args:
+      value: the evaluation.
+      target: the target (None: never reached).
+      higher_is_better: accuracy-like (True) or loss-like (False) metric.
+
+    Returns:
+      True when the target is reached; NaN never reaches it.
+
+    Example:
+      >>> reached(0.981, 0.98, True), reached(2.1, 2.0, False)
+      (True, False)
+    """
+    if target is None or value != value:
+        return False
+    return value >= target if higher_is_better else value <= target
+
+
+class _AgreedMax:
+    """The largest of every rank's value, the same on all ranks (a jitted ``lax.pmax``).
+
+    A time cap decided from each rank's own clock could stop one rank a step before the
+    other, which would then wait in its next collective until its deadline; the ranks stop
+    on the agreed value instead.
+    """
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.sharding = NamedSharding(mesh, P(AXIS))
+        self.fn = jax.jit(
+            jax.shard_map(lambda x: lax.pmax(x, AXIS), mesh=mesh, in_specs=P(AXIS), out_specs=P())
+        )
+
+    def __call__(self, value: float) -> float:
+        local = np.full((len(self.mesh.local_devices),), value, np.float32)
+        return host_scalar(self.fn(jax.make_array_from_process_local_data(self.sharding, local)))
 
 
 def train_loop(
@@ -259,8 +354,12 @@ def train_loop(
     eval_name: str = "test_accuracy",
     metric_name: str = "accuracy",
     logger: Any = None,
+    target: float | None = None,
+    higher_is_better: bool = True,
+    time_cap_s: float | None = None,
 ) -> LoopResult:
-    """Runs `steps` training steps, synchronizing and evaluating as asked.
+    """Runs `steps` training steps, synchronizing and evaluating as asked; stops early at
+    the first evaluation that reaches `target`, or once training took `time_cap_s`.
 
     Args:
       step: the training step.
@@ -274,6 +373,11 @@ def train_loop(
       eval_name: key of the evaluation in ``history`` and in the logged metrics.
       metric_name: key of the step's training metric in the logged metrics.
       logger: optional launcher metrics logger (``log(step, force=..., **fields)``).
+      target: stop at the first evaluation reaching this value (None: run every step).
+      higher_is_better: whether the evaluation reaches `target` from below (accuracy) or
+        from above (bits per byte).
+      time_cap_s: stop at the first evaluation after this many seconds of training (every
+        rank stops at the same step: the ranks agree on the largest of their clocks).
 
     Returns:
       A :class:`LoopResult`.
@@ -288,6 +392,8 @@ def train_loop(
     clock = time.perf_counter()
     window_first = 0
     paced = jaxcomm.paced(step, max_in_flight)
+    agreed_max = _AgreedMax(step.mesh) if time_cap_s is not None else None
+    stopped, time_to_target, done = "steps", None, steps
     for i in range(steps):
         params, state, loss_d, metric_d = paced(params, state, *batch(i))
         evaluate_now = i % eval_every == 0 or i == steps - 1
@@ -321,8 +427,25 @@ def train_loop(
                     collective_time_s=None if comm is None else (comm - base) / window_steps,
                     **{eval_name: evaluation, metric_name: host_scalar(metric_d)},
                 )
+            if time_to_target is None and reached(evaluation, target, higher_is_better):
+                time_to_target, stopped = seconds, "target"
+            elif agreed_max is not None and agreed_max(seconds) >= time_cap_s:
+                stopped = "time_cap"
+            if stopped != "steps":
+                done = i + 1
+                break
             clock, window_first, window_comm = time.perf_counter(), i + 1, _collective_seconds()
-    return LoopResult(params, loss, evaluation, history, seconds, max(1, steps - 1))
+    return LoopResult(
+        params,
+        loss,
+        evaluation,
+        history,
+        seconds,
+        max(1, done - 1),
+        steps=done,
+        stopped=stopped,
+        time_to_target_s=time_to_target,
+    )
 
 
 def _collective_seconds() -> float | None:

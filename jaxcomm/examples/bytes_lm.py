@@ -39,7 +39,7 @@ VALIDATION_FRACTION = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
-class BytesLMConfig(_loop.Reduction):
+class BytesLMConfig(_loop.Reduction, _loop.Stopping):
     """Settings of one run.
 
     Attributes:
@@ -52,13 +52,16 @@ class BytesLMConfig(_loop.Reduction):
       batch_size: global batch in sequences, split evenly across all devices.
       seq_len: bytes of context per sequence.
       width, layers, heads: the transformer (MLP width 4 x ``width``).
-      learning_rate: Adam's learning rate.
+      learning_rate: AdamW's learning rate.
+      weight_decay: AdamW's decoupled weight decay (0: Adam).
       max_corpus_bytes: the corpus is cut to this many bytes (memory).
       eval_every: steps between validation evaluations.
       eval_sequences: validation windows per evaluation (fixed positions).
       max_in_flight: training steps queued ahead of the devices (``jaxcomm.paced``; 0 waits
         for every step).
       seed: initialization, batch order and validation windows.
+      target, time_cap_s: stop at this validation bits per byte or after this much training
+        (:class:`jaxcomm.examples._loop.Stopping`).
     """
 
     warmup_phase_steps: int = 50
@@ -69,6 +72,7 @@ class BytesLMConfig(_loop.Reduction):
     layers: int = 6
     heads: int = 6
     learning_rate: float = 1e-3
+    weight_decay: float = 0.01
     max_corpus_bytes: int = 16 << 20
     eval_every: int = 50
     eval_sequences: int = 64
@@ -197,7 +201,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
 
     step = _loop.Step(
         loss_fn,
-        optax.adam(cfg.learning_rate),
+        optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay),
         cfg.reduction(),
         cfg.warmup_phase_steps,
         mesh,
@@ -239,6 +243,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         eval_name="validation_bits_per_byte",
         metric_name="train_bits_per_byte",
         logger=logger,
+        **cfg.loop_options(higher_is_better=False),
     )
     reduction = cfg.reduction()
     result = {
@@ -248,7 +253,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "grad_dtype": cfg.grad_dtype,
         "density": cfg.density if cfg.algorithm in ("gtopk", "topk_allgather") else None,
         "proportion": cfg.proportion if cfg.algorithm == "adaptive" else None,
-        "steps": cfg.steps,
+        **_loop.stop_summary(loop, cfg),
         "devices": n_dev,
         "parameters": n_params,
         "corpus_bytes": int(len(train_bytes) + len(val_bytes)),

@@ -43,7 +43,7 @@ SPLIT_SEED = 1234  # the file is ordered by writer: shuffle once, the same way e
 
 
 @dataclasses.dataclass(frozen=True)
-class DigitsConfig(_loop.Reduction):
+class DigitsConfig(_loop.Reduction, _loop.Stopping):
     """Settings of one training run.
 
     Attributes:
@@ -67,6 +67,8 @@ class DigitsConfig(_loop.Reduction):
         for every step).
       seed: parameter initialization and batch order (identical on every process).
       eval_every: steps between test-accuracy evaluations (the last step is always one).
+      target, time_cap_s: stop at this test accuracy or after this much training
+        (:class:`jaxcomm.examples._loop.Stopping`).
     """
 
     proportion: float = 16.0
@@ -281,6 +283,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         eval_every=cfg.eval_every,
         max_in_flight=cfg.max_in_flight,
         logger=logger,
+        **cfg.loop_options(higher_is_better=True),
     )
     reduction = cfg.reduction()
     comm = _loop.communication_summary(reduction, n_params, n_dev, loop.timed_steps)
@@ -292,7 +295,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "grad_dtype": cfg.grad_dtype,
         "density": cfg.density if cfg.algorithm in ("gtopk", "topk_allgather") else None,
         "proportion": cfg.proportion if cfg.algorithm == "adaptive" else None,
-        "steps": steps,
+        **_loop.stop_summary(loop, cfg),
         "devices": n_dev,
         "parameters": n_params,
         "test_accuracy": loop.evaluation,
@@ -310,7 +313,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         path.write_text(json.dumps(result, indent=2))
     if logger is not None:
         logger.log(
-            steps - 1,
+            loop.steps - 1,
             force=True,
             bytes_sent=result["bytes_sent_per_step"],
             compression_ratio=result["dense_bytes_per_step"]

@@ -213,6 +213,14 @@ class Train(_Strict):
     hidden: int = Field(64, ge=1)
     eval_every: int = Field(25, ge=1)
     seed: int = 0
+    target: float | None = Field(
+        None,
+        description="stop at the first evaluation that reaches this value of the job's metric "
+        "(test accuracy: at least; bits per byte: at most); None: run all steps",
+    )
+    time_cap_s: float | None = Field(
+        None, gt=0, description="stop after this many seconds of training (the ranks agree)"
+    )
 
 
 class Metrics(_Strict):
