@@ -96,6 +96,25 @@ user-tuned threshold (``threshold`` must be allowed explicitly, with its ``tau``
 
 _F32 = 4  # bytes per float32 / uint32 word
 
+DEFAULT_STEPS_FACTOR: Mapping[str, float] = {
+    "dense": 1.0,
+    "gtopk": 2.1,
+    "topk_allgather": 2.0,
+    "adaptive": 1.3,
+    "onebit": 5.1,
+    "threshold": 2.0,
+}
+"""Steps an algorithm needs to reach dense's accuracy, relative to dense (1.0).
+
+What users pay is the time to a target accuracy: ``steps × step time``. An algorithm whose
+step is a little faster but that needs twice the steps loses end to end, so ``auto`` and
+:func:`plan` pick by ``factor × predicted seconds``. Measured by the end-to-end grid
+(``python benchmarks/train.py``, docs/e2e.md): steps to the target of ``digits-small`` on 2
+nodes, e.g. gTop-k 451 and one-bit 1081 against dense's 211 (sparse algorithms after the
+paper's warm-up, π = 16 for adaptive). Models differ: pass your own through
+``Auto(steps_factor=...)`` when you have measured them; an algorithm missing here counts 1.0.
+"""
+
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
@@ -1058,8 +1077,12 @@ def plan(
     allowed: Iterable[str] | None = None,
     overlap: bool = False,
     hidden_seconds: float = 0.0,
+    steps_factor: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Predictions for every algorithm and size, and the pick (what ``jaxcomm plan`` prints).
+
+    The pick, like ``auto``'s, has the least predicted time to target: seconds times the
+    steps the algorithm needs relative to dense (``steps_factor``).
 
     Args:
       sizes: gradient sizes in elements per rank; the pick is made for the sum of one call
@@ -1071,9 +1094,10 @@ def plan(
       allowed: algorithms the pick may be (default: all predicted ones).
       overlap: see :func:`predict`.
       hidden_seconds: see :func:`predict` (per call).
+      steps_factor: steps relative to dense (default :data:`DEFAULT_STEPS_FACTOR`).
 
     Returns:
-      ``{"pick": {"algorithm", "elements", "bytes_sent_per_rank", "seconds"},
+      ``{"pick": {"algorithm", "elements", "bytes_sent_per_rank", "seconds", "steps_factor"},
       "predictions": [{"algorithm", "elements", "processes", "devices_per_process",
       "bytes_sent_per_rank", "seconds"}, ...]}``.
 
@@ -1103,12 +1127,17 @@ def plan(
             acc = totals.setdefault(a, [0.0, 0.0])
             acc[0] += p.seconds
             acc[1] += p.bytes_sent_per_rank
-    best = min(candidates, key=lambda a: (totals[a][0], candidates.index(a)))
+    _check_steps_factor(steps_factor)
+    best = min(
+        candidates,
+        key=lambda a: (totals[a][0] * steps_factor_of(a, steps_factor), candidates.index(a)),
+    )
     pick = {
         "algorithm": best,
         "elements": sum(sizes),
         "bytes_sent_per_rank": totals[best][1],
         "seconds": totals[best][0],
+        "steps_factor": steps_factor_of(best, steps_factor),
     }
     return {"pick": pick, "predictions": predictions}
 
@@ -1131,6 +1160,8 @@ class Auto:
       profile: a :class:`Profile`, a path to ``jaxcomm probe``'s JSON, or None for
         :data:`DEFAULT_PROFILE`.
       options: compressor settings of the candidates (density, proportion, tau, ...).
+      steps_factor: steps each algorithm needs to reach dense's accuracy, relative to dense
+        (default :data:`DEFAULT_STEPS_FACTOR`); the pick minimizes ``factor × seconds``.
 
     Example:
       >>> auto = Auto(allowed=("dense", "gtopk"), options=Options(density=0.01))
@@ -1141,6 +1172,7 @@ class Auto:
     allowed: tuple[str, ...] = DEFAULT_ALLOWED
     profile: Profile | str | None = None
     options: Options = dataclasses.field(default_factory=Options)
+    steps_factor: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         allowed = (self.allowed,) if isinstance(self.allowed, str) else tuple(self.allowed)
@@ -1150,6 +1182,7 @@ class Auto:
                 f"Auto.allowed must be a non-empty subset of {AUTO_CHOICES}, got {self.allowed!r}"
             )
         object.__setattr__(self, "allowed", allowed)
+        _check_steps_factor(self.steps_factor)
         if isinstance(self.profile, (str, pathlib.Path)):
             object.__setattr__(self, "profile", Profile.load(self.profile))
 
@@ -1161,6 +1194,25 @@ class Auto:
 _decisions: list[dict[str, Any]] = []
 
 
+def _check_steps_factor(steps_factor: Mapping[str, float] | None) -> None:
+    if steps_factor is None:
+        return
+    bad = {k: v for k, v in steps_factor.items() if not (math.isfinite(v) and v > 0)}
+    if bad:
+        raise ValueError(f"steps_factor values must be finite and > 0, got {bad}")
+
+
+def steps_factor_of(name: str, steps_factor: Mapping[str, float] | None = None) -> float:
+    """The steps `name` needs relative to dense (:data:`DEFAULT_STEPS_FACTOR`; 1.0 if absent).
+
+    Example:
+      >>> steps_factor_of("dense"), steps_factor_of("gtopk", {"gtopk": 1.5})
+      (1.0, 1.5)
+    """
+    table = DEFAULT_STEPS_FACTOR if steps_factor is None else steps_factor
+    return float(table.get(name, 1.0))
+
+
 def choose(
     n: int,
     world: World,
@@ -1168,8 +1220,10 @@ def choose(
     profile: Profile | None = None,
     options: Options | None = None,
     hierarchical: bool = False,
+    steps_factor: Mapping[str, float] | None = None,
 ) -> str:
-    """The fastest predicted algorithm among ``allowed`` for one call on ``n`` elements.
+    """The algorithm among ``allowed`` with the least predicted time to target for one call on
+    ``n`` elements: its seconds times the steps it needs relative to dense.
 
     Args:
       n: elements per rank.
@@ -1179,6 +1233,7 @@ def choose(
       options: compressor settings.
       hierarchical: the call is hierarchical (node, local): only dense and the quantizers
         have hierarchical forms, so the sparse names are skipped.
+      steps_factor: steps relative to dense (default :data:`DEFAULT_STEPS_FACTOR`).
 
     Returns:
       A name from ``allowed``; ties go to the earlier one.
@@ -1199,6 +1254,7 @@ def choose(
             raise ValueError(f"unknown auto choice {name!r}; allowed: {AUTO_CHOICES}")
         model = "hier_" + name if hierarchical else name
         seconds = predict(model, n, world, profile, options).seconds
+        seconds *= steps_factor_of(name, steps_factor)
         if seconds < best_time:
             best, best_time = name, seconds
     return best
@@ -1245,7 +1301,7 @@ def resolve_auto(
     world = World(min(nodes, processes) if processes > 1 else 1, local, profile.inter_process)
     if world.ranks != axis_size:  # a world the model cannot split: treat it as flat
         world = World(axis_size, 1, profile.inter_process if processes > 1 else "same_host")
-    name = choose(n, world, auto.allowed, profile, auto.options, hierarchical)
+    name = choose(n, world, auto.allowed, profile, auto.options, hierarchical, auto.steps_factor)
     o = auto.options
     chosen = {
         "dense": lambda: None,
