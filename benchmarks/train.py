@@ -215,7 +215,11 @@ def leaf_sizes(workload: str, recipe: dict[str, Any]) -> list[int]:
     if workload == "bytes-lm":
         from jaxcomm.examples.bytes_lm import BytesLMConfig, ByteTransformer
 
-        fields = {k: v for k, v in recipe.get("args", {}).items() if k in ("width", "layers")}
+        fields = {
+            k: v
+            for k, v in recipe.get("args", {}).items()
+            if k in ("width", "layers", "heads", "seq_len")
+        }
         cfg = BytesLMConfig(**fields)
         model = ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
         shapes = jax.eval_shape(
@@ -301,6 +305,10 @@ def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
     recipe["train"].pop("target", None)
     recipe.setdefault("args", {}).pop("epochs", None)
     recipe["train"]["eval_every"] = args.compute_steps
+    # The batch one node computes in the grid's world: the global batch over its nodes.
+    recipe["train"]["batch_size"] = max(1, recipe["train"]["batch_size"] // args.nodes)
+    if "batch_size" in recipe.get("args", {}):
+        recipe["args"]["batch_size"] = max(1, recipe["args"]["batch_size"] // args.nodes)
     # One rank pinned to one core, as an emulated node is.
     run_dir = args.work / f"{workload}-compute"
     prefix = ("taskset", "-c", "0") if shutil.which("taskset") else ()
@@ -309,7 +317,12 @@ def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
     if code != 0 or result is None:
         print(f"  compute calibration of {workload} failed (exit {code}); see {run_dir}")
         return None
-    data = {"step_s": result["step_seconds"], "steps": result["steps"], "pinned": bool(prefix)}
+    data = {
+        "step_s": result["step_seconds"],
+        "steps": result["steps"],
+        "pinned": bool(prefix),
+        "batch_size": recipe["train"]["batch_size"],
+    }
     write_json(path, data)
     return data["step_s"]
 
@@ -479,9 +492,13 @@ def load_cells(out: pathlib.Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/*/*-s*.json"))]
 
 
-def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize(
+    cells: list[dict[str, Any]], computes: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
     """One row per (workload, network, label): seeds pooled (median time to target, spread),
-    the speedup over the fastest dense 16-bit run of the same cell."""
+    the speedup over the fastest dense 16-bit run of the same cell, and the bound on any
+    speedup there (``computes``: each workload's measured compute step)."""
+    computes = computes or {}
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for c in cells:
         net = network_dir(c["network"], c["nodes"])
@@ -531,7 +548,17 @@ def summarize(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
             base_t, lower = b["capped_at_s"], True
         else:
             b, base_t, lower = None, None, False
+        # The speedup a reduction that cost nothing and needed no more steps than the
+        # baseline would get: the baseline's time over its steps of compute alone.
+        compute = computes.get(cell_rows[0]["workload"])
+        bound = (
+            base_t / (b["steps"] * compute)
+            if (b is not None and base_t and compute and b["steps"])
+            else None
+        )
         for r in cell_rows:
+            r["compute_s"] = compute
+            r["no_communication_bound"] = bound
             r["baseline"] = None if b is None else b["label"]
             t = r["time_to_target_s"]
             r["speedup"] = base_t / t if (base_t and t) else None
@@ -582,6 +609,11 @@ def table_lines(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
             f"{workload} · {net} · target {first['metric']} "
             f"{'≥' if first['metric'] == 'test_accuracy' else '≤'} {first['target']}"
         )
+        if first.get("no_communication_bound"):
+            title += (
+                f" · compute {first['compute_s']:.3f} s/step: no reduction can beat "
+                f"{first['no_communication_bound']:.1f}× here"
+            )
         if first.get("oversubscribed"):
             title += f" · {first['oversubscribed']}"
         lines += ["", f"**{title}**" if markdown else title, ""]
@@ -718,7 +750,11 @@ def report(args: argparse.Namespace) -> None:
         print(f"no cells in {args.out}/cells yet")
         return
     repredict(args, cells)
-    rows = summarize(cells)
+    computes = {
+        p.parent.name: json.loads(p.read_text())["step_s"]
+        for p in (args.out / "cells").glob("*/compute.json")
+    }
+    rows = summarize(cells, computes)
     for line in table_lines(rows, markdown=False):
         print(line)
     write_json(args.out / "e2e.json", {"rows": rows, "cells": len(cells)})
