@@ -10,14 +10,11 @@
 namespace jaxcomm::collectives {
 namespace {
 
+// The sums of one (world rank, name, algorithm) over its calls.
 struct MetricsTotal {
-  uint64_t calls = 0;
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  uint64_t dense_bytes_sent = 0;
-  uint64_t elements = 0;
+  uint64_t calls = 0, bytes_sent = 0, bytes_received = 0, dense_bytes_sent = 0, elements = 0;
   double seconds = 0;
-  int group_size = 0;
+  int group_size = 0;  // of the last call
 };
 
 constexpr size_t kMaxRecentRecords = 4096;

@@ -117,6 +117,21 @@ Request& Request::operator=(Request&& other) noexcept {
   return *this;
 }
 
+bool Request::Posted(void* ucp_result, const char* call) {
+  if (ucp_result == nullptr) {  // completed in place
+    ucs_status_ = UCS_OK;
+    return true;
+  }
+  if (UCS_PTR_IS_ERR(ucp_result)) {
+    ucs_status_ = UCS_PTR_STATUS(ucp_result);
+    error_ = std::string(call) + ": " + UcsError(UCS_PTR_STATUS(ucp_result));
+  } else {
+    ucp_request_ = ucp_result;
+    done_ = false;
+  }
+  return false;
+}
+
 void Request::Abandon() {
   if (ucp_request_ == nullptr) return;
   // A receive still pending would write into a buffer its owner is about to drop: cancel it.
@@ -382,17 +397,9 @@ Request UcxWorld::Isend(int self, int peer, uint64_t tag, const void* data, size
     return r;
   }
   ucp_request_param_t p{};
-  void* req = ucp_tag_send_nbx(link.ep, data, bytes, tag, &p);
-  if (req == nullptr) {
-    r.ucs_status_ = UCS_OK;
+  if (r.Posted(ucp_tag_send_nbx(link.ep, data, bytes, tag, &p), "ucp_tag_send_nbx")) {
     l.bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
     l.messages_sent.fetch_add(1, std::memory_order_relaxed);
-  } else if (UCS_PTR_IS_ERR(req)) {
-    r.ucs_status_ = UCS_PTR_STATUS(req);
-    r.error_ = "ucp_tag_send_nbx: " + UcsError(UCS_PTR_STATUS(req));
-  } else {
-    r.ucp_request_ = req;
-    r.done_ = false;
   }
   return r;
 }
@@ -409,18 +416,11 @@ Request UcxWorld::Irecv(int self, int peer, uint64_t tag, void* data, size_t cap
   p.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
   p.recv_info.tag_info = &info;
   // Full 64-bit mask: seq, step and source must all match.
-  void* req = ucp_tag_recv_nbx(l.worker, data, capacity, tag, ~uint64_t{0}, &p);
-  if (req == nullptr) {
-    r.ucs_status_ = UCS_OK;
+  if (r.Posted(ucp_tag_recv_nbx(l.worker, data, capacity, tag, ~uint64_t{0}, &p),
+               "ucp_tag_recv_nbx")) {
     r.received_ = info.length;
     l.bytes_received.fetch_add(info.length, std::memory_order_relaxed);
     l.messages_received.fetch_add(1, std::memory_order_relaxed);
-  } else if (UCS_PTR_IS_ERR(req)) {
-    r.ucs_status_ = UCS_PTR_STATUS(req);
-    r.error_ = "ucp_tag_recv_nbx: " + UcsError(UCS_PTR_STATUS(req));
-  } else {
-    r.ucp_request_ = req;
-    r.done_ = false;
   }
   return r;
 }

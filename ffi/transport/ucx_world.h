@@ -102,6 +102,9 @@ class Request {
   friend class UcxWorld;
   enum class Kind : uint8_t { kNone, kSend, kRecv };
   void Abandon();
+  // Files what UCX's `call` (ucp_tag_send_nbx or ucp_tag_recv_nbx) returned: done in place
+  // (returns true: the caller counts the traffic), failed, or pending on a UCX request.
+  bool Posted(void* ucp_result, const char* call);
 
   Kind kind_ = Kind::kNone;
   int self_ = -1;
