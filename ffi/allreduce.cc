@@ -241,7 +241,7 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& calle
 
 }  // namespace
 
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduce, AllreduceImpl, BindDenseData);
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_allreduce", AllreduceImpl, BindDenseData);
 
 }  // namespace jaxcomm::collectives
 
