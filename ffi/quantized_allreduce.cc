@@ -38,12 +38,11 @@ namespace {
 using kernels::QuantizerKind;
 using kernels::QuantizerSpec;
 
-constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
-constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
-constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
-
 using quantized::CheckSizes;
+using quantized::kHierarchicalOp;
+using quantized::kHierarchicalQuantizedOp;
 using quantized::KindLabel;
+using quantized::kQuantizedOp;
 using quantized::QuantizerAttrs;
 using ring::ChunkBegin;
 using ring::ChunkSize;

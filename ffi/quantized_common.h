@@ -40,6 +40,11 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jaxcomm::collectives::quantized::Quantizer
 
 namespace jaxcomm::collectives::quantized {
 
+// The Python API names of the three ops, for errors and metrics (CPU and GPU alike).
+constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
+constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
+constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
+
 inline const char* KindLabel(kernels::QuantizerKind kind) {
   switch (kind) {
     case kernels::QuantizerKind::kOneBit:

@@ -63,11 +63,10 @@ namespace {
 namespace kc = kernels::cuda;
 using kernels::QuantizerKind;
 using kernels::QuantizerSpec;
+using quantized::kHierarchicalOp;
+using quantized::kHierarchicalQuantizedOp;
+using quantized::kQuantizedOp;
 using quantized::QuantizerAttrs;
-
-constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
-constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
-constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
 
 // ---- device counterparts of kernels/quantized_slices.h -----------------------------------
 
