@@ -44,9 +44,8 @@ ffi::Error RingAllreduce(Group& group, const float* x, float* data, int64_t n,
                          std::vector<float>* scratch);
 
 // Vectors of at most this many bytes take the small-vector schedules (see the table above):
-// env JAXCOMM_SMALL_ALLREDUCE_BYTES (declared in jaxcomm/config.py; 0 turns them off), default
-// kSmallAllreduceBytes. Read once per process.
-constexpr size_t kSmallAllreduceBytes = size_t{32} << 10;
+// env JAXCOMM_SMALL_ALLREDUCE_BYTES (ffi/transport/settings.h, kSmallAllreduceBytes; 0 turns
+// them off). Read once per process.
 size_t SmallAllreduceBytes();
 
 // Recursive doubling: ceil(log2 P) exchanges of the whole vector with partner rank ^ 2^s,

@@ -144,7 +144,8 @@ class Group {
   // Whether some member lives in another process (then reading it costs process_vm_readv).
   bool SpansProcesses() const;
 
-  // Records this call's metrics (algorithm label, element count, bytes, wall time).
+  // Records this call's metrics (algorithm label, element count, bytes, wall time) in the
+  // process-wide store (ffi/metrics.h).
   void Finish(const char* algorithm, int64_t elements);
 
  private:
@@ -188,9 +189,5 @@ class TimedWork {
   Work kind_;
   std::chrono::steady_clock::time_point start_;
 };
-
-// Metrics of every collective this process ran, as JSON (see jaxcomm.metrics()).
-std::string MetricsJson();
-void ResetMetrics();
 
 }  // namespace jaxcomm::collectives

@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 # Before the C++ library (which reads some of the settings) is loaded: a bad JAXCOMM_* value
 # fails here, naming the variable (jaxcomm/config.py SETTINGS).
 config.check_environment()
-_ffi.register_all()  # every FFI target, from the one table in jaxcomm/_ffi.py
+_ffi.register_all()  # every FFI target, from the library's own table (ffi/registrations.h)
 
 # Before JAX creates its CPU client: a launch pool that several devices cannot starve
 # (jaxcomm/pacing.py).
