@@ -10,15 +10,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomm import _validate
+from jaxcomm.algorithms import dense
 from jaxcomm.collectives import _attributes, _mesh
 from jaxcomm.collectives._call import collective_call
 
-# 16-bit dense allreduce targets (ffi/allreduce_half.cc): 2 bytes per element on the wire,
-# float32 sums rounded once. CPU only; GPU meshes widen to float32 and use NCCL.
-_HALF_TARGETS = {
-    jnp.dtype(jnp.bfloat16): "jaxcomm_allreduce_bf16",
-    jnp.dtype(jnp.float16): "jaxcomm_allreduce_f16",
-}
+# The dense algorithm's targets (jaxcomm/algorithms/dense.py); its 16-bit wire
+# (ffi/allreduce_half.cc) is CPU only: GPU meshes widen to float32 and use NCCL.
+_TARGETS = dense.ALGORITHM.targets
 
 
 def allreduce(
@@ -86,14 +84,14 @@ def allreduce(
                 x.astype(jnp.float32), axis_name, hierarchical, hierarchical_scheme, after
             )
             return wide.astype(x.dtype)
-        target = _HALF_TARGETS[jnp.dtype(x.dtype)]
+        target = _TARGETS[jnp.dtype(x.dtype).name]  # "bfloat16" or "float16"
         (out,) = collective_call(
             target, "jaxcomm.allreduce", axis_name, [x], [(x.shape, x.dtype)], after=after
         )
         return out
-    target, attrs = "jaxcomm_allreduce", {}
+    target, attrs = _TARGETS["flat"], {}
     if hierarchical:
-        target = "jaxcomm_hierarchical_allreduce"
+        target = _TARGETS["hierarchical"]
         attrs = _attributes.hierarchical_attributes(
             axis_name, hierarchical_scheme, "jaxcomm.allreduce"
         )
