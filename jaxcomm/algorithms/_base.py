@@ -110,6 +110,9 @@ class Algorithm:
       auto_default: ``auto`` may choose it unless told otherwise.
       planned: ``jaxcomm plan`` and the benchmarks list it by default.
       in_recipes: a recipe's ``jaxcomm.algorithm`` may name it.
+      ops: the module of ``jaxcomm.ops`` with its single-device ``compress(x, residual, spec)``
+        and ``decompress(packed, spec, shape)`` (``jaxcomm.ops.compress`` dispatches to it),
+        or None.
       hierarchy: ``(base name, scheme)`` of a hierarchical form (``("dense", "leader")`` for
         ``hier_dense_leader``); None for a flat algorithm.
     """
@@ -136,6 +139,7 @@ class Algorithm:
     auto_default: bool = False
     planned: bool = True
     in_recipes: bool = True
+    ops: str | None = None
     hierarchy: tuple[str, str] | None = None
 
     @property
