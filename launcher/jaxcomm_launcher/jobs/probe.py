@@ -260,7 +260,11 @@ def run(ctx: JobContext) -> None:
     # Fits.
     call = t["call"]
     measured.append("call")
-    gamma = {k: t[f"gamma.{k}"] / kernel_n for k in cost.KERNELS if k != "merge"}
+    # Kernels this probe has no measurement for (an algorithm's own new kernel) keep the
+    # registry's default: Profile.from_json fills them in and `measured` does not list them.
+    gamma = {
+        k: t[f"gamma.{k}"] / kernel_n for k in cost.KERNELS if k != "merge" and f"gamma.{k}" in t
+    }
     gamma["merge"] = t["gamma.merge"] / (2 * k)
     measured += [f"gamma.{name}" for name in gamma]
     links: dict[str, dict[str, float]] = {}
