@@ -40,10 +40,12 @@ import yaml
 from _bench import add_world_arguments, jaxcomm_cli, recipe_backend, write_result_and_plot
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
-from jaxcomm import cost
+from jaxcomm import algorithms, cost
 
-FLAT = ["psum", "dense", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
-HIER = ["hier_dense", "hier_dense_leader", "hier_adaptive"]
+# The registry's default listing (jaxcomm/algorithms/), flat and hierarchical.
+FLAT = [a for a in algorithms.planned() if algorithms.get(a).hierarchy is None]
+HIER = [a for a in algorithms.planned() if algorithms.get(a).hierarchy is not None]
+MULTI_LEADER = [a for a in HIER if algorithms.get(a).hierarchy[1] == "multi_leader"]
 
 
 def _recipe(
@@ -176,9 +178,9 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
     """
     base = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
     options = cost.Options(density=density)
-    shown = ["dense", "topk_allgather", "gtopk", "onebit", "adaptive"]
-    print(f"| network | P | layout | {' | '.join(shown)} | hier_dense | hier_adaptive | pick |")
-    print("|---" * (len(shown) + 6) + "|")
+    shown = [a for a in FLAT if a in cost.DEFAULT_ALLOWED]
+    print(f"| network | P | layout | {' | '.join(shown + MULTI_LEADER)} | pick |")
+    print("|---" * (len(shown) + len(MULTI_LEADER) + 4) + "|")
     for gbit in (10, 100, 400):
         link = cost.Link(alpha=10e-6, beta=8 / (gbit * 1e9))
         profile = cost.Profile(
@@ -193,10 +195,10 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
             if p > 8:  # 8 ranks at 8 per node is one process: no network
                 layouts.append(("8 per node", cost.World(p // 8, 8, "across_hosts")))
             for layout, world in layouts:
-                algos = shown + (["hier_dense", "hier_adaptive"] if layout != "flat" else [])
+                algos = shown + (MULTI_LEADER if layout != "flat" else [])
                 times = {a: cost.predict(a, n, world, profile, options).seconds for a in algos}
                 cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in shown]
-                cells += [f"{times[a] * 1e3:.0f}" if a in times else "" for a in HIER[::2]]
+                cells += [f"{times[a] * 1e3:.0f}" if a in times else "" for a in MULTI_LEADER]
                 pick = min(times, key=times.get)
                 print(f"| {gbit} Gbit/s | {p} | {layout} | {' | '.join(cells)} | {pick} |")
 

@@ -245,7 +245,7 @@ JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_allreduce", AllreduceImpl, BindDenseData);
 
 }  // namespace jaxcomm::collectives
 
-// SmallAllreduceBytes(), for jaxcomm/cost.py's byte counts and times.
+// SmallAllreduceBytes(): tests/test_cost.py checks jaxcomm/algorithms/dense.py reads the same.
 JAXCOMM_C_API int64_t jaxcomm_allreduce_small_bytes() {
   return static_cast<int64_t>(jaxcomm::collectives::SmallAllreduceBytes());
 }

@@ -25,11 +25,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm
-from jaxcomm import cost
+from jaxcomm import algorithms, cost
 from jaxcomm import optax as jc_optax
 
 AXIS = "dp"
-ALGORITHMS = ("psum", "dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold", "auto")
+ALGORITHMS = (*algorithms.names(), algorithms.AUTO)  # the registry's names (recipes use them)
 GRAD_DTYPES = ("float32", "bfloat16")
 
 
@@ -87,27 +87,28 @@ class Reduction:
         a = self.algorithm
         if a == "psum":
             return None
-        compressors: dict[str, Callable[[], Any]] = {
-            "dense": lambda: None,
-            "gtopk": lambda: jaxcomm.GTopK(self.density),
-            "topk_allgather": lambda: jaxcomm.TopKAllgather(self.density),
-            "adaptive": lambda: jaxcomm.Adaptive(self.proportion),
-            "onebit": lambda: jaxcomm.OneBit(),
-            "threshold": lambda: jaxcomm.Threshold(self.tau),
-            "auto": lambda: cost.Auto(
-                allowed=self.allowed or cost.DEFAULT_ALLOWED,
-                profile=self.profile,
-                options=cost.Options(
-                    density=self.density, proportion=self.proportion, tau=self.tau
-                ),
-            ),
-        }
+        options = cost.Options(density=self.density, proportion=self.proportion, tau=self.tau)
         schedule = None
-        if a in ("gtopk", "topk_allgather") and self.warmup:
-            schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
+        if a == algorithms.AUTO:
+            algorithm: Any = cost.Auto(
+                allowed=self.allowed or cost.DEFAULT_ALLOWED, profile=self.profile, options=options
+            )
+        else:
+            algorithm = algorithms.build(a, options)  # None: the dense allreduce
+            if algorithms.get(a).uses_density and self.warmup:
+                schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
         return jc_optax.allreduce_gradients(
-            AXIS, compressors[a](), density_schedule=schedule, bucket_size=self.bucket_size
+            AXIS, algorithm, density_schedule=schedule, bucket_size=self.bucket_size
         )
+
+    def uses_density(self) -> bool:
+        """Whether :attr:`density` configures the algorithm (the sparse ones).
+
+        Example:
+          >>> Reduction("gtopk").uses_density(), Reduction("onebit").uses_density()
+          (True, False)
+        """
+        return self.algorithm != algorithms.AUTO and algorithms.get(self.algorithm).uses_density
 
     def label(self) -> str:
         """Short name for files and tables, e.g. ``"gtopk"`` or ``"psum-bf16"``."""

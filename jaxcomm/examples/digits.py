@@ -293,7 +293,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "label": reduction.label(),
         "model": cfg.model,
         "grad_dtype": cfg.grad_dtype,
-        "density": cfg.density if cfg.algorithm in ("gtopk", "topk_allgather") else None,
+        "density": cfg.density if cfg.uses_density() else None,
         "proportion": cfg.proportion if cfg.algorithm == "adaptive" else None,
         **_loop.stop_summary(loop, cfg),
         "devices": n_dev,

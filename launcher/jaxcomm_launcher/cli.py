@@ -252,7 +252,7 @@ def cleanup_command(
 
 
 # ---------------------------------------------------------------------------------------------
-# probe and plan: the cost model (jaxcomm/cost.py)
+# probe and plan: the cost model (jaxcomm/cost/)
 
 
 def _digits_parameters(model: str, hidden: int) -> int:

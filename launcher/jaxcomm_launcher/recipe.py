@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from jaxcomm_launcher._jaxcomm import standalone
+
 # Bundled jobs by short name; anything else must be written `module:function`.
 BUNDLED_JOBS: dict[str, str] = {
     "smoke": "jaxcomm_launcher.jobs.smoke:run",
@@ -147,11 +149,12 @@ Backend = Annotated[
 BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
 
 
-# The names of jaxcomm.examples._loop.ALGORITHMS (tests/test_launcher.py checks they agree).
-Algorithm = Literal[
-    "psum", "dense", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold", "auto"
-]
-AutoChoice = Literal["dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold"]
+# The algorithm registry's names (jaxcomm/algorithms/, loaded without JAX): a new algorithm
+# module is a valid recipe choice with no edit here.
+_ALGORITHMS = standalone("algorithms")
+ALGORITHM_NAMES = (*_ALGORITHMS.names(), _ALGORITHMS.AUTO)
+Algorithm = Literal[ALGORITHM_NAMES]  # type: ignore[valid-type]
+AutoChoice = Literal[_ALGORITHMS.auto_choices()]  # type: ignore[valid-type]
 
 
 class JaxcommSettings(_Strict):
@@ -165,7 +168,8 @@ class JaxcommSettings(_Strict):
     hierarchical: bool = False
     label: str | None = Field(None, description="name of this entry in tables and plots")
     allowed: list[AutoChoice] | None = Field(
-        None, description="algorithms auto may choose (default: all but threshold)"
+        None,
+        description=f"algorithms auto may choose (default: {', '.join(_ALGORITHMS.default_allowed())})",
     )
     profile: str | None = Field(None, description="auto: profile JSON from `jaxcomm probe`")
 
@@ -182,7 +186,7 @@ class JaxcommSettings(_Strict):
         if self.label:
             return self.label
         name = self.algorithm
-        if self.algorithm in ("topk_allgather", "gtopk"):
+        if self.algorithm != _ALGORITHMS.AUTO and _ALGORITHMS.get(self.algorithm).uses_density:
             name += f"-d{self.density:g}"
         if self.grad_dtype == "bfloat16":
             name += "-bf16"
