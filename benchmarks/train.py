@@ -233,6 +233,19 @@ def leaf_sizes(workload: str, recipe: dict[str, Any]) -> list[int]:
     return [int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)]
 
 
+def warmup_phase(workload: str, recipe: dict[str, Any]) -> int:
+    """Steps per density of the sparse algorithms' warm-up: the recipe's
+    ``args.warmup_phase_steps``, else an epoch of the digits (the gTop-k paper's choice)."""
+    args = recipe.get("args", {})
+    if args.get("warmup_phase_steps"):
+        return int(args["warmup_phase_steps"])
+    if workload == "bytes-lm":
+        from jaxcomm.examples.bytes_lm import BytesLMConfig
+
+        return BytesLMConfig().warmup_phase_steps
+    return 1500 // recipe["train"]["batch_size"]  # digits: 1500 training images per epoch
+
+
 def predict_step(
     workload: str,
     recipe: dict[str, Any],
@@ -241,9 +254,12 @@ def predict_step(
     nodes: int,
     compute_s: float | None,
     profile_path: pathlib.Path | None,
+    steps: int | None = None,
 ) -> dict[str, Any] | None:
     """``jaxcomm.cost``'s step time of a cell: the measured compute step plus the predicted
-    reduction of every bucket (the sparse algorithms at their final density).
+    reduction of every bucket. The sparse algorithms follow their warm-up schedule (one
+    density per phase): with `steps`, the prediction is the mean over the timed steps
+    ``1 .. steps-1`` of the run, else the step after the warm-up.
 
     16-bit cells: jaxcomm's 16-bit wire moves half the bytes, predicted as a float32 reduction
     of half the elements; XLA's bf16 ``lax.pmean`` was measured no faster than its fp32 one
@@ -260,16 +276,36 @@ def predict_step(
     world = cost.World(processes=nodes, devices_per_process=1, inter_process=inter)
     profile = cost.Profile.load(profile_path) if profile_path and profile_path.exists() else None
     jc = recipe.get("jaxcomm", {})
-    options = cost.Options(density=jc.get("density", cost.Options().density))
+    density = jc.get("density", cost.Options().density)
     algorithm = VARIANTS[label]["algorithm"]
     scale = 0.5 if label == "dense-bf16" else 1.0
     elements = [max(1, round(b * scale)) for b in buckets]
     if algorithm == "auto":
-        planned = cost.plan(elements, world, profile, options, algorithms=cost.DEFAULT_ALLOWED)
+        planned = cost.plan(
+            elements, world, profile, cost.Options(density=density), algorithms=cost.DEFAULT_ALLOWED
+        )
         comm = planned["pick"]["seconds"]
         algorithm = planned["pick"]["algorithm"]
     else:
-        comm = sum(cost.predict(algorithm, n, world, profile, options).seconds for n in elements)
+        # {first step: density}: the warm-up phases of the sparse algorithms, else one entry.
+        schedule = {0: density}
+        if algorithm in ("gtopk", "topk_allgather") and recipe.get("args", {}).get("warmup", True):
+            from jaxcomm.optax import gtopk_warmup_schedule
+
+            schedule = gtopk_warmup_schedule(warmup_phase(workload, recipe), density)
+        starts = sorted(schedule)
+        timed = range(1, steps) if steps and steps > 1 else [starts[-1]]
+        comm = 0.0
+        for d_start, d_end, d in zip(
+            starts, [*starts[1:], math.inf], [schedule[k] for k in starts], strict=True
+        ):
+            share = sum(1 for i in timed if d_start <= i < d_end) / len(timed)
+            if share:
+                seconds = sum(
+                    cost.predict(algorithm, n, world, profile, cost.Options(density=d)).seconds
+                    for n in elements
+                )
+                comm += share * seconds
     # Every step also averages its loss and metric with two scalar lax.pmean calls (XLA's
     # collectives: the profile's psum line), which the one-rank compute step does not pay.
     scalars = 2 * cost.predict("psum", 1, world, profile).seconds if nodes > 1 else 0.0
@@ -741,6 +777,7 @@ def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
             c["nodes"],
             json.loads(compute.read_text())["step_s"],
             profile if profile.exists() else None,
+            c["steps"],
         )
 
 
