@@ -154,9 +154,11 @@ def cell_recipe(
     cap: float | None,
     profile: pathlib.Path | None,
     overrides: dict[str, Any],
+    compute_s: float | None = None,
 ) -> dict[str, Any]:
     """The recipe of one cell: the workload's recipe with one sweep entry, the cell's world,
-    seed and time cap (and, for ``auto``, the world's measured profile).
+    seed and time cap (and, for ``auto``, the world's measured profile and the workload's
+    measured compute step, which its extra steps would pay again).
 
     Example:
       >>> r = cell_recipe("digits-small", "host", 2, "gtopk", 0, 60.0, None, {})
@@ -168,6 +170,8 @@ def cell_recipe(
     entry = dict(VARIANTS[label])
     if label == "auto" and profile is not None:
         entry["profile"] = str(profile)
+    if label == "auto" and compute_s is not None:
+        entry["compute_seconds"] = compute_s
     recipe["sweep"] = [entry]
     recipe["world"] = {"processes": nodes, "devices_per_process": 1}
     recipe["backend"] = backend(network, nodes)
@@ -282,7 +286,12 @@ def predict_step(
     elements = [max(1, round(b * scale)) for b in buckets]
     if algorithm == "auto":
         planned = cost.plan(
-            elements, world, profile, cost.Options(density=density), algorithms=cost.DEFAULT_ALLOWED
+            elements,
+            world,
+            profile,
+            cost.Options(density=density),
+            algorithms=cost.DEFAULT_ALLOWED,
+            compute_seconds=compute_s,
         )
         comm = planned["pick"]["seconds"]
         algorithm = planned["pick"]["algorithm"]
@@ -410,7 +419,9 @@ def run_cell(
     if path.exists():
         return json.loads(path.read_text())
     cap = cap_of(args, label, network)
-    recipe = cell_recipe(workload, network, args.nodes, label, seed, cap, profile, args.set)
+    recipe = cell_recipe(
+        workload, network, args.nodes, label, seed, cap, profile, args.set, compute_s
+    )
     prediction = predict_step(workload, recipe, label, network, args.nodes, compute_s, profile)
     if args.dry_run:
         print(f"  would run {path.relative_to(args.out)} (cap {cap:.0f} s)")

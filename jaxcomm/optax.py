@@ -260,6 +260,7 @@ def allreduce_gradients(
         sums: list[jax.Array] = list(xs)
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
         groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
+        total = max(1, sum(x.size for x in xs))
         # Every bucket but the last is awaited only after the last bucket's gradients exist
         # (the first layers', which backward produces last): its collective runs while
         # backward computes them (``after``, see jaxcomm.allreduce).
@@ -271,7 +272,7 @@ def allreduce_gradients(
             after = anchor if b + 1 < len(groups) else None
             # "auto" picks per bucket from the cost model (static: the same on every rank);
             # a bucket it sends dense keeps its (zero) residual.
-            chosen = cost.auto_algorithm(algo, x.size, axis_name, hierarchical)
+            chosen = cost.auto_algorithm(algo, x.size, axis_name, hierarchical, x.size / total)
             if chosen is None:
                 summed = allreduce(x, axis_name, after=after, **extra)
             else:

@@ -48,6 +48,10 @@ class Auto:
       steps_factor: steps each algorithm needs to reach dense's accuracy, relative to dense
         (default :data:`~jaxcomm.cost.DEFAULT_STEPS_FACTOR`); the pick minimizes
         ``factor × seconds``, the predicted time to target.
+      compute_seconds: seconds of one training step besides the gradient reduction (forward,
+        backward, optimizer), e.g. measured on one rank. Each bucket gets its share by size,
+        and an algorithm's extra steps pay it again: with a small gradient the reduction is
+        a sliver of the step and dense wins. None: 0 (only the reductions are weighed).
 
     Example:
       >>> auto = Auto(allowed=("dense", "gtopk"), options=Options(density=0.01))
@@ -59,6 +63,7 @@ class Auto:
     profile: Profile | str | None = None
     options: Options = dataclasses.field(default_factory=Options)
     steps_factor: Mapping[str, float] | None = None
+    compute_seconds: float | None = None
 
     def __post_init__(self) -> None:
         allowed = (self.allowed,) if isinstance(self.allowed, str) else tuple(self.allowed)
@@ -70,6 +75,12 @@ class Auto:
         object.__setattr__(self, "allowed", allowed)
         for name in allowed:
             steps_factor_of(name, self.steps_factor)  # ValueError for a bad factor
+        if self.compute_seconds is not None and not (
+            math.isfinite(self.compute_seconds) and self.compute_seconds >= 0
+        ):
+            raise ValueError(
+                f"Auto.compute_seconds must be finite and >= 0, got {self.compute_seconds!r}"
+            )
         if isinstance(self.profile, (str, pathlib.Path)):
             object.__setattr__(self, "profile", Profile.load(self.profile))
 
@@ -88,6 +99,7 @@ def resolve_auto(
     processes: int,
     devices_per_process: int,
     hierarchical: bool = False,
+    share: float = 1.0,
 ) -> Any:
     """The algorithm ``allreduce_gradients`` uses for one bucket when ``algorithm="auto"``.
 
@@ -98,6 +110,8 @@ def resolve_auto(
       processes: ``jax.process_count()``.
       devices_per_process: ``jax.local_device_count()``.
       hierarchical: the reduction is hierarchical over (node, local).
+      share: the bucket's fraction of the step's gradient (its share of
+        ``Auto.compute_seconds``).
 
     Returns:
       None for the dense ring allreduce, else a jaxcomm algorithm (``GTopK``, ...).
@@ -120,7 +134,10 @@ def resolve_auto(
     world = World(min(nodes, processes) if processes > 1 else 1, local, profile.inter_process)
     if world.ranks != axis_size:  # a world the model cannot split: treat it as flat
         world = World(axis_size, 1, profile.inter_process if processes > 1 else "same_host")
-    name = choose(n, world, auto.allowed, profile, auto.options, hierarchical, auto.steps_factor)
+    compute = (auto.compute_seconds or 0.0) * share
+    name = choose(
+        n, world, auto.allowed, profile, auto.options, hierarchical, auto.steps_factor, compute
+    )
     chosen = algorithms.build(name, auto.options)  # the spec, from the registry
     decision = {
         "elements": n,
@@ -151,7 +168,11 @@ def auto_decisions() -> list[dict[str, Any]]:
 
 
 def auto_algorithm(
-    algorithm: Any, n: int, axis_name: str | Sequence[str], hierarchical: bool = False
+    algorithm: Any,
+    n: int,
+    axis_name: str | Sequence[str],
+    hierarchical: bool = False,
+    share: float = 1.0,
 ) -> Any:
     """Resolves ``algorithm="auto"`` for one bucket inside a traced, shard_mapped step.
 
@@ -165,6 +186,7 @@ def auto_algorithm(
       n: the bucket's elements.
       axis_name: the reduced mesh axis or axes (inside ``jax.shard_map``).
       hierarchical: the reduction is hierarchical.
+      share: the bucket's fraction of the step's gradient (see :func:`resolve_auto`).
 
     Returns:
       None (dense ring allreduce) or a jaxcomm algorithm (``GTopK``, ...).
@@ -183,5 +205,11 @@ def auto_algorithm(
     names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
     axis_size = math.prod(lax.axis_size(a) for a in names)
     return resolve_auto(
-        algorithm, n, axis_size, jax.process_count(), jax.local_device_count(), hierarchical
+        algorithm,
+        n,
+        axis_size,
+        jax.process_count(),
+        jax.local_device_count(),
+        hierarchical,
+        share,
     )

@@ -36,6 +36,7 @@ def plan(
     overlap: bool = False,
     hidden_seconds: float = 0.0,
     steps_factor: Mapping[str, float] | None = None,
+    compute_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """Predictions for every algorithm and size, and the pick (what ``jaxcomm plan`` prints).
 
@@ -53,6 +54,8 @@ def plan(
       overlap: see :func:`predict`.
       hidden_seconds: see :func:`predict` (per call).
       steps_factor: steps relative to dense (default :data:`DEFAULT_STEPS_FACTOR`).
+      compute_seconds: the rest of the step (forward, backward, optimizer), paid again by
+        every extra step.
 
     Returns:
       ``{"pick": {"algorithm", "elements", "bytes_sent_per_rank", "seconds", "steps_factor"},
@@ -87,7 +90,10 @@ def plan(
             acc[1] += p.bytes_sent_per_rank
     best = min(
         candidates,
-        key=lambda a: (totals[a][0] * steps_factor_of(a, steps_factor), candidates.index(a)),
+        key=lambda a: (
+            (totals[a][0] + compute_seconds) * steps_factor_of(a, steps_factor),
+            candidates.index(a),
+        ),
     )
     pick = {
         "algorithm": best,
@@ -107,6 +113,7 @@ def choose(
     options: Options | None = None,
     hierarchical: bool = False,
     steps_factor: Mapping[str, float] | None = None,
+    compute_seconds: float = 0.0,
 ) -> str:
     """The algorithm among ``allowed`` with the least predicted time to target for one call on
     ``n`` elements: its seconds times the steps it needs relative to dense.
@@ -120,6 +127,9 @@ def choose(
       hierarchical: the call is hierarchical (node, local): only dense and the quantizers
         have hierarchical forms, so the sparse names are skipped.
       steps_factor: steps relative to dense (default :data:`DEFAULT_STEPS_FACTOR`).
+      compute_seconds: the rest of the step this call belongs to (its share of forward,
+        backward and the optimizer): every extra step pays it again, so a compressor whose
+        call saves less than that is not worth its extra steps.
 
     Returns:
       A name from ``allowed``; ties go to the earlier one.
@@ -143,7 +153,7 @@ def choose(
     for name in allowed:
         model = hierarchical_name(name) if hierarchical else name
         seconds = predict(model, n, world, profile, options).seconds
-        seconds *= steps_factor_of(name, steps_factor)
+        seconds = (seconds + compute_seconds) * steps_factor_of(name, steps_factor)
         if seconds < best_time:
             best, best_time = name, seconds
     return best

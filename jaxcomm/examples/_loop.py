@@ -54,6 +54,8 @@ class Reduction:
       allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
         None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).
       profile: ``auto``: a profile JSON written by ``jaxcomm probe`` (None: the built-in one).
+      compute_seconds: ``auto``: seconds of a step besides the reduction
+        (:class:`jaxcomm.cost.Auto`).
     """
 
     algorithm: str = "dense"
@@ -65,6 +67,7 @@ class Reduction:
     bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
     allowed: tuple[str, ...] | None = None
     profile: str | None = None
+    compute_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -91,7 +94,10 @@ class Reduction:
         schedule = None
         if a == algorithms.AUTO:
             algorithm: Any = cost.Auto(
-                allowed=self.allowed or cost.DEFAULT_ALLOWED, profile=self.profile, options=options
+                allowed=self.allowed or cost.DEFAULT_ALLOWED,
+                profile=self.profile,
+                options=options,
+                compute_seconds=self.compute_seconds,
             )
         else:
             algorithm = algorithms.build(a, options)  # None: the dense allreduce

@@ -172,6 +172,12 @@ class JaxcommSettings(_Strict):
         description=f"algorithms auto may choose (default: {', '.join(_ALGORITHMS.default_allowed())})",
     )
     profile: str | None = Field(None, description="auto: profile JSON from `jaxcomm probe`")
+    compute_seconds: float | None = Field(
+        None,
+        ge=0.0,
+        description="auto: seconds of a training step besides the gradient reduction "
+        "(e.g. one rank's step); extra steps pay it again",
+    )
 
     def display_label(self) -> str:
         """Returns the name used for this setting in run directories, tables and plots.
@@ -205,6 +211,7 @@ class JaxcommOverride(_Strict):
     label: str | None = None
     allowed: list[AutoChoice] | None = None
     profile: str | None = None
+    compute_seconds: float | None = Field(None, ge=0.0)
 
 
 class Train(_Strict):

@@ -28,7 +28,7 @@ TRAIN_FIELDS = (
     "target",
     "time_cap_s",
 )
-JAXCOMM_FIELDS = ("algorithm", "density", "grad_dtype", "allowed", "profile")
+JAXCOMM_FIELDS = ("algorithm", "density", "grad_dtype", "allowed", "profile", "compute_seconds")
 
 
 def example_settings(

@@ -33,7 +33,7 @@ def run(ctx: JobContext) -> None:
     settings = example_settings(
         ctx,
         ("steps", "batch_size", "eval_every", "seed", "target", "time_cap_s"),
-        ("algorithm", "density", "grad_dtype", "allowed", "profile"),
+        ("algorithm", "density", "grad_dtype", "allowed", "profile", "compute_seconds"),
     )
     train_example(
         ctx,
