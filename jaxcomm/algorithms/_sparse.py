@@ -39,7 +39,7 @@ class TopK:
 
 
 def k_attribute(spec: TopK, n: int) -> dict:
-    """The ``k`` FFI attribute of the sparse collectives (ffi/sparse_collectives.h)."""
+    """The ``k`` FFI attribute of the sparse collectives (bound in ffi/collective_handler.h)."""
     import numpy as np  # the JAX side only
 
     return {"k": np.int64(spec.k(n))}
