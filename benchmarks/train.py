@@ -56,6 +56,7 @@ from typing import Any
 
 import yaml
 from _bench import jaxcomm_cli, pyplot
+from jaxcomm_launcher._jaxcomm import standalone
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -86,21 +87,29 @@ WORKLOADS = {
     "digits-small": Workload("digits-small.yaml", "test_accuracy", True, "digits-mlp-*.json"),
 }
 
-# label -> the recipe sweep entry of that reduction (recipe names: `jaxcomm launch` checks them;
-# tests/test_workloads.py validates every one).
+# The algorithm registry (jaxcomm/algorithms/, loaded without JAX): a new algorithm joins the
+# grid with nothing edited here.
+ALGORITHMS = standalone("algorithms")
+
+# label -> the recipe sweep entry of that reduction: XLA's pmean and jaxcomm's dense allreduce
+# in fp32 and 16-bit, then every other registered algorithm, then auto (tests/test_workloads.py
+# validates every entry as a recipe).
 VARIANTS: dict[str, dict[str, Any]] = {
     "psum": {"algorithm": "psum"},
     "psum-bf16": {"algorithm": "psum", "grad_dtype": "bfloat16"},
     "dense": {"algorithm": "dense"},
     "dense-bf16": {"algorithm": "dense", "grad_dtype": "bfloat16"},
-    "gtopk": {"algorithm": "gtopk"},
-    "topk_allgather": {"algorithm": "topk_allgather"},
-    "onebit": {"algorithm": "onebit"},
-    "adaptive": {"algorithm": "adaptive"},
-    "threshold": {"algorithm": "threshold"},
-    "auto": {"algorithm": "auto"},
+    **{n: {"algorithm": n} for n in ALGORITHMS.names() if n not in ("psum", "dense")},
+    ALGORITHMS.AUTO: {"algorithm": ALGORITHMS.AUTO},
 }
-DEFAULT_ALGORITHMS = [v for v in VARIANTS if v != "threshold"]
+# What the grid runs by default: all but the algorithms whose bytes hang on a tuned setting
+# (threshold's tau), which auto does not choose by default either.
+DEFAULT_ALGORITHMS = [
+    v
+    for v, entry in VARIANTS.items()
+    if entry["algorithm"] in ("psum", "dense", ALGORITHMS.AUTO)
+    or entry["algorithm"] in ALGORITHMS.default_allowed()
+]
 BASELINES_16BIT = ("psum-bf16", "dense-bf16")
 
 # network -> the recipe backend (None: local, one host).
