@@ -18,6 +18,7 @@ from jaxcomm_launcher.backends._base import (
     SupervisedBackend,
     base_env,
     free_port,
+    reserve_port,
     shell_join,
     worker_command,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "base_env",
     "free_port",
     "make_backend",
+    "reserve_port",
     "shell_join",
     "worker_command",
 ]

@@ -123,7 +123,10 @@ def rank_env(rank: int, processes: int, coordinator: str) -> dict[str, str]:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """Returns a TCP port that was free on `host` a moment ago.
+    """Returns a TCP port that was free on `host` a moment ago (bind, read, close).
+
+    Another process may take the port before it is used; where this process can hold it
+    until the server binds, use :func:`reserve_port` instead.
 
     Args:
         host: Address to probe.
@@ -138,6 +141,43 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def reserve_port(host: str = "127.0.0.1") -> socket.socket:
+    """Returns a socket bound to a port the OS chose on `host`; the port stays reserved until
+    the socket is closed.
+
+    The socket sets ``SO_REUSEPORT`` and never listens: a server that sets it too (gRPC does, so
+    the ``jax.distributed`` coordinator does) binds the same port while it is held, and nothing
+    else can, and the OS hands it to no other ``bind(0)`` or outgoing connection. Close it once
+    the ranks are done.
+
+    Args:
+        host: Address to bind.
+
+    Returns:
+        The bound socket; ``sock.getsockname()[1]`` is the port.
+
+    Example:
+        >>> with reserve_port() as sock:
+        ...     port = sock.getsockname()[1]
+        ...     other = socket.socket()
+        ...     try:
+        ...         other.bind(("127.0.0.1", port))
+        ...     except OSError:
+        ...         print("held")
+        ...     finally:
+        ...         other.close()
+        held
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def worker_command(spec_path: pathlib.Path, python: str | None = None) -> list[str]:
