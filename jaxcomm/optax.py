@@ -346,7 +346,10 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
       A tree of ``PartitionSpec`` usable as ``shard_map`` in/out specs of the state.
 
     Example:
+      >>> tx = allreduce_gradients("dp", jaxcomm.GTopK(0.01))
       >>> specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
+      >>> specs.residuals["layer0"]["w"] == P("dp")
+      True
     """
 
     def visit(node: Any) -> Any:
@@ -392,7 +395,8 @@ def save_state(path: str | os.PathLike, tree: Any) -> None:
       ImportError: Orbax is not installed (the ``checkpoint`` extra).
 
     Example:
-      >>> save_state("/tmp/ckpt/step100", (params, opt_state))
+      >>> import tempfile
+      >>> save_state(tempfile.mkdtemp() + "/step100", params)
     """
     checkpointer = _checkpointer()
     checkpointer.save(os.path.abspath(path), tree, force=True)
@@ -416,7 +420,12 @@ def restore_state(path: str | os.PathLike, like: Any) -> Any:
       ImportError: Orbax is not installed (the ``checkpoint`` extra).
 
     Example:
-      >>> params, opt_state = restore_state("/tmp/ckpt/step100", (params, opt_state))
+      >>> import tempfile
+      >>> path = tempfile.mkdtemp() + "/step100"
+      >>> save_state(path, params)
+      >>> restored = restore_state(path, params)
+      >>> bool((restored["layer0"]["w"] == params["layer0"]["w"]).all())
+      True
     """
     checkpointer = _checkpointer()
     path = os.path.abspath(path)
