@@ -17,11 +17,14 @@ import time
 import pytest
 from launcher_helpers import ROOT, jaxcomm_cmd, start_launch, worker_pids, write_recipe
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0,
-    reason="the Slurm tests start munged, slurmctld and slurmd (and may apt-get install them): "
-    "they need root",
-)
+pytestmark = [
+    pytest.mark.slow,  # a Slurm cluster per module (`pytest -m slow`; CI runs it)
+    pytest.mark.skipif(
+        os.geteuid() != 0,
+        reason="the Slurm tests start munged, slurmctld and slurmd (and may apt-get install "
+        "them): they need root",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
