@@ -56,7 +56,7 @@ from jaxcomm import _ordering, cost
 from jaxcomm.collectives import allreduce, compressed_allreduce
 
 AxisName = str | tuple[str, ...]
-DEFAULT_BUCKET_SIZE = 1 << 24  # elements (64 MiB of float32; benchmarks/overlap.py, docs/benchmarks.md)
+DEFAULT_BUCKET_SIZE = 1 << 24  # elements (64 MiB of float32; docs/benchmarks.md)
 
 # The paper's warm-up densities, one per epoch (Shi et al. 2019, §5).
 GTOPK_WARMUP = (0.25, 0.0725, 0.015, 0.004)

@@ -23,8 +23,9 @@ class BackendError(RuntimeError):
 
 
 class BackendRunner:
-    """What every backend shares: its recipe, run directory, and a context manager that
-    sets nothing up. Backends that create something (``emulated``) override both halves.
+    """What every backend shares: its recipe, run directory, the coordinator ports it holds
+    for its ranks, and a context manager that releases them. Backends that create something
+    (``emulated``) override both halves.
 
     Args:
         recipe: The validated recipe.
@@ -34,12 +35,27 @@ class BackendRunner:
     def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
         self.recipe = recipe
         self.run_dir = run_dir
+        self._held_ports: list[socket.socket] = []
 
     def __enter__(self) -> BackendRunner:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        return None
+        for sock in self._held_ports:
+            sock.close()
+        self._held_ports.clear()
+
+    def hold_port(self, host: str = "127.0.0.1") -> int:
+        """Reserves a port on `host` (:func:`reserve_port`) until the backend exits.
+
+        Args:
+            host: The address the coordinator will bind.
+
+        Returns:
+            The port number.
+        """
+        self._held_ports.append(reserve_port(host))
+        return int(self._held_ports[-1].getsockname()[1])
 
 
 class SupervisedBackend(BackendRunner, abc.ABC):
@@ -120,27 +136,6 @@ def rank_env(rank: int, processes: int, coordinator: str) -> dict[str, str]:
         "JAXCOMM_NUM_PROCESSES": str(processes),
         "JAXCOMM_COORDINATOR": coordinator,
     }
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """Returns a TCP port that was free on `host` a moment ago (bind, read, close).
-
-    Another process may take the port before it is used; where this process can hold it
-    until the server binds, use :func:`reserve_port` instead.
-
-    Args:
-        host: Address to probe.
-
-    Returns:
-        The port number.
-
-    Example:
-        >>> 1024 <= free_port() <= 65535
-        True
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def reserve_port(host: str = "127.0.0.1") -> socket.socket:
