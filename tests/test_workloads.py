@@ -25,6 +25,7 @@ def _recipe(tmp_path, workload: str, sweep: list[dict], train: dict, args: dict)
     return path
 
 
+@pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
 def test_lbann_mlp_few_steps(tmp_path):
     pytest.importorskip("sklearn")
     recipe = _recipe(
@@ -57,6 +58,7 @@ def test_lbann_mlp_few_steps(tmp_path):
     assert results["adaptive"]["bytes_sent_per_step"] < dense_bf16["bytes_sent_per_step"] / 4
 
 
+@pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
 def test_bytes_lm_few_steps(tmp_path):
     recipe = _recipe(
         tmp_path,
@@ -85,6 +87,7 @@ def test_bytes_lm_few_steps(tmp_path):
     assert 0 < results["gtopk"]["bytes_sent_per_step"] < results["psum"]["bytes_sent_per_step"]
 
 
+@pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
 def test_train_benchmark_writes_table_json_and_plot(tmp_path):
     pytest.importorskip("sklearn")
     pytest.importorskip("matplotlib")
