@@ -37,7 +37,13 @@ import time
 from typing import Any
 
 import yaml
-from _bench import add_world_arguments, jaxcomm_cli, recipe_backend, write_result_and_plot
+from _bench import (
+    add_world_arguments,
+    jaxcomm_cli,
+    recipe_backend,
+    write_result,
+    write_result_and_plot,
+)
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import algorithms, cost
@@ -169,8 +175,9 @@ def measure_world(
     return rows
 
 
-def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> None:
-    """Prints a markdown table of the model's predictions for large clusters (no measurement).
+def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> dict[str, Any]:
+    """The model's predictions for large clusters (no measurement), printed as a markdown table
+    and returned for the JSON (``docs/cost-model.md`` is generated from it).
 
     Worlds of P ranks, flat (P processes x 1) and hierarchical (P/8 nodes x 8 local ranks), at
     10, 100 and 400 Gbit/s between processes (alpha 10 us), with the local kernels (gamma)
@@ -178,11 +185,14 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
     """
     base = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
     options = cost.Options(density=density)
+    alpha = 10e-6
     shown = [a for a in FLAT if a in cost.DEFAULT_ALLOWED]
-    print(f"| network | P | layout | {' | '.join(shown + MULTI_LEADER)} | pick |")
-    print("|---" * (len(shown) + len(MULTI_LEADER) + 4) + "|")
+    columns = shown + MULTI_LEADER
+    print(f"| network | P | layout | {' | '.join(columns)} | pick |")
+    print("|---" * (len(columns) + 4) + "|")
+    rows = []
     for gbit in (10, 100, 400):
-        link = cost.Link(alpha=10e-6, beta=8 / (gbit * 1e9))
+        link = cost.Link(alpha=alpha, beta=8 / (gbit * 1e9))
         profile = cost.Profile(
             links={**base.links, "across_hosts": link},
             gamma=base.gamma,
@@ -197,10 +207,20 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
             for layout, world in layouts:
                 algos = shown + (MULTI_LEADER if layout != "flat" else [])
                 times = {a: cost.predict(a, n, world, profile, options).seconds for a in algos}
-                cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in shown]
-                cells += [f"{times[a] * 1e3:.0f}" if a in times else "" for a in MULTI_LEADER]
+                cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in columns]
                 pick = min(times, key=times.get)
                 print(f"| {gbit} Gbit/s | {p} | {layout} | {' | '.join(cells)} | {pick} |")
+                rows.append(
+                    {"gbit": gbit, "ranks": p, "layout": layout, "seconds": times, "pick": pick}
+                )
+    return {
+        "elements": n,
+        "density": density,
+        "alpha_s": alpha,
+        "profile": str(profile_path) if profile_path else "the built-in profile",
+        "algorithms": columns,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -234,7 +254,10 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
     if args.extrapolate:
-        extrapolate(args.profile, 25_000_000, args.density)
+        result = extrapolate(args.profile, 25_000_000, args.density)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = write_result(args.out, "cost-model-extrapolation", result)
+        print(f"\nwrote {path}")
         return
     if args.repeats < 5:
         parser.error("--repeats must be >= 5")

@@ -72,6 +72,7 @@ def run_ok(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow  # a CUDA build (`pytest -m slow`; CI runs it)
 @pytest.mark.timeout(1200)
 def test_cuda_build_as_readme_says(tmp_path):
     """The README's CUDA build, no architecture given, builds every GPU handler."""
@@ -123,6 +124,7 @@ def test_cuda_build_as_readme_says(tmp_path):
         assert "libnccl" not in deps, deps  # dlopened when a communicator is created
 
 
+@pytest.mark.slow  # a CMake configure with nvcc
 @pytest.mark.timeout(300)
 def test_cudaarchs_is_honoured(tmp_path):
     """CUDAARCHS (CMake's own environment variable) overrides the default architectures."""

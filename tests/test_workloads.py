@@ -26,6 +26,7 @@ def _recipe(tmp_path, workload: str, sweep: list[dict], train: dict, args: dict)
     return path
 
 
+@pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
 def test_lbann_mlp_few_steps(tmp_path):
     pytest.importorskip("sklearn")
     recipe = _recipe(
@@ -58,6 +59,7 @@ def test_lbann_mlp_few_steps(tmp_path):
     assert results["adaptive"]["bytes_sent_per_step"] < dense_bf16["bytes_sent_per_step"] / 4
 
 
+@pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
 def test_bytes_lm_few_steps(tmp_path):
     recipe = _recipe(
         tmp_path,
@@ -86,6 +88,7 @@ def test_bytes_lm_few_steps(tmp_path):
     assert 0 < results["gtopk"]["bytes_sent_per_step"] < results["psum"]["bytes_sent_per_step"]
 
 
+@pytest.mark.timeout(660)  # the launches' own 600 s bound decides, not pytest's 300 s
 def test_small_workload_runs_to_its_target_and_stops(tmp_path):
     """digits-small through the launcher stops at the first evaluation that reaches its
     target; a time cap stops both ranks at the same step (or the run would hang)."""
@@ -149,6 +152,7 @@ def test_every_train_benchmark_name_validates_as_a_recipe():
                     assert recipe.backend.cpus_per_node == 1
 
 
+@pytest.mark.timeout(1860)  # two grid runs, each bounded by its own 900 s
 def test_train_benchmark_grid_resumes_and_reports(tmp_path):
     """A tiny grid: each finished cell is written once and skipped on the next run; the
     report has the table, e2e.json with speedups over the 16-bit baseline, and two PNGs."""

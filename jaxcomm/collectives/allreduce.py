@@ -79,11 +79,14 @@ def allreduce(
       >>> mesh = jax.make_mesh((jax.device_count(),), ("dp",))
       >>> f = jax.jit(jax.shard_map(lambda v: jaxcomm.allreduce(v, "dp"), mesh=mesh,
       ...                           in_specs=P("dp"), out_specs=P("dp")))
+      >>> v = jax.device_put(jnp.ones(jax.device_count()), jax.sharding.NamedSharding(mesh, P("dp")))
+      >>> f(v).tolist() == [float(jax.device_count())] * jax.device_count()
+      True
 
       Overlapping the last layer's gradient allreduce with the rest of backward (``g_last``
       and ``g_first`` from one ``jax.grad``):
 
-      >>> g_last = jaxcomm.allreduce(g_last, "dp", after=g_first)
+      >>> g_last = jaxcomm.allreduce(g_last, "dp", after=g_first)  # doctest: +SKIP
     """
     x = _validate.float_array(x, "x")
     if hierarchical:  # bad axes or scheme fail here, named, before anything is traced

@@ -85,7 +85,10 @@ class Reduction:
           ``jaxcomm.optax.allreduce_gradients(...)`` or None.
 
         Example:
-          >>> Reduction("gtopk", density=0.01).reducer(100)  # doctest: +SKIP
+          >>> Reduction("psum").reducer(100) is None  # psum: the step calls lax.pmean
+          True
+          >>> Reduction("gtopk", density=0.01).reducer(100) is not None
+          True
         """
         a = self.algorithm
         if a == "psum":
@@ -205,9 +208,11 @@ class Step:
       batch_args: number of batch arrays, each sharded over ``dp`` on its first axis.
 
     Example:
-      >>> step = Step(loss_fn, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
+      >>> step = Step(loss_and_metric, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
       >>> params, state = step.init(params)
-      >>> params, state, loss, metric = step(params, state, x, y)
+      >>> rows = jax.sharding.NamedSharding(mesh, P("dp"))  # the batch is sharded over dp
+      >>> params, state, loss, metric = step(
+      ...     params, state, jax.device_put(x, rows), jax.device_put(y, rows))
     """
 
     def __init__(
@@ -390,7 +395,13 @@ def train_loop(
       A :class:`LoopResult`.
 
     Example:
-      >>> result = train_loop(step, params, state, batch, evaluate, steps=100, eval_every=10)
+      >>> step = Step(loss_and_metric, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
+      >>> params, state = step.init(params)
+      >>> rows = jax.sharding.NamedSharding(mesh, P("dp"))
+      >>> batch = lambda i: (jax.device_put(x, rows), jax.device_put(y, rows))
+      >>> result = train_loop(step, params, state, batch, lambda p: 0.0, steps=4, eval_every=2)
+      >>> [h["step"] for h in result.history]  # and always the last step
+      [0, 2, 3]
     """
     jaxcomm.reset_metrics()
     loss = evaluation = float("nan")

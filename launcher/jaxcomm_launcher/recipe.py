@@ -493,7 +493,10 @@ def load_recipe(path: str | pathlib.Path, overrides: list[str] | None = None) ->
         RecipeError: With a user-facing message for unreadable YAML or invalid fields.
 
     Example:
-        >>> recipe = load_recipe("recipes/digits-dense.yaml", ["train.steps=10"])  # doctest: +SKIP
+        >>> from jaxcomm_launcher.cli import bundled_recipes_dir
+        >>> recipe = load_recipe(bundled_recipes_dir() / "digits-dense.yaml", ["train.steps=10"])
+        >>> recipe.train.steps
+        10
     """
     path = pathlib.Path(path)
     try:
