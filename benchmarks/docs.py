@@ -429,6 +429,105 @@ def train(results: pathlib.Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# docs/e2e.md: time to target (benchmarks/train.py writes results/e2e/e2e.json)
+
+E2E_HEADER = [
+    "reduction",
+    "time to target",
+    "speedup vs 16-bit",
+    "best",
+    "steps",
+    "s/step",
+    "predicted s/step",
+    "MB/step",
+]
+
+
+def _num(v: float | None, spec: str) -> str:
+    return format(v, spec) if v is not None and v == v and abs(v) != float("inf") else "–"
+
+
+def e2e_title(row: dict[str, Any]) -> str:
+    """The heading of one (workload, network) cell of the end-to-end grid.
+
+    Example:
+      >>> e2e_title({"workload": "w", "network": "1gbit-2x1", "metric": "test_accuracy",
+      ...            "target": 0.9, "no_communication_bound": None, "oversubscribed": None})
+      'w · 1gbit-2x1 · target test_accuracy ≥ 0.9'
+    """
+    sign = "≥" if row["metric"] == "test_accuracy" else "≤"
+    title = f"{row['workload']} · {row['network']} · target {row['metric']} {sign} {row['target']}"
+    if row.get("no_communication_bound"):
+        title += (
+            f" · compute {row['compute_s']:.3f} s/step: no reduction can beat "
+            f"{row['no_communication_bound']:.1f}× here"
+        )
+    if row.get("oversubscribed"):
+        title += f" · {row['oversubscribed']}"
+    return title
+
+
+def e2e_columns(row: dict[str, Any]) -> list[str]:
+    """One row of the end-to-end table, formatted (the columns of :data:`E2E_HEADER`).
+
+    A run that stopped at its cap did not reach the target: ``> cap``; a speedup over a capped
+    baseline is a lower bound (``≥``).
+
+    Example:
+      >>> e2e_columns({"label": "gtopk", "auto_pick": None, "time_to_target_s": 12.0,
+      ...   "seeds": [0], "time_to_target_spread_s": None, "capped_at_s": None, "speedup": 2.0,
+      ...   "speedup_is_lower_bound": False, "best": 0.98, "steps": 80, "step_s": 0.15,
+      ...   "predicted_step_s": 0.12, "prediction_error": -0.2, "bytes_sent_per_step": 2e5})[:3]
+      ['gtopk', '12.0 s', '2.00×']
+    """
+    t = row["time_to_target_s"]
+    if t is not None:
+        reach = f"{t:.1f} s"
+        if len(row["seeds"]) > 1 and row["time_to_target_spread_s"]:
+            lo, hi = row["time_to_target_spread_s"]
+            reach += f" ({lo:.0f}–{hi:.0f}, {len(row['seeds'])} seeds)"
+    else:
+        reach = f"> {row['capped_at_s']:.0f} s (cap)" if row["capped_at_s"] else "–"
+    speed = _num(row["speedup"], ".2f")
+    if row["speedup"] is not None:
+        speed = ("≥ " if row["speedup_is_lower_bound"] else "") + speed + "×"
+    predicted = _num(row["predicted_step_s"], ".3f")
+    if row["prediction_error"] is not None:
+        predicted += f" ({row['prediction_error']:+.0%})"
+    return [
+        row["label"] + (f" → {row['auto_pick']}" if row["auto_pick"] else ""),
+        reach,
+        speed,
+        _num(row["best"], ".4f"),
+        _num(row["steps"], ".0f"),
+        _num(row["step_s"], ".3f"),
+        predicted,
+        _num(row["bytes_sent_per_step"] / 1e6, ".2f"),
+    ]
+
+
+def e2e_cells(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows grouped by (workload, network), in their order: ``[(title, rows), ...]``."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["network"]), []).append(r)
+    return [(e2e_title(g[0]), g) for g in groups.values()]
+
+
+@section("docs/e2e.md", "e2e")
+def e2e(results: pathlib.Path) -> str:
+    """The end-to-end grid: one table per workload and network (``results/e2e/e2e.json``)."""
+    data = load(results / "e2e", "e2e")
+    parts = [
+        f"**{title}**\n\n" + table(E2E_HEADER, [e2e_columns(r) for r in rows])
+        for title, rows in e2e_cells(data["rows"])
+    ]
+    return "From `benchmarks/results/e2e/e2e.json` ({} runs).\n\n".format(data["cells"]) + (
+        "\n\n".join(parts)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # docs/gpus.md
 
 

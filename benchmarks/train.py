@@ -58,7 +58,11 @@ import yaml
 from _bench import jaxcomm_cli, pyplot
 from jaxcomm_launcher._jaxcomm import standalone
 
+from docs import e2e_cells, e2e_columns
+from docs import main as docs_main
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "e2e"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -640,72 +644,20 @@ def _auto_pick(cell: dict[str, Any]) -> str | None:
     return "+".join(picks)
 
 
-def _fmt(v: float | None, spec: str, none: str = "–") -> str:
-    return format(v, spec) if v is not None and math.isfinite(v) else none
-
-
-def table_lines(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
-    head = [
-        "reduction",
-        "time to target",
-        "speedup vs 16-bit",
-        "best",
-        "steps",
-        "s/step",
-        "predicted s/step",
-        "MB/step",
-    ]
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The report as text for the terminal (docs/e2e.md gets the same through docs.py)."""
+    widths = [34, 30, 18, 8, 6, 8, 16, 9]
     lines: list[str] = []
-    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        by_cell.setdefault((r["workload"], r["network"]), []).append(r)
-    for (workload, net), cell_rows in by_cell.items():
-        first = cell_rows[0]
-        title = (
-            f"{workload} · {net} · target {first['metric']} "
-            f"{'≥' if first['metric'] == 'test_accuracy' else '≤'} {first['target']}"
-        )
-        if first.get("no_communication_bound"):
-            title += (
-                f" · compute {first['compute_s']:.3f} s/step: no reduction can beat "
-                f"{first['no_communication_bound']:.1f}× here"
-            )
-        if first.get("oversubscribed"):
-            title += f" · {first['oversubscribed']}"
-        lines += ["", f"**{title}**" if markdown else title, ""]
-        if markdown:
-            lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for title, cell_rows in e2e_cells(rows):
+        lines += ["", title, ""]
         for r in cell_rows:
-            t = r["time_to_target_s"]
-            if t is not None:
-                reach = f"{t:.1f} s"
-                if len(r["seeds"]) > 1 and r["time_to_target_spread_s"]:
-                    lo, hi = r["time_to_target_spread_s"]
-                    reach += f" ({lo:.0f}–{hi:.0f}, {len(r['seeds'])} seeds)"
-            else:
-                reach = f"> {r['capped_at_s']:.0f} s (cap)" if r["capped_at_s"] else "–"
-            speed = _fmt(r["speedup"], ".2f")
-            if r["speedup"] is not None:
-                speed = ("≥ " if r["speedup_is_lower_bound"] else "") + speed + "×"
-            label = r["label"] + (f" → {r['auto_pick']}" if r["auto_pick"] else "")
-            cols = [
-                label,
-                reach,
-                speed,
-                _fmt(r["best"], ".4f"),
-                _fmt(r["steps"], ".0f"),
-                _fmt(r["step_s"], ".3f"),
-                _fmt(r["predicted_step_s"], ".3f")
-                + (f" ({r['prediction_error']:+.0%})" if r["prediction_error"] is not None else ""),
-                _fmt(r["bytes_sent_per_step"] / 1e6, ".2f"),
-            ]
-            if markdown:
-                lines.append("| " + " | ".join(cols) + " |")
-            else:
-                lines.append(
-                    f"{cols[0]:24s} {cols[1]:>28s} {cols[2]:>10s} {cols[3]:>8s} {cols[4]:>6s} "
-                    f"{cols[5]:>8s} {cols[6]:>16s} {cols[7]:>9s}"
+            cols = e2e_columns(r)
+            lines.append(
+                " ".join(
+                    c.rjust(w) if i else c.ljust(w)
+                    for i, (c, w) in enumerate(zip(cols, widths, strict=True))
                 )
+            )
     return lines
 
 
@@ -766,7 +718,7 @@ def draw_pays(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
             text = f"{best['label']}\n{'≥' if best['speedup_is_lower_bound'] else ''}{best['speedup']:.2f}×"
             if auto is not None:
                 pick = auto["auto_pick"] or "?"
-                auto_s = _fmt(auto["speedup"], ".2f")
+                auto_s = "–" if auto["speedup"] is None else f"{auto['speedup']:.2f}"
                 text += f"\nauto: {pick} {auto_s}×"
             ax.text(j, i, text, ha="center", va="center", fontsize=7)
     lim = max(1.0, float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0)
@@ -812,19 +764,14 @@ def report(args: argparse.Namespace) -> None:
         for p in (args.out / "cells").glob("*/compute.json")
     }
     rows = summarize(cells, computes)
-    for line in table_lines(rows, markdown=False):
+    for line in table_lines(rows):
         print(line)
     write_json(args.out / "e2e.json", {"rows": rows, "cells": len(cells)})
     draw_curves(cells, args.out / "e2e-curves.png")
     draw_pays(rows, args.out / "e2e-pays.png")
-    docs = args.docs
-    text = docs.read_text() if docs.exists() else ""
-    begin, end = "<!-- e2e-table:begin -->", "<!-- e2e-table:end -->"
-    table = "\n".join([begin, *table_lines(rows, markdown=True), "", end])
-    if begin in text and end in text:
-        text = text[: text.index(begin)] + table + text[text.index(end) + len(end) :]
-        docs.write_text(text)
-        print(f"\nupdated {docs}")
+    if args.out.resolve() == DEFAULT_OUT.resolve():
+        # docs/e2e.md's table comes from e2e.json through benchmarks/docs.py, as every table does.
+        docs_main([])
 
 
 def parse_caps(items: list[str]) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
@@ -878,14 +825,8 @@ def main() -> None:
     )
     parser.add_argument("--compute-steps", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=3600)
-    parser.add_argument("--out", type=pathlib.Path, default=REPO / "benchmarks" / "results" / "e2e")
+    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--work", type=pathlib.Path, default=None, help="run directories")
-    parser.add_argument(
-        "--docs",
-        type=pathlib.Path,
-        default=REPO / "docs" / "e2e.md",
-        help="page whose e2e-table markers get the table",
-    )
     parser.add_argument("--report", action="store_true", help="only redraw the report")
     parser.add_argument("--dry-run", action="store_true", help="list the cells that would run")
     args = parser.parse_args()

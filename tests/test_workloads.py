@@ -176,8 +176,6 @@ def test_train_benchmark_grid_resumes_and_reports(tmp_path):
         str(tmp_path / "e2e"),
         "--work",
         str(tmp_path / "work"),
-        "--docs",
-        str(tmp_path / "e2e.md"),
     ]
     res = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
