@@ -259,6 +259,40 @@ def test_choose_never_leaves_allowed():
         cost.choose(10, cost.World(2, 2), ("gtopk",), hierarchical=True)
 
 
+def test_auto_weighs_time_to_target_not_step_time():
+    """The pick minimizes (seconds + the step's compute share) x steps relative to dense.
+    digits-small's 4810-element gradient on 2 emulated nodes: topk_allgather's call is
+    predicted a hair faster than dense's, but it needed 421 steps to dense's 211 (docs/e2e.md),
+    and the step's compute is paid again by every extra step: dense wins."""
+    profile = cost.Profile(
+        links={
+            **cost.DEFAULT_PROFILE.links,
+            "across_hosts": cost.Link(alpha=0.0, beta=8.4e-9),  # as probed, alpha fitted to 0
+        },
+        gamma=cost.DEFAULT_PROFILE.gamma,
+        psum=cost.DEFAULT_PROFILE.psum,
+    )
+    world = cost.World(2, 1, "across_hosts")
+    allowed = ("dense", "topk_allgather")
+    no_factor = {"dense": 1.0, "topk_allgather": 1.0}
+    assert cost.choose(4810, world, allowed, profile, steps_factor=no_factor) == "topk_allgather"
+    assert cost.choose(4810, world, allowed, profile, compute_seconds=4e-4) == "dense"
+    # A big gradient on a slow link still pays for the extra steps.
+    assert cost.choose(16_777_216, world, allowed, profile, compute_seconds=0.12) != "dense"
+    assert cost.steps_factor_of("topk_allgather") == cost.DEFAULT_STEPS_FACTOR["topk_allgather"]
+    assert cost.DEFAULT_STEPS_FACTOR["dense"] == 1.0
+    picked = cost.plan([4810], world, profile, algorithms=allowed, compute_seconds=4e-4)["pick"]
+    assert picked["algorithm"] == "dense" and picked["steps_factor"] == 1.0
+    # The same through Auto, with each bucket's share of the step's compute.
+    auto = cost.Auto(allowed=allowed, profile=profile, compute_seconds=4e-4)
+    assert cost.resolve_auto(auto, 4810, 2, 2, 1, share=1.0) is None
+    for bad in ({"gtopk": 0.0}, {"gtopk": float("nan")}):
+        with pytest.raises(ValueError, match="steps_factor"):
+            cost.Auto(allowed=("gtopk",), steps_factor=bad)
+    with pytest.raises(ValueError, match="compute_seconds"):
+        cost.Auto(compute_seconds=-1.0)
+
+
 def test_resolve_auto_builds_the_chosen_compressor(tmp_path):
     auto = cost.Auto(allowed=("gtopk",), options=cost.Options(density=0.01))
     assert cost.resolve_auto(auto, 1000, 4, 2, 2) == jaxcomm.GTopK(0.01)

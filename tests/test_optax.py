@@ -217,6 +217,8 @@ def test_digits_config_from_a_recipe_entry():
             hidden=16,
             eval_every=5,
             seed=3,
+            target=0.97,
+            time_cap_s=None,
         ),
         jaxcomm=types.SimpleNamespace(
             algorithm="topk_allgather",
@@ -224,6 +226,7 @@ def test_digits_config_from_a_recipe_entry():
             grad_dtype="float32",
             allowed=["dense", "gtopk"],
             profile=None,
+            compute_seconds=0.25,
         ),
         args={"model": "cnn"},
     )
@@ -238,6 +241,8 @@ def test_digits_config_from_a_recipe_entry():
         32,
     )
     assert cfg.warmup is False and cfg.seed == 3 and cfg.allowed == ("dense", "gtopk")
+    # The stopping rule and auto's compute step reach the example too; an unset cap does not.
+    assert cfg.target == 0.97 and cfg.compute_seconds == 0.25 and "time_cap_s" not in settings
     with pytest.raises(TypeError, match="unknown digits settings"):
         _loop.make_config(DigitsConfig, {"epoch": 3}, "digits")
 
