@@ -459,7 +459,7 @@ def e2e_title(row: dict[str, Any]) -> str:
     title = f"{row['workload']} · {row['network']} · target {row['metric']} {sign} {row['target']}"
     if row.get("no_communication_bound"):
         title += (
-            f" · compute {row['compute_s']:.3f} s/step: no reduction can beat "
+            f" · compute {row['compute_s'] * 1e3:.3g} ms/step: no reduction can beat "
             f"{row['no_communication_bound']:.1f}× here"
         )
     if row.get("oversubscribed"):
