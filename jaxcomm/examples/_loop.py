@@ -447,7 +447,8 @@ def train_loop(
                 )
             if time_to_target is None and reached(evaluation, target, higher_is_better):
                 time_to_target, stopped = seconds, "target"
-            elif agreed_max is not None and agreed_max(seconds) >= time_cap_s:
+            elif agreed_max is not None and i > 0 and agreed_max(seconds) >= time_cap_s:
+                # (Step 0 compiles and is not timed: its evaluation never ends a run.)
                 stopped = "time_cap"
             if stopped != "steps":
                 done = i + 1
