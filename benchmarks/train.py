@@ -503,12 +503,8 @@ def run_grid(args: argparse.Namespace) -> None:
     for workload in args.workloads:
         compute_s = measure_compute(args, workload)
         for network in args.networks:
-            profile = measure_profile(args, network) if "auto" in args.algorithms else None
-            if profile is None and "auto" in args.algorithms:
-                profile = (
-                    args.out / "cells" / "profiles" / f"{network_dir(network, args.nodes)}.json"
-                )
-                profile = profile if profile.exists() else None
+            # The profile of this world: auto reads it, and every cell's prediction uses it.
+            profile = measure_profile(args, network)
             print(f"{workload} · {network_dir(network, args.nodes)}")
             cells = {}
             for label in args.algorithms:
