@@ -12,6 +12,8 @@ training wall clock, and the summary reports bytes and collective time per step 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm
-from jaxcomm import cost
+from jaxcomm import checkpoints, cost
 from jaxcomm import optax as jc_optax
 
 AXIS = "dp"
@@ -236,6 +238,7 @@ class LoopResult:
       seconds: training wall clock from the end of the first (compiling) step, evaluations
         excluded.
       timed_steps: steps inside ``seconds``.
+      resumed_from: steps already done by the checkpoint the run resumed from (0: none).
     """
 
     params: Any
@@ -244,6 +247,7 @@ class LoopResult:
     history: list[dict[str, float]]
     seconds: float
     timed_steps: int
+    resumed_from: int = 0
 
 
 def train_loop(
@@ -259,8 +263,17 @@ def train_loop(
     eval_name: str = "test_accuracy",
     metric_name: str = "accuracy",
     logger: Any = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
 ) -> LoopResult:
     """Runs `steps` training steps, synchronizing and evaluating as asked.
+
+    With a `checkpoint_dir` the loop first resumes from its newest complete checkpoint (if
+    any: params, optimizer state with every rank's residual, the evaluation history and the
+    training seconds so far) and then, with ``checkpoint_every > 0``, writes one every
+    `checkpoint_every` steps through :mod:`jaxcomm.checkpoints` (atomic: a process killed
+    mid-write leaves the previous checkpoint the newest). Batches depend only on the global
+    step, so a resumed run repeats exactly the steps an uninterrupted one takes.
 
     Args:
       step: the training step.
@@ -273,7 +286,10 @@ def train_loop(
         step).
       eval_name: key of the evaluation in ``history`` and in the logged metrics.
       metric_name: key of the step's training metric in the logged metrics.
-      logger: optional launcher metrics logger (``log(step, force=..., **fields)``).
+      logger: optional launcher metrics logger (``log(step, force=..., **fields)``; when it
+        has ``progress(steps_dispatched)``, that is called after every step).
+      checkpoint_dir: directory of the checkpoints (shared by every process); None: none.
+      checkpoint_every: steps between checkpoints (0: only resume, never write).
 
     Returns:
       A :class:`LoopResult`.
@@ -284,21 +300,46 @@ def train_loop(
     jaxcomm.reset_metrics()
     loss = evaluation = float("nan")
     history: list[dict[str, float]] = []
-    seconds = 0.0
+    seconds = 0.0  # this attempt's training seconds
+    seconds_before = 0.0  # earlier attempts' (a resumed run)
+    start = 0
+    if checkpoint_dir is not None:
+        done = checkpoints.latest(checkpoint_dir)
+        if done is not None:
+            (params, state), loop_state = checkpoints.restore(checkpoint_dir, done, (params, state))
+            start = min(done, steps)
+            history = list(loop_state.get("history", []))
+            seconds_before = float(loop_state.get("seconds", 0.0))
+            if history:
+                loss, evaluation = history[-1]["loss"], history[-1][eval_name]
+    progress = getattr(logger, "progress", None)
     clock = time.perf_counter()
-    window_first = 0
+    window_first = start
+    window_comm: float | None = None
     paced = jaxcomm.paced(step, max_in_flight)
-    for i in range(steps):
+    for i in range(start, steps):
         params, state, loss_d, metric_d = paced(params, state, *batch(i))
+        if progress is not None:
+            progress(i + 1)
         evaluate_now = i % eval_every == 0 or i == steps - 1
-        if i == 0 or evaluate_now:
+        if i == start or evaluate_now:
             paced.wait()  # every queued step, this one included
             loss = host_scalar(loss_d)
-        if i == 0:
+        if i == start:
             jaxcomm.reset_metrics()  # the compiling step is not counted
-            clock, window_first = time.perf_counter(), 1
+            clock, window_first = time.perf_counter(), start + 1
             window_comm = _collective_seconds()
             if not evaluate_now:
+                _maybe_checkpoint(
+                    paced,
+                    checkpoint_dir,
+                    checkpoint_every,
+                    i + 1,
+                    steps,
+                    (params, state),
+                    {"seconds": seconds_before + seconds, "history": history},
+                )
+                clock = time.perf_counter()
                 continue
         if evaluate_now:
             now = time.perf_counter()
@@ -307,7 +348,14 @@ def train_loop(
             step_time = (now - clock) / window_steps
             comm = _collective_seconds()
             evaluation = float(evaluate(params))
-            history.append({"step": i, "seconds": seconds, "loss": loss, eval_name: evaluation})
+            history.append(
+                {
+                    "step": i,
+                    "seconds": seconds_before + seconds,
+                    "loss": loss,
+                    eval_name: evaluation,
+                }
+            )
             if logger is not None:
                 base = window_comm or 0.0  # nothing had run when this window began
                 logger.log(
@@ -315,14 +363,45 @@ def train_loop(
                     force=True,
                     loss=loss,
                     step_time_s=step_time,
-                    train_seconds=seconds,
+                    train_seconds=seconds_before + seconds,
                     # What jaxcomm.metrics() measured per step of this window (None: psum,
                     # whose time XLA does not report).
                     collective_time_s=None if comm is None else (comm - base) / window_steps,
                     **{eval_name: evaluation, metric_name: host_scalar(metric_d)},
                 )
             clock, window_first, window_comm = time.perf_counter(), i + 1, _collective_seconds()
-    return LoopResult(params, loss, evaluation, history, seconds, max(1, steps - 1))
+        # The save is not training time: the clock restarts after it.
+        paused = time.perf_counter()
+        if _maybe_checkpoint(
+            paced,
+            checkpoint_dir,
+            checkpoint_every,
+            i + 1,
+            steps,
+            (params, state),
+            {"seconds": seconds_before + seconds + (paused - clock), "history": history},
+        ):
+            clock += time.perf_counter() - paused
+    return LoopResult(
+        params, loss, evaluation, history, seconds, max(1, steps - start - 1), resumed_from=start
+    )
+
+
+def _maybe_checkpoint(
+    paced: Any,
+    checkpoint_dir: str | None,
+    every: int,
+    done: int,
+    steps: int,
+    tree: Any,
+    loop_state: dict[str, Any],
+) -> bool:
+    """Saves the checkpoint after `done` steps when it is due (not after the last step)."""
+    if checkpoint_dir is None or every <= 0 or done % every or done >= steps:
+        return False
+    paced.wait()
+    checkpoints.save(checkpoint_dir, done, tree, loop_state)
+    return True
 
 
 def _collective_seconds() -> float | None:
@@ -362,6 +441,49 @@ def communication_summary(
         "dense_bytes_per_step": dense,
         "comm_seconds_per_step": comm,
     }
+
+
+def checkpoint_options(config: Any, run_dir: str | None) -> dict[str, Any]:
+    """The checkpoint arguments of :func:`train_loop` from a run config's ``checkpoint_every``
+    and ``checkpoint_dir`` (default ``<run_dir>/checkpoints``).
+
+    Args:
+      config: a config with ``checkpoint_every`` and ``checkpoint_dir``.
+      run_dir: the run's directory, or None.
+
+    Returns:
+      ``{"checkpoint_dir", "checkpoint_every"}``; the directory is None when checkpointing
+      is off and none was named.
+
+    Example:
+      >>> checkpoint_options(DigitsConfig(checkpoint_every=50), "/r")  # doctest: +SKIP
+      {'checkpoint_dir': '/r/checkpoints', 'checkpoint_every': 50}
+    """
+    directory = config.checkpoint_dir
+    if directory is None and config.checkpoint_every and run_dir is not None:
+        directory = str(pathlib.Path(run_dir) / "checkpoints")
+    return {"checkpoint_dir": directory, "checkpoint_every": config.checkpoint_every}
+
+
+def params_digest(params: Any) -> str:
+    """SHA-256 of the parameters' bytes (this process's first shard of each leaf, in tree
+    order): equal digests mean bit-identical replicated parameters.
+
+    Args:
+      params: a tree of (replicated) arrays.
+
+    Returns:
+      The hex digest.
+
+    Example:
+      >>> params_digest({"w": np.zeros(2, np.float32)})[:8]
+      'af5570f5'
+    """
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        data = leaf.addressable_data(0) if hasattr(leaf, "addressable_data") else leaf
+        h.update(np.ascontiguousarray(np.asarray(data)).tobytes())
+    return h.hexdigest()
 
 
 def make_config(config: type, fields: dict[str, Any], workload: str) -> Any:

@@ -12,7 +12,7 @@ import pathlib
 import sys
 import types
 
-STANDALONE = ("cost", "config")
+STANDALONE = ("cost", "config", "checkpoints")
 """The jaxcomm modules that import only the standard library."""
 
 

@@ -17,7 +17,16 @@ if TYPE_CHECKING:
 AXIS = "dp"
 
 # Recipe fields the training examples (jaxcomm.examples.*) take as keyword arguments.
-TRAIN_FIELDS = ("steps", "batch_size", "learning_rate", "momentum", "hidden", "eval_every", "seed")
+TRAIN_FIELDS = (
+    "steps",
+    "batch_size",
+    "learning_rate",
+    "momentum",
+    "hidden",
+    "eval_every",
+    "seed",
+    "checkpoint_every",
+)
 JAXCOMM_FIELDS = ("algorithm", "density", "grad_dtype", "allowed", "profile")
 
 

@@ -30,7 +30,9 @@ def run(ctx: JobContext) -> None:
 
     # recipe.train's steps, batch_size, eval_every and seed, unless args sets them.
     settings = example_settings(
-        ctx, ("steps", "batch_size", "eval_every", "seed"), ("algorithm", "density", "grad_dtype")
+        ctx,
+        ("steps", "batch_size", "eval_every", "seed", "checkpoint_every"),
+        ("algorithm", "density", "grad_dtype"),
     )
     train_example(
         ctx,

@@ -80,6 +80,7 @@ def run(ctx: JobContext) -> None:
     ctx.print(f"smoke: rank {ctx.rank}/{ctx.world_size}, {n_dev} devices, {size} floats each")
     for step in range(ctx.train.steps):
         _maybe_fail(ctx, step)
+        ctx.metrics.progress(step + 1)
         if sleep_s:
             time.sleep(sleep_s)
         before = _measured()
