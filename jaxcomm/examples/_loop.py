@@ -184,7 +184,14 @@ class Step:
                 grads = lax.pmean(grads, AXIS)
             updates, state = self.tx.update(grads, state, params)
             params = optax.apply_updates(params, updates)
-            return params, state, lax.pmean(loss, AXIS), lax.pmean(metric, AXIS)
+            if reducer is None:  # the psum baseline: everything through XLA
+                return params, state, lax.pmean(loss, AXIS), lax.pmean(metric, AXIS)
+            # The reported loss and metric go through jaxcomm too, so every cross-process wait
+            # of a jaxcomm step is bounded by JAXCOMM_TIMEOUT_S: XLA's CPU collectives (Gloo)
+            # have no such deadline and sat through a 60 s partition (docs/faults.md).
+            both = jnp.stack([loss, metric]).astype(jnp.float32)
+            mean = jaxcomm.allreduce(both, AXIS) / lax.psum(1, AXIS)
+            return params, state, mean[0], mean[1]
 
         self._local_step = local_step
         self._batch_args = batch_args

@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Any
 
+from jaxcomm_launcher._jaxcomm import standalone
 from jaxcomm_launcher.context import read_progress
 from jaxcomm_launcher.procs import Supervisor, descendants
 from jaxcomm_launcher.recipe import NETEM_FAULTS, Fault, Recipe
@@ -402,6 +403,63 @@ def steps_done(variant_dir: pathlib.Path, processes: int) -> int:
     return max([c for c in counts if c is not None], default=0)
 
 
+RESTARTS_FILE = "restarts.jsonl"
+
+
+def record_restart(
+    variant_dir: pathlib.Path,
+    attempt: int,
+    processes: int,
+    cause: str,
+    checkpoint_dir: pathlib.Path,
+    failed_rank: int | None = None,
+    t: float | None = None,
+) -> dict[str, Any]:
+    """Records that attempt `attempt` - 1 failed and attempt `attempt` is about to start.
+
+    Counts the steps lost (the most any rank dispatched, less the newest complete checkpoint's),
+    sets the failed attempt's files aside (:func:`archive_attempt`) and appends the record to
+    ``restarts.jsonl`` (the Slurm job's restarts reach ``run.json`` from there).
+
+    Args:
+        variant_dir: The entry's directory.
+        attempt: The attempt about to start (1: the first restart).
+        processes: Ranks in the world.
+        cause: Why the previous attempt failed, one line.
+        checkpoint_dir: Where the job checkpoints.
+        failed_rank: The rank blamed, if known.
+        t: Seconds since the entry began, when known.
+
+    Returns:
+        ``{"attempt", "cause", "failed_rank", "t", "steps_done", "resumed_from",
+        "steps_lost"}``.
+    """
+    done = steps_done(variant_dir, processes)
+    resume = _checkpoints().latest(checkpoint_dir) or 0
+    record = {
+        "attempt": attempt,
+        "cause": cause,
+        "failed_rank": failed_rank,
+        "t": t,
+        "steps_done": done,
+        "resumed_from": resume,
+        "steps_lost": max(0, done - resume),
+    }
+    archive_attempt(variant_dir, attempt - 1, resume)
+    with open(variant_dir / RESTARTS_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+def read_restarts(variant_dir: pathlib.Path) -> list[dict[str, Any]]:
+    """Returns the records of :func:`record_restart` of one entry (oldest first)."""
+    return read_timeline(variant_dir / RESTARTS_FILE)
+
+
+def _checkpoints() -> Any:
+    return standalone("checkpoints")
+
+
 def archive_attempt(variant_dir: pathlib.Path, attempt: int, resume_step: int) -> None:
     """Sets a failed attempt's per-rank files aside before the world is relaunched.
 
@@ -434,3 +492,45 @@ def archive_attempt(variant_dir: pathlib.Path, attempt: int, resume_step: int) -
         os.replace(path, variant_dir / f"attempt{attempt}-{path.name}")
     for path in variant_dir.glob("rank*.progress"):
         path.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m jaxcomm_launcher.faults restart DIR --attempt K --processes N --exit-code RC``:
+    what the Slurm job script runs between two attempts of a step (:func:`record_restart`)."""
+    import argparse
+
+    from jaxcomm_launcher import rundir
+
+    parser = argparse.ArgumentParser(prog="jaxcomm_launcher.faults")
+    sub = parser.add_subparsers(dest="command", required=True)
+    restart = sub.add_parser("restart", help="record a restart of one sweep entry")
+    restart.add_argument("variant_dir", type=pathlib.Path)
+    restart.add_argument("--attempt", type=int, required=True)
+    restart.add_argument("--processes", type=int, required=True)
+    restart.add_argument("--exit-code", type=int, required=True)
+    restart.add_argument("--checkpoint-dir", type=pathlib.Path, default=None)
+    ns = parser.parse_args(argv)
+    vdir = ns.variant_dir
+    errors = []
+    for path in vdir.glob("rank*.status.json"):
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not status.get("ok"):
+            errors.append((path.stat().st_mtime, int(status["rank"]), status.get("error")))
+    rank = min(errors)[1] if errors else None
+    error = rundir.status_error(vdir, rank)
+    cause = f"rank {rank}: {error}" if error else f"the srun step exited with {ns.exit_code}"
+    record = record_restart(
+        vdir, ns.attempt, ns.processes, cause, ns.checkpoint_dir or vdir / "checkpoints", rank
+    )
+    print(
+        f"restart {ns.attempt}: {cause}; relaunching from step {record['resumed_from']} "
+        f"({record['steps_lost']} steps lost)",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

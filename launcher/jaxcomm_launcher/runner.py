@@ -14,7 +14,6 @@ from typing import Any
 from rich.console import Console
 
 from jaxcomm_launcher import faults, results, rundir
-from jaxcomm_launcher._jaxcomm import standalone
 from jaxcomm_launcher.backends import BackendError, make_backend
 from jaxcomm_launcher.backends.slurm import SlurmBackendRunner, collect
 from jaxcomm_launcher.procs import Interrupted, Outcome, Supervisor
@@ -189,7 +188,7 @@ def _run_entry(
                 return outcome, sup.tails
             rank = rundir.failed_rank(outcome, variant_dir)
             error = rundir.status_error(variant_dir, rank)
-            cause = outcome.detail + (f": {error}" if error else "")
+            cause = f"rank {rank}: {error}" if error else outcome.detail
             timeline.event(
                 "attempt_failed",
                 at=outcome.detected_at,
@@ -200,25 +199,22 @@ def _run_entry(
             )
             if outcome.reason != "failed" or attempt >= recipe.max_restarts:
                 return outcome, sup.tails
-            done = faults.steps_done(variant_dir, recipe.world.processes)
-            resume = checkpoints().latest(ckpt_dir) or 0
-            record = {
-                "attempt": attempt + 1,
-                "cause": cause,
-                "failed_rank": rank,
-                "t": round((outcome.detected_at or time.monotonic()) - timeline.t0, 3),
-                "steps_done": done,
-                "resumed_from": resume,
-                "steps_lost": max(0, done - resume),
-            }
+            record = faults.record_restart(
+                variant_dir,
+                attempt + 1,
+                recipe.world.processes,
+                cause,
+                ckpt_dir,
+                failed_rank=rank,
+                t=round((outcome.detected_at or time.monotonic()) - timeline.t0, 3),
+            )
             restarts.append(record)
-            faults.archive_attempt(variant_dir, attempt, resume)
             timeline.event("restart", **record)
             if injector is not None:
-                injector.watch_resume(resume)
+                injector.watch_resume(record["resumed_from"])
             console.print(
                 f"[bold yellow]restart {attempt + 1}/{recipe.max_restarts}[/]: {cause}; "
-                f"every rank was stopped, relaunching from step {resume} "
+                f"every rank was stopped, relaunching from step {record['resumed_from']} "
                 f"({record['steps_lost']} steps lost)",
                 highlight=False,
             )
@@ -226,11 +222,6 @@ def _run_entry(
     finally:
         if injector is not None:
             injector.close()
-
-
-def checkpoints() -> Any:
-    """``jaxcomm.checkpoints`` without importing JAX into the launcher."""
-    return standalone("checkpoints")
 
 
 def _finish(

@@ -1,0 +1,380 @@
+"""Restarts from checkpoint and injected faults (issue 28; docs/faults.md).
+
+- a kill and restart on local 2x1 resumes to the uninterrupted run's exact parameters (dense
+  and a compressor with error feedback);
+- a checkpoint torn by a kill during its write is never taken for a complete one;
+- bad ``faults:`` entries are refused with the field and the fix named;
+- on the emulated cluster (root): a 3 s link drop is ridden out, a partition fails every rank
+  with one short error naming its peer, and nothing stays behind; loss and delay need netem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from jaxcomm_launcher.recipe import RecipeError, load_recipe
+from launcher_helpers import run_cli, worker_pids, write_recipe
+
+EMULATED = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="the emulated backend needs root and iproute2",
+)
+
+
+def _has_netem() -> bool:
+    """Whether this kernel can make a netem qdisc (probed in a scratch namespace)."""
+    if os.geteuid() != 0 or shutil.which("tc") is None:
+        return False
+    ns = f"jcnetemprobe{os.getpid()}"
+    if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode:
+        return False
+    try:
+        cmd = ["tc", "-n", ns, "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+        return subprocess.run(cmd, capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Recipe errors
+
+
+def _load(tmp_path: pathlib.Path, **fields) -> None:
+    load_recipe(write_recipe(tmp_path / "r.yaml", **fields))
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"faults": [{"kind": "flood", "node": 1, "at_s": 1}]}, ["faults[0].kind", "link_down"]),
+        ({"faults": [{"kind": "kill", "node": 1}]}, ["exactly one trigger", "at_s"]),
+        (
+            {"faults": [{"kind": "kill", "node": 1, "at_s": 1, "at_step": 3}]},
+            ["exactly one trigger"],
+        ),
+        (
+            {"backend": "emulated", "faults": [{"kind": "link_down", "node": 1, "at_s": 1}]},
+            ["link_down needs seconds", "seconds: 5"],
+        ),
+        ({"faults": [{"kind": "kill", "node": 2, "at_s": 1}]}, ["node 2 does not exist", "0..1"]),
+        (
+            {"faults": [{"kind": "link_down", "node": 1, "at_s": 1, "seconds": 3}]},
+            ["only the emulated backend", "backend: emulated"],
+        ),
+        (
+            {
+                "backend": "emulated",
+                "faults": [{"kind": "partition", "groups": [[0, 1], []], "at_s": 1, "seconds": 9}],
+            },
+            ["two non-empty lists"],
+        ),
+        (
+            {
+                "backend": "emulated",
+                "faults": [{"kind": "link_down", "node": 1, "at_s": 1, "seconds": 3, "percent": 2}],
+            },
+            ["link_down does not take percent"],
+        ),
+        ({"faults": [{"kind": "kill", "node": 1, "at_s": 1, "when": 3}]}, ["when: unknown key"]),
+        (
+            {
+                "backend": "emulated",
+                "faults": [{"kind": "bandwidth", "node": 0, "at_s": 1, "bandwidth": "fast"}],
+            },
+            ["faults[0].bandwidth", "tc rate"],
+        ),
+        ({"max_restarts": -1}, ["max_restarts", ">= 0"]),
+    ],
+)
+def test_bad_fault_entries_are_refused_by_name(tmp_path, fields, words):
+    with pytest.raises(RecipeError) as err:
+        _load(tmp_path, **fields)
+    message = str(err.value)
+    for word in words:
+        assert word in message, message
+
+
+def test_good_fault_entries_load_and_describe_themselves(tmp_path):
+    path = write_recipe(
+        tmp_path / "r.yaml",
+        backend="emulated",
+        max_restarts=2,
+        faults=[
+            {"kind": "link_down", "node": 1, "at_s": 30, "seconds": 5},
+            {
+                "kind": "delay",
+                "node": 0,
+                "at_step": 9,
+                "seconds": 5,
+                "delay_ms": 20,
+                "jitter_ms": 5,
+            },
+            {"kind": "partition", "groups": [[0], [1]], "at_s": 1, "seconds": 9},
+            {"kind": "straggler", "node": 0, "at_s": 1, "seconds": 9, "cpu": 0.5},
+        ],
+    )
+    recipe = load_recipe(path)
+    assert recipe.max_restarts == 2
+    assert [f.describe() for f in recipe.faults] == [
+        "link_down node 1 for 5 s",
+        "delay node 0 +20 ms ±5 ms for 5 s",
+        "partition groups [[0], [1]] for 9 s",
+        "straggler node 0 at 0.5 CPU for 9 s",
+    ]
+
+
+def test_max_restarts_option_sets_the_recipe_field(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml")
+    res = run_cli("launch", str(recipe), "--dry-run", "--max-restarts", "-1", cwd=tmp_path)
+    assert res.returncode != 0 and "max-restarts" in (res.stdout + res.stderr)
+
+
+# --------------------------------------------------------------------------------------------
+# Atomic checkpoints
+
+_TORN_WRITER = textwrap.dedent(
+    """
+    import sys, time
+    import jax, numpy as np
+    from jaxcomm import checkpoints, optax as jc_optax
+
+    directory = sys.argv[1]
+    small = {"w": jax.numpy.arange(1000, dtype=jax.numpy.float32)}
+    checkpoints.save(directory, 10, small, {"seconds": 1.0})
+    real = jc_optax.save_state
+
+    def save_then_hang(path, tree):
+        print("writing", flush=True)
+        real(path, tree)
+        print("written", flush=True)
+        time.sleep(600)  # killed here at the latest: before the commit (rename)
+
+    jc_optax.save_state = save_then_hang
+    big = {"w": jax.numpy.ones((4 << 20,), jax.numpy.float32)}
+    checkpoints.save(directory, 20, big, {"seconds": 2.0})
+    """
+)
+
+
+def test_checkpoint_torn_by_a_kill_is_ignored_and_removed(tmp_path):
+    from jaxcomm import checkpoints
+
+    directory = tmp_path / "ckpt"
+    script = tmp_path / "writer.py"
+    script.write_text(_TORN_WRITER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(directory)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        # Kill as soon as the second write has begun (event-ordered: no sleeps). Wherever
+        # the kill lands, inside Orbax's write or before the rename, step 20 is not complete.
+        for line in proc.stdout:
+            if line.strip() == "writing":
+                proc.send_signal(signal.SIGKILL)
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert checkpoints.latest(directory) == 10
+
+    import jax
+    import numpy as np
+
+    like = {"w": jax.numpy.zeros(1000, jax.numpy.float32)}
+    tree, loop = checkpoints.restore(directory, 10, like)
+    assert np.asarray(tree["w"]).tobytes() == np.arange(1000, dtype=np.float32).tobytes()
+    assert loop == {"seconds": 1.0, "step": 10}
+    checkpoints.prune(directory)
+    assert sorted(p.name for p in directory.iterdir()) == ["step_00000010"]
+
+
+# --------------------------------------------------------------------------------------------
+# Kill and restart, local 2x1
+
+
+def _digits_recipe(path: pathlib.Path, algorithm: str, **fields) -> pathlib.Path:
+    data = {
+        "name": "r",
+        "job": "digits",
+        "world": {"processes": 2, "devices_per_process": 1},
+        "jaxcomm": {"algorithm": algorithm},
+        "train": {"steps": 400, "batch_size": 64, "eval_every": 100},
+        "metrics": {"plots": False},
+        "timeout": 600,
+    }
+    for key, value in fields.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    import yaml
+
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _result(run: pathlib.Path) -> dict:
+    (path,) = run.glob("*/digits-mlp-*.json")
+    return json.loads(path.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["dense", "onebit"])
+def test_kill_and_restart_resumes_bit_identically(tmp_path, algorithm):
+    pytest.importorskip("sklearn")
+    plain = _digits_recipe(tmp_path / "plain.yaml", algorithm)
+    res = run_cli("launch", str(plain), "--out", str(tmp_path / "plain"), "-q", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    every = 20
+    killed = _digits_recipe(
+        tmp_path / "kill.yaml",
+        algorithm,
+        train={"checkpoint_every": every},
+        faults=[{"kind": "kill", "node": 1, "at_step": 60}],
+    )
+    out = tmp_path / "kill"
+    res = run_cli(
+        "launch", str(killed), "--out", str(out), "-q", "--max-restarts", "1", cwd=tmp_path
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "restart 1/1" in res.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    (variant,) = summary["variants"]
+    (restart,) = variant["restarts"]
+    assert "rank 1" in restart["cause"] and "SIGKILL" in restart["cause"]
+    assert restart["resumed_from"] > 0 and restart["resumed_from"] % every == 0
+    # Lost: the steps since the checkpoint, plus at most the two queued ahead (max_in_flight).
+    assert 0 <= restart["steps_lost"] <= every + 2
+    assert variant["steps"] == 400 and variant["status"] == "ok"
+
+    # The resumed run took exactly the uninterrupted run's steps: same bits.
+    a, b = _result(tmp_path / "plain"), _result(out)
+    assert b["resumed_from"] == restart["resumed_from"]
+    assert a["params_sha256"] == b["params_sha256"]
+    assert a["test_accuracy"] == b["test_accuracy"] and a["train_loss"] == b["train_loss"]
+
+    events = [
+        json.loads(line)["event"] for line in (out / variant["label"] / "timeline.jsonl").open()
+    ]
+    assert events.index("fault_applied") < events.index("attempt_failed") < events.index("restart")
+    assert events[-1] == "attempt_ok" and events.count("attempt_start") == 2
+    assert not worker_pids(str(out))
+
+
+@pytest.mark.slow
+def test_failure_without_restarts_left_ends_the_run(tmp_path):
+    pytest.importorskip("sklearn")
+    recipe = _digits_recipe(
+        tmp_path / "r.yaml",
+        "dense",
+        max_restarts=0,
+        faults=[{"kind": "kill", "node": 0, "at_step": 30}],
+    )
+    res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path)
+    assert res.returncode == 1 and "rank 0" in res.stderr and "SIGKILL" in res.stderr
+    assert not worker_pids(str(tmp_path / "run"))
+
+
+# --------------------------------------------------------------------------------------------
+# Emulated cluster
+
+
+def _namespaces() -> set[str]:
+    res = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    return {line.split()[0] for line in res.stdout.splitlines() if line.strip()}
+
+
+def _links() -> str:
+    return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.slow
+@EMULATED
+def test_emulated_three_second_link_drop_is_ridden_out(tmp_path):
+    pytest.importorskip("sklearn")
+    before = _namespaces()
+    recipe = _digits_recipe(
+        tmp_path / "r.yaml",
+        "dense",
+        backend={"kind": "emulated", "bandwidth": "1gbit"},
+        faults=[{"kind": "link_down", "node": 1, "at_step": 100, "seconds": 3}],
+    )
+    out = tmp_path / "run"
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    events = [json.loads(line) for line in (out / "dense" / "timeline.jsonl").open()]
+    names = [e["event"] for e in events]
+    assert names.count("attempt_start") == 1 and "attempt_failed" not in names
+    applied = names.index("fault_applied")
+    assert applied < names.index("fault_reverted") < names.index("attempt_ok")
+    assert events[applied]["steps"] < 400  # the link really went down mid-run
+    assert _namespaces() == before and "jcb" not in _links()
+
+
+@pytest.mark.slow
+@EMULATED
+def test_emulated_partition_fails_every_rank_with_one_short_error(tmp_path):
+    before = _namespaces()
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        backend={"kind": "emulated", "bandwidth": "1gbit"},
+        train={"steps": 1000000},
+        env={"JAXCOMM_TIMEOUT_S": "5"},
+        faults=[{"kind": "partition", "groups": [[0], [1]], "at_step": 20, "seconds": 600}],
+        timeout=300,
+    )
+    out = tmp_path / "run"
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    # Each rank wrote one short error naming the peer it lost.
+    for rank, peer in ((0, 1), (1, 0)):
+        status = json.loads((out / "dense" / f"rank{rank}.status.json").read_text())
+        assert not status["ok"]
+        error = status["error"]
+        assert f"rank {peer}" in error and len(error.splitlines()) == 1 and len(error) < 400
+    events = [json.loads(line)["event"] for line in (out / "dense" / "timeline.jsonl").open()]
+    assert events.index("fault_applied") < events.index("attempt_failed")
+    assert "fault_reverted" in events  # healed when the run ended
+    assert _namespaces() == before and "jcb" not in _links()
+    assert not worker_pids(str(out))
+
+
+@pytest.mark.slow
+@EMULATED
+@pytest.mark.skipif(not _has_netem(), reason="this kernel has no netem qdisc (sch_netem)")
+def test_emulated_one_percent_loss_is_ridden_out(tmp_path):
+    pytest.importorskip("sklearn")
+    recipe = _digits_recipe(
+        tmp_path / "r.yaml",
+        "dense",
+        backend={"kind": "emulated", "bandwidth": "1gbit"},
+        faults=[{"kind": "loss", "node": 1, "at_step": 50, "seconds": 5, "percent": 1}],
+    )
+    res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@EMULATED
+@pytest.mark.skipif(_has_netem(), reason="this kernel has netem: nothing to refuse")
+def test_loss_and_delay_are_refused_without_netem(tmp_path):
+    before = _namespaces()
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        backend="emulated",
+        faults=[{"kind": "delay", "node": 1, "at_s": 1, "seconds": 5, "delay_ms": 20}],
+    )
+    res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), cwd=tmp_path)
+    assert res.returncode == 1
+    assert "netem" in res.stderr and "CONFIG_NET_SCH_NETEM" in res.stderr
+    assert _namespaces() == before
