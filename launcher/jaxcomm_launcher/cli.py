@@ -184,6 +184,13 @@ def launch(
                 typer.echo(f"# {settings.display_label()}")
                 for line in backend.describe(spec):
                     typer.echo(line)
+            if rec.max_restarts:
+                typer.echo(f"# restarts: up to {rec.max_restarts}, from the newest checkpoint")
+            for fault in rec.faults:
+                when = (
+                    f"at {fault.at_s:g} s" if fault.at_s is not None else f"at step {fault.at_step}"
+                )
+                typer.echo(f"# fault {when}: {fault.describe()}")
             _echo_plan_comment(rec, profile)
             return
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)
