@@ -139,7 +139,7 @@ def test_max_restarts_option_and_faults_show_in_the_dry_run(tmp_path):
         faults=[{"kind": "link_down", "node": 1, "at_step": 30, "seconds": 3}],
     )
     res = run_cli(
-        "launch", str(recipe), "--dry-run", "--max-restarts", "2", cwd=tmp_path, timeout=900
+        "launch", str(recipe), "--dry-run", "--max-restarts", "2", cwd=tmp_path, timeout=1800
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "# restarts: up to 2" in res.stdout
@@ -160,7 +160,7 @@ def test_max_restarts_option_and_faults_show_in_the_dry_run(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "until step" in res.stdout and '"$attempt" -ge 2' in res.stdout
     res = run_cli(
-        "launch", str(recipe), "--dry-run", "--max-restarts", "-1", cwd=tmp_path, timeout=900
+        "launch", str(recipe), "--dry-run", "--max-restarts", "-1", cwd=tmp_path, timeout=1800
     )
     assert res.returncode != 0 and "max-restarts" in (res.stdout + res.stderr)
 
@@ -237,7 +237,7 @@ def _digits_recipe(path: pathlib.Path, algorithm: str, **fields) -> pathlib.Path
         "jaxcomm": {"algorithm": algorithm},
         "train": {"steps": 200, "batch_size": 64, "eval_every": 50},
         "metrics": {"plots": False},
-        "timeout": 600,
+        "timeout": 1500,
     }
     for key, value in fields.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
@@ -256,12 +256,13 @@ def _result(run: pathlib.Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two launches; generous for a loaded machine
 @pytest.mark.parametrize("algorithm", ["dense", "onebit"])
 def test_kill_and_restart_resumes_bit_identically(tmp_path, algorithm):
     pytest.importorskip("sklearn")
     plain = _digits_recipe(tmp_path / "plain.yaml", algorithm)
     res = run_cli(
-        "launch", str(plain), "--out", str(tmp_path / "plain"), "-q", cwd=tmp_path, timeout=900
+        "launch", str(plain), "--out", str(tmp_path / "plain"), "-q", cwd=tmp_path, timeout=1800
     )
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -282,7 +283,7 @@ def test_kill_and_restart_resumes_bit_identically(tmp_path, algorithm):
         "--max-restarts",
         "1",
         cwd=tmp_path,
-        timeout=900,
+        timeout=1800,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "restart 1/1" in res.stdout
@@ -311,6 +312,7 @@ def test_kill_and_restart_resumes_bit_identically(tmp_path, algorithm):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_failure_without_restarts_left_ends_the_run(tmp_path):
     pytest.importorskip("sklearn")
     recipe = _digits_recipe(
@@ -320,7 +322,7 @@ def test_failure_without_restarts_left_ends_the_run(tmp_path):
         faults=[{"kind": "kill", "node": 0, "at_step": 30}],
     )
     res = run_cli(
-        "launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path, timeout=900
+        "launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path, timeout=1800
     )
     assert res.returncode == 1 and "rank 0" in res.stderr and "SIGKILL" in res.stderr
     assert not worker_pids(str(tmp_path / "run"))
@@ -341,6 +343,7 @@ def _left_behind(run_dir: pathlib.Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @EMULATED
 def test_emulated_three_second_link_drop_is_ridden_out(tmp_path):
     pytest.importorskip("sklearn")
@@ -351,7 +354,7 @@ def test_emulated_three_second_link_drop_is_ridden_out(tmp_path):
         faults=[{"kind": "link_down", "node": 1, "at_step": 50, "seconds": 3}],
     )
     out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=900)
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
     events = [json.loads(line) for line in (out / "dense" / "timeline.jsonl").open()]
     names = [e["event"] for e in events]
@@ -363,6 +366,7 @@ def test_emulated_three_second_link_drop_is_ridden_out(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @EMULATED
 def test_emulated_partition_fails_every_rank_with_one_short_error(tmp_path):
     recipe = write_recipe(
@@ -374,7 +378,7 @@ def test_emulated_partition_fails_every_rank_with_one_short_error(tmp_path):
         timeout=300,
     )
     out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=900)
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=1800)
     assert res.returncode == 1, res.stdout + res.stderr
     # Each rank wrote one short error naming the peer it lost.
     for rank, peer in ((0, 1), (1, 0)):
@@ -390,6 +394,7 @@ def test_emulated_partition_fails_every_rank_with_one_short_error(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @EMULATED
 @pytest.mark.skipif(not _has_netem(), reason="this kernel has no netem qdisc (sch_netem)")
 def test_emulated_one_percent_loss_is_ridden_out(tmp_path):
@@ -401,7 +406,7 @@ def test_emulated_one_percent_loss_is_ridden_out(tmp_path):
         faults=[{"kind": "loss", "node": 1, "at_step": 50, "seconds": 5, "percent": 1}],
     )
     res = run_cli(
-        "launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path, timeout=900
+        "launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path, timeout=1800
     )
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -414,7 +419,7 @@ def test_loss_and_delay_are_refused_without_netem(tmp_path):
         backend="emulated",
         faults=[{"kind": "delay", "node": 1, "at_s": 1, "seconds": 5, "delay_ms": 20}],
     )
-    res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), cwd=tmp_path, timeout=900)
+    res = run_cli("launch", str(recipe), "--out", str(tmp_path / "run"), cwd=tmp_path, timeout=1800)
     assert res.returncode == 1
     assert "netem" in res.stderr and "CONFIG_NET_SCH_NETEM" in res.stderr
     assert not list((tmp_path / "run").rglob("rank*.log"))  # refused before any rank started
@@ -436,13 +441,14 @@ def _smoke_failing_once(path: pathlib.Path, **fields) -> pathlib.Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", ["local", "mpirun"])
 def test_a_failed_rank_is_restarted(tmp_path, backend):
     if backend == "mpirun" and shutil.which("mpirun") is None:
         pytest.skip("OpenMPI's mpirun is not installed")
     recipe = _smoke_failing_once(tmp_path / "r.yaml", backend=backend)
     out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=900)
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
     (variant,) = json.loads((out / "summary.json").read_text())["variants"]
     (restart,) = variant["restarts"]
@@ -456,6 +462,7 @@ def test_a_failed_rank_is_restarted(tmp_path, backend):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @EMULATED
 def test_emulated_bandwidth_and_straggler_are_applied_and_reverted(tmp_path):
     recipe = write_recipe(
@@ -469,7 +476,7 @@ def test_emulated_bandwidth_and_straggler_are_applied_and_reverted(tmp_path):
         ],
     )
     out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=900)
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
     events = [json.loads(line) for line in (out / "dense" / "timeline.jsonl").open()]
     for fault in (0, 1):
