@@ -151,10 +151,13 @@ def row_of(kind: str, fault: dict[str, Any], run: dict[str, Any], base: dict[str
             row["recover_s"] = round(again["t"] - failed["t"], 2)
     elif applied:
         reverted = _first(events, "fault_reverted", applied["t"])
+        if reverted and reverted.get("reason") == "the run ended":
+            row["outcome"] += " (the run ended during it)"
         again = _first(events, "stepping_again", reverted["t"]) if reverted else None
         if again:
             row["recover_s"] = round(again["t"] - reverted["t"], 2)
     row["steps_lost"] = sum(r["steps_lost"] for r in restarts)
+    row["causes"] = [r["cause"] for r in restarts]
     row["test_accuracy"] = run.get("test_accuracy")
     row["accuracy_matches"] = (
         run.get("test_accuracy") is not None and run["test_accuracy"] == base["test_accuracy"]
@@ -174,7 +177,8 @@ def print_table(rows: list[dict[str, Any]], base: dict[str, Any]) -> None:
     print("|---|---|---:|---:|---:|---|---|---:|")
     for r in rows:
         if r["outcome"] == "refused":
-            print(f"| {r['kind']} | refused: {r['detail']} | – | – | – | – | – | – |")
+            why = r["detail"].split(" (`")[0]  # the JSON keeps the whole message
+            print(f"| {r['kind']} | refused: {why} | – | – | – | – | – | – |")
             continue
 
         def num(key: str, r: dict = r) -> str:
@@ -213,9 +217,11 @@ def main() -> None:
     parser.add_argument("--bandwidth", default="1gbit", help="emulated link rate (tc tbf)")
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--checkpoint-every", type=int, default=50)
-    parser.add_argument("--at-step", type=int, default=150, help="when each fault fires")
+    parser.add_argument(
+        "--at-step", type=int, default=125, help="when each fault fires (rank 0's steps)"
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="how long faults last")
-    parser.add_argument("--timeout-s", type=float, default=5.0, help="JAXCOMM_TIMEOUT_S")
+    parser.add_argument("--timeout-s", type=float, default=10.0, help="JAXCOMM_TIMEOUT_S")
     parser.add_argument("--max-restarts", type=int, default=2)
     parser.add_argument("--run-timeout", type=float, default=600.0)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
