@@ -37,13 +37,21 @@ import time
 from typing import Any
 
 import yaml
-from _bench import add_world_arguments, jaxcomm_cli, recipe_backend, write_result_and_plot
+from _bench import (
+    add_world_arguments,
+    jaxcomm_cli,
+    recipe_backend,
+    write_result,
+    write_result_and_plot,
+)
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
-from jaxcomm import cost
+from jaxcomm import algorithms, cost
 
-FLAT = ["psum", "dense", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold"]
-HIER = ["hier_dense", "hier_dense_leader", "hier_adaptive"]
+# The registry's default listing (jaxcomm/algorithms/), flat and hierarchical.
+FLAT = [a for a in algorithms.planned() if algorithms.get(a).hierarchy is None]
+HIER = [a for a in algorithms.planned() if algorithms.get(a).hierarchy is not None]
+MULTI_LEADER = [a for a in HIER if algorithms.get(a).hierarchy[1] == "multi_leader"]
 
 
 def _recipe(
@@ -167,8 +175,9 @@ def measure_world(
     return rows
 
 
-def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> None:
-    """Prints a markdown table of the model's predictions for large clusters (no measurement).
+def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> dict[str, Any]:
+    """The model's predictions for large clusters (no measurement), printed as a markdown table
+    and returned for the JSON (``docs/cost-model.md`` is generated from it).
 
     Worlds of P ranks, flat (P processes x 1) and hierarchical (P/8 nodes x 8 local ranks), at
     10, 100 and 400 Gbit/s between processes (alpha 10 us), with the local kernels (gamma)
@@ -176,11 +185,14 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
     """
     base = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
     options = cost.Options(density=density)
-    shown = ["dense", "topk_allgather", "gtopk", "onebit", "adaptive"]
-    print(f"| network | P | layout | {' | '.join(shown)} | hier_dense | hier_adaptive | pick |")
-    print("|---" * (len(shown) + 6) + "|")
+    alpha = 10e-6
+    shown = [a for a in FLAT if a in cost.DEFAULT_ALLOWED]
+    columns = shown + MULTI_LEADER
+    print(f"| network | P | layout | {' | '.join(columns)} | pick |")
+    print("|---" * (len(columns) + 4) + "|")
+    rows = []
     for gbit in (10, 100, 400):
-        link = cost.Link(alpha=10e-6, beta=8 / (gbit * 1e9))
+        link = cost.Link(alpha=alpha, beta=8 / (gbit * 1e9))
         profile = cost.Profile(
             links={**base.links, "across_hosts": link},
             gamma=base.gamma,
@@ -193,12 +205,22 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> No
             if p > 8:  # 8 ranks at 8 per node is one process: no network
                 layouts.append(("8 per node", cost.World(p // 8, 8, "across_hosts")))
             for layout, world in layouts:
-                algos = shown + (["hier_dense", "hier_adaptive"] if layout != "flat" else [])
+                algos = shown + (MULTI_LEADER if layout != "flat" else [])
                 times = {a: cost.predict(a, n, world, profile, options).seconds for a in algos}
-                cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in shown]
-                cells += [f"{times[a] * 1e3:.0f}" if a in times else "" for a in HIER[::2]]
+                cells = [f"{times[a] * 1e3:.0f}" if a in times else "" for a in columns]
                 pick = min(times, key=times.get)
                 print(f"| {gbit} Gbit/s | {p} | {layout} | {' | '.join(cells)} | {pick} |")
+                rows.append(
+                    {"gbit": gbit, "ranks": p, "layout": layout, "seconds": times, "pick": pick}
+                )
+    return {
+        "elements": n,
+        "density": density,
+        "alpha_s": alpha,
+        "profile": str(profile_path) if profile_path else "the built-in profile",
+        "algorithms": columns,
+        "rows": rows,
+    }
 
 
 def main() -> None:
@@ -232,7 +254,10 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
     if args.extrapolate:
-        extrapolate(args.profile, 25_000_000, args.density)
+        result = extrapolate(args.profile, 25_000_000, args.density)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = write_result(args.out, "cost-model-extrapolation", result)
+        print(f"\nwrote {path}")
         return
     if args.repeats < 5:
         parser.error("--repeats must be >= 5")

@@ -35,6 +35,8 @@ from typing import Any
 import yaml
 from _bench import jaxcomm_cli, pyplot, write_result
 
+from docs import fault_table
+
 KINDS = ("link_down", "loss", "delay", "bandwidth", "straggler", "kill", "partition")
 
 
@@ -167,29 +169,9 @@ def row_of(kind: str, fault: dict[str, Any], run: dict[str, Any], base: dict[str
     return row
 
 
-def print_table(rows: list[dict[str, Any]], base: dict[str, Any]) -> None:
-    """Prints the table (markdown, as docs/faults.md shows it)."""
-    print(f"\nfault-free run: test accuracy {base['test_accuracy']:.4f}, {base['wall_s']:.1f} s\n")
-    print(
-        "| fault | outcome | detect (s) | recover (s) | steps lost | accuracy = fault-free "
-        "| bit-identical | wall (s) |"
-    )
-    print("|---|---|---:|---:|---:|---|---|---:|")
-    for r in rows:
-        if r["outcome"] == "refused":
-            why = r["detail"].split(" (`")[0]  # the JSON keeps the whole message
-            print(f"| {r['kind']} | refused: {why} | – | – | – | – | – | – |")
-            continue
-
-        def num(key: str, r: dict = r) -> str:
-            return "–" if r.get(key) is None else f"{r[key]:.2f}"
-
-        print(
-            f"| {r['fault']} | {r['outcome']} | {num('detect_s')} | {num('recover_s')} "
-            f"| {r['steps_lost']} | {'yes' if r['accuracy_matches'] else 'no'} "
-            f"({r['test_accuracy']:.4f}) | {'yes' if r['bit_identical'] else 'no'} "
-            f"| {r['wall_s']:.1f} |"
-        )
+def print_table(result: dict[str, Any], file: str) -> None:
+    """Prints the table as docs/faults.md shows it (``benchmarks/docs.py``'s formatter)."""
+    print("\n" + fault_table(result, file))
 
 
 def draw(rows: list[dict[str, Any]], path: pathlib.Path, title: str) -> None:
@@ -240,14 +222,14 @@ def main() -> None:
             row = row_of(kind, fault, run_one(args, fault, tmp), base)
             print(f"{kind}: {row['outcome']}", flush=True)
             rows.append(row)
-    print_table(rows, base)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "setup": {k: v for k, v in vars(args).items() if k not in ("out", "kinds", "tag")},
-        "command": " ".join(sys.argv),
+        "command": "python benchmarks/faults.py " + " ".join(sys.argv[1:]),
         "fault_free": {k: base[k] for k in ("test_accuracy", "params_sha256", "wall_s")},
         "rows": rows,
     }
+    print_table(result, f"{args.tag}.json")
     path = write_result(args.out, args.tag, result)
     draw(rows, args.out / f"{args.tag}.png", "faults on 2 emulated nodes (digits, dense)")
     print(f"\nwrote {path} and {args.out / (args.tag + '.png')}")

@@ -12,7 +12,7 @@ measures, median of ``--repeats`` steps after a warm-up, in the same run:
 
 hidden fraction = (T_compute + T_comm - T_step) / min(T_compute, T_comm): 1 when the shorter
 of the two hides completely behind the other, 0 when they run one after the other. Because
-T_comm alone can cost more than the same collectives inside a step (see the README), it also
+T_comm alone can cost more than the same collectives inside a step (see docs/benchmarks.md), it also
 prints "saved vs single bucket" = (T_step(one bucket) - T_step) / min(T_compute, T_comm(one
 bucket)): the share of the hideable time a bucketed step actually saves against the step whose
 single collective must wait for the whole backward pass (no overlap possible). It also

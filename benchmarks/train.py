@@ -1,239 +1,841 @@
-"""Time-to-accuracy: train a workload with every gradient reduction in the same run.
+"""Time to target: train each workload with each gradient reduction until it reaches its target.
 
-Runs ``recipes/<workload>.yaml`` (``lbann-mlp`` or ``bytes-lm``) through ``jaxcomm launch`` with
-one variant per algorithm (``psum`` fp32 and bf16 are XLA's ``lax.pmean``; ``dense``,
-``dense-bf16``, ``gtopk``, ``topk``, ``adaptive``, ``onebit`` go through
-``jaxcomm.optax.allreduce_gradients``), locally or on the emulated cluster of DESIGN.md §5
-(``--backend emulated --bandwidth 1gbit``: network namespaces with tbf-shaped links, root).
-Every job records loss and test accuracy (lbann-mlp) or validation bits per byte (bytes-lm)
-against training wall clock (from the end of the compiling first step, evaluations excluded),
-its step time, the time inside jaxcomm's collectives and the bytes each rank sent.
+One command runs the end-to-end grid: workloads × networks × reductions × seeds. A *cell* is
+one training run (``jaxcomm launch`` of the workload's recipe with one sweep entry) that stops
+at the recipe's ``train.target`` (test accuracy, or validation bits per byte), at a time cap or
+at its step cap, and records its metric against training wall clock, bytes and step time. Each
+finished cell is written to ``--out/cells/<workload>/<network>/<label>-s<seed>.json`` and never
+run again, so an interrupted grid resumes where it stopped (delete a cell's file to rerun it).
 
-The target is the final metric of the ``psum`` (fp32) run; each algorithm's time to target is
-the training time of its first evaluation that reaches it. Prints a table, writes JSON and a
-PNG (metric against wall clock per algorithm) to ``--out``.
+Networks (2 nodes by default, each pinned to a core of its own: ``backend.cpus_per_node``;
+a world that needs more cores than the host has is marked oversubscribed):
+
+- ``100mbit``, ``1gbit``: the emulated cluster (network namespaces, tbf-shaped links; root);
+- ``host``: one machine, the processes talk through shared memory and loopback.
+
+Reductions: ``psum`` and ``psum-bf16`` (XLA's ``lax.pmean`` in fp32 and bf16), ``dense`` and
+``dense-bf16`` (jaxcomm's dense allreduce, fp32 and its 16-bit wire), ``gtopk`` and
+``topk_allgather`` (with the gTop-k paper's warm-up), ``onebit``, ``adaptive``, and ``auto``
+(jaxcomm's cost model picks per bucket, from a profile that ``jaxcomm probe`` measured on the
+same world before: a cell of its own, ``cells/profiles/<network>.json``).
+
+Before the runs, the grid measures each workload's compute step on one pinned core
+(``cells/<workload>/compute.json``); with the profile, ``jaxcomm.cost.plan`` predicts every
+cell's step time (compute + the reduction), and the report shows it beside the measured one.
+
+The report (``--report`` alone redraws it from the cells) prints, per workload and network:
+time to target, the speedup over the fastest dense 16-bit run (``psum-bf16`` or
+``dense-bf16``), the best metric, bytes and seconds per step, the predicted step time, and
+``auto``'s pick. It writes ``--out/e2e.json``, ``e2e-curves.png`` (metric against wall clock,
+a panel per cell), ``e2e-pays.png`` (workload × network coloured by the best speedup, ``auto``'s
+pick marked) and ``docs/e2e.md``. A run that stopped at its cap did not reach its target: its
+time to target is reported as "> cap", and a speedup over a capped baseline as a lower bound;
+nothing is extrapolated.
 
 Usage:
-  python benchmarks/train.py --workload lbann-mlp --epochs 2
-  python benchmarks/train.py --workload lbann-mlp --backend emulated --bandwidth 1gbit
-  python benchmarks/train.py --workload bytes-lm --steps 200 --args width=128 layers=2
-  python benchmarks/train.py --steps 4 --train hidden=256 --algorithms psum dense   # smoke
+  python benchmarks/train.py                                     # the whole grid (hours)
+  python benchmarks/train.py --workloads digits-small --networks host 1gbit
+  python benchmarks/train.py --workloads lbann-mlp --networks 1gbit --algorithms psum-bf16 gtopk
+  python benchmarks/train.py --report                            # tables and pictures only
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
 import yaml
-from _bench import (
-    add_world_arguments,
-    jaxcomm_cli,
-    recipe_backend,
-    setup_fields,
-    write_result_and_plot,
-)
+from _bench import jaxcomm_cli, pyplot
+from jaxcomm_launcher._jaxcomm import standalone
+
+from docs import e2e_cells, e2e_columns
+from docs import main as docs_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# label -> sweep entry of the recipes (the launcher's display label of each entry)
-VARIANTS = {
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "e2e"
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A bundled recipe trained to its ``train.target``.
+
+    Attributes:
+      recipe: file under ``recipes/``.
+      metric: the result's key (``test_accuracy``, ``validation_bits_per_byte``).
+      higher_is_better: accuracy (True) or bits per byte (False).
+      result_glob: the rank-0 result file the job writes in its run directory.
+    """
+
+    recipe: str
+    metric: str
+    higher_is_better: bool
+    result_glob: str
+
+    def load(self) -> dict[str, Any]:
+        return yaml.safe_load((REPO / "recipes" / self.recipe).read_text())
+
+
+WORKLOADS = {
+    "lbann-mlp": Workload("lbann-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json"),
+    "bytes-lm": Workload("bytes-lm.yaml", "validation_bits_per_byte", False, "bytes-lm-*.json"),
+    "digits-small": Workload("digits-small.yaml", "test_accuracy", True, "digits-mlp-*.json"),
+}
+
+# The algorithm registry (jaxcomm/algorithms/, loaded without JAX): a new algorithm joins the
+# grid with nothing edited here.
+ALGORITHMS = standalone("algorithms")
+
+# label -> the recipe sweep entry of that reduction: XLA's pmean and jaxcomm's dense allreduce
+# in fp32 and 16-bit, then every other registered algorithm, then auto (tests/test_workloads.py
+# validates every entry as a recipe).
+VARIANTS: dict[str, dict[str, Any]] = {
     "psum": {"algorithm": "psum"},
     "psum-bf16": {"algorithm": "psum", "grad_dtype": "bfloat16"},
     "dense": {"algorithm": "dense"},
     "dense-bf16": {"algorithm": "dense", "grad_dtype": "bfloat16"},
-    "gtopk": {"algorithm": "gtopk"},
-    "topk_allgather": {"algorithm": "topk"},
-    "adaptive": {"algorithm": "adaptive"},
-    "onebit": {"algorithm": "onebit"},
-    "threshold": {"algorithm": "threshold"},
+    **{n: {"algorithm": n} for n in ALGORITHMS.names() if n not in ("psum", "dense")},
+    ALGORITHMS.AUTO: {"algorithm": ALGORITHMS.AUTO},
 }
-# What each workload reports and which way is better.
-METRICS = {
-    "lbann-mlp": ("test_accuracy", "test accuracy", True),
-    "bytes-lm": ("validation_bits_per_byte", "validation bits per byte", False),
-}
+# What the grid runs by default: all but the algorithms whose bytes hang on a tuned setting
+# (threshold's tau), which auto does not choose by default either.
+DEFAULT_ALGORITHMS = [
+    v
+    for v, entry in VARIANTS.items()
+    if entry["algorithm"] in ("psum", "dense", ALGORITHMS.AUTO)
+    or entry["algorithm"] in ALGORITHMS.default_allowed()
+]
+BASELINES_16BIT = ("psum-bf16", "dense-bf16")
+
+# network -> the recipe backend (None: local, one host).
+NETWORKS: dict[str, str | None] = {"100mbit": "100mbit", "1gbit": "1gbit", "host": None}
+
+# Seconds of training after which a cell stops (it then did not reach its target). The fp32
+# dense reductions at 100 Mbit/s are certain to be slower than their 16-bit twins (twice the
+# bytes on a wire-bound step): they get a short cap that still measures their step time.
+DEFAULT_CAPS = {"100mbit": 900.0, "1gbit": 300.0, "host": 300.0}
+DEFAULT_LABEL_CAPS = {("psum", "100mbit"): 120.0, ("dense", "100mbit"): 120.0}
 
 
-def parse_value(text: str) -> object:
-    return yaml.safe_load(text)
+def network_dir(network: str, nodes: int) -> str:
+    """The folder of a network's cells, e.g. ``1gbit-2x1`` (nodes × devices per node)."""
+    return f"{network}-{nodes}x1"
 
 
-def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> dict:
-    recipe = yaml.safe_load((REPO / "recipes" / f"{args.workload}.yaml").read_text())
-    recipe["name"] = f"{args.workload}-bench"
-    density = args.density if args.density is not None else recipe["jaxcomm"]["density"]
-    recipe["sweep"] = [
-        {**VARIANTS[v], **({"density": density} if v in ("gtopk", "topk_allgather") else {})}
-        for v in args.algorithms
-    ]
-    recipe["world"] = {"processes": args.processes, "devices_per_process": 1}
-    if args.backend == "emulated":
-        recipe["backend"] = recipe_backend(args)
-    recipe.setdefault("args", {})
-    if args.steps is not None:
-        recipe["train"]["steps"] = args.steps
-        recipe["args"].pop("epochs", None)
-        if args.workload == "bytes-lm":
-            recipe["args"]["steps"] = args.steps
-    if args.epochs is not None:
-        recipe["args"]["epochs"] = args.epochs
-    if args.eval_every is not None:
-        recipe["train"]["eval_every"] = args.eval_every
-    for section, items in (("args", args.args), ("train", args.train)):
-        for item in items:
-            key, _, value = item.partition("=")
-            recipe[section][key] = parse_value(value)
-    recipe["timeout"] = args.timeout
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+def cell_path(out: pathlib.Path, workload: str, network: str, nodes: int, label: str, seed: int):
+    return out / "cells" / workload / network_dir(network, nodes) / f"{label}-s{seed}.json"
+
+
+def write_json(path: pathlib.Path, data: Any) -> None:
+    """Writes `data` atomically: a killed grid never leaves a half-written (so 'finished') cell."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def backend(network: str, nodes: int) -> dict[str, Any] | str:
+    """The recipe backend of `network`: emulated nodes pinned to a core each, or local."""
+    rate = NETWORKS[network]
+    if rate is None:
+        return "local"
+    return {
+        "kind": "emulated",
+        "bandwidth": rate,
+        "burst": "128kb",
+        "ipc_isolation": True,
+        "ucx_tls": "tcp",
+        "cpus_per_node": 1,
+    }
+
+
+def cell_recipe(
+    workload: str,
+    network: str,
+    nodes: int,
+    label: str,
+    seed: int,
+    cap: float | None,
+    profile: pathlib.Path | None,
+    overrides: dict[str, Any],
+    compute_s: float | None = None,
+) -> dict[str, Any]:
+    """The recipe of one cell: the workload's recipe with one sweep entry, the cell's world,
+    seed and time cap (and, for ``auto``, the world's measured profile and the workload's
+    measured compute step, which its extra steps would pay again).
+
+    Example:
+      >>> r = cell_recipe("digits-small", "host", 2, "gtopk", 0, 60.0, None, {})
+      >>> r["sweep"], r["train"]["time_cap_s"], r["world"]["processes"]
+      ([{'algorithm': 'gtopk'}], 60.0, 2)
+    """
+    recipe = WORKLOADS[workload].load()
+    recipe["name"] = f"{workload}-{network}-{label}-s{seed}"
+    entry = dict(VARIANTS[label])
+    if label == "auto" and profile is not None:
+        entry["profile"] = str(profile)
+    if label == "auto" and compute_s is not None:
+        entry["compute_seconds"] = compute_s
+    recipe["sweep"] = [entry]
+    recipe["world"] = {"processes": nodes, "devices_per_process": 1}
+    recipe["backend"] = backend(network, nodes)
+    recipe["train"]["seed"] = seed
+    if cap is not None:
+        recipe["train"]["time_cap_s"] = cap
+    for dotted, value in overrides.items():
+        node = recipe
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    recipe["metrics"] = {**recipe.get("metrics", {}), "plots": False}
     return recipe
 
 
-def time_to_target(history: list[dict], key: str, target: float, higher: bool) -> float | None:
-    for h in history:
-        value = h[key]
-        if value is not None and (value >= target if higher else value <= target):
-            return h["seconds"]
-    return None
+def launch(
+    recipe: dict[str, Any], run_dir: pathlib.Path, timeout: float, prefix: tuple[str, ...] = ()
+) -> int:
+    """Runs `recipe` through ``jaxcomm launch`` (quiet) into `run_dir`; returns its exit code.
+
+    `prefix` goes before the command (``taskset -c 0`` pins a local run to one core)."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    path = run_dir / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    command = [*prefix, *jaxcomm_cli("launch", str(path), "--out", str(run_dir / "run"), "-q")]
+    command += ["--timeout", str(timeout)]
+    done = subprocess.run(command, text=True, capture_output=True)
+    (run_dir / "launch.log").write_text(done.stdout + done.stderr)
+    return done.returncode
+
+
+# -- the cost model's prediction ------------------------------------------------------------
+
+
+def leaf_sizes(workload: str, recipe: dict[str, Any]) -> list[int]:
+    """Element counts of the workload's parameters in tree order (the optimizer's buckets are
+    built from them), from the example's model without running it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if workload == "bytes-lm":
+        from jaxcomm.examples.bytes_lm import BytesLMConfig, ByteTransformer
+
+        fields = {
+            k: v
+            for k, v in recipe.get("args", {}).items()
+            if k in ("width", "layers", "heads", "seq_len")
+        }
+        cfg = BytesLMConfig(**fields)
+        model = ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
+        shapes = jax.eval_shape(
+            model.init, jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32)
+        )
+    else:
+        from jaxcomm.examples.digits import MLP
+
+        model = MLP(recipe["train"]["hidden"], recipe.get("args", {}).get("layers", 1))
+        shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
+    return [int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)]
+
+
+def warmup_phase(workload: str, recipe: dict[str, Any]) -> int:
+    """Steps per density of the sparse algorithms' warm-up: the recipe's
+    ``args.warmup_phase_steps``, else an epoch of the digits (the gTop-k paper's choice)."""
+    args = recipe.get("args", {})
+    if args.get("warmup_phase_steps"):
+        return int(args["warmup_phase_steps"])
+    if workload == "bytes-lm":
+        from jaxcomm.examples.bytes_lm import BytesLMConfig
+
+        return BytesLMConfig().warmup_phase_steps
+    return 1500 // recipe["train"]["batch_size"]  # digits: 1500 training images per epoch
+
+
+def predict_step(
+    workload: str,
+    recipe: dict[str, Any],
+    label: str,
+    network: str,
+    nodes: int,
+    compute_s: float | None,
+    profile_path: pathlib.Path | None,
+    steps: int | None = None,
+) -> dict[str, Any] | None:
+    """``jaxcomm.cost``'s step time of a cell: the measured compute step plus the predicted
+    reduction of every bucket. The sparse algorithms follow their warm-up schedule (one
+    density per phase): with `steps`, the prediction is the mean over the timed steps
+    ``1 .. steps-1`` of the run, else the step after the warm-up.
+
+    16-bit cells: jaxcomm's 16-bit wire moves half the bytes, predicted as a float32 reduction
+    of half the elements; XLA's bf16 ``lax.pmean`` was measured no faster than its fp32 one
+    (README of issue 23), so it is predicted as fp32.
+    """
+    if compute_s is None:
+        return None
+    from jaxcomm import cost
+    from jaxcomm.optax import DEFAULT_BUCKET_SIZE, _buckets
+
+    sizes = leaf_sizes(workload, recipe)
+    buckets = [sum(sizes[i] for i in group) for group in _buckets(sizes, DEFAULT_BUCKET_SIZE)]
+    inter = "same_host" if NETWORKS[network] is None else "across_hosts"
+    world = cost.World(processes=nodes, devices_per_process=1, inter_process=inter)
+    profile = cost.Profile.load(profile_path) if profile_path and profile_path.exists() else None
+    jc = recipe.get("jaxcomm", {})
+    density = jc.get("density", cost.Options().density)
+    algorithm = VARIANTS[label]["algorithm"]
+    scale = 0.5 if label == "dense-bf16" else 1.0
+    elements = [max(1, round(b * scale)) for b in buckets]
+    if algorithm == "auto":
+        planned = cost.plan(
+            elements,
+            world,
+            profile,
+            cost.Options(density=density),
+            algorithms=cost.DEFAULT_ALLOWED,
+            compute_seconds=compute_s,
+        )
+        comm = planned["pick"]["seconds"]
+        algorithm = planned["pick"]["algorithm"]
+    else:
+        # {first step: density}: the warm-up phases of the sparse algorithms, else one entry.
+        schedule = {0: density}
+        if algorithm in ("gtopk", "topk_allgather") and recipe.get("args", {}).get("warmup", True):
+            from jaxcomm.optax import gtopk_warmup_schedule
+
+            schedule = gtopk_warmup_schedule(warmup_phase(workload, recipe), density)
+        starts = sorted(schedule)
+        timed = range(1, steps) if steps and steps > 1 else [starts[-1]]
+        comm = 0.0
+        for d_start, d_end, d in zip(
+            starts, [*starts[1:], math.inf], [schedule[k] for k in starts], strict=True
+        ):
+            share = sum(1 for i in timed if d_start <= i < d_end) / len(timed)
+            if share:
+                seconds = sum(
+                    cost.predict(algorithm, n, world, profile, cost.Options(density=d)).seconds
+                    for n in elements
+                )
+                comm += share * seconds
+    # Every step also averages its loss and metric with two scalar lax.pmean calls (XLA's
+    # collectives: the profile's psum line), which the one-rank compute step does not pay.
+    scalars = 2 * cost.predict("psum", 1, world, profile).seconds if nodes > 1 else 0.0
+    return {
+        "compute_s": compute_s,
+        "comm_s": comm,
+        "scalar_pmeans_s": scalars,
+        "step_s": compute_s + comm + scalars,
+        "algorithm": algorithm,
+        "buckets": buckets,
+    }
+
+
+# -- running the grid -------------------------------------------------------------------------
+
+
+def read_result(run_dir: pathlib.Path, workload: str) -> dict[str, Any] | None:
+    paths = sorted((run_dir / "run").glob(f"*/{WORKLOADS[workload].result_glob}"))
+    return json.loads(paths[0].read_text()) if paths else None
+
+
+def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
+    """The workload's step on one pinned core with nothing to reduce (one rank): what each
+    node computes per step. Cached in ``cells/<workload>/compute.json``."""
+    path = args.out / "cells" / workload / "compute.json"
+    if path.exists():
+        return json.loads(path.read_text())["step_s"]
+    if args.dry_run:
+        return None
+    recipe = cell_recipe(workload, "host", 1, "psum", 0, None, None, args.set)
+    recipe["name"] = f"{workload}-compute"
+    recipe["train"]["steps"] = args.compute_steps
+    recipe["train"].pop("target", None)
+    recipe.setdefault("args", {}).pop("epochs", None)
+    recipe["train"]["eval_every"] = args.compute_steps
+    # The batch one node computes in the grid's world: the global batch over its nodes.
+    recipe["train"]["batch_size"] = max(1, recipe["train"]["batch_size"] // args.nodes)
+    if "batch_size" in recipe.get("args", {}):
+        recipe["args"]["batch_size"] = max(1, recipe["args"]["batch_size"] // args.nodes)
+    # One rank pinned to one core, as an emulated node is.
+    run_dir = args.work / f"{workload}-compute"
+    prefix = ("taskset", "-c", "0") if shutil.which("taskset") else ()
+    code = launch(recipe, run_dir, args.timeout, prefix)
+    result = read_result(run_dir, workload)
+    if code != 0 or result is None:
+        print(f"  compute calibration of {workload} failed (exit {code}); see {run_dir}")
+        return None
+    data = {
+        "step_s": result["step_seconds"],
+        "steps": result["steps"],
+        "pinned": bool(prefix),
+        "batch_size": recipe["train"]["batch_size"],
+    }
+    write_json(path, data)
+    return data["step_s"]
+
+
+def measure_profile(args: argparse.Namespace, network: str) -> pathlib.Path | None:
+    """``jaxcomm probe`` on the network's world (what ``auto`` and the predictions read)."""
+    path = args.out / "cells" / "profiles" / f"{network_dir(network, args.nodes)}.json"
+    if path.exists() or args.dry_run:
+        return path if path.exists() else None
+    recipe = {
+        "name": f"probe-{network}",
+        "job": "probe",
+        "world": {"processes": args.nodes, "devices_per_process": 1},
+        "backend": backend(network, args.nodes),
+        "metrics": {"plots": False},
+    }
+    work = args.work / f"probe-{network}"
+    work.mkdir(parents=True, exist_ok=True)
+    recipe_path = work / "probe.yaml"
+    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        jaxcomm_cli("probe", str(recipe_path), "--out", str(path.with_suffix(".tmp"))),
+        text=True,
+        capture_output=True,
+    )
+    (work / "probe.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0 or not path.with_suffix(".tmp").exists():
+        print(f"  probe of {network} failed (exit {done.returncode}); see {work}/probe.log")
+        return None
+    os.replace(path.with_suffix(".tmp"), path)
+    return path
+
+
+def cap_of(args: argparse.Namespace, label: str, network: str) -> float:
+    return args.label_caps.get((label, network), args.caps[network])
+
+
+def run_cell(
+    args: argparse.Namespace,
+    workload: str,
+    network: str,
+    label: str,
+    seed: int,
+    profile: pathlib.Path | None,
+    compute_s: float | None,
+) -> dict[str, Any] | None:
+    path = cell_path(args.out, workload, network, args.nodes, label, seed)
+    if path.exists():
+        return json.loads(path.read_text())
+    cap = cap_of(args, label, network)
+    recipe = cell_recipe(
+        workload, network, args.nodes, label, seed, cap, profile, args.set, compute_s
+    )
+    prediction = predict_step(workload, recipe, label, network, args.nodes, compute_s, profile)
+    if args.dry_run:
+        print(f"  would run {path.relative_to(args.out)} (cap {cap:.0f} s)")
+        return None
+    run_dir = args.work / f"{workload}-{network}-{label}-s{seed}"
+    t0 = time.monotonic()
+    code = launch(recipe, run_dir, timeout=cap * 3 + 600)
+    wall = time.monotonic() - t0
+    result = read_result(run_dir, workload)
+    summary_path = run_dir / "run" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if code != 0 or result is None:
+        log = (run_dir / "launch.log").read_text()[-2000:]
+        print(f"  {label}: launch failed (exit {code}); cell not written. Log tail:\n{log}")
+        return None
+    metric = WORKLOADS[workload].metric
+    higher = WORKLOADS[workload].higher_is_better
+    values = [h[metric] for h in result["history"] if h[metric] is not None]
+    cell = {
+        "workload": workload,
+        "network": network,
+        "nodes": args.nodes,
+        "label": label,
+        "seed": seed,
+        "metric": metric,
+        "higher_is_better": higher,
+        "target": result.get("target"),
+        "time_cap_s": cap,
+        "stopped": result.get("stopped"),
+        "time_to_target_s": result.get("time_to_target_s"),
+        "training_s": result["seconds"],
+        "steps": result["steps"],
+        "best": (max(values) if higher else min(values)) if values else None,
+        "final": result[metric],
+        "step_s": result["step_seconds"],
+        "comm_s": result.get("comm_seconds_per_step"),
+        "bytes_sent_per_step": result["bytes_sent_per_step"],
+        "dense_bytes_per_step": result.get("dense_bytes_per_step"),
+        "parameters": result["parameters"],
+        "predicted": prediction,
+        "auto_choices": result.get("auto_choices"),
+        "placement": summary.get("placement"),
+        "oversubscribed": summary.get("oversubscribed"),
+        "wall_s": wall,
+        "history": result["history"],
+        "recipe": recipe,
+        "command": " ".join(sys.argv),
+    }
+    write_json(path, cell)
+    return cell
+
+
+def fmt_cell(cell: dict[str, Any]) -> str:
+    reach = cell["time_to_target_s"]
+    pred = (cell.get("predicted") or {}).get("step_s")
+    return (
+        f"  {cell['label']:15s} {cell['stopped']:8s} steps {cell['steps']:5d}  "
+        f"to target {'> cap' if reach is None else f'{reach:8.1f} s'}  "
+        f"best {cell['best']:.4f}  step {cell['step_s']:.3f} s"
+        + (f" (predicted {pred:.3f})" if pred else "")
+        + f"  {cell['bytes_sent_per_step'] / 1e6:.2f} MB/step"
+    )
+
+
+def run_grid(args: argparse.Namespace) -> None:
+    for workload in args.workloads:
+        compute_s = measure_compute(args, workload)
+        for network in args.networks:
+            profile = measure_profile(args, network) if "auto" in args.algorithms else None
+            if profile is None and "auto" in args.algorithms:
+                profile = (
+                    args.out / "cells" / "profiles" / f"{network_dir(network, args.nodes)}.json"
+                )
+                profile = profile if profile.exists() else None
+            print(f"{workload} · {network_dir(network, args.nodes)}")
+            cells = {}
+            for label in args.algorithms:
+                for seed in args.seeds:
+                    cell = run_cell(args, workload, network, label, seed, profile, compute_s)
+                    if cell is not None:
+                        cells[label] = cell
+                        print(fmt_cell(cell), flush=True)
+            if args.winner_seeds and network in args.winner_networks:
+                for label in winners(cells):
+                    for seed in args.winner_seeds:
+                        cell = run_cell(args, workload, network, label, seed, profile, compute_s)
+                        if cell is not None:
+                            print(fmt_cell(cell), flush=True)
+
+
+def winners(cells: dict[str, dict[str, Any]]) -> list[str]:
+    """The fastest dense 16-bit run and the fastest jaxcomm run of one (workload, network):
+    the two that get more seeds."""
+
+    def key(c: dict[str, Any]) -> tuple[float, float]:
+        t = c["time_to_target_s"]
+        return (0 if t is not None else 1, t if t is not None else c["step_s"])
+
+    base = [cells[b] for b in BASELINES_16BIT if b in cells]
+    jc = [c for label, c in cells.items() if label not in ("psum", "psum-bf16")]
+    out = []
+    if base:
+        out.append(min(base, key=key)["label"])
+    if jc:
+        best = min(jc, key=key)["label"]
+        if best not in out:
+            out.append(best)
+    return out
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def load_cells(out: pathlib.Path) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((out / "cells").glob("*/*/*-s*.json"))]
+
+
+def summarize(
+    cells: list[dict[str, Any]], computes: dict[str, float] | None = None
+) -> list[dict[str, Any]]:
+    """One row per (workload, network, label): seeds pooled (median time to target, spread),
+    the speedup over the fastest dense 16-bit run of the same cell, and the bound on any
+    speedup there (``computes``: each workload's measured compute step)."""
+    computes = computes or {}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for c in cells:
+        net = network_dir(c["network"], c["nodes"])
+        groups.setdefault((c["workload"], net, c["label"]), []).append(c)
+    rows = []
+    for (workload, net, label), runs in groups.items():
+        reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+        caps = [r["training_s"] for r in runs if r["time_to_target_s"] is None]
+        first = runs[0]
+        higher = first["higher_is_better"]
+        bests = [r["best"] for r in runs if r["best"] is not None]
+        pred = (first.get("predicted") or {}).get("step_s")
+        step = _median([r["step_s"] for r in runs])
+        rows.append(
+            {
+                "workload": workload,
+                "network": net,
+                "label": label,
+                "seeds": sorted(r["seed"] for r in runs),
+                "reached": len(reached),
+                "time_to_target_s": _median(reached) if len(reached) == len(runs) else None,
+                "time_to_target_spread_s": (min(reached), max(reached)) if reached else None,
+                "capped_at_s": max(caps) if caps else None,
+                "target": first["target"],
+                "metric": first["metric"],
+                "best": (max(bests) if higher else min(bests)) if bests else None,
+                "step_s": step,
+                "predicted_step_s": pred,
+                "prediction_error": (pred - step) / step if pred and step else None,
+                "bytes_sent_per_step": _median([r["bytes_sent_per_step"] for r in runs]),
+                "steps": _median([r["steps"] for r in runs]),
+                "auto_pick": _auto_pick(first),
+                "oversubscribed": first.get("oversubscribed"),
+            }
+        )
+    by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_cell.setdefault((r["workload"], r["network"]), []).append(r)
+    for cell_rows in by_cell.values():
+        base = [r for r in cell_rows if r["label"] in BASELINES_16BIT]
+        done = [r for r in base if r["time_to_target_s"] is not None]
+        if done:
+            b = min(done, key=lambda r: r["time_to_target_s"])
+            base_t, lower = b["time_to_target_s"], False
+        elif base:  # no 16-bit baseline reached the target: the longest cap bounds it
+            b = max(base, key=lambda r: r["capped_at_s"] or 0)
+            base_t, lower = b["capped_at_s"], True
+        else:
+            b, base_t, lower = None, None, False
+        # The speedup a reduction that cost nothing and needed no more steps than the
+        # baseline would get: the baseline's time over its steps of compute alone.
+        compute = computes.get(cell_rows[0]["workload"])
+        bound = (
+            base_t / (b["steps"] * compute)
+            if (b is not None and base_t and compute and b["steps"])
+            else None
+        )
+        for r in cell_rows:
+            r["compute_s"] = compute
+            r["no_communication_bound"] = bound
+            r["baseline"] = None if b is None else b["label"]
+            t = r["time_to_target_s"]
+            r["speedup"] = base_t / t if (base_t and t) else None
+            r["speedup_is_lower_bound"] = lower and r["speedup"] is not None
+    order = {k: i for i, k in enumerate(VARIANTS)}
+    rows.sort(key=lambda r: (r["workload"], r["network"], order.get(r["label"], 99)))
+    return rows
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _auto_pick(cell: dict[str, Any]) -> str | None:
+    choices = cell.get("auto_choices")
+    if not choices:
+        return None
+    picks = sorted({c.get("choice", "?") for c in choices})
+    return "+".join(picks)
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The report as text for the terminal (docs/e2e.md gets the same through docs.py)."""
+    widths = [34, 30, 18, 8, 6, 8, 16, 9]
+    lines: list[str] = []
+    for title, cell_rows in e2e_cells(rows):
+        lines += ["", title, ""]
+        for r in cell_rows:
+            cols = e2e_columns(r)
+            lines.append(
+                " ".join(
+                    c.rjust(w) if i else c.ljust(w)
+                    for i, (c, w) in enumerate(zip(cols, widths, strict=True))
+                )
+            )
+    return lines
+
+
+def draw_curves(cells: list[dict[str, Any]], path: pathlib.Path) -> None:
+    plt = pyplot()
+    if plt is None or not cells:
+        return
+    keys = sorted({(c["workload"], network_dir(c["network"], c["nodes"])) for c in cells})
+    cols = min(3, len(keys))
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    for ax, (workload, net) in zip(axes.flat, keys, strict=False):
+        for c in cells:
+            if (c["workload"], network_dir(c["network"], c["nodes"])) != (workload, net):
+                continue
+            if c["seed"] != 0:
+                continue
+            pts = [(h["seconds"], h[c["metric"]]) for h in c["history"]]
+            xs, ys = zip(*pts, strict=True)
+            ax.plot(xs, ys, marker=".", markersize=3, label=c["label"])
+            target = c["target"]
+        ax.axhline(target, color="gray", linestyle=":", linewidth=1)
+        ax.set_title(f"{workload} · {net}", fontsize=9)
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_xlabel("training wall clock (s)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(keys) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def draw_pays(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
+    """Workload × network, coloured by the best jaxcomm speedup over the 16-bit baseline; the
+    text names the best algorithm and ``auto``'s pick."""
+    plt = pyplot()
+    if plt is None or not rows:
+        return
+    workloads = sorted({r["workload"] for r in rows})
+    networks = sorted(
+        {r["network"] for r in rows}, key=lambda n: list(NETWORKS).index(n.split("-")[0])
+    )
+    import numpy as np
+
+    grid = np.full((len(workloads), len(networks)), np.nan)
+    fig, ax = plt.subplots(figsize=(2.2 + 2.0 * len(networks), 1.2 + 1.1 * len(workloads)))
+    for i, w in enumerate(workloads):
+        for j, n in enumerate(networks):
+            cell = [r for r in rows if r["workload"] == w and r["network"] == n]
+            jc = [r for r in cell if r["label"] not in ("psum", "psum-bf16") and r["speedup"]]
+            auto = next((r for r in cell if r["label"] == "auto"), None)
+            if not jc:
+                ax.text(j, i, "no run\nreached", ha="center", va="center", fontsize=7)
+                continue
+            best = max(jc, key=lambda r: r["speedup"])
+            grid[i, j] = math.log2(best["speedup"])
+            text = f"{best['label']}\n{'≥' if best['speedup_is_lower_bound'] else ''}{best['speedup']:.2f}×"
+            if auto is not None:
+                pick = auto["auto_pick"] or "?"
+                auto_s = "–" if auto["speedup"] is None else f"{auto['speedup']:.2f}"
+                text += f"\nauto: {pick} {auto_s}×"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7)
+    lim = max(1.0, float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0)
+    im = ax.imshow(grid, cmap="RdYlGn", vmin=-lim, vmax=lim, aspect="auto")
+    ax.set_xticks(range(len(networks)), networks, fontsize=8)
+    ax.set_yticks(range(len(workloads)), workloads, fontsize=8)
+    cbar = fig.colorbar(im, ax=ax)
+    cbar.set_label("log2 speedup of the best jaxcomm run over the fastest dense 16-bit", fontsize=7)
+    ax.set_title("When compression pays (time to target)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
+    """Predicts every cell's step time again with this commit's cost model (each cell keeps
+    the prediction made before it ran as ``predicted_before_run``)."""
+    for c in cells:
+        compute = args.out / "cells" / c["workload"] / "compute.json"
+        profile = args.out / "cells" / "profiles" / f"{network_dir(c['network'], c['nodes'])}.json"
+        if not compute.exists():
+            continue
+        c.setdefault("predicted_before_run", c.get("predicted"))
+        c["predicted"] = predict_step(
+            c["workload"],
+            c["recipe"],
+            c["label"],
+            c["network"],
+            c["nodes"],
+            json.loads(compute.read_text())["step_s"],
+            profile if profile.exists() else None,
+            c["steps"],
+        )
+
+
+def report(args: argparse.Namespace) -> None:
+    cells = load_cells(args.out)
+    if not cells:
+        print(f"no cells in {args.out}/cells yet")
+        return
+    repredict(args, cells)
+    computes = {
+        p.parent.name: json.loads(p.read_text())["step_s"]
+        for p in (args.out / "cells").glob("*/compute.json")
+    }
+    rows = summarize(cells, computes)
+    for line in table_lines(rows):
+        print(line)
+    write_json(args.out / "e2e.json", {"rows": rows, "cells": len(cells)})
+    draw_curves(cells, args.out / "e2e-curves.png")
+    draw_pays(rows, args.out / "e2e-pays.png")
+    if args.out.resolve() == DEFAULT_OUT.resolve():
+        # docs/e2e.md's table comes from e2e.json through benchmarks/docs.py, as every table does.
+        docs_main([])
+
+
+def parse_caps(items: list[str]) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """``NET=SECONDS`` and ``LABEL@NET=SECONDS`` items over the defaults.
+
+    Example:
+      >>> parse_caps(["1gbit=60", "psum@host=30"])[1][("psum", "host")]
+      30.0
+    """
+    caps, label_caps = dict(DEFAULT_CAPS), dict(DEFAULT_LABEL_CAPS)
+    for item in items:
+        key, _, value = item.partition("=")
+        if "@" in key:
+            label, net = key.split("@")
+            label_caps[(label, net)] = float(value)
+        else:
+            caps[key] = float(value)
+    return caps, label_caps
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=sorted(METRICS), default="lbann-mlp")
-    add_world_arguments(parser, devices=False)
+    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--networks", nargs="+", choices=list(NETWORKS), default=list(NETWORKS))
     parser.add_argument(
-        "--algorithms",
-        nargs="+",
-        default=[
-            "psum",
-            "psum-bf16",
-            "dense",
-            "dense-bf16",
-            "gtopk",
-            "topk_allgather",
-            "adaptive",
-            "onebit",
-        ],
-        choices=sorted(VARIANTS),
+        "--algorithms", nargs="+", choices=list(VARIANTS), default=DEFAULT_ALGORITHMS
     )
-    parser.add_argument("--steps", type=int, default=None, help="override the recipe's steps")
-    parser.add_argument("--epochs", type=int, default=None, help="lbann-mlp: epochs (20 = paper)")
-    parser.add_argument("--eval-every", type=int, default=None)
-    parser.add_argument("--density", type=float, default=None, help="gtopk/topk density")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument(
-        "--args", nargs="*", default=[], help="extra job args, key=value (e.g. width=128)"
+        "--winner-seeds",
+        nargs="*",
+        type=int,
+        default=[1, 2],
+        help="more seeds for the fastest 16-bit baseline and the fastest jaxcomm run",
+    )
+    parser.add_argument("--winner-networks", nargs="*", default=["1gbit"])
+    parser.add_argument("--nodes", type=int, default=2, help="nodes (ranks), one core each")
+    parser.add_argument(
+        "--cap",
+        nargs="*",
+        default=[],
+        help="time caps: NET=SECONDS or LABEL@NET=SECONDS (defaults: "
+        + ", ".join(f"{k}={v:g}" for k, v in DEFAULT_CAPS.items())
+        + ")",
     )
     parser.add_argument(
-        "--train", nargs="*", default=[], help="recipe train fields, key=value (e.g. hidden=512)"
+        "--set",
+        nargs="*",
+        default=[],
+        help="recipe fields for every cell, dotted.key=value (e.g. train.steps=100)",
     )
-    parser.add_argument("--timeout", type=float, default=36000)
-    parser.add_argument("--out", type=pathlib.Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--compute-steps", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+    parser.add_argument("--work", type=pathlib.Path, default=None, help="run directories")
+    parser.add_argument("--report", action="store_true", help="only redraw the report")
+    parser.add_argument("--dry-run", action="store_true", help="list the cells that would run")
     args = parser.parse_args()
-    key, metric_name, higher = METRICS[args.workload]
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"train-{args.workload}-{args.backend}"
-    if args.backend == "emulated":
-        tag += f"-{args.bandwidth}"
-    # The run directory (ranks' logs and metrics) is kept next to the results.
-    run_dir = args.out / f"{tag}-run"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    recipe_path = run_dir / "bench-recipe.yaml"
-    recipe = write_recipe(args, recipe_path)
-    command = jaxcomm_cli("launch", str(recipe_path), "--out", str(run_dir), "-q")
-    start = time.monotonic()
-    launched = subprocess.run(command, text=True)
-    wall = time.monotonic() - start
-    results = {}
-    for path in sorted(run_dir.glob("*/*.json")):
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and "history" in data:
-            results[data["label"]] = data
-    if launched.returncode != 0:
-        print(f"jaxcomm launch exited with {launched.returncode}; reporting the runs that finished")
-    if "psum" not in results:
-        sys.exit("the psum (fp32) run did not finish: no target to measure against")
-
-    target = results["psum"][key]
-    base = {
-        name: time_to_target(results[name]["history"], key, target, higher)
-        for name in ("psum", "psum-bf16")
-        if name in results
-    }
-    rows = []
-    for label in [v for v in VARIANTS if v in results]:
-        r = results[label]
-        reach = time_to_target(r["history"], key, target, higher)
-        row = {
-            "algorithm": label,
-            "final": r[key],
-            "time_to_target_s": reach,
-            "step_s": r["step_seconds"],
-            "comm_s": r["comm_seconds_per_step"],
-            "bytes_sent_per_step": r["bytes_sent_per_step"],
-            "steps": r["steps"],
-            "parameters": r["parameters"],
-        }
-        for name, t in base.items():
-            row[f"speedup_vs_{name}"] = (t / reach) if (t and reach) else None
-        rows.append(row)
-
-    print(
-        f"\n{tag}: {args.processes} ranks, {results['psum']['parameters'] / 1e6:.1f}M parameters, "
-        f"{results['psum']['steps']} steps; target = psum's final {metric_name} {target:.4f}"
-    )
-    print(
-        f"{'algorithm':14s} {'final':>8s} {'to target':>10s} {'step s':>8s} {'comm s':>8s} "
-        f"{'MB/step':>9s} {'vs psum':>8s} {'vs bf16':>8s}"
-    )
-
-    def fmt(v: float | None, spec: str) -> str:
-        return format(v, spec) if v is not None and math.isfinite(v) else "-"
-
-    for r in rows:
-        print(
-            f"{r['algorithm']:14s} {fmt(r['final'], '8.4f')} {fmt(r['time_to_target_s'], '10.1f')} "
-            f"{fmt(r['step_s'], '8.3f')} {fmt(r['comm_s'], '8.3f')} "
-            f"{r['bytes_sent_per_step'] / 1e6:9.3f} {fmt(r.get('speedup_vs_psum'), '7.2f')}x "
-            f"{fmt(r.get('speedup_vs_psum-bf16'), '7.2f')}x"
-        )
-    summary = {
-        "workload": args.workload,
-        **setup_fields(args),
-        "command": " ".join(sys.argv),
-        "recipe": recipe,
-        "metric": key,
-        "target": target,
-        "wall_s": wall,
-        "rows": rows,
-        "runs": results,
-    }
-
-    def draw(ax: Any) -> None:
-        for label, r in results.items():
-            pts = [(h["seconds"], h[key]) for h in r["history"] if h[key] is not None]
-            ax.plot(*zip(*pts, strict=True), marker=".", label=label)
-        ax.axhline(target, color="gray", linestyle=":", label="psum final")
-
-    write_result_and_plot(
-        args.out,
-        tag,
-        summary,
-        draw,
-        figsize=(7.5, 4.5),
-        xlabel="training wall clock (s)",
-        ylabel=metric_name,
-        title=f"{tag}, {args.processes} ranks",
-        legend_size=8,
-    )
+    args.caps, args.label_caps = parse_caps(args.cap)
+    args.set = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
+    args.work = args.work or pathlib.Path(tempfile.gettempdir()) / "jaxcomm-e2e"
+    if not args.report:
+        run_grid(args)
+    report(args)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,9 @@ ffi::Error AdaptiveCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_adaptive_compress", AdaptiveCompressImpl,
+                       BindAdaptiveCompress(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+
 ffi::Error AdaptiveDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ffi::F32> x_hat,
                                   double proportion, int64_t column_size) {
   const int64_t words = NumElements(packed);
@@ -52,28 +55,8 @@ ffi::Error AdaptiveDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffe
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_adaptive_decompress", AdaptiveDecompressImpl,
+                       BindAdaptiveDecompress(ffi::Ffi::Bind()));
+
 }  // namespace
-
-JAXCOMM_DEFINE_HANDLER(
-    JaxcommAdaptiveCompress, AdaptiveCompressImpl,
-    ffi::Ffi::Bind()
-        .Ctx<ffi::ThreadPool>()        // intra-op threads, one task per column range
-        .Arg<ffi::Buffer<ffi::F32>>()  // x: any shape, n elements
-        .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape, aliased to new_residual
-        .Ret<ffi::Buffer<ffi::U32>>()  // packed: Adaptive.packed_words(n) words
-        .Ret<ffi::Buffer<ffi::F32>>()  // new_residual: x + residual - decoded
-        .Attr<double>("proportion")    // π >= 1, f64 so counts match Python's
-        .Attr<int64_t>("column_size")  // elements per column, >= 1
-        .Attr<int64_t>("sample_size")  // 0 = exact selection, > 0 = sampled thresholds
-);
-
-JAXCOMM_DEFINE_HANDLER(
-    JaxcommAdaptiveDecompress, AdaptiveDecompressImpl,
-    ffi::Ffi::Bind()
-        .Arg<ffi::Buffer<ffi::U32>>()  // packed: Adaptive.packed_words(n) words
-        .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements, the decoded values
-        .Attr<double>("proportion")    // π that compress used (fixes packed length)
-        .Attr<int64_t>("column_size")  // column_size that compress used
-);
-
 }  // namespace jaxcomm::compress_checks

@@ -15,6 +15,7 @@
 #include "ffi/engine.h"
 #include "ffi/group.h"
 #include "ffi/ring_schedule.h"
+#include "ffi/transport/settings.h"
 #include "ffi/transport/ucx_world.h"
 #include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
@@ -194,12 +195,8 @@ ffi::Error DoublingAllreduce(Group& group, const float* x, float* data, int64_t 
 
 size_t SmallAllreduceBytes() {
   // An invalid value was refused by jaxcomm.config at import; the default then stands here.
-  static const size_t bytes = [] {
-    double value = 0;
-    const std::string bad = transport::ReadNumberEnv(
-        "JAXCOMM_SMALL_ALLREDUCE_BYTES", static_cast<double>(kSmallAllreduceBytes), true, &value);
-    return bad.empty() ? static_cast<size_t>(value) : kSmallAllreduceBytes;
-  }();
+  static const size_t bytes =
+      static_cast<size_t>(transport::ValueOrFallback(transport::kSmallAllreduceBytes));
   return bytes;
 }
 
@@ -244,11 +241,11 @@ ffi::Error AllreduceImpl(const kernels::TaskRunner& /*run*/, const Caller& calle
 
 }  // namespace
 
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduce, AllreduceImpl, BindDenseData);
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_allreduce", AllreduceImpl, BindDenseData);
 
 }  // namespace jaxcomm::collectives
 
-// SmallAllreduceBytes(), for jaxcomm/cost.py's byte counts and times.
+// SmallAllreduceBytes(): tests/test_cost.py checks jaxcomm/algorithms/dense.py reads the same.
 JAXCOMM_C_API int64_t jaxcomm_allreduce_small_bytes() {
   return static_cast<int64_t>(jaxcomm::collectives::SmallAllreduceBytes());
 }

@@ -17,8 +17,9 @@
 // reduce-scatter + allgather three notice rounds, where recursive doubling takes
 // ceil(log2 P) (+2 when P is not a power of two) and the one-shot two. They move more bytes
 // (log2(P)·n and (P-1)·n per rank instead of 2(P-1)/P·n), which only pays below a size:
-// SmallAllreduceBytes(), measured with benchmarks/small_allreduce.py. jaxcomm/cost.py reads the
-// same value back (jaxcomm_allreduce_small_bytes).
+// SmallAllreduceBytes(), measured with benchmarks/small_allreduce.py. jaxcomm/algorithms/dense.py
+// reads the same setting through jaxcomm.config (tests/test_cost.py compares it with
+// jaxcomm_allreduce_small_bytes).
 #pragma once
 
 #include <cstddef>
@@ -44,9 +45,8 @@ ffi::Error RingAllreduce(Group& group, const float* x, float* data, int64_t n,
                          std::vector<float>* scratch);
 
 // Vectors of at most this many bytes take the small-vector schedules (see the table above):
-// env JAXCOMM_SMALL_ALLREDUCE_BYTES (declared in jaxcomm/config.py; 0 turns them off), default
-// kSmallAllreduceBytes. Read once per process.
-constexpr size_t kSmallAllreduceBytes = size_t{32} << 10;
+// env JAXCOMM_SMALL_ALLREDUCE_BYTES (ffi/transport/settings.h, kSmallAllreduceBytes; 0 turns
+// them off). Read once per process.
 size_t SmallAllreduceBytes();
 
 // Recursive doubling: ceil(log2 P) exchanges of the whole vector with partner rank ^ 2^s,

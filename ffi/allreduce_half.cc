@@ -151,9 +151,9 @@ auto BindHalfData(Binding binding) {
 
 }  // namespace
 
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduceBf16, HalfAllreduceImpl<ffi::DataType::BF16>,
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_allreduce_bf16", HalfAllreduceImpl<ffi::DataType::BF16>,
                           BindHalfData<ffi::DataType::BF16>);
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommAllreduceF16, HalfAllreduceImpl<ffi::DataType::F16>,
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_allreduce_f16", HalfAllreduceImpl<ffi::DataType::F16>,
                           BindHalfData<ffi::DataType::F16>);
 
 }  // namespace jaxcomm::collectives

@@ -62,7 +62,7 @@ ffi::Future CollectiveDoneImpl(ffi::Buffer<ffi::S32, 0> ticket, ffi::RemainingAr
 }  // namespace
 }  // namespace jaxcomm::collectives
 
-JAXCOMM_DEFINE_HANDLER(JaxcommCollectiveDone, jaxcomm::collectives::CollectiveDoneImpl,
+JAXCOMM_DEFINE_HANDLER("jaxcomm_collective_done", jaxcomm::collectives::CollectiveDoneImpl,
                        xla::ffi::Ffi::Bind()
                            .Arg<xla::ffi::BufferR0<xla::ffi::S32>>()  // ticket
                            .RemainingArgs()    // start's results, then kept operands

@@ -122,12 +122,12 @@ struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, const Ca
   }
 };
 
-// Defines the exported CPU handler `symbol` running the blocking collective `impl` on the
-// engine (AsyncCollective), bound by BindCollective() and then `bind_data` (e.g.
-// BindDenseData: the op's own attributes, data and results, as on the GPU). Use it inside
-// namespace jaxcomm::collectives, outside any anonymous namespace.
-#define JAXCOMM_DEFINE_COLLECTIVE(symbol, impl, bind_data)                                \
-  JAXCOMM_DEFINE_HANDLER(symbol, ::jaxcomm::collectives::AsyncCollective<&impl>::Handler, \
+// Defines and registers (ffi/registrations.h) the CPU handler of target `target`: the blocking
+// collective `impl` run on the engine (AsyncCollective), bound by BindCollective() and then
+// `bind_data` (e.g. BindDenseData: the op's own attributes, data and results, as on the GPU).
+// Use it inside namespace jaxcomm::collectives.
+#define JAXCOMM_DEFINE_COLLECTIVE(target, impl, bind_data)                                \
+  JAXCOMM_DEFINE_HANDLER(target, ::jaxcomm::collectives::AsyncCollective<&impl>::Handler, \
                          bind_data(::jaxcomm::collectives::BindCollective()))
 
 // Binds, in order: Ctx<ThreadPool>, Ctx<DeviceOrdinal>, Arg coordinates (S32[axes]), Arg token

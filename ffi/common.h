@@ -9,20 +9,15 @@
 #include <string>
 #include <type_traits>
 
+#include "ffi/registrations.h"  // JAXCOMM_DEFINE_HANDLER
 #include "kernels/parallel.h"
 #include "kernels/wire.h"
 #include "xla/ffi/api/ffi.h"
 
 // Declares an exported plain C function: the library is built with -fvisibility=hidden; the
-// FFI handlers and the ctypes functions of jaxcomm/_ffi.py (C_FUNCTIONS) are its only exported
-// symbols.
+// ctypes functions of jaxcomm/_ffi.py (C_FUNCTIONS) are its only exported symbols, the
+// registration table (ffi/registrations.h) among them.
 #define JAXCOMM_C_API extern "C" __attribute__((visibility("default")))
-
-// Defines the handler `symbol` (XLA_FFI_DEFINE_HANDLER_SYMBOL: `fn` bound by `binding`) and
-// exports it. Use it at namespace scope, outside any anonymous namespace.
-#define JAXCOMM_DEFINE_HANDLER(symbol, fn, ...)            \
-  JAXCOMM_C_API XLA_FFI_Error* symbol(XLA_FFI_CallFrame*); \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(symbol, fn, __VA_ARGS__)
 
 // Returns the ffi::Error of the expression unless it succeeded: the one way handlers
 // propagate errors.

@@ -1,6 +1,7 @@
-// Static argument checks of the compression ops, shared by the CPU handlers (ffi/*.cc) and the
-// CUDA handlers (ffi/cuda/compress.cc): one definition of each op's name, rules and messages,
-// so both platforms accept the same calls and reject the others with the same words.
+// Static argument checks and bindings of the compression ops, shared by the CPU handlers
+// (ffi/*.cc) and the CUDA handlers (ffi/cuda/compress.cc): one definition of each op's name,
+// arguments, rules and messages, so both platforms bind the same call and accept or reject it
+// with the same words.
 //
 // Every check looks at sizes and attributes only, never at buffer contents (the GPU handlers
 // cannot read device memory without synchronizing), and returns ffi::Error::Success() or an
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "ffi/common.h"
 #include "kernels/adaptive.h"
@@ -99,6 +101,22 @@ inline ffi::Error SparseMerge(int64_t ka, int64_t val_a, int64_t kb, int64_t val
                                "] so that the union of the inputs always holds k entries");
   }
   return ffi::Error::Success();
+}
+
+// The opening of both sparse merge handlers: the input lengths ka, kb and the output length k
+// (not an attribute: the length of the buffers the caller asked for), checked by SparseMerge.
+struct SparseMergeSizes {
+  int64_t ka = 0, kb = 0, k = 0;
+};
+inline ffi::Error CheckSparseMerge(const ffi::Buffer<ffi::S32>& idx_a,
+                                   const ffi::Buffer<ffi::F32>& val_a,
+                                   const ffi::Buffer<ffi::S32>& idx_b,
+                                   const ffi::Buffer<ffi::F32>& val_b,
+                                   ffi::ResultBuffer<ffi::S32> idx, ffi::ResultBuffer<ffi::F32> val,
+                                   SparseMergeSizes* sizes) {
+  *sizes = {NumElements(idx_a), NumElements(idx_b), NumElements(*idx)};
+  return SparseMerge(sizes->ka, NumElements(val_a), sizes->kb, NumElements(val_b), sizes->k,
+                     NumElements(*val));
 }
 
 // GPU only: the CUDA merge counts the union in 32-bit integers.
@@ -225,6 +243,111 @@ inline ffi::Error AdaptiveDeviceSampleLimit(int64_t sample_size) {
                                                     std::to_string(sample_size));
   }
   return ffi::Error::Success();
+}
+
+// ---- Bindings -----------------------------------------------------------------------------
+// Each op's arguments, attributes and results in the order both its handlers take them,
+// appended to `binding`, which holds the platform's context (CPU: the intra-op thread pool where
+// the kernel splits its work; CUDA: XLA's stream, and scratch memory where the kernel needs it).
+// XLA's bindings cannot be copied or moved into a parameter, only extended, hence the
+// references.
+
+// x and residual in: every compress op's data.
+template <typename Binding>
+auto BindCompressInputs(Binding&& binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::F32>>()   // x: any shape, n elements
+      .template Arg<ffi::Buffer<ffi::F32>>();  // residual: x's shape
+}
+// The packed words and the new residual out: every compress op's results.
+template <typename Binding>
+auto BindCompressResults(Binding&& binding) {
+  return std::move(binding)
+      .template Ret<ffi::Buffer<ffi::U32>>()   // packed words
+      .template Ret<ffi::Buffer<ffi::F32>>();  // new_residual: aliased to residual
+}
+// The packed words in: every decompress op's data.
+template <typename Binding>
+auto BindPacked(Binding&& binding) {
+  return std::move(binding).template Arg<ffi::Buffer<ffi::U32>>();
+}
+// x_hat out (n elements, the decoded values): every decompress op's result.
+template <typename Binding>
+auto BindDecoded(Binding&& binding) {
+  return std::move(binding).template Ret<ffi::Buffer<ffi::F32>>();
+}
+
+// topk_abs: x in; the top k by magnitude out (k: the results' length).
+template <typename Binding>
+auto BindTopKAbs(Binding&& binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::F32>>()   // x: n-vector
+      .template Ret<ffi::Buffer<ffi::F32>>()   // values: k, accumulated order
+      .template Ret<ffi::Buffer<ffi::S32>>();  // indices: k, ascending
+}
+// TopK: no attributes (k follows from the packed length, 1 + 2k words).
+template <typename Binding>
+auto BindTopKCompress(Binding&& binding) {
+  return BindCompressResults(BindCompressInputs(std::move(binding)));
+}
+template <typename Binding>
+auto BindTopKDecompress(Binding&& binding) {
+  return BindDecoded(BindPacked(std::move(binding)));
+}
+
+// OneBit: the column size (a multiple of 32) and the sample size (0 = exact column means),
+// before the results.
+template <typename Binding>
+auto BindOneBitAttributes(Binding&& binding) {
+  return std::move(binding)
+      .template Attr<int64_t>("column_size")
+      .template Attr<int64_t>("sample_size");
+}
+template <typename Binding>
+auto BindOneBitCompress(Binding&& binding) {
+  return BindCompressResults(BindOneBitAttributes(BindCompressInputs(std::move(binding))));
+}
+template <typename Binding>
+auto BindOneBitDecompress(Binding&& binding) {
+  return BindDecoded(BindOneBitAttributes(BindPacked(std::move(binding))));
+}
+
+// Threshold: tau (the threshold and the reconstruction magnitude), before the results.
+template <typename Binding>
+auto BindThresholdCompress(Binding&& binding) {
+  return BindCompressResults(BindCompressInputs(std::move(binding)).template Attr<float>("tau"));
+}
+template <typename Binding>
+auto BindThresholdDecompress(Binding&& binding) {
+  return BindDecoded(BindPacked(std::move(binding)).template Attr<float>("tau"));
+}
+
+// Adaptive: after the results, π (f64, so counts match Python's), the column size and, for
+// compress, the sample size (0 = exact selection).
+template <typename Binding>
+auto BindAdaptiveCompress(Binding&& binding) {
+  return BindCompressResults(BindCompressInputs(std::move(binding)))
+      .template Attr<double>("proportion")
+      .template Attr<int64_t>("column_size")
+      .template Attr<int64_t>("sample_size");
+}
+template <typename Binding>
+auto BindAdaptiveDecompress(Binding&& binding) {
+  return BindDecoded(BindPacked(std::move(binding)))
+      .template Attr<double>("proportion")
+      .template Attr<int64_t>("column_size");
+}
+
+// idx_a, val_a, idx_b, val_b in (the index arrays ascending); the top k of their sum out.
+template <typename Binding>
+auto BindSparseMerge(Binding&& binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::S32>>()   // idx_a: ka, ascending
+      .template Arg<ffi::Buffer<ffi::F32>>()   // val_a: ka
+      .template Arg<ffi::Buffer<ffi::S32>>()   // idx_b: kb, ascending
+      .template Arg<ffi::Buffer<ffi::F32>>()   // val_b: kb
+      .template Ret<ffi::Buffer<ffi::S32>>()   // idx: k, ascending
+      .template Ret<ffi::Buffer<ffi::F32>>();  // val: k, sums at idx
 }
 
 }  // namespace jaxcomm::compress_checks

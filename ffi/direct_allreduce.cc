@@ -20,7 +20,7 @@ constexpr int64_t kBlock = 1 << 16;
 
 using Notice = transport::UcxWorld::Notice;
 
-// Waits for group rank q's notice of `step` (ucx_world.h, "Notices") and checks that it
+// Waits for group rank q's notice of `step` (ffi/transport/shm.h, "Notices") and checks that it
 // passed `n` elements before this rank reads a byte of its memory. One peer at a time, so a
 // rank starts on the peers that are ready while the others still work.
 ffi::Error WaitForPeer(Group& group, int q, int64_t n, uint32_t step, Notice* notice) {

@@ -1,12 +1,12 @@
-// Dense allreduce among ranks that can read each other's memory (ffi/transport/ucx_world.h,
-// "Shared memory"): ranks of one process (plain loads) and processes of one host
+// Dense allreduce among ranks that can read each other's memory (ffi/transport/shm.h):
+// ranks of one process (plain loads) and processes of one host
 // (process_vm_readv). Nothing goes through UCX: buffer addresses and completion notices go
-// through the notice slots the ranks share (ffi/transport/ucx_world.h, "Notices"), which keep
+// through the notice slots the ranks share (ffi/transport/shm.h, "Notices"), which keep
 // the transport's deadlines and dead-peer detection. Three notice rounds per allreduce: "here
 // are my buffers", "my slice is final", "I am done reading yours".
 //
 // Staged: when a member lives in another process and the vector fits a staging area
-// (ffi/transport/ucx_world.h, "Staging areas"), each rank first copies its x (but slice r) into
+// (ffi/transport/shm.h, "Staging areas"), each rank first copies its x (but slice r) into
 // its area and writes its reduced slice there too; peers then read those with plain loads
 // instead of process_vm_readv, whose per-page pinning cost more than the extra copies.
 //

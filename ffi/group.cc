@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <ctime>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <utility>
 
 #include "ffi/common.h"
 #include "ffi/engine.h"
+#include "ffi/metrics.h"
 #include "ffi/transport/world_registry.h"
 
 namespace jaxcomm::collectives {
@@ -29,42 +29,8 @@ struct RankState {
   std::map<std::vector<int64_t>, std::vector<int>> mesh_tables;
 };
 
-struct MetricsTotal {
-  uint64_t calls = 0;
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  uint64_t dense_bytes_sent = 0;
-  uint64_t elements = 0;
-  double seconds = 0;
-  int group_size = 0;
-};
-
-struct MetricsRecord {
-  int world_rank;
-  std::string name;
-  std::string algorithm;
-  uint32_t seq;
-  int group_size;
-  int64_t elements;
-  uint64_t bytes_sent;
-  uint64_t bytes_received;
-  uint64_t dense_bytes_sent;
-  double seconds;
-  double started;   // steady clock, seconds (= Python's time.monotonic())
-  double finished;  // likewise
-  double wait_seconds, reduce_seconds, copy_seconds;
-  double cpu_seconds;  // CPU time of the thread that ran it (the engine's, waiting included)
-  std::vector<std::pair<const char*, double>> phases;
-};
-
-constexpr size_t kMaxRecentRecords = 4096;
-
 std::mutex g_state_mu;
 std::map<std::pair<int64_t, int>, std::unique_ptr<RankState>> g_rank_states;
-
-std::mutex g_metrics_mu;
-std::map<std::tuple<int, std::string, std::string>, MetricsTotal> g_totals;
-std::deque<MetricsRecord> g_recent;
 
 RankState* StateOf(int64_t world_handle, int world_rank) {
   std::lock_guard<std::mutex> lock(g_state_mu);
@@ -346,74 +312,12 @@ void Group::MarkPhase(const char* name) {
 void Group::Finish(const char* algorithm, int64_t elements) {
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - start_).count();
-  std::lock_guard<std::mutex> lock(g_metrics_mu);
-  MetricsTotal& total = g_totals[{self_world_rank_, name_, algorithm}];
-  total.calls += 1;
-  total.bytes_sent += metrics_.bytes_sent;
-  total.bytes_received += metrics_.bytes_received;
   const uint64_t dense =
       metrics_.has_dense_equivalent ? metrics_.dense_bytes_sent : metrics_.bytes_sent;
-  total.dense_bytes_sent += dense;
-  total.elements += static_cast<uint64_t>(elements);
-  total.seconds += seconds;
-  total.group_size = size();
-  g_recent.push_back({self_world_rank_, name_, algorithm, seq_, size(), elements,
-                      metrics_.bytes_sent, metrics_.bytes_received, dense, seconds,
-                      MonotonicSeconds(start_), MonotonicSeconds(now), metrics_.wait_seconds,
-                      metrics_.reduce_seconds, metrics_.copy_seconds,
-                      ThreadCpuSeconds() - start_cpu_, metrics_.phases});
-  if (g_recent.size() > kMaxRecentRecords) g_recent.pop_front();
-}
-
-std::string MetricsJson() {
-  std::lock_guard<std::mutex> lock(g_metrics_mu);
-  ffi_common::TextBuilder out;
-  out << "{\"totals\": [";
-  bool first = true;
-  for (const auto& [key, total] : g_totals) {
-    out << (first ? "" : ", ") << "{\"world_rank\": " << std::get<0>(key) << ", \"name\": \""
-        << std::get<1>(key) << "\", \"algorithm\": \"" << std::get<2>(key)
-        << "\", \"calls\": " << total.calls << ", \"group_size\": " << total.group_size
-        << ", \"elements\": " << total.elements << ", \"bytes_sent\": " << total.bytes_sent
-        << ", \"bytes_received\": " << total.bytes_received
-        << ", \"dense_bytes_sent\": " << total.dense_bytes_sent
-        << ", \"seconds\": " << total.seconds << "}";
-    first = false;
-  }
-  out << "], \"recent\": [";
-  first = true;
-  for (const MetricsRecord& r : g_recent) {
-    out << (first ? "" : ", ") << "{\"world_rank\": " << r.world_rank << ", \"name\": \"" << r.name
-        << "\", \"algorithm\": \"" << r.algorithm << "\", \"seq\": " << r.seq
-        << ", \"group_size\": " << r.group_size << ", \"elements\": " << r.elements
-        << ", \"bytes_sent\": " << r.bytes_sent << ", \"bytes_received\": " << r.bytes_received
-        << ", \"dense_bytes_sent\": " << r.dense_bytes_sent << ", \"seconds\": " << r.seconds
-        << ", \"started\": " << r.started << ", \"finished\": " << r.finished
-        << ", \"wait_seconds\": " << r.wait_seconds << ", \"reduce_seconds\": " << r.reduce_seconds
-        << ", \"copy_seconds\": " << r.copy_seconds << ", \"cpu_seconds\": " << r.cpu_seconds
-        << ", \"phases\": {";
-    for (size_t i = 0; i < r.phases.size(); ++i) {
-      out << (i ? ", " : "") << "\"" << r.phases[i].first << "\": " << r.phases[i].second;
-    }
-    out << "}}";
-    first = false;
-  }
-  out << "]}";
-  return out.str();
-}
-
-void ResetMetrics() {
-  std::lock_guard<std::mutex> lock(g_metrics_mu);
-  g_totals.clear();
-  g_recent.clear();
+  RecordMetrics({self_world_rank_, name_, algorithm, seq_, size(), elements, metrics_.bytes_sent,
+                 metrics_.bytes_received, dense, seconds, MonotonicSeconds(start_),
+                 MonotonicSeconds(now), metrics_.wait_seconds, metrics_.reduce_seconds,
+                 metrics_.copy_seconds, ThreadCpuSeconds() - start_cpu_, metrics_.phases});
 }
 
 }  // namespace jaxcomm::collectives
-
-// ctypes entry points for jaxcomm.metrics(): copy the JSON into `buffer` and return its full
-// length (call again with a larger buffer when the return value >= capacity).
-JAXCOMM_C_API int64_t jaxcomm_metrics_json(char* buffer, int64_t capacity) {
-  return jaxcomm::ffi_common::CopyJson(jaxcomm::collectives::MetricsJson(), buffer, capacity);
-}
-
-JAXCOMM_C_API void jaxcomm_metrics_reset() { jaxcomm::collectives::ResetMetrics(); }

@@ -117,7 +117,7 @@ class Group {
   // previous mark (or since Begin).
   void MarkPhase(const char* name);
 
-  // Shared memory (ffi/transport/ucx_world.h): whether this rank can read every member's
+  // Shared memory (ffi/transport/shm.h): whether this rank can read every member's
   // memory directly, a member's address as a pointer when it lives in this process (else
   // null), and a copy of `bytes` at a member's `address` into `dst` (the algorithm counts
   // what it read with CountTraffic).
@@ -126,7 +126,7 @@ class Group {
     return world_->LocalPointer(members_[group_rank], address);
   }
   ffi::Error ReadFrom(int group_rank, uint64_t address, void* dst, size_t bytes);
-  // Notices among members that share memory (ucx_world.h, "Notices"): this rank reached
+  // Notices among members that share memory (ffi/transport/shm.h, "Notices"): this rank reached
   // `step` of this call (with `notice`: and here are its buffers), and the wait until every
   // other member did (or only group rank `only`); `notices` (optional) gets each member's, by
   // group rank (this rank's entry zero). Waiting counts as wait time, like Wait().
@@ -135,7 +135,7 @@ class Group {
   }
   ffi::Error WaitNotices(uint32_t step, std::vector<transport::UcxWorld::Notice>* notices,
                          int only = -1);
-  // Group rank q's staging area for this call (ucx_world.h, "Staging areas"), or null, as
+  // Group rank q's staging area for this call (ffi/transport/shm.h, "Staging areas"), or null, as
   // an array of T (the collective's element type).
   template <typename T = float>
   T* StagingArea(int group_rank) const {
@@ -144,7 +144,8 @@ class Group {
   // Whether some member lives in another process (then reading it costs process_vm_readv).
   bool SpansProcesses() const;
 
-  // Records this call's metrics (algorithm label, element count, bytes, wall time).
+  // Records this call's metrics (algorithm label, element count, bytes, wall time) in the
+  // process-wide store (ffi/metrics.h).
   void Finish(const char* algorithm, int64_t elements);
 
  private:
@@ -188,9 +189,5 @@ class TimedWork {
   Work kind_;
   std::chrono::steady_clock::time_point start_;
 };
-
-// Metrics of every collective this process ran, as JSON (see jaxcomm.metrics()).
-std::string MetricsJson();
-void ResetMetrics();
 
 }  // namespace jaxcomm::collectives

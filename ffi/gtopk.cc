@@ -193,6 +193,6 @@ ffi::Error GTopKImpl(const kernels::TaskRunner& run, const Caller& caller, int64
 
 }  // namespace
 
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommGTopK, GTopKImpl, BindSparseCollective);
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_gtopk", GTopKImpl, BindSparseCollective);
 
 }  // namespace jaxcomm::collectives

@@ -45,7 +45,7 @@ ffi::Error MarkImpl(int32_t device_id, std::string_view label, ffi::AnyBuffer x,
 }  // namespace
 }  // namespace jaxcomm::timeline
 
-JAXCOMM_DEFINE_HANDLER(JaxcommMark, jaxcomm::timeline::MarkImpl,
+JAXCOMM_DEFINE_HANDLER("jaxcomm_mark", jaxcomm::timeline::MarkImpl,
                        xla::ffi::Ffi::Bind()
                            .Ctx<xla::ffi::DeviceOrdinal>()   // device the value is on
                            .Attr<std::string_view>("label")  // name of the mark

@@ -27,6 +27,9 @@ ffi::Error OneBitCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_onebit_compress", OneBitCompressImpl,
+                       BindOneBitCompress(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+
 ffi::Error OneBitDecompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> packed,
                                 int64_t column_size, int64_t sample_size,
                                 ffi::ResultBuffer<ffi::F32> x_hat) {
@@ -45,26 +48,8 @@ ffi::Error OneBitDecompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> pack
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_onebit_decompress", OneBitDecompressImpl,
+                       BindOneBitDecompress(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+
 }  // namespace
-
-JAXCOMM_DEFINE_HANDLER(JaxcommOneBitCompress, OneBitCompressImpl,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::ThreadPool>()        // intra-op threads for columns
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x: any shape, n elems
-                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
-                           .Attr<int64_t>("column_size")  // multiple of 32
-                           .Attr<int64_t>("sample_size")  // 0 = exact column means
-                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: OneBit words
-                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommOneBitDecompress, OneBitDecompressImpl,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::ThreadPool>()        // intra-op threads for columns
-                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: OneBit words
-                           .Attr<int64_t>("column_size")  // as given to compress
-                           .Attr<int64_t>("sample_size")  // as given to compress (checked)
-                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
-);
-
 }  // namespace jaxcomm::compress_checks

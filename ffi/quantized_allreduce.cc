@@ -38,12 +38,11 @@ namespace {
 using kernels::QuantizerKind;
 using kernels::QuantizerSpec;
 
-constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
-constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
-constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
-
 using quantized::CheckSizes;
+using quantized::kHierarchicalOp;
+using quantized::kHierarchicalQuantizedOp;
 using quantized::KindLabel;
+using quantized::kQuantizedOp;
 using quantized::QuantizerAttrs;
 using ring::ChunkBegin;
 using ring::ChunkSize;
@@ -172,18 +171,20 @@ ffi::Error QuantizedAllreduceImpl(const kernels::TaskRunner& run, const Caller& 
                                   ffi::Buffer<ffi::F32> residual,
                                   ffi::ResultBuffer<ffi::F32> summed,
                                   ffi::ResultBuffer<ffi::F32> new_residual) {
-  const int64_t n = ffi_common::NumElements(x);
-  QuantizerSpec spec;
+  quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed,
-                                                        new_residual, quantizer, &spec));
+                                                        new_residual, quantizer, &call));
   std::unique_ptr<Group> group;
   JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kQuantizedOp, caller), &group));
-  JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduce(*group, spec, x.typed_data(), residual.typed_data(), n,
-                                             summed->typed_data(), new_residual->typed_data(),
-                                             run));
-  group->Finish(KindLabel(spec.kind), n);
+  JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduce(*group, call.spec, x.typed_data(),
+                                             residual.typed_data(), call.n, summed->typed_data(),
+                                             new_residual->typed_data(), run));
+  group->Finish(KindLabel(call.spec.kind), call.n);
   return ffi::Error::Success();
 }
+
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_quantized_allreduce", QuantizedAllreduceImpl,
+                          quantized::BindQuantizedData);
 
 // ---- hierarchical ------------------------------------------------------------------------
 
@@ -364,6 +365,9 @@ ffi::Error HierarchicalDenseImpl(const kernels::TaskRunner& run, const Caller& c
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_hierarchical_allreduce", HierarchicalDenseImpl,
+                          quantized::BindHierarchicalDenseData);
+
 ffi::Error HierarchicalQuantizedImpl(const kernels::TaskRunner& run, const Caller& caller,
                                      const HierarchyAttrs& hierarchy,
                                      const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
@@ -371,35 +375,29 @@ ffi::Error HierarchicalQuantizedImpl(const kernels::TaskRunner& run, const Calle
                                      ffi::ResultBuffer<ffi::F32> summed,
                                      ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t leaders = hierarchy.leaders;
-  const int64_t n = ffi_common::NumElements(x);
-  QuantizerSpec spec;
+  quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kHierarchicalQuantizedOp, x, residual,
-                                                        summed, new_residual, quantizer, &spec));
+                                                        summed, new_residual, quantizer, &call));
   HierarchicalGroups g;
   JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, caller, hierarchy, &g));
   float* out = summed->typed_data();
   const float* xs = x.typed_data();
   const float* rs = residual.typed_data();
-  for (int64_t i = 0; i < n; ++i) out[i] = xs[i] + rs[i];
+  for (int64_t i = 0; i < call.n; ++i) out[i] = xs[i] + rs[i];
   // Only the part this rank quantizes gets an error; the dense phases lose nothing.
-  std::fill(new_residual->typed_data(), new_residual->typed_data() + n, 0.0f);
-  JAXCOMM_RETURN_IF_ERROR(
-      HierarchicalAllreduce(g, &spec, leaders, out, out, n, new_residual->typed_data(), run));
+  std::fill(new_residual->typed_data(), new_residual->typed_data() + call.n, 0.0f);
+  JAXCOMM_RETURN_IF_ERROR(HierarchicalAllreduce(g, &call.spec, leaders, out, out, call.n,
+                                                new_residual->typed_data(), run));
   g.all->Absorb(*g.local);
   g.all->Absorb(*g.node);
   const std::string label =
-      std::string("hierarchical_") + KindLabel(spec.kind) + (leaders > 1 ? "" : "_leader");
-  g.all->Finish(label.c_str(), n);
+      std::string("hierarchical_") + KindLabel(call.spec.kind) + (leaders > 1 ? "" : "_leader");
+  g.all->Finish(label.c_str(), call.n);
   return ffi::Error::Success();
 }
 
-}  // namespace
-
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommQuantizedAllreduce, QuantizedAllreduceImpl,
-                          quantized::BindQuantizedData);
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommHierarchicalAllreduce, HierarchicalDenseImpl,
-                          quantized::BindHierarchicalDenseData);
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommHierarchicalQuantized, HierarchicalQuantizedImpl,
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_hierarchical_quantized", HierarchicalQuantizedImpl,
                           quantized::BindHierarchicalQuantizedData);
 
+}  // namespace
 }  // namespace jaxcomm::collectives

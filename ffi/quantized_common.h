@@ -40,6 +40,11 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jaxcomm::collectives::quantized::Quantizer
 
 namespace jaxcomm::collectives::quantized {
 
+// The Python API names of the three ops, for errors and metrics (CPU and GPU alike).
+constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
+constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
+constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
+
 inline const char* KindLabel(kernels::QuantizerKind kind) {
   switch (kind) {
     case kernels::QuantizerKind::kOneBit:
@@ -75,20 +80,27 @@ inline ffi::Error CheckSizes(const char* op, int64_t n, std::initializer_list<in
   return ffi_common::CheckElementCount(op, n);
 }
 
+// What the opening checks of a quantized handler establish: the element count n of x (and of
+// residual and both results) and the quantizer.
+struct QuantizedCall {
+  int64_t n = 0;
+  kernels::QuantizerSpec spec;
+};
+
 // The opening checks of every quantized handler (CPU and GPU, flat and hierarchical): x,
 // residual and both results of one size within the kernels' limit, then a usable quantizer
-// (into *spec).
+// (into *call, with the size).
 inline ffi::Error CheckQuantizedCall(const char* op, const ffi::Buffer<ffi::F32>& x,
                                      const ffi::Buffer<ffi::F32>& residual,
                                      ffi::ResultBuffer<ffi::F32> summed,
                                      ffi::ResultBuffer<ffi::F32> new_residual,
-                                     const QuantizerAttrs& quantizer,
-                                     kernels::QuantizerSpec* spec) {
+                                     const QuantizerAttrs& quantizer, QuantizedCall* call) {
+  call->n = ffi_common::NumElements(x);
   JAXCOMM_RETURN_IF_ERROR(
-      CheckSizes(op, ffi_common::NumElements(x),
+      CheckSizes(op, call->n,
                  {ffi_common::NumElements(residual), ffi_common::NumElements(*summed),
                   ffi_common::NumElements(*new_residual)}));
-  return ReadSpec(op, quantizer, spec);
+  return ReadSpec(op, quantizer, &call->spec);
 }
 
 // What the quantized allreduce binds after the common operands (CPU and GPU): its quantizer,

@@ -30,29 +30,17 @@ kernels::SparseMergeScratch ThreadScratch(int64_t elements) {
 ffi::Error SparseMergeImpl(ffi::Buffer<ffi::S32> idx_a, ffi::Buffer<ffi::F32> val_a,
                            ffi::Buffer<ffi::S32> idx_b, ffi::Buffer<ffi::F32> val_b,
                            ffi::ResultBuffer<ffi::S32> idx, ffi::ResultBuffer<ffi::F32> val) {
-  const int64_t ka = NumElements(idx_a);
-  const int64_t kb = NumElements(idx_b);
-  const int64_t k = NumElements(*idx);
-  JAXCOMM_RETURN_IF_ERROR(
-      SparseMerge(ka, NumElements(val_a), kb, NumElements(val_b), k, NumElements(*val)));
-  const kernels::SparseMergeStatus status =
-      kernels::SparseMergeTopK(idx_a.typed_data(), val_a.typed_data(), ka, idx_b.typed_data(),
-                               val_b.typed_data(), kb, k, idx->typed_data(), val->typed_data(),
-                               ThreadScratch(kernels::SparseMergeScratchElements(ka, kb)));
+  SparseMergeSizes size;
+  JAXCOMM_RETURN_IF_ERROR(CheckSparseMerge(idx_a, val_a, idx_b, val_b, idx, val, &size));
+  const kernels::SparseMergeStatus status = kernels::SparseMergeTopK(
+      idx_a.typed_data(), val_a.typed_data(), size.ka, idx_b.typed_data(), val_b.typed_data(),
+      size.kb, size.k, idx->typed_data(), val->typed_data(),
+      ThreadScratch(kernels::SparseMergeScratchElements(size.ka, size.kb)));
   if (!status.ok()) return InvalidArgument(kSparseMergeOp, status.message);
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_sparse_merge", SparseMergeImpl, BindSparseMerge(ffi::Ffi::Bind()));
+
 }  // namespace
-
-JAXCOMM_DEFINE_HANDLER(JaxcommSparseMerge, SparseMergeImpl,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::Buffer<ffi::S32>>()  // idx_a: ka, ascending
-                           .Arg<ffi::Buffer<ffi::F32>>()  // val_a: ka
-                           .Arg<ffi::Buffer<ffi::S32>>()  // idx_b: kb, ascending
-                           .Arg<ffi::Buffer<ffi::F32>>()  // val_b: kb
-                           .Ret<ffi::Buffer<ffi::S32>>()  // idx: k, ascending
-                           .Ret<ffi::Buffer<ffi::F32>>()  // val: k, sums at idx
-);
-
 }  // namespace jaxcomm::compress_checks

@@ -27,6 +27,9 @@ ffi::Error ThresholdCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_threshold_compress", ThresholdCompressImpl,
+                       BindThresholdCompress(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+
 ffi::Error ThresholdDecompressImpl(ffi::Buffer<ffi::U32> packed, float tau,
                                    ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
@@ -50,23 +53,8 @@ ffi::Error ThresholdDecompressImpl(ffi::Buffer<ffi::U32> packed, float tau,
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_threshold_decompress", ThresholdDecompressImpl,
+                       BindThresholdDecompress(ffi::Ffi::Bind()));
+
 }  // namespace
-
-JAXCOMM_DEFINE_HANDLER(JaxcommThresholdCompress, ThresholdCompressImpl,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::ThreadPool>()        // intra-op threads for the scan
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x: any shape, n elems
-                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
-                           .Attr<float>("tau")            // threshold and reconstruction magnitude
-                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + capacity
-                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommThresholdDecompress, ThresholdDecompressImpl,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: 1 + capacity
-                           .Attr<float>("tau")            // as given to compress
-                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
-);
-
 }  // namespace jaxcomm::compress_checks

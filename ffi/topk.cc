@@ -23,6 +23,9 @@ ffi::Error TopKAbsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_topk_abs", TopKAbsImpl,
+                       BindTopKAbs(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
+
 // packed = [used][k indices][k value bits]; new_residual = (x + residual) with the selected
 // entries zeroed.
 ffi::Error TopKCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
@@ -41,6 +44,9 @@ ffi::Error TopKCompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                    new_residual->typed_data(), ffi_common::PoolRunner(&pool));
   return ffi::Error::Success();
 }
+
+JAXCOMM_DEFINE_HANDLER("jaxcomm_topk_compress", TopKCompressImpl,
+                       BindTopKCompress(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
@@ -65,29 +71,8 @@ ffi::Error TopKDecompressImpl(ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ff
   return ffi::Error::Success();
 }
 
+JAXCOMM_DEFINE_HANDLER("jaxcomm_topk_decompress", TopKDecompressImpl,
+                       BindTopKDecompress(ffi::Ffi::Bind()));
+
 }  // namespace
-
-JAXCOMM_DEFINE_HANDLER(JaxcommTopKAbs, TopKAbsImpl,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::ThreadPool>()        // intra-op threads for the scan
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x: n-vector
-                           .Ret<ffi::Buffer<ffi::F32>>()  // values: k, acc order
-                           .Ret<ffi::Buffer<ffi::S32>>()  // indices: k, ascending
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommTopKCompress, TopKCompressImpl,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::ThreadPool>()        // intra-op threads for the scan
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x: any shape
-                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
-                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
-                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommTopKDecompress, TopKDecompressImpl,
-                       ffi::Ffi::Bind()
-                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
-                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
-);
-
 }  // namespace jaxcomm::compress_checks

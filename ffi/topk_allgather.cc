@@ -74,6 +74,6 @@ ffi::Error TopKAllgatherImpl(const kernels::TaskRunner& run, const Caller& calle
 
 }  // namespace
 
-JAXCOMM_DEFINE_COLLECTIVE(JaxcommTopKAllgather, TopKAllgatherImpl, BindSparseCollective);
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_topk_allgather", TopKAllgatherImpl, BindSparseCollective);
 
 }  // namespace jaxcomm::collectives

@@ -1,19 +1,22 @@
 """Loads libjaxcomm_ffi.so once: its XLA FFI targets and its plain C functions, one table each.
 
-:data:`TARGETS` lists every handler the library exports; ``import jaxcomm`` registers them all
-(:func:`register_all`, idempotent). ``tests/test_cuda_build.py`` reads the same table.
-:data:`C_FUNCTIONS` holds the ctypes prototype of every plain C function (metrics, marks, the
-UCX world, the GPU world, NCCL); :func:`library` applies them when it loads the library, so no
-other module declares a prototype.
+The library exports its own registration table (ffi/registrations.h: target name -> CPU
+handler and, in a CUDA build, CUDA handler, each row added where its handler is defined);
+:func:`registrations` reads it and ``import jaxcomm`` registers every row (:func:`register_all`,
+idempotent), so no Python code names a C++ symbol. :data:`C_FUNCTIONS` holds the ctypes
+prototype of every plain C function (the table, metrics, marks, the UCX world, the GPU world,
+NCCL); :func:`library` applies them when it loads the library, so no other module declares a
+prototype.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import pathlib
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -22,48 +25,49 @@ _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _registered: set[tuple[str, str]] = set()
 
-# Every XLA FFI target of the library: target name -> (CPU handler symbol, has a CUDA handler).
-# The CUDA handler is the CPU symbol + "Cuda", registered for platform "CUDA" when the library
-# was built with CUDA (JAXCOMM_ENABLE_CUDA=ON).
-TARGETS: dict[str, tuple[str, bool]] = {
-    # single-device ops (jaxcomm/ops/)
-    "jaxcomm_topk_abs": ("JaxcommTopKAbs", True),
-    "jaxcomm_topk_compress": ("JaxcommTopKCompress", True),
-    "jaxcomm_topk_decompress": ("JaxcommTopKDecompress", True),
-    "jaxcomm_onebit_compress": ("JaxcommOneBitCompress", True),
-    "jaxcomm_onebit_decompress": ("JaxcommOneBitDecompress", True),
-    "jaxcomm_threshold_compress": ("JaxcommThresholdCompress", True),
-    "jaxcomm_threshold_decompress": ("JaxcommThresholdDecompress", True),
-    "jaxcomm_adaptive_compress": ("JaxcommAdaptiveCompress", True),
-    "jaxcomm_adaptive_decompress": ("JaxcommAdaptiveDecompress", True),
-    "jaxcomm_sparse_merge": ("JaxcommSparseMerge", True),
-    # collectives (jaxcomm/collectives/)
-    "jaxcomm_allreduce": ("JaxcommAllreduce", True),
-    "jaxcomm_allreduce_bf16": ("JaxcommAllreduceBf16", False),  # 16-bit wire, CPU only
-    "jaxcomm_allreduce_f16": ("JaxcommAllreduceF16", False),
-    "jaxcomm_topk_allgather": ("JaxcommTopKAllgather", True),
-    "jaxcomm_gtopk": ("JaxcommGTopK", True),
-    "jaxcomm_quantized_allreduce": ("JaxcommQuantizedAllreduce", True),
-    "jaxcomm_hierarchical_allreduce": ("JaxcommHierarchicalAllreduce", True),
-    "jaxcomm_hierarchical_quantized": ("JaxcommHierarchicalQuantized", True),
-    # the second half of a split collective (jaxcomm/collectives/_call.py)
-    "jaxcomm_collective_done": ("JaxcommCollectiveDone", True),
-    # timeline (jaxcomm/timeline.py)
-    "jaxcomm_mark": ("JaxcommMark", False),
-}
 
-# Collectives whose CUDA handler may run split (start/done) on jaxcomm's own stream: those that
-# take no XLA scratch memory (ffi/cuda/gpu_collective.h, JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE;
-# the others refuse `split`). Every CPU collective may split.
-GPU_SPLIT_TARGETS: frozenset[str] = frozenset({"jaxcomm_allreduce"})
+class _Registration(ctypes.Structure):
+    # struct JaxcommRegistration of ffi/registrations.cc, field for field.
+    _fields_ = [
+        ("target", ctypes.c_char_p),
+        ("cpu", ctypes.c_void_p),
+        ("cuda", ctypes.c_void_p),
+        ("flags", ctypes.c_int32),
+    ]
+
+
+# Row flags, as ffi/registrations.h defines them.
+_GPU_SPLIT = 1  # kGpuSplit
+_DUPLICATE = 2  # kDuplicate
+
+
+class Registration(NamedTuple):
+    """One row of the library's registration table (ffi/registrations.h).
+
+    Attributes:
+        target: the XLA FFI target name that ``jax.ffi.ffi_call`` uses, e.g. "jaxcomm_gtopk".
+        cpu: address of the CPU handler.
+        cuda: address of the CUDA handler, or None (CPU-only target, or a build without CUDA).
+        gpu_split: whether the CUDA handler may run split (start/done) on jaxcomm's own stream
+            (it takes no XLA scratch memory); every CPU collective may split.
+    """
+
+    target: str
+    cpu: int
+    cuda: int | None
+    gpu_split: bool
+
 
 _i32, _i64, _u32, _f64 = ctypes.c_int, ctypes.c_int64, ctypes.c_uint32, ctypes.c_double
 _str, _ptr = ctypes.c_char_p, ctypes.c_void_p
+_rows = ctypes.POINTER(ctypes.POINTER(_Registration))
 
 # Every plain C function of the library: name -> (restype, argtypes), as declared in C++.
 # Functions of a CUDA build only (``cuda``: ffi/cuda/gpu_collective.cc) are absent otherwise.
 C_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
-    # ffi/group.cc, ffi/mark.cc: JSON readers (int64 fn(char* buffer, int64 capacity)) and resets
+    # ffi/registrations.cc: the registration table (int64 fn(const JaxcommRegistration** rows))
+    "jaxcomm_registrations": (_i64, [_rows]),
+    # ffi/metrics.cc, ffi/mark.cc: JSON readers (int64 fn(char* buffer, int64 capacity)) and resets
     "jaxcomm_metrics_json": (_i64, [_str, _i64]),
     "jaxcomm_metrics_reset": (None, []),
     "jaxcomm_marks_json": (_i64, [_str, _i64]),
@@ -122,24 +126,69 @@ def _preload_ucx() -> None:
     libucx.load_library()
 
 
-def register(target: str, symbol: str, platform: str = "cpu") -> None:
-    """Registers handler `symbol` of the library as XLA FFI target `target` (once)."""
+def read_registrations(lib: ctypes.CDLL) -> dict[str, Registration]:
+    """Reads the registration table of a loaded jaxcomm library, in the table's order.
+
+    Args:
+        lib: the library, as :func:`library` returns it (or another build of it, loaded with
+            ctypes: tests/test_cuda_build.py reads a CUDA build's table this way).
+
+    Returns:
+        target name -> :class:`Registration`.
+
+    Raises:
+        ImportError: the library defines two handlers for one target and platform.
+    """
+    fn = lib.jaxcomm_registrations
+    fn.restype, fn.argtypes = C_FUNCTIONS["jaxcomm_registrations"]
+    rows = ctypes.POINTER(_Registration)()
+    count = fn(ctypes.byref(rows))
+    table = {}
+    for i in range(count):
+        row = rows[i]
+        target = row.target.decode()
+        if row.flags & _DUPLICATE:
+            raise ImportError(
+                f"jaxcomm's library defines two handlers for target {target!r} on one platform "
+                "(JAXCOMM_DEFINE_* with the same target in two places): rename one"
+            )
+        table[target] = Registration(target, row.cpu, row.cuda, bool(row.flags & _GPU_SPLIT))
+    return table
+
+
+@functools.cache
+def registrations() -> dict[str, Registration]:
+    """The registration table of jaxcomm's library: target name -> :class:`Registration`.
+
+    Returns:
+        Every XLA FFI target of the library, e.g. ``registrations()["jaxcomm_gtopk"].cuda`` is
+        None in a build without CUDA.
+    """
+    return read_registrations(library())
+
+
+def __getattr__(name: str) -> Any:
+    # GPU_SPLIT_TARGETS is read from the library's table on first use (PEP 562), so that
+    # importing this module does not load the library.
+    if name == "GPU_SPLIT_TARGETS":
+        # Collectives whose CUDA handler may run split (start/done) on jaxcomm's own stream
+        # (ffi/cuda/gpu_collective.h, JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE; the others refuse
+        # `split`). Every CPU collective may split.
+        return _gpu_split_targets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def _gpu_split_targets() -> frozenset[str]:
+    return frozenset(t for t, row in registrations().items() if row.gpu_split)
+
+
+def _register(target: str, handler: int, platform: str) -> None:
     key = (target, platform)
     if key in _registered:
         return
-    lib = library()
-    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform=platform)
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform=platform)
     _registered.add(key)
-
-
-def register_gpu(target: str, symbol: str) -> None:
-    """Registers GPU handler `symbol` as target `target` on platform "CUDA", when built.
-
-    Libraries built without CUDA (``JAXCOMM_ENABLE_CUDA=OFF``) lack the symbol; then nothing is
-    registered and the op runs on CPU only (XLA reports a missing custom call on a GPU).
-    """
-    if hasattr(library(), symbol):
-        register(target, symbol, platform="CUDA")
 
 
 def read_json(symbol: str) -> Any:
@@ -154,16 +203,20 @@ def read_json(symbol: str) -> Any:
 
 
 def register_all() -> None:
-    """Registers every target of :data:`TARGETS` (CPU, and CUDA where built), once."""
-    for target, (symbol, has_gpu) in TARGETS.items():
-        register(target, symbol)
-        if has_gpu:
-            register_gpu(target, symbol + "Cuda")
+    """Registers every row of :func:`registrations`: CPU, and CUDA where built; once.
+
+    A library built without CUDA (``JAXCOMM_ENABLE_CUDA=OFF``) has no CUDA handlers; its ops
+    then run on CPU only (XLA reports a missing custom call on a GPU).
+    """
+    for target, row in registrations().items():
+        _register(target, row.cpu, "cpu")
+        if row.cuda is not None:
+            _register(target, row.cuda, "CUDA")
 
 
 def has_gpu_kernels() -> bool:
     """Whether the loaded library was built with the CUDA kernels."""
-    return hasattr(library(), "JaxcommTopKAbsCuda")
+    return any(row.cuda is not None for row in registrations().values())
 
 
 def result_like(x: Any, shape: Sequence[int], dtype: Any) -> Any:

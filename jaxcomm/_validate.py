@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
 import jax.numpy as jnp
-import numpy as np
+
+from jaxcomm._checks import finite_float, positive_int
+
+__all__ = [
+    "FLOAT_DTYPES",
+    "MAX_ELEMENTS",
+    "compressor_of",
+    "finite_float",
+    "float32_array",
+    "float_array",
+    "int_array",
+    "non_empty",
+    "positive_int",
+    "residual_like",
+]
 
 MAX_ELEMENTS = 2**31 - 1  # indices travel as int32 / 31-bit fields on the wire
 
@@ -61,27 +73,6 @@ def int_array(x: Any, name: str, *, ndim: int = 1) -> jnp.ndarray:
     if x.ndim != ndim:
         raise ValueError(f"{name} must have rank {ndim}, got shape {tuple(x.shape)}")
     return x
-
-
-def positive_int(value: Any, name: str, *, low: int = 1, high: int | None = None) -> int:
-    """Returns `value` as a Python int in [low, high], or raises naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral | np.integer):
-        raise TypeError(f"{name} must be a Python int, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if value < low or (high is not None and value > high):
-        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be in {bound}, got {value}")
-    return value
-
-
-def finite_float(value: Any, name: str) -> float:
-    """Returns `value` as a finite Python float, or raises naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real | np.floating):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
 
 
 def compressor_of(compressor: Any, kind: type) -> None:

@@ -89,7 +89,7 @@ SETTINGS: dict[str, Setting] = {
             "JAXCOMM_TIMEOUT_S",
             "120",
             "seconds, a number > 0",
-            "C++ ffi/transport/ucx_world.cc (DefaultTimeout); Python jaxcomm/_world.py reads it "
+            "C++ ffi/transport/settings.cc (DefaultTimeout); Python jaxcomm/_world.py reads it "
             "back through jaxcomm_world_default_timeout_s",
             "Deadline of every wait of a collective, the world bootstrap and a GPU "
             "communicator; a peer silent for longer fails the collective naming it.",
@@ -99,7 +99,7 @@ SETTINGS: dict[str, Setting] = {
             "JAXCOMM_UCX_WAIT",
             "wakeup",
             "wakeup or backoff",
-            "C++ ffi/transport/ucx_world.cc (World::Create)",
+            "C++ ffi/transport/settings.cc (UcxWorld::Create)",
             "How a rank waits for UCX: sleep on the worker's event fd (wakeup) or poll with "
             "growing sleeps (backoff).",
             _choice("wakeup", "backoff"),
@@ -108,7 +108,7 @@ SETTINGS: dict[str, Setting] = {
             "JAXCOMM_UCX_SPIN_US",
             "20",
             "microseconds, a number >= 0",
-            "C++ ffi/transport/ucx_world.cc (World::Create)",
+            "C++ ffi/transport/settings.cc (UcxWorld::Create)",
             "How long a wait polls UCX (or a same-host peer's notice) before it sleeps.",
             _number(float, 0.0, exclusive=False),
         ),
@@ -116,7 +116,7 @@ SETTINGS: dict[str, Setting] = {
             "JAXCOMM_SHARED_MEMORY",
             "1",
             "1 or 0",
-            "C++ ffi/transport/ucx_world.cc (SharedMemoryEnabled)",
+            "C++ ffi/transport/settings.cc (SharedMemoryEnabled)",
             "1: ranks of one host read each other's buffers directly (same process: loads; "
             "same host: process_vm_readv) and exchange notices in shared memory, the dense "
             "allreduce's fast path; 0: every byte goes through UCX.",
@@ -126,8 +126,8 @@ SETTINGS: dict[str, Setting] = {
             "JAXCOMM_SMALL_ALLREDUCE_BYTES",
             "32768",
             "bytes, an integer >= 0",
-            "C++ ffi/allreduce.cc (SmallAllreduceBytes); Python jaxcomm/cost.py reads it back "
-            "through jaxcomm_allreduce_small_bytes",
+            "C++ ffi/allreduce.cc (SmallAllreduceBytes); Python jaxcomm/algorithms/dense.py "
+            "(the cost model) reads it too",
             "Dense float32 allreduces of at most this many bytes take the latency-optimal "
             "schedules (recursive doubling over a transport, one-shot through shared memory) "
             "instead of the ring or the direct reduce-scatter + allgather; 0 turns them off.",

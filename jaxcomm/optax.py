@@ -21,7 +21,7 @@ Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``)
   :func:`jaxcomm.allreduce`): the start queues it on jaxcomm's engine and returns, and the done
   that returns the sum takes the last bucket's gradients as an operand, which puts it after
   backward. The engine runs the buckets, last layer first, while backward computes the earlier
-  layers (measured in ``benchmarks/overlap.py``; README, "Overlap with the backward pass").
+  layers (measured in ``benchmarks/overlap.py``; docs/usage.md, "Overlap with the backward pass").
 - **Residuals per leaf.** The error-feedback residuals are stored with the gradient's tree
   structure and shapes (float32), and concatenated into bucket order around each call. The
   copy costs O(n) memory traffic, far below the collective itself, and in exchange the state
@@ -56,7 +56,7 @@ from jaxcomm import _ordering, cost
 from jaxcomm.collectives import allreduce, compressed_allreduce
 
 AxisName = str | tuple[str, ...]
-DEFAULT_BUCKET_SIZE = 1 << 24  # elements (64 MiB of float32; benchmarks/overlap.py, README)
+DEFAULT_BUCKET_SIZE = 1 << 24  # elements (64 MiB of float32; docs/benchmarks.md)
 
 # The paper's warm-up densities, one per epoch (Shi et al. 2019, §5).
 GTOPK_WARMUP = (0.25, 0.0725, 0.015, 0.004)
@@ -260,6 +260,7 @@ def allreduce_gradients(
         sums: list[jax.Array] = list(xs)
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
         groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
+        total = max(1, sum(x.size for x in xs))
         # Every bucket but the last is awaited only after the last bucket's gradients exist
         # (the first layers', which backward produces last): its collective runs while
         # backward computes them (``after``, see jaxcomm.allreduce).
@@ -271,7 +272,7 @@ def allreduce_gradients(
             after = anchor if b + 1 < len(groups) else None
             # "auto" picks per bucket from the cost model (static: the same on every rank);
             # a bucket it sends dense keeps its (zero) residual.
-            chosen = cost.auto_algorithm(algo, x.size, axis_name, hierarchical)
+            chosen = cost.auto_algorithm(algo, x.size, axis_name, hierarchical, x.size / total)
             if chosen is None:
                 summed = allreduce(x, axis_name, after=after, **extra)
             else:
@@ -346,7 +347,10 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
       A tree of ``PartitionSpec`` usable as ``shard_map`` in/out specs of the state.
 
     Example:
+      >>> tx = allreduce_gradients("dp", jaxcomm.GTopK(0.01))
       >>> specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
+      >>> specs.residuals["layer0"]["w"] == P("dp")
+      True
     """
 
     def visit(node: Any) -> Any:
@@ -392,7 +396,8 @@ def save_state(path: str | os.PathLike, tree: Any) -> None:
       ImportError: Orbax is not installed (the ``checkpoint`` extra).
 
     Example:
-      >>> save_state("/tmp/ckpt/step100", (params, opt_state))
+      >>> import tempfile
+      >>> save_state(tempfile.mkdtemp() + "/step100", params)
     """
     checkpointer = _checkpointer()
     checkpointer.save(os.path.abspath(path), tree, force=True)
@@ -416,7 +421,12 @@ def restore_state(path: str | os.PathLike, like: Any) -> Any:
       ImportError: Orbax is not installed (the ``checkpoint`` extra).
 
     Example:
-      >>> params, opt_state = restore_state("/tmp/ckpt/step100", (params, opt_state))
+      >>> import tempfile
+      >>> path = tempfile.mkdtemp() + "/step100"
+      >>> save_state(path, params)
+      >>> restored = restore_state(path, params)
+      >>> bool((restored["layer0"]["w"] == params["layer0"]["w"]).all())
+      True
     """
     checkpointer = _checkpointer()
     path = os.path.abspath(path)

@@ -194,9 +194,12 @@ def paced(fn: Callable[..., Any], max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) ->
       message, within ``max_in_flight`` calls of the failure.
 
     Example:
-      >>> step = jaxcomm.paced(jax.jit(jax.shard_map(train_step, mesh=mesh, ...)))
-      >>> for x, y in batches:
-      ...     params, opt_state, loss = step(params, opt_state, x, y)
+      >>> step = jaxcomm.paced(jax.jit(lambda w, g: w - 0.1 * g))  # in training: jit(shard_map)
+      >>> w = jnp.ones(3)
+      >>> for _ in range(5):  # no wait per step: at most two queued
+      ...     w = step(w, jnp.ones(3))
       >>> step.wait()
+      >>> step.in_flight, [round(v, 4) for v in w.tolist()]
+      (0, [0.5, 0.5, 0.5])
     """
     return Paced(fn, max_in_flight)

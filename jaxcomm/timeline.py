@@ -31,7 +31,7 @@ def mark(x: jax.Array, label: str) -> jax.Array:
       ``x`` (aliased, no copy).
 
     Example:
-      >>> g = jax.grad(loss)(params, batch)
+      >>> g = jax.grad(loss)(params, x, y)
       >>> g["layer0"]["w"] = jaxcomm.timeline.mark(g["layer0"]["w"], "grad/layer0")
     """
     if not isinstance(label, str) or not label or '"' in label or "\\" in label:

@@ -14,8 +14,9 @@ One process of a (processes x devices) CPU world. Modes:
          With several processes, every process but 0 calls the step LATE_S seconds late, so
          process 0's collectives cannot finish before that: if its backward still finishes
          first, backward ran while they were on the wire.
-  killed Like paced, but process 1 kills itself (SIGKILL) after a few steps while steps are
-         queued; the others write <out>/killed<i>.json with what they raised and when.
+  killed Like paced, but process 1 kills itself (SIGKILL) before step DIE_AT while steps are
+         queued; the others write <out>/killed<i>.json with what they raised and how many
+         steps their loop had dispatched by then.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import time
 from collectives_harness import parse_worker_args
 
 STEPS = int(os.environ.get("JAXCOMM_TEST_STEPS", "300"))
+DIE_AT = 5  # killed mode: process 1 kills itself before dispatching this step
 LATE_S = 1.0
 
 
@@ -125,13 +127,15 @@ def main() -> None:
             jax.make_array_from_callback(y.shape, data, lambda idx: y[idx]),
         )
 
-    def run(max_in_flight, steps, die_at=None):
+    def run(max_in_flight, steps, die_at=None, progress=None):
         p, s, _ = init()
         paced = jaxcomm.paced(step, max_in_flight)
         for i in range(steps):
             if die_at is not None and i == die_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             p, s, _ = paced(p, s, *batch(i))
+            if progress is not None:
+                progress["dispatched"] = i + 1
         paced.wait()
         return p
 
@@ -167,9 +171,15 @@ def main() -> None:
         (out / f"raw{pid}.json").write_text(json.dumps(report))
     else:
         started = time.monotonic()
-        report = {"error": None}
+        report = {"error": None, "dispatched": 0, "die_at": DIE_AT, "steps": STEPS}
+        report["max_in_flight"] = jaxcomm.pacing.DEFAULT_MAX_IN_FLIGHT
         try:
-            run(jaxcomm.pacing.DEFAULT_MAX_IN_FLIGHT, STEPS, die_at=5 if pid == 1 else None)
+            run(
+                jaxcomm.pacing.DEFAULT_MAX_IN_FLIGHT,
+                STEPS,
+                die_at=DIE_AT if pid == 1 else None,
+                progress=report,
+            )
         except jaxcomm.CollectiveError as error:
             report["error"] = str(error)
         report["seconds"] = time.monotonic() - started

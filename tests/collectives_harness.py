@@ -8,13 +8,13 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+from jaxcomm_launcher.backends import reserve_port
 
 WORKER = pathlib.Path(__file__).with_name("collective_worker.py")
 
@@ -29,12 +29,6 @@ def parse_worker_args(modes: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", required=True)
     parser.add_argument("--mode", default=modes[0], choices=modes)
     return parser.parse_args()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -121,9 +115,12 @@ def run_world(
 ) -> WorldRun:
     """Runs `worker` in `processes` processes with `devices` CPU devices each.
 
-    Every child is killed (process group) when this returns, whatever happened.
+    Every child is killed (process group) when this returns, whatever happened. The
+    coordinator's port stays reserved until then (:func:`reserve_port`), so no other process
+    can take it between our choosing it and process 0's coordinator binding it.
     """
-    coordinator = f"127.0.0.1:{free_port()}"
+    port = reserve_port()
+    coordinator = f"127.0.0.1:{port.getsockname()[1]}"
     child_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     child_env.pop("XLA_FLAGS", None)
     procs = []
@@ -169,6 +166,7 @@ def run_world(
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        port.close()
     outputs = []
     for log in logs:
         log.seek(0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import secrets
 import shlex
 import shutil
 import signal
@@ -22,12 +23,38 @@ import tempfile
 import time
 from typing import IO
 
-from jaxcomm_launcher.backends import free_port
 from jaxcomm_launcher.procs import _set_pdeathsig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "srun", "sinfo")
+
+
+def unassigned_ports(count: int) -> list[int]:
+    """`count` distinct ports, free now and below the kernel's ephemeral range.
+
+    slurmctld and slurmd bind their ports themselves, so a reserved socket
+    (``jaxcomm_launcher.backends.reserve_port``) would keep them out. Below
+    ``ip_local_port_range`` the kernel never hands a port to a ``bind(0)`` or an outgoing
+    connection, so between this check and the daemons' bind only a program asking for that
+    very number could take it (bind-then-close in the ephemeral range races with every
+    connection on the machine).
+    """
+    low = int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports: list[int] = []
+    for _ in range(1000):
+        port = 10000 + secrets.randbelow(max(1, low - 10000))
+        if port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"no {count} free ports between 10000 and {low}")
 
 
 def which(command: str) -> str | None:
@@ -105,13 +132,14 @@ class SlurmCluster:
         key.write_bytes(os.urandom(128))
         key.chmod(0o400)
         host = socket.gethostname()
+        ctld_port, slurmd_port = unassigned_ports(2)
         self.conf.write_text(
             "\n".join(
                 [
                     "ClusterName=jaxcommtest",
                     f"SlurmctldHost={host}(127.0.0.1)",
-                    f"SlurmctldPort={free_port()}",
-                    f"SlurmdPort={free_port()}",
+                    f"SlurmctldPort={ctld_port}",
+                    f"SlurmdPort={slurmd_port}",
                     "SlurmUser=root",
                     "SlurmdUser=root",
                     "AuthType=auth/munge",

@@ -159,3 +159,18 @@ def test_allreduce_rejects_unknown_axis_and_dtype():
     )
     with pytest.raises(TypeError, match="x must be float32, bfloat16 or float16"):
         g(x)
+
+
+@pytest.mark.parametrize("devices", [4, 3])
+def test_grad_and_vmap_match_psum(devices):
+    # jax.grad (first and second order) and jax.vmap through jaxcomm.allreduce against
+    # lax.psum, inside shard_map over several devices of one process (tests/psum_rules_worker.py).
+    import pathlib
+
+    from collectives_harness import run_script
+
+    worker = pathlib.Path(__file__).with_name("psum_rules_worker.py")
+    done = run_script(worker, devices, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == 20, done.stdout
+    assert done.stdout.rstrip().endswith("done"), done.stdout

@@ -77,7 +77,10 @@ def test_killed_peer_while_steps_are_queued(tmp_path):
         assert error is not None, f"process {pid} did not notice the dead peer"
         assert CHAIN not in error and len(error) < 1000, error[:2000]
         assert "rank 1" in error, error
-        assert report["seconds"] < 60, report
+        # The loop stopped at the death, not at the end (an order of events, not a clock):
+        # no step from DIE_AT on can complete, so a paced loop dispatches at most
+        # max_in_flight more before the call that raises.
+        assert report["dispatched"] <= report["die_at"] + report["max_in_flight"], report
 
 
 @pytest.mark.timeout(200)

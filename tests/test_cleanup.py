@@ -13,10 +13,13 @@ import subprocess
 import pytest
 from launcher_helpers import jaxcomm_cmd
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None,
-    reason="network namespaces need root and iproute2",
-)
+pytestmark = [
+    pytest.mark.slow,  # creates network namespaces (`pytest -m slow`; CI runs it)
+    pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("ip") is None,
+        reason="network namespaces need root and iproute2",
+    ),
+]
 
 
 def ip(*args: str) -> subprocess.CompletedProcess:

@@ -18,9 +18,23 @@ from collectives_harness import run_script
 from launcher_helpers import ROOT, run_cli, write_recipe
 
 import jaxcomm
-from jaxcomm import cost
+from jaxcomm import config, cost
+from jaxcomm.algorithms import onebit
 
 HERE = pathlib.Path(__file__).resolve().parent
+SMALL = "JAXCOMM_SMALL_ALLREDUCE_BYTES"
+
+
+@pytest.fixture(autouse=True)
+def _declared_small_allreduce_limit(monkeypatch):
+    """The in-process cases below are written for the declared default of the small-vector
+    limit; a run with JAXCOMM_SMALL_ALLREDUCE_BYTES set (for the whole suite) pins it here. The
+    rank processes of the metrics tests inherit the caller's setting, as the model does."""
+    monkeypatch.delenv(SMALL, raising=False)
+    cost.small_allreduce_bytes.cache_clear()
+    yield
+    cost.small_allreduce_bytes.cache_clear()
+
 
 # One link class for everything, no kernels, no call overhead: the seeds' pure alpha-beta model.
 ALPHA, BETA_WORD = 1e-4, 4e-9  # seconds per message, seconds per 4-byte word
@@ -98,7 +112,7 @@ def test_options_agree_with_the_compressors():
     for n, d in itertools.product([1, 7, 1000, 12345], [1e-4, 0.01, 0.5, 1.0]):
         assert cost.Options(density=d).k(n) == jaxcomm.TopK(d).k(n)
     for n in [1, 31, 32, 1024, 5000]:
-        words = cost._quantized_words("onebit", n, cost.Options(), 2, "send")
+        words = onebit._words(n, cost.Options(), 2, "send")  # one slice's used words
         assert words == jaxcomm.OneBit().packed_words(n)
 
 
@@ -156,7 +170,7 @@ def test_small_schedule_bytes_by_hand():
     assert [cost.doubling_bytes(10, 4, r) for r in range(4)] == [80] * 4
     assert cost.doubling_bytes(10, 1, 0) == cost.oneshot_bytes(10, 1, 0) == 0
     limit = cost.small_allreduce_bytes()
-    assert limit == 32 * 1024  # JAXCOMM_SMALL_ALLREDUCE_BYTES' default (jaxcomm/config.py)
+    assert limit == int(config.SETTINGS[SMALL].default)  # the one declaration of the default
     n = limit // 4
     assert cost.dense_bytes(n, 4, 0, shared_memory=False) == cost.doubling_bytes(n, 4, 0)
     assert cost.dense_bytes(n + 1, 4, 0, shared_memory=False) == cost.ring_bytes(n + 1, 4, 0)
@@ -243,6 +257,40 @@ def test_choose_never_leaves_allowed():
         cost.Auto(allowed=("dense", "bf16"))
     with pytest.raises(ValueError, match="hierarchical"):
         cost.choose(10, cost.World(2, 2), ("gtopk",), hierarchical=True)
+
+
+def test_auto_weighs_time_to_target_not_step_time():
+    """The pick minimizes (seconds + the step's compute share) x steps relative to dense.
+    digits-small's 4810-element gradient on 2 emulated nodes: topk_allgather's call is
+    predicted a hair faster than dense's, but it needed 421 steps to dense's 211 (docs/e2e.md),
+    and the step's compute is paid again by every extra step: dense wins."""
+    profile = cost.Profile(
+        links={
+            **cost.DEFAULT_PROFILE.links,
+            "across_hosts": cost.Link(alpha=0.0, beta=8.4e-9),  # as probed, alpha fitted to 0
+        },
+        gamma=cost.DEFAULT_PROFILE.gamma,
+        psum=cost.DEFAULT_PROFILE.psum,
+    )
+    world = cost.World(2, 1, "across_hosts")
+    allowed = ("dense", "topk_allgather")
+    no_factor = {"dense": 1.0, "topk_allgather": 1.0}
+    assert cost.choose(4810, world, allowed, profile, steps_factor=no_factor) == "topk_allgather"
+    assert cost.choose(4810, world, allowed, profile, compute_seconds=4e-4) == "dense"
+    # A big gradient on a slow link still pays for the extra steps.
+    assert cost.choose(16_777_216, world, allowed, profile, compute_seconds=0.12) != "dense"
+    assert cost.steps_factor_of("topk_allgather") == cost.DEFAULT_STEPS_FACTOR["topk_allgather"]
+    assert cost.DEFAULT_STEPS_FACTOR["dense"] == 1.0
+    picked = cost.plan([4810], world, profile, algorithms=allowed, compute_seconds=4e-4)["pick"]
+    assert picked["algorithm"] == "dense" and picked["steps_factor"] == 1.0
+    # The same through Auto, with each bucket's share of the step's compute.
+    auto = cost.Auto(allowed=allowed, profile=profile, compute_seconds=4e-4)
+    assert cost.resolve_auto(auto, 4810, 2, 2, 1, share=1.0) is None
+    for bad in ({"gtopk": 0.0}, {"gtopk": float("nan")}):
+        with pytest.raises(ValueError, match="steps_factor"):
+            cost.Auto(allowed=("gtopk",), steps_factor=bad)
+    with pytest.raises(ValueError, match="compute_seconds"):
+        cost.Auto(compute_seconds=-1.0)
 
 
 def test_resolve_auto_builds_the_chosen_compressor(tmp_path):
@@ -401,3 +449,87 @@ def test_probe_on_a_local_world_writes_a_valid_profile(tmp_path):
     # plan reads it.
     planned = _plan(str(recipe), "--profile", str(out), "--elements", "100000", cwd=tmp_path)
     assert planned.returncode == 0 and "pick:" in planned.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# The model is light and reads the library's settings the way the library does
+
+
+def _fresh_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != SMALL}
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**environ, **(env or {})},
+        timeout=240,
+    )
+
+
+def test_cost_loads_without_jax_or_the_library():
+    # What `jaxcomm plan` does: the cost model and the registry, without the rest of jaxcomm.
+    done = _fresh_python(
+        "import sys\n"
+        "from jaxcomm_launcher._jaxcomm import standalone\n"
+        "cost = standalone('cost')\n"
+        "p = cost.predict('gtopk', 1000, cost.World(4), options=cost.Options(density=0.01))\n"
+        "assert p.bytes_sent_per_rank == 120.0, p\n"
+        "assert standalone('algorithms').names()[0] == 'psum'\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib', 'jaxcomm'))\n"
+        "assert not heavy, heavy\n"
+        "assert not any('jaxcomm_ffi' in str(getattr(m, '__file__', '')) for m in sys.modules.values())\n"
+        "print('light')\n"
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "light", done.stderr[-3000:]
+
+
+def test_light_modules_import_only_light_modules():
+    # The light loader (jaxcomm_launcher._jaxcomm) imports jaxcomm.cost and jaxcomm.algorithms
+    # outside the jaxcomm package: they reach their siblings by relative imports, and at
+    # module level import nothing of JAX, the FFI, the collectives or optax (no import graph
+    # arrow back from cost to the package that imports cost).
+    import ast
+
+    light = {"_checks", "config", "algorithms", "cost"}
+    paths = [ROOT / "jaxcomm" / "config.py", ROOT / "jaxcomm" / "_checks.py"]
+    paths += [*(ROOT / "jaxcomm" / "cost").glob("*.py")]
+    paths += [*(ROOT / "jaxcomm" / "algorithms").glob("*.py")]
+    for path in paths:
+        for node in ast.parse(path.read_text()).body:  # module level only
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:  # relative: must stay inside the light modules
+                    base = (node.module or "").split(".")[0]
+                    names = [base] if base else [a.name for a in node.names]
+                    assert all(
+                        n in light or n.startswith("_") or path.parent.name != "jaxcomm"
+                        for n in names
+                    ), (path, names)
+                    continue
+                modules = [node.module or ""]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                assert top not in ("jax", "jaxlib", "numpy", "jaxcomm"), (path, module)
+
+
+@pytest.mark.parametrize("setting", [None, "0", "4096"])
+def test_small_allreduce_limit_is_the_librarys(setting):
+    # The model reads JAXCOMM_SMALL_ALLREDUCE_BYTES through jaxcomm.config (no library call);
+    # the C++ library reads the same variable, with the default jaxcomm.config declares.
+    done = _fresh_python(
+        "import jaxcomm\n"
+        "from jaxcomm import _ffi, cost\n"
+        "print(cost.small_allreduce_bytes(), _ffi.library().jaxcomm_allreduce_small_bytes())\n",
+        env={SMALL: setting} if setting is not None else None,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    model, library = (int(v) for v in done.stdout.split())
+    expected = int(setting if setting is not None else config.SETTINGS[SMALL].default)
+    assert model == library == expected

@@ -11,6 +11,7 @@ skip: the CI image is supposed to have it.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -23,12 +24,27 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CUDA_HOME = pathlib.Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
 
 
-def expected_symbols() -> list[str]:
-    """The CUDA handlers of jaxcomm's one registration table, and the GPU world's C entry points."""
-    from jaxcomm._ffi import TARGETS
+# The plain C functions a CUDA build exports: the registration table and the GPU world's entry
+# points. The handlers are not exported; the build's table is read below instead.
+EXPORTED = ["jaxcomm_registrations", "jaxcomm_gpu_world_ordinals", "jaxcomm_nccl_set_library"]
 
-    cuda = [symbol + "Cuda" for symbol, has_gpu in TARGETS.values() if has_gpu]
-    return [*cuda, "jaxcomm_gpu_world_ordinals", "jaxcomm_nccl_set_library"]
+
+def read_table(library: pathlib.Path) -> dict[str, list[bool]]:
+    """Loads a built library in a fresh interpreter and reads its registration table: target
+    name -> [has a CUDA handler, may split on the GPU]. The table is built by the handlers'
+    own registrars while the library loads, so a CUDA file that was not linked in shows here."""
+    script = (
+        "import ctypes, json, sys\n"
+        "from jaxcomm import _ffi\n"
+        "lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_LOCAL)\n"
+        "table = _ffi.read_registrations(lib)\n"
+        "print(json.dumps({t: [r.cuda is not None, r.gpu_split] for t, r in table.items()}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(library)], capture_output=True, text=True, cwd="/"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def find_nvcc() -> str:
@@ -56,6 +72,7 @@ def run_ok(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.slow  # a CUDA build (`pytest -m slow`; CI runs it)
 @pytest.mark.timeout(1200)
 def test_cuda_build_as_readme_says(tmp_path):
     """The README's CUDA build, no architecture given, builds every GPU handler."""
@@ -87,8 +104,19 @@ def test_cuda_build_as_readme_says(tmp_path):
         exported = subprocess.run(
             ["nm", "-D", "--defined-only", str(library)], capture_output=True, text=True
         ).stdout
-        missing = [s for s in expected_symbols() if s not in exported]
-        assert not missing, f"GPU handlers not exported: {missing}"
+        missing = [s for s in EXPORTED if s not in exported]
+        assert not missing, f"C functions not exported: {missing}"
+    # Every target is in the CUDA build's table, each with a CUDA handler but the CPU-only
+    # ones, and the splittable ones flagged as ffi/cuda/ defines them.
+    from test_registrations import CPU_ONLY_TARGETS, EXPECTED_TARGETS, cuda_definitions
+
+    table = read_table(library)
+    assert set(table) == EXPECTED_TARGETS
+    assert {t for t, (cuda, _) in table.items() if cuda} == EXPECTED_TARGETS - CPU_ONLY_TARGETS
+    splittable = {
+        t for t, kind in cuda_definitions(REPO_ROOT).items() if kind.endswith("SPLITTABLE")
+    }
+    assert {t for t, (_, split) in table.items() if split} == splittable
     if shutil.which("ldd"):
         # The CUDA runtime is linked statically: JAX brings its own libcudart.
         deps = subprocess.run(["ldd", str(library)], capture_output=True, text=True).stdout
@@ -96,6 +124,7 @@ def test_cuda_build_as_readme_says(tmp_path):
         assert "libnccl" not in deps, deps  # dlopened when a communicator is created
 
 
+@pytest.mark.slow  # a CMake configure with nvcc
 @pytest.mark.timeout(300)
 def test_cudaarchs_is_honoured(tmp_path):
     """CUDAARCHS (CMake's own environment variable) overrides the default architectures."""
@@ -115,18 +144,3 @@ def test_cudaarchs_is_honoured(tmp_path):
         env,
     )
     assert "CMAKE_CUDA_ARCHITECTURES:STRING=86" in (build / "CMakeCache.txt").read_text()
-
-
-def test_gpu_split_targets_match_the_splittable_cuda_handlers():
-    """jaxcomm._ffi.GPU_SPLIT_TARGETS (Python emits start/done for them on GPU) names exactly the
-    handlers ffi/cuda/ defines with JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE (the others refuse
-    `split` at run time, which CI without a GPU would never see)."""
-    import re
-
-    from jaxcomm._ffi import GPU_SPLIT_TARGETS, TARGETS
-
-    sources = "".join(p.read_text() for p in (REPO_ROOT / "ffi" / "cuda").glob("*.cc"))
-    splittable = set(re.findall(r"JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE\((\w+),", sources))
-    assert splittable, "no splittable CUDA handler found: did the macro's name change?"
-    assert {TARGETS[t][0] + "Cuda" for t in GPU_SPLIT_TARGETS} == splittable
-    assert all(TARGETS[t][1] for t in GPU_SPLIT_TARGETS)

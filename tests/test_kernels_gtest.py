@@ -17,6 +17,7 @@ def _cmake() -> str:
     return cmake
 
 
+@pytest.mark.slow  # a CMake build of the C++ tests (`pytest -m slow`; CI runs it)
 @pytest.mark.timeout(900)
 def test_gtest_suites_pass(repo_root, tmp_path_factory):
     build = tmp_path_factory.mktemp("gtest-build")

@@ -106,31 +106,61 @@ def test_digits_mlp_compressed_accuracy_is_close_to_dense(worker, algorithm):
     assert 0 < run["bytes_sent_per_step"] < dense["bytes_sent_per_step"], (run, dense)
 
 
-def test_hierarchical_is_passed_on():
-    import optax
+def _lowered_update(tx, mesh_axes: tuple[str, ...]) -> str:
+    """The StableHLO of ``tx.update`` in a jitted shard_map over a one-device mesh: what the
+    transform asks XLA to run, without running it."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
+    import jaxcomm
+
+    mesh = jax.make_mesh((1,) * len(mesh_axes), mesh_axes)
+    params = {"w": jnp.ones((64,), jnp.float32), "b": jnp.ones((8,), jnp.float32)}
+    shapes = jax.eval_shape(tx.init, params)
+    specs = jaxcomm.optax.partition_specs(shapes, mesh_axes)
+    state = jax.tree.map(
+        lambda s, spec: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec)),
+        shapes,
+        specs,
+        is_leaf=lambda x: isinstance(x, P),
+    )
+    step = jax.shard_map(
+        tx.update, mesh=mesh, in_specs=(P(), specs, P()), out_specs=(P(), specs), check_vma=False
+    )
+    return jax.jit(step).lower(params, state, params).as_text()
+
+
+def test_hierarchical_is_passed_on():
+    """hierarchical=True reaches the collectives: the lowered update carries the (node, local)
+    hierarchy attribute for the dense and the quantized reduction, and only then."""
     import jaxcomm
     from jaxcomm.optax import allreduce_gradients
 
-    # Building the transform never calls a collective; what a hierarchical transform does
-    # is checked end to end in tests/test_hierarchical.py. Here: the argument is accepted
-    # for dense and compressed reductions, and a bad schedule is still refused with it.
-    for algorithm in (None, jaxcomm.GTopK(0.01)):
-        tx = allreduce_gradients(("node", "local"), algorithm, hierarchical=True)
-        assert isinstance(tx, optax.GradientTransformation)
+    axes = ("node", "local")
+    for algorithm in (None, jaxcomm.Adaptive(64)):
+        flat = _lowered_update(allreduce_gradients(axes, algorithm), axes)
+        hier = _lowered_update(allreduce_gradients(axes, algorithm, hierarchical=True), axes)
+        assert "hierarchy" in hier and "hierarchy" not in flat, algorithm
     with pytest.raises(ValueError, match="needs an algorithm"):
-        allreduce_gradients(("node", "local"), None, hierarchical=True, density_schedule={0: 0.1})
+        allreduce_gradients(axes, None, hierarchical=True, density_schedule={0: 0.1})
+    # gTop-k has no hierarchical form: the step refuses it when traced, naming the compressor.
+    with pytest.raises(ValueError, match="hierarchical=True supports .* not GTopK"):
+        _lowered_update(allreduce_gradients(axes, jaxcomm.GTopK(0.01), hierarchical=True), axes)
 
 
 def test_compressor_keyword_is_deprecated():
-    import optax
 
     import jaxcomm
     from jaxcomm.optax import allreduce_gradients
 
     with pytest.warns(DeprecationWarning, match="called `algorithm`"):
         tx = allreduce_gradients("dp", compressor=jaxcomm.GTopK(0.01))
-    assert isinstance(tx, optax.GradientTransformation)
+    # The old keyword builds the same transform as the new one: the same collectives.
+    assert _lowered_update(tx, ("dp",)) == _lowered_update(
+        allreduce_gradients("dp", jaxcomm.GTopK(0.01)), ("dp",)
+    )
     with pytest.raises(TypeError, match="pass the algorithm once"):
         allreduce_gradients("dp", jaxcomm.GTopK(0.01), compressor=jaxcomm.GTopK(0.01))
 
@@ -187,6 +217,8 @@ def test_digits_config_from_a_recipe_entry():
             hidden=16,
             eval_every=5,
             seed=3,
+            target=0.97,
+            time_cap_s=None,
         ),
         jaxcomm=types.SimpleNamespace(
             algorithm="topk_allgather",
@@ -194,6 +226,7 @@ def test_digits_config_from_a_recipe_entry():
             grad_dtype="float32",
             allowed=["dense", "gtopk"],
             profile=None,
+            compute_seconds=0.25,
         ),
         args={"model": "cnn"},
     )
@@ -208,6 +241,8 @@ def test_digits_config_from_a_recipe_entry():
         32,
     )
     assert cfg.warmup is False and cfg.seed == 3 and cfg.allowed == ("dense", "gtopk")
+    # The stopping rule and auto's compute step reach the example too; an unset cap does not.
+    assert cfg.target == 0.97 and cfg.compute_seconds == 0.25 and "time_cap_s" not in settings
     with pytest.raises(TypeError, match="unknown digits settings"):
         _loop.make_config(DigitsConfig, {"epoch": 3}, "digits")
 

@@ -1,6 +1,7 @@
 """The end-to-end workloads through the launcher, a few steps each (the full runs are
 benchmarks/train.py): lbann-mlp with bf16 psum, the bf16 jaxcomm wire and adaptive; bytes-lm
-with psum and gTop-k; and benchmarks/train.py's table/JSON/PNG on a tiny lbann-mlp run."""
+with psum and gTop-k; the small workload run to its target and to a time cap; and
+benchmarks/train.py's grid (names, resuming, report) on the small workload."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def _recipe(tmp_path, workload: str, sweep: list[dict], train: dict, args: dict)
     return path
 
 
+@pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
 def test_lbann_mlp_few_steps(tmp_path):
     pytest.importorskip("sklearn")
     recipe = _recipe(
@@ -57,6 +59,7 @@ def test_lbann_mlp_few_steps(tmp_path):
     assert results["adaptive"]["bytes_sent_per_step"] < dense_bf16["bytes_sent_per_step"] / 4
 
 
+@pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
 def test_bytes_lm_few_steps(tmp_path):
     recipe = _recipe(
         tmp_path,
@@ -85,36 +88,113 @@ def test_bytes_lm_few_steps(tmp_path):
     assert 0 < results["gtopk"]["bytes_sent_per_step"] < results["psum"]["bytes_sent_per_step"]
 
 
-def test_train_benchmark_writes_table_json_and_plot(tmp_path):
+@pytest.mark.timeout(660)  # the launches' own 600 s bound decides, not pytest's 300 s
+def test_small_workload_runs_to_its_target_and_stops(tmp_path):
+    """digits-small through the launcher stops at the first evaluation that reaches its
+    target; a time cap stops both ranks at the same step (or the run would hang)."""
+    pytest.importorskip("sklearn")
+    recipe = yaml.safe_load((ROOT / "recipes" / "digits-small.yaml").read_text())
+    target = recipe["train"]["target"]
+    recipe["sweep"] = [{"algorithm": "dense"}]
+    recipe["timeout"] = 600
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    out = tmp_path / "run"
+    res = run_cli("launch", str(path), "--out", str(out), "-q", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    dense = json.loads(next((out / "dense").glob("digits-mlp-*.json")).read_text())
+    assert dense["stopped"] == "target"
+    assert dense["history"][-1]["test_accuracy"] >= target
+    assert all(h["test_accuracy"] < target for h in dense["history"][:-1])
+    assert dense["time_to_target_s"] == dense["history"][-1]["seconds"]
+    assert dense["steps"] == dense["history"][-1]["step"] + 1 < recipe["train"]["steps"]
+
+    recipe["sweep"] = [{"algorithm": "dense"}]
+    recipe["train"]["time_cap_s"] = 1e-3
+    recipe["train"]["eval_every"] = 3
+    path.write_text(yaml.safe_dump(recipe))
+    res = run_cli("launch", str(path), "--out", str(tmp_path / "cap"), "-q", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    capped = json.loads(next((tmp_path / "cap").rglob("digits-mlp-*.json")).read_text())
+    assert capped["stopped"] == "time_cap" and capped["time_to_target_s"] is None
+    assert capped["steps"] == 4  # step 0 evaluates, step 3 is the first after the cap
+
+
+def _train_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("e2e_train", ROOT / "benchmarks" / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while they are built
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+def test_every_train_benchmark_name_validates_as_a_recipe():
+    """Every reduction, workload and network benchmarks/train.py accepts makes a recipe the
+    launcher accepts (a stale name, like `topk` after its rename, fails here)."""
+    from jaxcomm_launcher.recipe import Recipe
+
+    train = _train_script()
+    for workload in train.WORKLOADS:
+        for network in train.NETWORKS:
+            for label in train.VARIANTS:
+                data = train.cell_recipe(workload, network, 2, label, 1, 30.0, None, {})
+                recipe = Recipe.model_validate(data)
+                (settings,) = recipe.variants()
+                assert settings.algorithm == train.VARIANTS[label]["algorithm"]
+                assert recipe.train.seed == 1 and recipe.train.time_cap_s == 30.0
+                if network != "host":
+                    assert recipe.backend.cpus_per_node == 1
+
+
+@pytest.mark.timeout(1860)  # two grid runs, each bounded by its own 900 s
+def test_train_benchmark_grid_resumes_and_reports(tmp_path):
+    """A tiny grid: each finished cell is written once and skipped on the next run; the
+    report has the table, e2e.json with speedups over the 16-bit baseline, and two PNGs."""
     pytest.importorskip("sklearn")
     pytest.importorskip("matplotlib")
-    res = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "train.py"),
-            "--steps",
-            "3",
-            "--eval-every",
-            "1",
-            "--processes",
-            "2",
-            "--train",
-            "hidden=128",
-            "--algorithms",
-            "psum",
-            "gtopk",
-            "--out",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-    )
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "train.py"),
+        "--workloads",
+        "digits-small",
+        "--networks",
+        "host",
+        "--algorithms",
+        "psum-bf16",
+        "dense-bf16",
+        "gtopk",
+        "--winner-seeds",
+        "--compute-steps",
+        "5",
+        "--out",
+        str(tmp_path / "e2e"),
+        "--work",
+        str(tmp_path / "work"),
+    ]
+    res = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "to target" in res.stdout and "gtopk" in res.stdout
-    summary = json.loads((tmp_path / "train-lbann-mlp-local.json").read_text())
-    assert {r["algorithm"] for r in summary["rows"]} == {"psum", "gtopk"}
-    psum = next(r for r in summary["rows"] if r["algorithm"] == "psum")
-    assert psum["time_to_target_s"] is not None  # psum reaches its own final accuracy
-    assert (tmp_path / "train-lbann-mlp-local.png").exists()
+    cells = sorted((tmp_path / "e2e" / "cells" / "digits-small" / "host-2x1").glob("*.json"))
+    assert [c.name for c in cells] == ["dense-bf16-s0.json", "gtopk-s0.json", "psum-bf16-s0.json"]
+    first = {c.name: c.stat().st_mtime_ns for c in cells}
+    report = json.loads((tmp_path / "e2e" / "e2e.json").read_text())
+    rows = {r["label"]: r for r in report["rows"]}
+    assert set(rows) == {"psum-bf16", "dense-bf16", "gtopk"}
+    base = rows[rows["gtopk"]["baseline"]]
+    assert base["label"] in ("psum-bf16", "dense-bf16")
+    for r in rows.values():
+        if r["time_to_target_s"] is not None and base["time_to_target_s"] is not None:
+            assert r["speedup"] == pytest.approx(base["time_to_target_s"] / r["time_to_target_s"])
+        assert r["predicted_step_s"] is not None and r["step_s"] > 0
+    assert "digits-small · host-2x1 · target test_accuracy ≥" in res.stdout
+    assert (tmp_path / "e2e" / "e2e-curves.png").exists()
+    assert (tmp_path / "e2e" / "e2e-pays.png").exists()
+
+    again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {c.name: c.stat().st_mtime_ns for c in cells} == first  # nothing ran again

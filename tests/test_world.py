@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -57,12 +56,6 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(args_per_process: list[list[str]], tmp_path, timeout: float) -> list[str]:
     """Starts one child per argument list; returns their outputs; kills all on any failure."""
     env = dict(os.environ, JAXCOMM_TIMEOUT_S="30", PYTHONUNBUFFERED="1")
@@ -100,8 +93,11 @@ def test_single_process_four_devices(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_two_processes_two_devices_each(tmp_path):
-    address = f"127.0.0.1:{_free_port()}"
-    outs = _run([["2", "2", str(i), address] for i in range(2)], tmp_path, timeout=50)
+    from jaxcomm_launcher.backends import reserve_port
+
+    with reserve_port() as port:  # held until the children are done: no one else can take it
+        address = f"127.0.0.1:{port.getsockname()[1]}"
+        outs = _run([["2", "2", str(i), address] for i in range(2)], tmp_path, timeout=50)
     assert "WORLD_OK 0 4 [0, 1]" in outs[0], outs[0]
     assert "WORLD_OK 1 4 [2, 3]" in outs[1], outs[1]
 

@@ -35,6 +35,6 @@ ffi::Error AllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& /*scratch*/
 
 }  // namespace
 
-JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE(JaxcommAllreduceCuda, AllreduceCuda, BindDenseData);
+JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE("jaxcomm_allreduce", AllreduceCuda, BindDenseData);
 
 }  // namespace jaxcomm::collectives::gpu

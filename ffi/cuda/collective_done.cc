@@ -25,11 +25,11 @@ ffi::Error CollectiveDoneCuda(cudaStream_t stream, ffi::BufferR0<ffi::S32> /*tic
 
 }  // namespace
 
-JAXCOMM_DEFINE_HANDLER(JaxcommCollectiveDoneCuda, CollectiveDoneCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream: waits
-                           .Arg<ffi::BufferR0<ffi::S32>>()            // ticket (orders only)
-                           .RemainingArgs()    // start's results, then kept operands
-                           .RemainingRets());  // start's results (aliased)
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_collective_done", CollectiveDoneCuda,
+                            ffi::Ffi::Bind()
+                                .Ctx<ffi::PlatformStream<cudaStream_t>>()  // XLA's stream: waits
+                                .Arg<ffi::BufferR0<ffi::S32>>()            // ticket (orders only)
+                                .RemainingArgs()    // start's results, then kept operands
+                                .RemainingRets());  // start's results (aliased)
 
 }  // namespace jaxcomm::collectives::gpu

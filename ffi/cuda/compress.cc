@@ -32,6 +32,13 @@ ffi::Error Launched(const char* op, cudaError_t error) {
                               ": CUDA launch failed: " + cudaGetErrorString(error));
 }
 
+// The contexts the handlers open with: XLA's stream, and scratch memory for the kernels that
+// need working memory. Each op's own binding follows (ffi/compress_checks.h, shared with the CPU
+// handler).
+using Stream = ffi::PlatformStream<cudaStream_t>;
+auto OnStream() { return ffi::Ffi::Bind().Ctx<Stream>(); }
+auto WithScratch() { return OnStream().Ctx<ffi::ScratchAllocator>(); }
+
 // ---- TopK -------------------------------------------------------------------------------
 
 ffi::Error TopKAbsCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::Buffer<ffi::F32> x,
@@ -46,6 +53,8 @@ ffi::Error TopKAbsCuda(cudaStream_t stream, ffi::ScratchAllocator scratch, ffi::
                   gpu::TopKAbs(x.typed_data(), nullptr, n, k, indices->typed_data(),
                                values->typed_data(), nullptr, work, stream));
 }
+
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_topk_abs", TopKAbsCuda, checks::BindTopKAbs(WithScratch()));
 
 ffi::Error TopKCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                             ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
@@ -72,6 +81,9 @@ ffi::Error TopKCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                                                         new_residual->typed_data(), work, stream));
 }
 
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_topk_compress", TopKCompressCuda,
+                            checks::BindTopKCompress(WithScratch()));
+
 ffi::Error TopKDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                               ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ffi::F32> x_hat) {
   const int64_t n = NumElements(*x_hat);
@@ -86,17 +98,18 @@ ffi::Error TopKDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch
       gpu::TopKDecompress(packed.typed_data(), words, n, x_hat->typed_data(), work, stream));
 }
 
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_topk_decompress", TopKDecompressCuda,
+                            checks::BindTopKDecompress(WithScratch()));
+
 // ---- sparse merge -----------------------------------------------------------------------
 
 ffi::Error SparseMergeCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                            ffi::Buffer<ffi::S32> idx_a, ffi::Buffer<ffi::F32> val_a,
                            ffi::Buffer<ffi::S32> idx_b, ffi::Buffer<ffi::F32> val_b,
                            ffi::ResultBuffer<ffi::S32> idx, ffi::ResultBuffer<ffi::F32> val) {
-  const int64_t ka = NumElements(idx_a);
-  const int64_t kb = NumElements(idx_b);
-  const int64_t k = NumElements(*idx);
-  JAXCOMM_RETURN_IF_ERROR(
-      checks::SparseMerge(ka, NumElements(val_a), kb, NumElements(val_b), k, NumElements(*val)));
+  checks::SparseMergeSizes size;
+  JAXCOMM_RETURN_IF_ERROR(checks::CheckSparseMerge(idx_a, val_a, idx_b, val_b, idx, val, &size));
+  const auto [ka, kb, k] = size;
   JAXCOMM_RETURN_IF_ERROR(checks::SparseMergeDeviceLimit(ka, kb));
   const size_t bytes = gpu::SparseMergeScratchBytes(ka, kb);
   void* work = nullptr;
@@ -107,6 +120,9 @@ ffi::Error SparseMergeCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                                        idx_b.typed_data(), val_b.typed_data(), kb, k,
                                        idx->typed_data(), val->typed_data(), work, stream));
 }
+
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_sparse_merge", SparseMergeCuda,
+                            checks::BindSparseMerge(WithScratch()));
 
 // ---- OneBit -----------------------------------------------------------------------------
 
@@ -123,6 +139,10 @@ ffi::Error OneBitCompressCuda(cudaStream_t stream, ffi::Buffer<ffi::F32> x,
                           packed->typed_data(), new_residual->typed_data(), stream));
 }
 
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_onebit_compress", OneBitCompressCuda,
+                            checks::BindOneBitCompress(OnStream()),
+                            {ffi::Traits::kCmdBufferCompatible});
+
 ffi::Error OneBitDecompressCuda(cudaStream_t stream, ffi::Buffer<ffi::U32> packed,
                                 int64_t column_size, int64_t sample_size,
                                 ffi::ResultBuffer<ffi::F32> x_hat) {
@@ -133,6 +153,10 @@ ffi::Error OneBitDecompressCuda(cudaStream_t stream, ffi::Buffer<ffi::U32> packe
                   gpu::OneBitDecompress(packed.typed_data(), words, n, column_size,
                                         x_hat->typed_data(), stream));
 }
+
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_onebit_decompress", OneBitDecompressCuda,
+                            checks::BindOneBitDecompress(OnStream()),
+                            {ffi::Traits::kCmdBufferCompatible});
 
 // ---- Threshold --------------------------------------------------------------------------
 
@@ -154,6 +178,9 @@ ffi::Error ThresholdCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scra
                              packed->typed_data(), new_residual->typed_data(), work, stream));
 }
 
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_threshold_compress", ThresholdCompressCuda,
+                            checks::BindThresholdCompress(WithScratch()));
+
 ffi::Error ThresholdDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                                    ffi::Buffer<ffi::U32> packed, float tau,
                                    ffi::ResultBuffer<ffi::F32> x_hat) {
@@ -168,6 +195,9 @@ ffi::Error ThresholdDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator sc
                   gpu::ThresholdDecompress(packed.typed_data(), words, n, tau, x_hat->typed_data(),
                                            work, stream));
 }
+
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_threshold_decompress", ThresholdDecompressCuda,
+                            checks::BindThresholdDecompress(WithScratch()));
 
 // ---- Adaptive ---------------------------------------------------------------------------
 
@@ -192,6 +222,9 @@ ffi::Error AdaptiveCompressCuda(cudaStream_t stream, ffi::ScratchAllocator scrat
                                         new_residual->typed_data(), work, stream));
 }
 
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_adaptive_compress", AdaptiveCompressCuda,
+                            checks::BindAdaptiveCompress(WithScratch()));
+
 ffi::Error AdaptiveDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                                   ffi::Buffer<ffi::U32> packed, ffi::ResultBuffer<ffi::F32> x_hat,
                                   double proportion, int64_t column_size) {
@@ -208,109 +241,8 @@ ffi::Error AdaptiveDecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scr
                                           x_hat->typed_data(), /*accumulate=*/false, work, stream));
 }
 
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_adaptive_decompress", AdaptiveDecompressCuda,
+                            checks::BindAdaptiveDecompress(WithScratch()));
+
 }  // namespace
 }  // namespace jaxcomm
-
-namespace ffi = xla::ffi;
-using Stream = ffi::PlatformStream<cudaStream_t>;
-
-namespace {
-
-// XLA's stream and scratch memory, then x and the residual: how the compress handlers that
-// allocate working memory open.
-auto BindCompressWithScratch() {
-  return ffi::Ffi::Bind()
-      .Ctx<Stream>()
-      .Ctx<ffi::ScratchAllocator>()
-      .Arg<ffi::Buffer<ffi::F32>>()   // x
-      .Arg<ffi::Buffer<ffi::F32>>();  // residual: x's shape
-}
-
-// XLA's stream and scratch memory, then the packed words: the decompress handlers' opening.
-auto BindDecompressWithScratch() {
-  return ffi::Ffi::Bind()
-      .Ctx<Stream>()
-      .Ctx<ffi::ScratchAllocator>()
-      .Arg<ffi::Buffer<ffi::U32>>();  // packed
-}
-
-}  // namespace
-
-JAXCOMM_DEFINE_HANDLER(JaxcommTopKAbsCuda, jaxcomm::TopKAbsCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x: n-vector
-                           .Ret<ffi::Buffer<ffi::F32>>()  // values: k
-                           .Ret<ffi::Buffer<ffi::S32>>()  // indices: k, ascending
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommTopKCompressCuda, jaxcomm::TopKCompressCuda,
-                       BindCompressWithScratch()
-                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + 2k words
-                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommTopKDecompressCuda, jaxcomm::TopKDecompressCuda,
-                       BindDecompressWithScratch()        // packed: 1 + 2k words
-                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommSparseMergeCuda, jaxcomm::SparseMergeCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Arg<ffi::Buffer<ffi::S32>>()  // idx_a: ka, ascending
-                           .Arg<ffi::Buffer<ffi::F32>>()  // val_a: ka
-                           .Arg<ffi::Buffer<ffi::S32>>()  // idx_b: kb, ascending
-                           .Arg<ffi::Buffer<ffi::F32>>()  // val_b: kb
-                           .Ret<ffi::Buffer<ffi::S32>>()  // idx: k, ascending
-                           .Ret<ffi::Buffer<ffi::F32>>()  // val: k
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommOneBitCompressCuda, jaxcomm::OneBitCompressCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Arg<ffi::Buffer<ffi::F32>>()  // x
-                           .Arg<ffi::Buffer<ffi::F32>>()  // residual: x's shape
-                           .Attr<int64_t>("column_size")
-                           .Attr<int64_t>("sample_size")
-                           .Ret<ffi::Buffer<ffi::U32>>()   // packed: OneBit words
-                           .Ret<ffi::Buffer<ffi::F32>>(),  // new_residual
-                       {ffi::Traits::kCmdBufferCompatible});
-
-JAXCOMM_DEFINE_HANDLER(JaxcommOneBitDecompressCuda, jaxcomm::OneBitDecompressCuda,
-                       ffi::Ffi::Bind()
-                           .Ctx<Stream>()
-                           .Arg<ffi::Buffer<ffi::U32>>()  // packed: OneBit words
-                           .Attr<int64_t>("column_size")
-                           .Attr<int64_t>("sample_size")
-                           .Ret<ffi::Buffer<ffi::F32>>(),  // x_hat: n elements
-                       {ffi::Traits::kCmdBufferCompatible});
-
-JAXCOMM_DEFINE_HANDLER(JaxcommThresholdCompressCuda, jaxcomm::ThresholdCompressCuda,
-                       BindCompressWithScratch()
-                           .Attr<float>("tau")
-                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: 1 + capacity
-                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommThresholdDecompressCuda, jaxcomm::ThresholdDecompressCuda,
-                       BindDecompressWithScratch()  // packed: 1 + capacity
-                           .Attr<float>("tau")
-                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
-);
-
-JAXCOMM_DEFINE_HANDLER(JaxcommAdaptiveCompressCuda, jaxcomm::AdaptiveCompressCuda,
-                       BindCompressWithScratch()
-                           .Ret<ffi::Buffer<ffi::U32>>()  // packed: Adaptive words
-                           .Ret<ffi::Buffer<ffi::F32>>()  // new_residual
-                           .Attr<double>("proportion")
-                           .Attr<int64_t>("column_size")
-                           .Attr<int64_t>("sample_size"));
-
-JAXCOMM_DEFINE_HANDLER(JaxcommAdaptiveDecompressCuda, jaxcomm::AdaptiveDecompressCuda,
-                       BindDecompressWithScratch()        // packed: Adaptive words
-                           .Ret<ffi::Buffer<ffi::F32>>()  // x_hat: n elements
-                           .Attr<double>("proportion")
-                           .Attr<int64_t>("column_size"));

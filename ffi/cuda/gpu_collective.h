@@ -202,18 +202,19 @@ struct GpuCollective<Impl, kSplittable,
   }
 };
 
-// Defines the exported GPU handler `symbol` running the collective `impl` (GpuCollective),
-// bound by BindGpuCollective() and then `bind_data`, the same as the CPU handler's
-// (JAXCOMM_DEFINE_COLLECTIVE). Use it inside namespace jaxcomm::collectives::gpu, outside any
-// anonymous namespace. The _SPLITTABLE form also lets the call run as a split start.
-#define JAXCOMM_DEFINE_GPU_COLLECTIVE(symbol, impl, bind_data)                                \
-  JAXCOMM_DEFINE_HANDLER(symbol,                                                              \
-                         (::jaxcomm::collectives::gpu::GpuCollective<&impl, false>::Handler), \
-                         bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
-#define JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE(symbol, impl, bind_data)                    \
-  JAXCOMM_DEFINE_HANDLER(symbol,                                                             \
-                         (::jaxcomm::collectives::gpu::GpuCollective<&impl, true>::Handler), \
-                         bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
+// Defines and registers (ffi/registrations.h, platform "CUDA") the GPU handler of target
+// `target`: the collective `impl` (GpuCollective), bound by BindGpuCollective() and then
+// `bind_data`, the same as the CPU handler's (JAXCOMM_DEFINE_COLLECTIVE). Use it inside
+// namespace jaxcomm::collectives::gpu. The _SPLITTABLE form also lets the call run as a split
+// start, and its row says so (kGpuSplit: Python's _ffi.GPU_SPLIT_TARGETS).
+#define JAXCOMM_DEFINE_GPU_COLLECTIVE(target, impl, bind_data)                              \
+  JAXCOMM_REGISTER_FFI(target, kCuda, 0,                                                    \
+                       (::jaxcomm::collectives::gpu::GpuCollective<&impl, false>::Handler), \
+                       bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
+#define JAXCOMM_DEFINE_GPU_COLLECTIVE_SPLITTABLE(target, impl, bind_data)                  \
+  JAXCOMM_REGISTER_FFI(target, kCuda, ::jaxcomm::registrations::kGpuSplit,                 \
+                       (::jaxcomm::collectives::gpu::GpuCollective<&impl, true>::Handler), \
+                       bind_data(::jaxcomm::collectives::gpu::BindGpuCollective()))
 
 // ffi::Error for a failed CUDA call, or Success.
 ffi::Error CheckCuda(const char* name, cudaError_t error, const char* what);

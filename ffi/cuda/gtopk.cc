@@ -170,6 +170,6 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
 
 }  // namespace
 
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommGTopKCuda, GTopKCuda, BindSparseCollective);
+JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_gtopk", GTopKCuda, BindSparseCollective);
 
 }  // namespace jaxcomm::collectives::gpu

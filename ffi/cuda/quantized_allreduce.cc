@@ -63,11 +63,10 @@ namespace {
 namespace kc = kernels::cuda;
 using kernels::QuantizerKind;
 using kernels::QuantizerSpec;
+using quantized::kHierarchicalOp;
+using quantized::kHierarchicalQuantizedOp;
+using quantized::kQuantizedOp;
 using quantized::QuantizerAttrs;
-
-constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
-constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
-constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
 
 // ---- device counterparts of kernels/quantized_slices.h -----------------------------------
 
@@ -295,22 +294,24 @@ ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& sc
                                   ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
                                   ffi::ResultBuffer<ffi::F32> summed,
                                   ffi::ResultBuffer<ffi::F32> new_residual) {
-  const int64_t n = ffi_common::NumElements(x);
-  QuantizerSpec spec;
+  quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed,
-                                                        new_residual, quantizer, &spec));
+                                                        new_residual, quantizer, &call));
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
   JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kQuantizedOp, stream, caller, &site, &group));
-  if (n > 0) {
-    JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduceGpu(*group, scratch, stream, spec, x.typed_data(),
-                                                  residual.typed_data(), n, summed->typed_data(),
-                                                  new_residual->typed_data()));
+  if (call.n > 0) {
+    JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduceGpu(
+        *group, scratch, stream, call.spec, x.typed_data(), residual.typed_data(), call.n,
+        summed->typed_data(), new_residual->typed_data()));
   }
   JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
-  group->Finish(quantized::KindLabel(spec.kind), n);
+  group->Finish(quantized::KindLabel(call.spec.kind), call.n);
   return ffi::Error::Success();
 }
+
+JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_quantized_allreduce", QuantizedAllreduceCuda,
+                              quantized::BindQuantizedData);
 
 // ---- hierarchical ------------------------------------------------------------------------
 
@@ -515,6 +516,9 @@ ffi::Error HierarchicalDenseCuda(cudaStream_t stream, ffi::ScratchAllocator& scr
                          leaders > 1 ? "hierarchical_dense" : "hierarchical_dense_leader", n);
 }
 
+JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_hierarchical_allreduce", HierarchicalDenseCuda,
+                              quantized::BindHierarchicalDenseData);
+
 ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
                                      const Caller& caller, const HierarchyAttrs& hierarchy,
                                      const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
@@ -523,38 +527,34 @@ ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator&
                                      ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t leaders = hierarchy.leaders;
   const char* op = kHierarchicalQuantizedOp;
-  const int64_t n = ffi_common::NumElements(x);
-  QuantizerSpec spec;
+  quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(
-      quantized::CheckQuantizedCall(op, x, residual, summed, new_residual, quantizer, &spec));
+      quantized::CheckQuantizedCall(op, x, residual, summed, new_residual, quantizer, &call));
   GpuSite site;
   JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(op, stream, caller, &site));
   Hierarchy h;
   JAXCOMM_RETURN_IF_ERROR(BeginHierarchy(op, site, hierarchy, &h));
-  if (n > 0) {
+  if (call.n > 0) {
     float* out = summed->typed_data();
     float* residual_out = new_residual->typed_data();
     // acc = x + residual before the residual is cleared (residual may alias new_residual).
-    JAXCOMM_RETURN_IF_ERROR(CheckCuda(
-        op, kc::AddVectors(x.typed_data(), residual.typed_data(), n, out, stream), "x + residual"));
-    // Only the part this rank quantizes gets an error; the dense phases lose nothing.
-    JAXCOMM_RETURN_IF_ERROR(CheckCuda(
-        op, cudaMemsetAsync(residual_out, 0, sizeof(float) * n, stream), "zeroing the residual"));
     JAXCOMM_RETURN_IF_ERROR(
-        HierarchicalGpu(h, scratch, stream, &spec, leaders, out, n, residual_out));
+        CheckCuda(op, kc::AddVectors(x.typed_data(), residual.typed_data(), call.n, out, stream),
+                  "x + residual"));
+    // Only the part this rank quantizes gets an error; the dense phases lose nothing.
+    JAXCOMM_RETURN_IF_ERROR(
+        CheckCuda(op, cudaMemsetAsync(residual_out, 0, sizeof(float) * call.n, stream),
+                  "zeroing the residual"));
+    JAXCOMM_RETURN_IF_ERROR(
+        HierarchicalGpu(h, scratch, stream, &call.spec, leaders, out, call.n, residual_out));
   }
-  const std::string label = std::string("hierarchical_") + quantized::KindLabel(spec.kind) +
+  const std::string label = std::string("hierarchical_") + quantized::KindLabel(call.spec.kind) +
                             (leaders > 1 ? "" : "_leader");
-  return FinishHierarchy(h, stream, label, n);
+  return FinishHierarchy(h, stream, label, call.n);
 }
 
-}  // namespace
-
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommQuantizedAllreduceCuda, QuantizedAllreduceCuda,
-                              quantized::BindQuantizedData);
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommHierarchicalAllreduceCuda, HierarchicalDenseCuda,
-                              quantized::BindHierarchicalDenseData);
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommHierarchicalQuantizedCuda, HierarchicalQuantizedCuda,
+JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_hierarchical_quantized", HierarchicalQuantizedCuda,
                               quantized::BindHierarchicalQuantizedData);
 
+}  // namespace
 }  // namespace jaxcomm::collectives::gpu

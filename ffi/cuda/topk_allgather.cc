@@ -81,6 +81,6 @@ ffi::Error TopKAllgatherCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch
 
 }  // namespace
 
-JAXCOMM_DEFINE_GPU_COLLECTIVE(JaxcommTopKAllgatherCuda, TopKAllgatherCuda, BindSparseCollective);
+JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_topk_allgather", TopKAllgatherCuda, BindSparseCollective);
 
 }  // namespace jaxcomm::collectives::gpu

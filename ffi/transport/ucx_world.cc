@@ -10,28 +10,14 @@
 //   per-request state inside UCX's request memory) are needed.
 #include "ffi/transport/ucx_world.h"
 
-#include <fcntl.h>
-#include <linux/futex.h>
 #include <poll.h>
 #include <sched.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <ucp/api/ucp.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
-#include <cinttypes>
-#include <climits>
-#include <cmath>
+#include <atomic>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <map>
 #include <set>
 #include <utility>
 
@@ -39,7 +25,6 @@ namespace jaxcomm::transport {
 
 namespace {
 
-constexpr double kDefaultTimeoutSeconds = 120.0;
 // Longest single sleep in poll()/nanosleep: bounds how late we notice a deadline and how often
 // keepalive/error handling gets progressed while a rank is blocked.
 constexpr int kMaxPollMs = 100;
@@ -48,118 +33,6 @@ constexpr int64_t kMaxBackoffNs = 1000000;  // 1 ms
 constexpr auto kCancelGrace = std::chrono::milliseconds(1000);
 // How long teardown lets endpoints flush before the workers are destroyed anyway.
 constexpr auto kCloseGrace = std::chrono::milliseconds(2000);
-
-enum class WaitMode { kWakeup, kBackoff };
-
-// ---- Host identity (shared memory, see ucx_world.h) ---------------------------------------
-// Address() appends to UCX's address: identity bytes, pid (8), probe address (8), notice
-// memfd number (8), index of the rank's slots in it (8), identity length (4), kTrailerMagic (4).
-// Connect() strips it again.
-constexpr uint32_t kTrailerMagic = 0x4d43584b;  // "KXCM": the trailer with notice slots
-constexpr size_t kTrailerFixed = 8 + 8 + 8 + 8 + 4 + 4;
-
-// ---- Notice slots (see "Notices" in ucx_world.h) --------------------------------------------
-// One cache line per (rank, seq modulo kNoticeSeqs), in a MAP_SHARED memfd segment. The
-// atomics are lock-free and address-free, so they work across the processes mapping it.
-struct alignas(64) NoticeSlot {
-  std::atomic<uint64_t> progress{0};  // NoticeKey(seq, step) last posted; 0 = nothing yet
-  std::atomic<uint32_t> wake{0};      // futex word: bumped on every post
-  std::atomic<uint32_t> sleepers{0};  // waiters inside futex(FUTEX_WAIT) on `wake`
-  std::atomic<uint64_t> input{0}, output{0};
-  std::atomic<int64_t> elements{0};
-};
-static_assert(std::atomic<uint64_t>::is_always_lock_free && sizeof(NoticeSlot) == 64);
-// How often a waiter asleep on a futex wakes to check its peers' processes and the deadline.
-constexpr int kNoticeCheckMs = 10;
-// (seq, step) as one number that grows along a rank's program: seq has 31 bits, step 16.
-constexpr int kNoticeKeyBits = 47;
-uint64_t NoticeKey(uint32_t seq, uint32_t step) {
-  return ((static_cast<uint64_t>(seq) << 16) | (step & 0xffffu)) &
-         ((uint64_t{1} << kNoticeKeyBits) - 1);
-}
-// Whether `posted` is `wanted` or later, across the wrap of seq at 2^31.
-bool NoticeReached(uint64_t posted, uint64_t wanted) {
-  if (posted == 0) return false;
-  return ((posted - wanted) & ((uint64_t{1} << kNoticeKeyBits) - 1)) <
-         (uint64_t{1} << (kNoticeKeyBits - 1));
-}
-// A process's segment holds one block per local rank (in local-rank order): the rank's notice
-// slots, padded to kNoticeBlockBytes, then its kStagingAreas staging areas. Pages are only
-// backed once touched (a staging area costs what the collectives write into it).
-constexpr size_t kNoticeBlockBytes = 4096;
-static_assert(UcxWorld::kNoticeSeqs * sizeof(NoticeSlot) <= kNoticeBlockBytes);
-constexpr size_t kRankBlockBytes =
-    kNoticeBlockBytes + UcxWorld::kStagingAreas * UcxWorld::kStagingBytes;
-size_t NoticeSegmentBytes(size_t local_ranks) { return local_ranks * kRankBlockBytes; }
-NoticeSlot* RankBlock(void* segment, size_t index) {
-  return reinterpret_cast<NoticeSlot*>(static_cast<char*>(segment) + index * kRankBlockBytes);
-}
-// Maps process `pid`'s notice segment (its memfd `fd`) into this process; null on failure.
-void* MapNoticeSegment(int64_t pid, int64_t fd, size_t* bytes) {
-  const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  const int opened = open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (opened < 0) return nullptr;
-  struct stat info {};
-  void* segment = nullptr;
-  if (fstat(opened, &info) == 0 && info.st_size > 0) {
-    *bytes = static_cast<size_t>(info.st_size);
-    segment = mmap(nullptr, *bytes, PROT_READ | PROT_WRITE, MAP_SHARED, opened, 0);
-    if (segment == MAP_FAILED) segment = nullptr;
-  }
-  close(opened);  // the mapping keeps the memory
-  return segment;
-}
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t ns) {
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-// What a peer reads at Connect to prove it can read this process's memory.
-constexpr uint64_t kProbeValue = 0x216d6d6f6378616aull;  // "jaxcomm!"
-const volatile uint64_t g_probe = kProbeValue;
-
-// Boot id and the PID, network and IPC namespaces: ranks with equal identities share a host
-// as far as jaxcomm is concerned. Empty when unknown (then nothing is shared).
-std::string HostIdentity() {
-  std::string identity;
-  std::ifstream boot("/proc/sys/kernel/random/boot_id");
-  std::string boot_id;
-  if (!(boot >> boot_id)) return "";
-  identity = boot_id;
-  for (const char* ns : {"/proc/self/ns/pid", "/proc/self/ns/net", "/proc/self/ns/ipc"}) {
-    char link[128];
-    const ssize_t length = readlink(ns, link, sizeof(link));
-    if (length <= 0) return "";
-    identity += "|" + std::string(link, static_cast<size_t>(length));
-  }
-  return identity;
-}
-
-bool SharedMemoryEnabled() {
-  const char* env = std::getenv("JAXCOMM_SHARED_MEMORY");
-  return env == nullptr || *env == '\0' || std::strcmp(env, "0") != 0;
-}
-
-// Copies `bytes` from `address` in process `pid` into `dst`; returns 0 or an errno.
-int ReadProcess(int64_t pid, uint64_t address, void* dst, size_t bytes) {
-  auto* out = static_cast<char*>(dst);
-  while (bytes > 0) {
-    iovec local{out, bytes};
-    iovec remote{reinterpret_cast<void*>(static_cast<uintptr_t>(address)), bytes};
-    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &local, 1, &remote, 1, 0);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (got == 0) return EFAULT;
-    out += got;
-    address += static_cast<uint64_t>(got);
-    bytes -= static_cast<size_t>(got);
-  }
-  return 0;
-}
 
 std::string UcsError(ucs_status_t status) {
   return std::string(ucs_status_string(status)) + " (" + std::to_string(status) + ")";
@@ -171,35 +44,6 @@ void SleepNs(int64_t ns) {
 }
 
 }  // namespace
-
-std::string ReadNumberEnv(const char* name, double fallback, bool zero_allowed, double* value) {
-  *value = fallback;
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return "";
-  // Strict, as jaxcomm/config.py checks it at import: the whole text is one finite number.
-  char* end = nullptr;
-  const double parsed = std::strtod(env, &end);
-  while (end != env && std::isspace(static_cast<unsigned char>(*end))) ++end;
-  const bool in_range = zero_allowed ? parsed >= 0 : parsed > 0;
-  if (end == env || *end != '\0' || !std::isfinite(parsed) || !in_range) {
-    return std::string(name) + "='" + env + "' is not a number " + (zero_allowed ? ">=" : ">") +
-           " 0; unset it or set e.g. " + name + "=" + (zero_allowed ? "20" : "120");
-  }
-  *value = parsed;
-  return "";
-}
-
-std::chrono::nanoseconds DefaultTimeout() {
-  // An invalid value was already refused by UcxWorld::Create (and by jaxcomm.config at import);
-  // the default then stands.
-  double seconds = kDefaultTimeoutSeconds;
-  if (!ReadNumberEnv("JAXCOMM_TIMEOUT_S", kDefaultTimeoutSeconds, false, &seconds).empty()) {
-    seconds = kDefaultTimeoutSeconds;
-  }
-  return std::chrono::nanoseconds(static_cast<int64_t>(seconds * 1e9));
-}
-
-Deadline DefaultDeadline() { return Clock::now() + DefaultTimeout(); }
 
 std::string DescribeTag(uint64_t tag) {
   std::string s = TagIsControl(tag) ? "control " : "";
@@ -230,15 +74,6 @@ struct UcxWorld::Impl {
   WaitMode mode = WaitMode::kWakeup;
   int64_t spin_ns = 0;
   std::vector<std::unique_ptr<LocalRank>> locals;  // parallel to local_ranks_
-  // Notices: this process's segment (memfd, mapping) and, by world rank, the first of the
-  // rank's kNoticeSeqs slots (null where memory is not shared) and a pidfd of its process
-  // (-1 for ranks of this process).
-  int notice_fd = -1;
-  void* notice_segment = nullptr;
-  size_t notice_bytes = 0;
-  std::vector<NoticeSlot*> notice_slots;
-  std::vector<int> pidfds;
-  std::vector<std::pair<void*, size_t>> peer_segments;  // other processes' segments, mapped
 };
 
 namespace {
@@ -282,6 +117,21 @@ Request& Request::operator=(Request&& other) noexcept {
   return *this;
 }
 
+bool Request::Posted(void* ucp_result, const char* call) {
+  if (ucp_result == nullptr) {  // completed in place
+    ucs_status_ = UCS_OK;
+    return true;
+  }
+  if (UCS_PTR_IS_ERR(ucp_result)) {
+    ucs_status_ = UCS_PTR_STATUS(ucp_result);
+    error_ = std::string(call) + ": " + UcsError(UCS_PTR_STATUS(ucp_result));
+  } else {
+    ucp_request_ = ucp_result;
+    done_ = false;
+  }
+  return false;
+}
+
 void Request::Abandon() {
   if (ucp_request_ == nullptr) return;
   // A receive still pending would write into a buffer its owner is about to drop: cancel it.
@@ -302,7 +152,7 @@ int UcxWorld::LocalIndex(int rank) const {
 }
 
 const char* UcxWorld::wait_mode_name() const {
-  return impl_ && impl_->mode == WaitMode::kBackoff ? "backoff" : "wakeup";
+  return WaitModeName(impl_ ? impl_->mode : WaitMode::kWakeup);
 }
 
 std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> local_ranks,
@@ -334,30 +184,17 @@ std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> loca
   world->impl_ = std::make_unique<Impl>();
   Impl& impl = *world->impl_;
 
-  // Wait strategy (see WaitAll): env JAXCOMM_UCX_WAIT=wakeup|backoff, JAXCOMM_UCX_SPIN_US.
-  if (const char* env = std::getenv("JAXCOMM_UCX_WAIT"); env != nullptr && *env != '\0') {
-    if (std::strcmp(env, "backoff") == 0) {
-      impl.mode = WaitMode::kBackoff;
-    } else if (std::strcmp(env, "wakeup") != 0) {
-      return fail(std::string("JAXCOMM_UCX_WAIT='") + env + "' is not 'wakeup' or 'backoff'");
-    }
-  }
-  double spin_us = 0;
-  if (std::string bad = ReadNumberEnv("JAXCOMM_UCX_SPIN_US", 20.0, true, &spin_us); !bad.empty()) {
-    return fail(bad);
-  }
-  impl.spin_ns = static_cast<int64_t>(spin_us * 1000);
-  double timeout_s = 0;  // read by DefaultTimeout(); checked here so a bad value fails early
-  if (std::string bad =
-          ReadNumberEnv("JAXCOMM_TIMEOUT_S", kDefaultTimeoutSeconds, false, &timeout_s);
-      !bad.empty()) {
-    return fail(bad);
-  }
+  // Wait strategy (see WaitAll) and how long a wait spins: env JAXCOMM_UCX_WAIT and
+  // JAXCOMM_UCX_SPIN_US. JAXCOMM_TIMEOUT_S is read by DefaultTimeout(); all are checked here
+  // so that a bad value fails early.
+  if (std::string bad = CheckWorldSettings(); !bad.empty()) return fail(bad);
+  ReadWaitMode(&impl.mode);
+  impl.spin_ns = static_cast<int64_t>(ValueOrFallback(kSpinMicroseconds) * 1000);
 
   ucp_config_t* config = nullptr;
   ucs_status_t status = ucp_config_read(nullptr, nullptr, &config);
   if (status != UCS_OK) return fail("ucp_config_read: " + UcsError(status));
-  // Cross-process endpoints run over tcp (see the top of this file). Its default 8 KiB segments
+  // Cross-process endpoints run over tcp (see the notes above). Its default 8 KiB segments
   // gave ~0.9 GB/s for 64 MiB over loopback here; 256 KiB gave 1.4-2.2 GB/s. A user's own
   // UCX_TCP_*_SEG_SIZE wins.
   for (const char* name : {"TCP_TX_SEG_SIZE", "TCP_RX_SEG_SIZE"}) {
@@ -402,22 +239,9 @@ std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> loca
       if (status != UCS_OK) return fail("ucp_worker_get_efd: " + UcsError(status));
     }
   }
-  // Notice slots (see ucx_world.h). Without them (no memfd) nothing is shared: Connect
-  // then leaves every shared-memory path off.
-  impl.notice_bytes = NoticeSegmentBytes(world->local_ranks_.size());
-  impl.notice_fd = memfd_create("jaxcomm-notices", MFD_CLOEXEC);
-  if (impl.notice_fd >= 0 &&
-      ftruncate(impl.notice_fd, static_cast<off_t>(impl.notice_bytes)) == 0) {
-    void* segment =
-        mmap(nullptr, impl.notice_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, impl.notice_fd, 0);
-    if (segment != MAP_FAILED) {
-      impl.notice_segment = segment;
-      for (size_t i = 0; i < world->local_ranks_.size(); ++i) {
-        NoticeSlot* slots = RankBlock(segment, i);
-        for (uint32_t k = 0; k < kNoticeSeqs; ++k) new (&slots[k]) NoticeSlot();
-      }
-    }
-  }
+  // Shared memory (shm.h). Without a notice segment nothing is shared: Connect then leaves
+  // every shared-memory path off.
+  world->shm_ = std::make_unique<SharedMemory>(world->local_index_of_rank_, impl.spin_ns);
   return world;
 }
 
@@ -464,12 +288,6 @@ UcxWorld::~UcxWorld() {
     if (local->worker != nullptr) ucp_worker_destroy(local->worker);
   }
   if (impl.context != nullptr) ucp_cleanup(impl.context);
-  for (auto& [segment, bytes] : impl.peer_segments) munmap(segment, bytes);
-  for (int fd : impl.pidfds) {
-    if (fd >= 0) close(fd);
-  }
-  if (impl.notice_segment != nullptr) munmap(impl.notice_segment, impl.notice_bytes);
-  if (impl.notice_fd >= 0) close(impl.notice_fd);
 }
 
 std::string UcxWorld::Address(int rank) const {
@@ -482,19 +300,7 @@ std::string UcxWorld::Address(int rank) const {
   }
   std::string bytes(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(impl_->locals[index]->worker, address);
-  const std::string identity = HostIdentity();
-  const int64_t pid = getpid();
-  const uint64_t probe = AddressOf(const_cast<const uint64_t*>(&g_probe));
-  const int64_t notice_fd = impl_->notice_segment != nullptr ? impl_->notice_fd : -1;
-  const int64_t slot_index = index;
-  const auto identity_length = static_cast<uint32_t>(identity.size());
-  bytes += identity;
-  bytes.append(reinterpret_cast<const char*>(&pid), 8);
-  bytes.append(reinterpret_cast<const char*>(&probe), 8);
-  bytes.append(reinterpret_cast<const char*>(&notice_fd), 8);
-  bytes.append(reinterpret_cast<const char*>(&slot_index), 8);
-  bytes.append(reinterpret_cast<const char*>(&identity_length), 4);
-  bytes.append(reinterpret_cast<const char*>(&kTrailerMagic), 4);
+  shm_->AppendTrailer(static_cast<size_t>(index), &bytes);
   return bytes;
 }
 
@@ -511,64 +317,10 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
   for (int r = 0; r < world_size_; ++r) {
     if (addresses[r].empty()) return fail("empty address for rank " + std::to_string(r));
   }
-  // Split each address into UCX's part and the host trailer (see Address()); decide which
+  // Split each address into UCX's part and the shared-memory trailer (Address()); decide which
   // ranks' memory this process can read.
   std::vector<std::string> ucx_addresses(addresses);
-  shares_memory_.assign(world_size_, false);
-  pids_.assign(world_size_, -1);
-  const std::string my_identity = HostIdentity();
-  const bool enabled = SharedMemoryEnabled() && impl_->notice_segment != nullptr;
-  impl_->notice_slots.assign(world_size_, nullptr);
-  impl_->pidfds.assign(world_size_, -1);
-  // Other processes' notice segments (mapping, bytes), mapped once per process.
-  std::map<int64_t, std::pair<void*, size_t>> segment_of_pid;
-  const bool cross_process = enabled && !my_identity.empty();
-  for (int r = 0; r < world_size_; ++r) {
-    std::string& a = ucx_addresses[r];
-    uint32_t magic = 0, identity_length = 0;
-    if (a.size() >= kTrailerFixed) std::memcpy(&magic, a.data() + a.size() - 4, 4);
-    if (magic == kTrailerMagic) {
-      std::memcpy(&identity_length, a.data() + a.size() - 8, 4);
-      if (a.size() < kTrailerFixed + identity_length) return fail("malformed address trailer");
-      const size_t at = a.size() - kTrailerFixed - identity_length;
-      const std::string identity = a.substr(at, identity_length);
-      int64_t pid = -1, notice_fd = -1, slot_index = -1;
-      uint64_t probe = 0;
-      std::memcpy(&pid, a.data() + at + identity_length, 8);
-      std::memcpy(&probe, a.data() + at + identity_length + 8, 8);
-      std::memcpy(&notice_fd, a.data() + at + identity_length + 16, 8);
-      std::memcpy(&slot_index, a.data() + at + identity_length + 24, 8);
-      a.resize(at);
-      if (!enabled) {
-        shares_memory_[r] = false;
-      } else if (IsLocal(r)) {
-        shares_memory_[r] = true;
-        impl_->notice_slots[r] = RankBlock(impl_->notice_segment, LocalIndex(r));
-      } else if (cross_process && identity == my_identity && pid > 0 && notice_fd >= 0 &&
-                 slot_index >= 0) {
-        uint64_t seen = 0;
-        pids_[r] = pid;
-        auto& [segment, segment_bytes] = segment_of_pid[pid];
-        if (segment == nullptr) segment = MapNoticeSegment(pid, notice_fd, &segment_bytes);
-        const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(pid), 0));
-        const size_t block_end = (static_cast<size_t>(slot_index) + 1) * kRankBlockBytes;
-        shares_memory_[r] = ReadProcess(pid, probe, &seen, sizeof(seen)) == 0 &&
-                            seen == kProbeValue && segment != nullptr &&
-                            block_end <= segment_bytes && pidfd >= 0;
-        if (shares_memory_[r]) {
-          impl_->notice_slots[r] = RankBlock(segment, static_cast<size_t>(slot_index));
-          impl_->pidfds[r] = pidfd;
-        } else if (pidfd >= 0) {
-          close(pidfd);
-        }
-      }
-    } else {
-      shares_memory_[r] = enabled && IsLocal(r);
-    }
-  }
-  for (auto& [pid, mapped] : segment_of_pid) {
-    if (mapped.first != nullptr) impl_->peer_segments.push_back(mapped);
-  }
+  if (std::string bad = shm_->Connect(&ucx_addresses); !bad.empty()) return fail(bad);
   for (auto& local : impl_->locals) {
     local->links.reset(new PeerLink[world_size_]);
     for (int r = 0; r < world_size_; ++r) {
@@ -604,129 +356,6 @@ Counters UcxWorld::GetCounters(int self) const {
   c.messages_sent = l.messages_sent.load(std::memory_order_relaxed);
   c.messages_received = l.messages_received.load(std::memory_order_relaxed);
   return c;
-}
-
-Status UcxWorld::ReadPeer(int peer, uint64_t address, void* dst, size_t bytes,
-                          std::string_view context) const {
-  if (!SharesMemory(peer)) {
-    return Status(StatusCode::kInvalidArgument, std::string(context) + ": rank " +
-                                                    std::to_string(peer) +
-                                                    " does not share memory with this process");
-  }
-  if (bytes == 0) return Status::Ok();
-  if (IsLocal(peer)) {
-    std::memcpy(dst, LocalPointer(peer, address), bytes);
-    return Status::Ok();
-  }
-  const int error = ReadProcess(pids_[peer], address, dst, bytes);
-  if (error == 0) return Status::Ok();
-  if (error == ESRCH) {
-    return Status(StatusCode::kPeerFailed, std::string(context) + ": peer rank " +
-                                               std::to_string(peer) + " failed (process " +
-                                               std::to_string(pids_[peer]) + " is gone)");
-  }
-  return Status(StatusCode::kInternal, std::string(context) + ": reading " + std::to_string(bytes) +
-                                           " bytes of peer rank " + std::to_string(peer) +
-                                           "'s memory failed: " + std::strerror(error));
-}
-
-void* UcxWorld::StagingArea(int rank, uint32_t seq) const {
-  if (rank < 0 || rank >= world_size_ || impl_->notice_slots.empty() ||
-      impl_->notice_slots[rank] == nullptr) {
-    return nullptr;
-  }
-  return reinterpret_cast<char*>(impl_->notice_slots[rank]) + kNoticeBlockBytes +
-         (seq % kStagingAreas) * kStagingBytes;
-}
-
-void UcxWorld::PostNotice(int self, uint32_t seq, uint32_t step, const Notice* notice) {
-  NoticeSlot* slots = IsLocal(self) ? impl_->notice_slots[self] : nullptr;
-  if (slots == nullptr) return;  // WaitNotices of the peers fails on their side
-  NoticeSlot& slot = slots[seq % kNoticeSeqs];
-  if (notice != nullptr) {
-    // Read by peers only after they saw `progress` (seq_cst below orders these before it).
-    slot.input.store(notice->input, std::memory_order_relaxed);
-    slot.output.store(notice->output, std::memory_order_relaxed);
-    slot.elements.store(notice->elements, std::memory_order_relaxed);
-  }
-  slot.progress.store(NoticeKey(seq, step));
-  // A waiter registers in `sleepers` before its last look at `progress` and sleeps only while
-  // `wake` is unchanged, so either it sees this post or this sees it and wakes it.
-  slot.wake.fetch_add(1);
-  if (slot.sleepers.load() > 0) FutexWakeAll(&slot.wake);
-}
-
-Status UcxWorld::WaitNotices(int self, const int* peers, size_t count, uint32_t seq, uint32_t step,
-                             Notice* notices, Deadline deadline, std::string_view context) {
-  const uint64_t wanted = NoticeKey(seq, step);
-  auto where = [&] {
-    return " while rank " + std::to_string(self) + " waited for seq " + std::to_string(seq) +
-           " step " + std::to_string(step);
-  };
-  for (size_t i = 0; i < count; ++i) {
-    if (!IsLocal(self) || peers[i] < 0 || peers[i] >= world_size_ ||
-        impl_->notice_slots[peers[i]] == nullptr) {
-      return Status(StatusCode::kInvalidArgument,
-                    std::string(context) + ": rank " + std::to_string(peers[i]) +
-                        " has no notice slot shared with rank " + std::to_string(self));
-    }
-  }
-  auto slot_of = [&](size_t i) -> NoticeSlot& {
-    return impl_->notice_slots[peers[i]][seq % kNoticeSeqs];
-  };
-  size_t next = 0;  // peers before `next` have reached the step
-  const Deadline spin_until = Clock::now() + std::chrono::nanoseconds(impl_->spin_ns);
-  for (;;) {
-    while (next < count && NoticeReached(slot_of(next).progress.load(), wanted)) ++next;
-    if (next == count) break;
-    const Deadline now = Clock::now();
-    if (now < spin_until) {
-      sched_yield();
-      continue;
-    }
-    // Dead processes first: their slots will never move.
-    for (size_t i = next; i < count; ++i) {
-      const int pidfd = impl_->pidfds[peers[i]];
-      if (pidfd < 0) continue;
-      pollfd exited{pidfd, POLLIN, 0};
-      if (poll(&exited, 1, 0) > 0) {
-        return Status(StatusCode::kPeerFailed,
-                      std::string(context) + ": peer rank " + std::to_string(peers[i]) +
-                          " failed (its process " + std::to_string(pids_[peers[i]]) + " exited)" +
-                          where());
-      }
-    }
-    if (now >= deadline) {
-      std::string late;
-      for (size_t i = next; i < count; ++i) {
-        if (!NoticeReached(slot_of(i).progress.load(), wanted)) {
-          late += (late.empty() ? "" : ", ") + std::to_string(peers[i]);
-        }
-      }
-      return Status(StatusCode::kDeadlineExceeded, std::string(context) + ": deadline exceeded" +
-                                                       where() + "; waiting on peer rank(s) " +
-                                                       late +
-                                                       " (default timeout: env JAXCOMM_TIMEOUT_S)");
-    }
-    NoticeSlot& slot = slot_of(next);
-    const uint32_t seen = slot.wake.load();
-    slot.sleepers.fetch_add(1);
-    if (!NoticeReached(slot.progress.load(), wanted)) {
-      const int64_t remaining_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count() + 1;
-      FutexWait(&slot.wake, seen, std::min<int64_t>(remaining_ns, kNoticeCheckMs * 1000000));
-    }
-    slot.sleepers.fetch_sub(1);
-  }
-  if (notices != nullptr) {
-    for (size_t i = 0; i < count; ++i) {
-      const NoticeSlot& slot = slot_of(i);
-      notices[i] = {slot.input.load(std::memory_order_relaxed),
-                    slot.output.load(std::memory_order_relaxed),
-                    slot.elements.load(std::memory_order_relaxed)};
-    }
-  }
-  return Status::Ok();
 }
 
 int UcxWorld::StartRequest(Request& r, int self, int peer, uint64_t tag, size_t bytes) const {
@@ -768,17 +397,9 @@ Request UcxWorld::Isend(int self, int peer, uint64_t tag, const void* data, size
     return r;
   }
   ucp_request_param_t p{};
-  void* req = ucp_tag_send_nbx(link.ep, data, bytes, tag, &p);
-  if (req == nullptr) {
-    r.ucs_status_ = UCS_OK;
+  if (r.Posted(ucp_tag_send_nbx(link.ep, data, bytes, tag, &p), "ucp_tag_send_nbx")) {
     l.bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
     l.messages_sent.fetch_add(1, std::memory_order_relaxed);
-  } else if (UCS_PTR_IS_ERR(req)) {
-    r.ucs_status_ = UCS_PTR_STATUS(req);
-    r.error_ = "ucp_tag_send_nbx: " + UcsError(UCS_PTR_STATUS(req));
-  } else {
-    r.ucp_request_ = req;
-    r.done_ = false;
   }
   return r;
 }
@@ -795,18 +416,11 @@ Request UcxWorld::Irecv(int self, int peer, uint64_t tag, void* data, size_t cap
   p.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
   p.recv_info.tag_info = &info;
   // Full 64-bit mask: seq, step and source must all match.
-  void* req = ucp_tag_recv_nbx(l.worker, data, capacity, tag, ~uint64_t{0}, &p);
-  if (req == nullptr) {
-    r.ucs_status_ = UCS_OK;
+  if (r.Posted(ucp_tag_recv_nbx(l.worker, data, capacity, tag, ~uint64_t{0}, &p),
+               "ucp_tag_recv_nbx")) {
     r.received_ = info.length;
     l.bytes_received.fetch_add(info.length, std::memory_order_relaxed);
     l.messages_received.fetch_add(1, std::memory_order_relaxed);
-  } else if (UCS_PTR_IS_ERR(req)) {
-    r.ucs_status_ = UCS_PTR_STATUS(req);
-    r.error_ = "ucp_tag_recv_nbx: " + UcsError(UCS_PTR_STATUS(req));
-  } else {
-    r.ucp_request_ = req;
-    r.done_ = false;
   }
   return r;
 }

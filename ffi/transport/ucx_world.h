@@ -17,30 +17,11 @@
 // could not be cancelled force-closes the endpoint to that peer, so after a failure the link to
 // that peer must be considered broken (collectives should fail the whole program).
 //
-// Shared memory. Bulk data between ranks of one host need not go through UCX: cross-process
-// endpoints keep UCP_ERR_HANDLING_MODE_PEER (so a dead peer fails the waits), and in that mode
-// UCX 1.22 only selects tcp, i.e. two copies through the kernel's loopback. Instead, a rank
-// may read a peer's memory directly: a plain load for ranks of this process (same address
-// space), or one kernel copy with process_vm_readv (Linux cross-memory attach, as OpenMPI's
-// and UCX's `cma` do) for a process on the same host. The collectives then exchange only
-// buffer addresses and completion notices (below), which keep the failure detection. "Same
-// host" means the same boot, PID, network and IPC namespaces (so the emulated cluster's nodes,
-// each in its own namespaces, still talk through their shaped links), that a probe read of
-// the peer succeeded at Connect, and that its notice segment could be mapped. Env
-// JAXCOMM_SHARED_MEMORY=0 turns all of it off (everything goes through UCX, as before).
-//
-// Notices. The small messages of the shared-memory collectives (buffer addresses, "done")
-// skip UCX too: UCX's tcp loopback costs a kernel round trip and a wakeup per message. Each
-// process maps one memfd segment that holds its local ranks' notice slots, and every process
-// of the host maps it too (through /proc/<pid>/fd; same permission as process_vm_readv). A
-// rank posts (seq, step) into its own slot; peers wait for it with a short spin, then a futex.
-// Failure stays bounded: a waiter checks the waited-for peers' processes (pidfd: readable once
-// the process exited) at least every kNoticeCheckMs and fails naming the peer, and every wait
-// has the deadline of a UCX wait.
+// Shared memory between the ranks of one host (direct reads, notices, staging areas) is
+// shm.h's SharedMemory, which a UcxWorld owns and offers next to its endpoints; the settings
+// (JAXCOMM_TIMEOUT_S and the others) are read by settings.h.
 #pragma once
 
-#include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,22 +29,11 @@
 #include <string_view>
 #include <vector>
 
+#include "ffi/transport/settings.h"
+#include "ffi/transport/shm.h"
+#include "ffi/transport/status.h"
+
 namespace jaxcomm::transport {
-
-using Clock = std::chrono::steady_clock;
-using Deadline = Clock::time_point;
-
-// The default timeout of every transport wait: env JAXCOMM_TIMEOUT_S (seconds, may be
-// fractional, > 0), default 120 s. This is the only place that reads the variable; an invalid
-// value makes UcxWorld::Create fail naming it (as does JAXCOMM_UCX_SPIN_US).
-std::chrono::nanoseconds DefaultTimeout();
-// Clock::now() + DefaultTimeout().
-Deadline DefaultDeadline();
-
-// Reads the number in env `name` into *value (`fallback` when unset or empty), strictly, as
-// jaxcomm/config.py checks it at import: the whole text one finite number, > 0 (>= 0 with
-// `zero_allowed`). Returns "" or, for an invalid value, the error naming the variable.
-std::string ReadNumberEnv(const char* name, double fallback, bool zero_allowed, double* value);
 
 // ---- Tags -------------------------------------------------------------------------------
 // 64-bit UCX tag layout (receives match all 64 bits, so two collectives or two steps can
@@ -100,29 +70,6 @@ constexpr bool TagIsControl(uint64_t tag) { return (tag >> 63) != 0; }
 // "seq 5 step 2 src 1" (with "control " in front on the control channel), for messages.
 std::string DescribeTag(uint64_t tag);
 
-// ---- Status -----------------------------------------------------------------------------
-enum class StatusCode : int {
-  kOk = 0,
-  kInvalidArgument = 1,
-  kDeadlineExceeded = 2,
-  kPeerFailed = 3,
-  kInternal = 4,
-};
-
-class Status {
- public:
-  Status() = default;  // OK
-  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
-  static Status Ok() { return Status(); }
-  bool ok() const { return code_ == StatusCode::kOk; }
-  StatusCode code() const { return code_; }
-  const std::string& message() const { return message_; }
-
- private:
-  StatusCode code_ = StatusCode::kOk;
-  std::string message_;
-};
-
 // Per-local-rank traffic counters (completed operations only).
 struct Counters {
   uint64_t bytes_sent = 0;
@@ -155,6 +102,9 @@ class Request {
   friend class UcxWorld;
   enum class Kind : uint8_t { kNone, kSend, kRecv };
   void Abandon();
+  // Files what UCX's `call` (ucp_tag_send_nbx or ucp_tag_recv_nbx) returned: done in place
+  // (returns true: the caller counts the traffic), failed, or pending on a UCX request.
+  bool Posted(void* ucp_result, const char* call);
 
   Kind kind_ = Kind::kNone;
   int self_ = -1;
@@ -227,13 +177,11 @@ class UcxWorld {
   // Traffic of local rank `self` (zeros if not local).
   Counters GetCounters(int self) const;
 
-  // ---- Shared memory (see the top of this file) ------------------------------------------
+  // ---- Shared memory (shm.h) -------------------------------------------------------------
   // True when this process can read world rank `peer`'s memory with ReadPeer (for local
   // ranks unless JAXCOMM_SHARED_MEMORY=0; for a rank of another process on this host after a
   // successful probe).
-  bool SharesMemory(int peer) const {
-    return peer >= 0 && peer < world_size_ && shares_memory_[peer];
-  }
+  bool SharesMemory(int peer) const { return shm_ && shm_->Shares(peer); }
   // The address of `pointer` as peers see it (pass it to them; they give it to ReadPeer).
   static uint64_t AddressOf(const void* pointer) { return reinterpret_cast<uintptr_t>(pointer); }
   // `address` of world rank `peer` as a pointer when the peer is in this process, else null
@@ -241,43 +189,27 @@ class UcxWorld {
   const void* LocalPointer(int peer, uint64_t address) const {
     return IsLocal(peer) ? reinterpret_cast<const void*>(static_cast<uintptr_t>(address)) : nullptr;
   }
-  // Copies `bytes` at `address` in world rank `peer`'s memory to `dst` (memcpy for a local
-  // rank, process_vm_readv otherwise). SharesMemory(peer) must hold. A peer process that is
-  // gone gives kPeerFailed naming it.
+  // SharedMemory::Read: `bytes` at `address` in world rank `peer`'s memory into `dst`.
   Status ReadPeer(int peer, uint64_t address, void* dst, size_t bytes,
-                  std::string_view context) const;
-
-  // What a rank tells its group in a shared-memory collective (ffi/direct_allreduce.h).
-  struct Notice {
-    uint64_t input = 0;  // addresses as AddressOf gives them
-    uint64_t output = 0;
-    int64_t elements = 0;
-  };
-  // Local rank `self` reached step `step` of collective `seq`; with `notice`, it also
-  // replaces what peers read from this rank for `seq` (without, the last one stays).
-  // Notices of up to kNoticeSeqs collectives in a row are kept apart (one slot per seq
-  // modulo kNoticeSeqs): a caller must not post for seq s + kNoticeSeqs while a peer may still
-  // wait for its seq s, which the collectives' closing "done" round guarantees.
-  static constexpr uint32_t kNoticeSeqs = 8;
-  void PostNotice(int self, uint32_t seq, uint32_t step, const Notice* notice);
-  // Waits until every rank in `peers` (world ranks, SharesMemory) posted step `step` of `seq`
-  // or later; `notices` (optional, parallel to `peers`) gets what each posted for `seq`.
-  // Fails naming a peer whose process exited, or the peers that did not reach `step` by
-  // `deadline`.
+                  std::string_view context) const {
+    return shm_->Read(peer, address, dst, bytes, context);
+  }
+  // Notices (SharedMemory::Post and Wait): what a rank tells its group in a shared-memory
+  // collective, kept apart for kNoticeSeqs collectives in a row.
+  using Notice = SharedMemory::Notice;
+  static constexpr uint32_t kNoticeSeqs = SharedMemory::kNoticeSeqs;
+  void PostNotice(int self, uint32_t seq, uint32_t step, const Notice* notice) {
+    shm_->Post(self, seq, step, notice);
+  }
   Status WaitNotices(int self, const int* peers, size_t count, uint32_t seq, uint32_t step,
-                     Notice* notices, Deadline deadline, std::string_view context);
-
-  // Staging areas: kStagingBytes of the same shared segment per rank and per seq parity,
-  // mapped by every same-host process like the notice slots. A rank writes what its peers
-  // must read into its own area and they read it with plain loads: process_vm_readv pins every
-  // 4 KiB page it reads (2 MiB took 0.45-0.57 ms against 0.12 ms for a memcpy here), a
-  // mapping does not. Two areas, so that the overlapping collectives of one call (the
-  // hierarchical allreduce's node and cross-node groups: consecutive seqs) use different ones.
-  static constexpr uint32_t kStagingAreas = 2;
-  static constexpr size_t kStagingBytes = size_t{16} << 20;
-  // World rank `rank`'s staging area for collective `seq` (a rank of this process, or of a
-  // process whose segment is mapped here), or null. Only `rank` itself writes it.
-  void* StagingArea(int rank, uint32_t seq) const;
+                     Notice* notices, Deadline deadline, std::string_view context) {
+    return shm_->Wait(self, peers, count, seq, step, notices, deadline, context);
+  }
+  // Staging areas (SharedMemory::StagingArea): world rank `rank`'s area for collective `seq`,
+  // or null.
+  static constexpr uint32_t kStagingAreas = SharedMemory::kStagingAreas;
+  static constexpr size_t kStagingBytes = SharedMemory::kStagingBytes;
+  void* StagingArea(int rank, uint32_t seq) const { return shm_->StagingArea(rank, seq); }
 
   struct Impl;  // UCX state; public only so the .cc's callbacks can name it
 
@@ -292,9 +224,8 @@ class UcxWorld {
   std::vector<int> local_ranks_;
   std::vector<int> local_index_of_rank_;  // world rank -> index into local_ranks_, or -1
   bool connected_ = false;
-  std::vector<bool> shares_memory_;  // by world rank, set by Connect
-  std::vector<int64_t> pids_;        // by world rank (same-host ranks), for process_vm_readv
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<SharedMemory> shm_;
 };
 
 }  // namespace jaxcomm::transport

@@ -49,6 +49,39 @@ def collective_call(
     Returns:
       The data results (the output token is consumed by the ordering chain).
     """
+    data, token = threaded_call(
+        _ordering.token_in(), target, api, axis_name, operands, results, aliases, after,
+        **attributes,
+    )  # fmt: skip
+    _ordering.token_out(token)
+    return data
+
+
+def threaded_call(
+    token: jax.Array,
+    target: str,
+    api: str,
+    axis_name: str | Sequence[str],
+    operands: Sequence[jax.Array],
+    results: Sequence[tuple[tuple[int, ...], Any]],
+    aliases: dict[int, int] | None = None,
+    after: Any = None,
+    **attributes: Any,
+) -> tuple[list[jax.Array], jax.Array]:
+    """:func:`collective_call` with the ordering token passed in and returned.
+
+    For a collective emitted inside a JAX transformation that traces its body separately
+    (``jax.custom_vjp``, ``jax.custom_batching.custom_vmap``): the body's trace is not the
+    caller's, so the caller threads the chain's token through it (jaxcomm/_ordering.py).
+
+    Args:
+      token: the ordering token the call consumes.
+      target, api, axis_name, operands, results, aliases, after, **attributes: as for
+        :func:`collective_call`.
+
+    Returns:
+      ``(data results, output token)``.
+    """
     layout = _mesh.resolve(axis_name, api)
     world = _world.world(layout.platform)
     if int(np.prod(layout.axis_sizes)) != world.world_size:
@@ -59,7 +92,6 @@ def collective_call(
         )
     like = operands[0]
     split = after is not None and (layout.platform == "cpu" or target in _ffi.GPU_SPLIT_TARGETS)
-    token = _ordering.token_in()
     out_types = [_ffi.result_like(like, shape, dtype) for shape, dtype in results]
     out_types.append(_ffi.result_like(like, (), jnp.int32))
     # Data operands follow the two common operands (coordinates, token).
@@ -79,13 +111,12 @@ def collective_call(
         ),
         **attributes,
     )
-    _ordering.token_out(outputs[-1])
     data = list(outputs[:-1])
     if not split:
-        return data
+        return data, outputs[-1]
     # A donated operand shares its result's buffer, which done already takes.
     kept = [x for i, x in enumerate(operands) if i not in (aliases or {})]
-    return list(
+    done = list(
         jax.ffi.ffi_call(
             "jaxcomm_collective_done",
             [_ffi.result_like(r, r.shape, r.dtype) for r in data],
@@ -93,3 +124,4 @@ def collective_call(
             input_output_aliases={1 + i: i for i in range(len(data))},
         )(outputs[-1], *data, *kept, *jax.tree.leaves(after))
     )
+    return done, outputs[-1]

@@ -3,22 +3,21 @@ hierarchical variant over a (node, local) mesh (ffi/quantized_allreduce.cc)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxcomm import _validate
+from jaxcomm import _ordering, _validate
+from jaxcomm.algorithms import dense
 from jaxcomm.collectives import _attributes, _mesh
-from jaxcomm.collectives._call import collective_call
+from jaxcomm.collectives._call import threaded_call
 
-# 16-bit dense allreduce targets (ffi/allreduce_half.cc): 2 bytes per element on the wire,
-# float32 sums rounded once. CPU only; GPU meshes widen to float32 and use NCCL.
-_HALF_TARGETS = {
-    jnp.dtype(jnp.bfloat16): "jaxcomm_allreduce_bf16",
-    jnp.dtype(jnp.float16): "jaxcomm_allreduce_f16",
-}
+# The dense algorithm's targets (jaxcomm/algorithms/dense.py); its 16-bit wire
+# (ffi/allreduce_half.cc) is CPU only: GPU meshes widen to float32 and use NCCL.
+_TARGETS = dense.ALGORITHM.targets
 
 
 def allreduce(
@@ -40,6 +39,15 @@ def allreduce(
     rounded chunks. The result has ``x``'s dtype and is the float32 sum rounded once (a
     16-bit ``lax.psum`` may round at every step). ``hierarchical=True`` and GPU meshes widen
     16-bit inputs to float32 for the transfer and round the result back.
+
+    A drop-in for ``lax.psum`` under transformations: ``jax.grad`` (any order) sums the
+    cotangents over the same axes with jaxcomm, and ``jax.vmap`` reduces the whole batch in
+    one call. The result is typed varying over ``axis_name`` (every rank holds its own copy),
+    so it is ``lax.psum`` as JAX defines it without the varying-axes check (psum followed by a
+    broadcast, whose transpose is a psum), i.e. ``lax.pcast(lax.psum(x, a), a, to="varying")``
+    with the check on. Both give the same gradients wherever the sum feeds per-device values
+    (a data-parallel loss); a loss computed from the sum alone counts once per rank here.
+    Forward-mode ``jax.jvp`` is not supported.
 
     Args:
       x: float32, bfloat16 or float16 array of any shape (the same on every rank).
@@ -71,35 +79,101 @@ def allreduce(
       >>> mesh = jax.make_mesh((jax.device_count(),), ("dp",))
       >>> f = jax.jit(jax.shard_map(lambda v: jaxcomm.allreduce(v, "dp"), mesh=mesh,
       ...                           in_specs=P("dp"), out_specs=P("dp")))
+      >>> v = jax.device_put(jnp.ones(jax.device_count()), jax.sharding.NamedSharding(mesh, P("dp")))
+      >>> f(v).tolist() == [float(jax.device_count())] * jax.device_count()
+      True
 
       Overlapping the last layer's gradient allreduce with the rest of backward (``g_last``
       and ``g_first`` from one ``jax.grad``):
 
-      >>> g_last = jaxcomm.allreduce(g_last, "dp", after=g_first)
+      >>> g_last = jaxcomm.allreduce(g_last, "dp", after=g_first)  # doctest: +SKIP
     """
     x = _validate.float_array(x, "x")
-    if x.dtype != jnp.float32:
-        if x.size == 0:
-            return x
-        if hierarchical or _mesh.resolve(axis_name, "jaxcomm.allreduce").platform != "cpu":
-            wide = allreduce(
-                x.astype(jnp.float32), axis_name, hierarchical, hierarchical_scheme, after
-            )
-            return wide.astype(x.dtype)
-        target = _HALF_TARGETS[jnp.dtype(x.dtype)]
-        (out,) = collective_call(
-            target, "jaxcomm.allreduce", axis_name, [x], [(x.shape, x.dtype)], after=after
-        )
-        return out
-    target, attrs = "jaxcomm_allreduce", {}
-    if hierarchical:
-        target = "jaxcomm_hierarchical_allreduce"
-        attrs = _attributes.hierarchical_attributes(
-            axis_name, hierarchical_scheme, "jaxcomm.allreduce"
-        )
+    if hierarchical:  # bad axes or scheme fail here, named, before anything is traced
+        _attributes.hierarchical_attributes(axis_name, hierarchical_scheme, "jaxcomm.allreduce")
     if x.size == 0:
         return x
-    (out,) = collective_call(
-        target, "jaxcomm.allreduce", axis_name, [x], [(x.shape, jnp.float32)], after=after, **attrs
-    )
+    names = axis_name if isinstance(axis_name, str) else tuple(axis_name)
+    rules = _with_rules(names, bool(hierarchical), hierarchical_scheme)
+    # The ordering token goes through the rules' body explicitly: custom_vjp and custom_vmap
+    # trace their body apart from the caller's trace, which keys the chain (_ordering.py).
+    out, token = rules(x, after, _ordering.token_in())
+    _ordering.token_out(token)
     return out
+
+
+@functools.cache
+def _with_rules(
+    axis_name: str | tuple[str, ...], hierarchical: bool, scheme: str
+) -> Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, jax.Array]]:
+    """The allreduce over ``axis_name`` with lax.psum's differentiation and batching rules.
+
+    A sum over devices is linear, and summing is its own transpose here: the cotangent of
+    each rank's input is the sum of every rank's output cotangent (the result is typed as
+    varying over the axis, like ``pvary(psum(x))``, whose transpose is itself). Batching: a
+    vmapped axis is summed element by element, so the batched call is one call on the
+    stacked array (the batch axis first), as ``lax.psum`` batches.
+    """
+
+    def call(x: jax.Array, after: Any, token: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return _emit(x, axis_name, hierarchical, scheme, after, token)
+
+    batched = jax.custom_batching.custom_vmap(call)
+
+    @batched.def_vmap
+    def _vmap_rule(
+        axis_size: int, in_batched: Any, x: jax.Array, after: Any, token: jax.Array
+    ) -> tuple[tuple[jax.Array, jax.Array], tuple[bool, bool]]:
+        del axis_size
+        x_batched, _, token_batched = in_batched
+        if token_batched:  # the chain is per program, never per vmapped element
+            raise ValueError("jaxcomm.allreduce: the ordering token cannot be batched")
+        # custom_vmap moved the batch axis to the front; the sum does not care where it is.
+        return call(x, after, token), (bool(x_batched), False)
+
+    differentiable = jax.custom_vjp(batched)
+
+    def fwd(x: jax.Array, after: Any, token: jax.Array) -> tuple[tuple[jax.Array, jax.Array], None]:
+        # Through the rules again, so that a gradient of this gradient has them too.
+        return differentiable(x, after, token), None
+
+    def bwd(_: None, cotangents: tuple[jax.Array, Any]) -> tuple[jax.Array, None, None]:
+        ct, _ = cotangents
+        # Transposed in the caller's trace: this call joins that trace's ordering chain.
+        summed, token = differentiable(ct, None, _ordering.token_in())
+        _ordering.token_out(token)
+        return summed, None, None  # `after` and the token get no cotangent
+
+    differentiable.defvjp(fwd, bwd)
+    return differentiable
+
+
+def _emit(
+    x: jax.Array,
+    axis_name: str | tuple[str, ...],
+    hierarchical: bool,
+    scheme: str,
+    after: Any,
+    token: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """The custom call(s) of one allreduce of non-empty ``x`` (checked), threading ``token``."""
+    api = "jaxcomm.allreduce"
+    if x.dtype != jnp.float32:
+        if hierarchical or _mesh.resolve(axis_name, api).platform != "cpu":
+            wide, token = _emit(
+                x.astype(jnp.float32), axis_name, hierarchical, scheme, after, token
+            )
+            return wide.astype(x.dtype), token
+        target = _TARGETS[jnp.dtype(x.dtype).name]  # "bfloat16" or "float16"
+        (out,), token = threaded_call(
+            token, target, api, axis_name, [x], [(x.shape, x.dtype)], after=after
+        )
+        return out, token
+    target, attrs = _TARGETS["flat"], {}
+    if hierarchical:
+        target = _TARGETS["hierarchical"]
+        attrs = _attributes.hierarchical_attributes(axis_name, scheme, api)
+    (out,), token = threaded_call(
+        token, target, api, axis_name, [x], [(x.shape, jnp.float32)], after=after, **attrs
+    )
+    return out, token

@@ -10,12 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomm import _validate
+from jaxcomm import _validate, algorithms
 from jaxcomm.collectives import _attributes, _mesh
 from jaxcomm.collectives._call import collective_call
 from jaxcomm.compressors import Adaptive, GTopK, OneBit, Threshold, TopKAllgather
-
-_TARGETS = {TopKAllgather: "jaxcomm_topk_allgather", GTopK: "jaxcomm_gtopk"}
 
 
 def compressed_allreduce(
@@ -77,21 +75,16 @@ def compressed_allreduce(
       ...     lambda g, r: jaxcomm.compressed_allreduce(g, r, "dp", jaxcomm.GTopK(0.01)),
       ...     mesh=mesh, in_specs=(P("dp"), P("dp")), out_specs=(P("dp"), P("dp")))
     """
-    quantized = isinstance(algorithm, _attributes.QUANTIZERS)
-    if type(algorithm) not in _TARGETS and not quantized:
-        raise TypeError(
-            "algorithm must be jaxcomm.TopKAllgather(density), jaxcomm.GTopK(density), "
-            "jaxcomm.OneBit(), jaxcomm.Threshold(tau) or jaxcomm.Adaptive(proportion), got "
-            f"{algorithm!r}"
-        )
-    if hierarchical and not quantized:
-        raise ValueError(
-            f"hierarchical=True supports OneBit, Threshold and Adaptive, not {algorithm!r}"
-        )
+    record = algorithms.of(algorithm)  # TypeError naming the known specs
+    if not record.residual or "flat" not in record.targets:
+        raise TypeError(f"algorithm {algorithm!r} is not a compressed allreduce")
+    if hierarchical and "hierarchical" not in record.targets:
+        with_form = [a.spec.__name__ for a in algorithms.registered() if a.spec and a.hierarchical]
+        raise ValueError(f"hierarchical=True supports {', '.join(with_form)}, not {algorithm!r}")
     dtype = _validate.float_array(x, "x").dtype
     x, residual = _validate.residual_like(x, residual)
     summed, new_residual = _compressed_f32(
-        x, residual, axis_name, algorithm, quantized, hierarchical, hierarchical_scheme, after
+        x, residual, axis_name, algorithm, record, hierarchical, hierarchical_scheme, after
     )
     if dtype == jnp.float32:
         return summed, new_residual
@@ -107,45 +100,30 @@ def _compressed_f32(
     x: jax.Array,
     residual: jax.Array,
     axis_name: str | Sequence[str],
-    algorithm: TopKAllgather | GTopK | OneBit | Threshold | Adaptive,
-    quantized: bool,
+    algorithm: Any,
+    record: algorithms.Algorithm,
     hierarchical: bool,
     hierarchical_scheme: str,
     after: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """The float32 collective call of :func:`compressed_allreduce` (arguments checked)."""
     api = "jaxcomm.compressed_allreduce"
-    if quantized:
-        attrs = _attributes.quantizer_attributes(algorithm)
-        target = "jaxcomm_quantized_allreduce"
-        if hierarchical:
-            attrs.update(_attributes.hierarchical_attributes(axis_name, hierarchical_scheme, api))
-            target = "jaxcomm_hierarchical_quantized"
-        if x.size == 0:
-            return x, residual
-        summed, new_residual = collective_call(
-            target,
-            api,
-            axis_name,
-            [x, residual],
-            [(x.shape, jnp.float32), (x.shape, jnp.float32)],
-            # The handlers read each residual element before writing it (kernels may alias).
-            aliases={1: 1},
-            after=after,
-            **attrs,
-        )
-        return summed, new_residual
+    target = record.targets["hierarchical" if hierarchical else "flat"]
+    attrs = dict(record.attributes(algorithm, x.size)) if record.attributes else {}
+    if hierarchical:
+        attrs.update(_attributes.hierarchical_attributes(axis_name, hierarchical_scheme, api))
     if x.size == 0:
         return x, residual
-    n = x.size
     summed, new_residual = collective_call(
-        _TARGETS[type(algorithm)],
-        "jaxcomm.compressed_allreduce",
+        target,
+        api,
         axis_name,
         [x, residual],
         [(x.shape, jnp.float32), (x.shape, jnp.float32)],
-        aliases={1: 1},  # residual -> new_residual, in place when the caller donates it
+        # residual -> new_residual, in place when the caller donates it; the handlers read
+        # each residual element before writing it (kernels may alias).
+        aliases={1: 1},
         after=after,
-        k=np.int64(algorithm.k(n)),
+        **attrs,
     )
     return summed, new_residual

@@ -27,11 +27,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm
-from jaxcomm import checkpoints, cost
+from jaxcomm import algorithms, checkpoints, cost
 from jaxcomm import optax as jc_optax
 
 AXIS = "dp"
-ALGORITHMS = ("psum", "dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold", "auto")
+ALGORITHMS = (*algorithms.names(), algorithms.AUTO)  # the registry's names (recipes use them)
 GRAD_DTYPES = ("float32", "bfloat16")
 
 
@@ -56,6 +56,8 @@ class Reduction:
       allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
         None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).
       profile: ``auto``: a profile JSON written by ``jaxcomm probe`` (None: the built-in one).
+      compute_seconds: ``auto``: seconds of a step besides the reduction
+        (:class:`jaxcomm.cost.Auto`).
     """
 
     algorithm: str = "dense"
@@ -67,6 +69,7 @@ class Reduction:
     bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
     allowed: tuple[str, ...] | None = None
     profile: str | None = None
+    compute_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -84,36 +87,90 @@ class Reduction:
           ``jaxcomm.optax.allreduce_gradients(...)`` or None.
 
         Example:
-          >>> Reduction("gtopk", density=0.01).reducer(100)  # doctest: +SKIP
+          >>> Reduction("psum").reducer(100) is None  # psum: the step calls lax.pmean
+          True
+          >>> Reduction("gtopk", density=0.01).reducer(100) is not None
+          True
         """
         a = self.algorithm
         if a == "psum":
             return None
-        compressors: dict[str, Callable[[], Any]] = {
-            "dense": lambda: None,
-            "gtopk": lambda: jaxcomm.GTopK(self.density),
-            "topk_allgather": lambda: jaxcomm.TopKAllgather(self.density),
-            "adaptive": lambda: jaxcomm.Adaptive(self.proportion),
-            "onebit": lambda: jaxcomm.OneBit(),
-            "threshold": lambda: jaxcomm.Threshold(self.tau),
-            "auto": lambda: cost.Auto(
+        options = cost.Options(density=self.density, proportion=self.proportion, tau=self.tau)
+        schedule = None
+        if a == algorithms.AUTO:
+            algorithm: Any = cost.Auto(
                 allowed=self.allowed or cost.DEFAULT_ALLOWED,
                 profile=self.profile,
-                options=cost.Options(
-                    density=self.density, proportion=self.proportion, tau=self.tau
-                ),
-            ),
-        }
-        schedule = None
-        if a in ("gtopk", "topk_allgather") and self.warmup:
-            schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
+                options=options,
+                compute_seconds=self.compute_seconds,
+            )
+        else:
+            algorithm = algorithms.build(a, options)  # None: the dense allreduce
+            if algorithms.get(a).uses_density and self.warmup:
+                schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
         return jc_optax.allreduce_gradients(
-            AXIS, compressors[a](), density_schedule=schedule, bucket_size=self.bucket_size
+            AXIS, algorithm, density_schedule=schedule, bucket_size=self.bucket_size
         )
+
+    def uses_density(self) -> bool:
+        """Whether :attr:`density` configures the algorithm (the sparse ones).
+
+        Example:
+          >>> Reduction("gtopk").uses_density(), Reduction("onebit").uses_density()
+          (True, False)
+        """
+        return self.algorithm != algorithms.AUTO and algorithms.get(self.algorithm).uses_density
 
     def label(self) -> str:
         """Short name for files and tables, e.g. ``"gtopk"`` or ``"psum-bf16"``."""
         return f"{self.algorithm}-bf16" if self.grad_dtype == "bfloat16" else self.algorithm
+
+
+@dataclasses.dataclass(frozen=True)
+class Stopping:
+    """When a run stops before its last step (the examples' configs extend it, as they extend
+    :class:`Reduction`).
+
+    Attributes:
+      target: stop at the first evaluation that reaches this value of the example's metric
+        (test accuracy: at least; validation bits per byte: at most). None: run every step.
+      time_cap_s: stop at the first evaluation after this many seconds of training.
+    """
+
+    target: float | None = None
+    time_cap_s: float | None = None
+
+    def loop_options(self, higher_is_better: bool) -> dict[str, Any]:
+        """The keyword arguments of :func:`train_loop` that carry these settings.
+
+        Example:
+          >>> Stopping(target=0.9).loop_options(True)["target"]
+          0.9
+        """
+        if self.time_cap_s is not None and self.time_cap_s <= 0:
+            raise ValueError(f"time_cap_s must be > 0, got {self.time_cap_s}")
+        return {
+            "target": self.target,
+            "higher_is_better": higher_is_better,
+            "time_cap_s": self.time_cap_s,
+        }
+
+
+def stop_summary(loop: LoopResult, config: Stopping) -> dict[str, Any]:
+    """The result fields that say how a run ended: steps run, why it stopped, its target and
+    the training seconds at which it reached it.
+
+    Example:
+      >>> stop_summary(result, cfg)["stopped"]  # doctest: +SKIP
+      'target'
+    """
+    return {
+        "steps": loop.steps,
+        "stopped": loop.stopped,
+        "target": config.target,
+        "time_cap_s": config.time_cap_s,
+        "time_to_target_s": loop.time_to_target_s,
+    }
 
 
 def reduction_of(config: Any) -> Reduction:
@@ -153,9 +210,11 @@ class Step:
       batch_args: number of batch arrays, each sharded over ``dp`` on its first axis.
 
     Example:
-      >>> step = Step(loss_fn, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
+      >>> step = Step(loss_and_metric, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
       >>> params, state = step.init(params)
-      >>> params, state, loss, metric = step(params, state, x, y)
+      >>> rows = jax.sharding.NamedSharding(mesh, P("dp"))  # the batch is sharded over dp
+      >>> params, state, loss, metric = step(
+      ...     params, state, jax.device_put(x, rows), jax.device_put(y, rows))
     """
 
     def __init__(
@@ -245,6 +304,11 @@ class LoopResult:
       seconds: training wall clock from the end of the first (compiling) step, evaluations
         excluded.
       timed_steps: steps inside ``seconds``.
+      steps: optimizer steps run (fewer than asked when the run stopped at its target or
+        time cap).
+      stopped: why the loop ended: ``"target"``, ``"time_cap"`` or ``"steps"``.
+      time_to_target_s: ``seconds`` at the first evaluation that reached the target (None:
+        no target, or not reached).
       resumed_from: steps already done by the checkpoint the run resumed from (0: none).
     """
 
@@ -254,7 +318,50 @@ class LoopResult:
     history: list[dict[str, float]]
     seconds: float
     timed_steps: int
+    steps: int = 0
+    stopped: str = "steps"
+    time_to_target_s: float | None = None
     resumed_from: int = 0
+
+
+def reached(value: float, target: float | None, higher_is_better: bool) -> bool:
+    """Whether `value` reaches `target` (at least, or at most when lower is better).
+
+    Args:
+      value: the evaluation.
+      target: the target (None: never reached).
+      higher_is_better: accuracy-like (True) or loss-like (False) metric.
+
+    Returns:
+      True when the target is reached; NaN never reaches it.
+
+    Example:
+      >>> reached(0.981, 0.98, True), reached(2.1, 2.0, False)
+      (True, False)
+    """
+    if target is None or value != value:
+        return False
+    return value >= target if higher_is_better else value <= target
+
+
+class _AgreedMax:
+    """The largest of every rank's value, the same on all ranks (a jitted ``lax.pmax``).
+
+    A time cap decided from each rank's own clock could stop one rank a step before the
+    other, which would then wait in its next collective until its deadline; the ranks stop
+    on the agreed value instead.
+    """
+
+    def __init__(self, mesh: Mesh) -> None:
+        self.mesh = mesh
+        self.sharding = NamedSharding(mesh, P(AXIS))
+        self.fn = jax.jit(
+            jax.shard_map(lambda x: lax.pmax(x, AXIS), mesh=mesh, in_specs=P(AXIS), out_specs=P())
+        )
+
+    def __call__(self, value: float) -> float:
+        local = np.full((len(self.mesh.local_devices),), value, np.float32)
+        return host_scalar(self.fn(jax.make_array_from_process_local_data(self.sharding, local)))
 
 
 def train_loop(
@@ -270,10 +377,14 @@ def train_loop(
     eval_name: str = "test_accuracy",
     metric_name: str = "accuracy",
     logger: Any = None,
+    target: float | None = None,
+    higher_is_better: bool = True,
+    time_cap_s: float | None = None,
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 0,
 ) -> LoopResult:
-    """Runs `steps` training steps, synchronizing and evaluating as asked.
+    """Runs `steps` training steps, synchronizing and evaluating as asked; stops early at
+    the first evaluation that reaches `target`, or once training took `time_cap_s`.
 
     With a `checkpoint_dir` the loop first resumes from its newest complete checkpoint (if
     any: params, optimizer state with every rank's residual, the evaluation history and the
@@ -295,6 +406,11 @@ def train_loop(
       metric_name: key of the step's training metric in the logged metrics.
       logger: optional launcher metrics logger (``log(step, force=..., **fields)``; when it
         has ``progress(steps_dispatched)``, that is called after every step).
+      target: stop at the first evaluation reaching this value (None: run every step).
+      higher_is_better: whether the evaluation reaches `target` from below (accuracy) or
+        from above (bits per byte).
+      time_cap_s: stop at the first evaluation after this many seconds of training (every
+        rank stops at the same step: the ranks agree on the largest of their clocks).
       checkpoint_dir: directory of the checkpoints (shared by every process); None: none.
       checkpoint_every: steps between checkpoints (0: only resume, never write).
 
@@ -302,7 +418,13 @@ def train_loop(
       A :class:`LoopResult`.
 
     Example:
-      >>> result = train_loop(step, params, state, batch, evaluate, steps=100, eval_every=10)
+      >>> step = Step(loss_and_metric, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
+      >>> params, state = step.init(params)
+      >>> rows = jax.sharding.NamedSharding(mesh, P("dp"))
+      >>> batch = lambda i: (jax.device_put(x, rows), jax.device_put(y, rows))
+      >>> result = train_loop(step, params, state, batch, lambda p: 0.0, steps=4, eval_every=2)
+      >>> [h["step"] for h in result.history]  # and always the last step
+      [0, 2, 3]
     """
     jaxcomm.reset_metrics()
     loss = evaluation = float("nan")
@@ -311,10 +433,12 @@ def train_loop(
     seconds_before = 0.0  # earlier attempts' (a resumed run)
     start = 0
     if checkpoint_dir is not None:
-        done = checkpoints.latest(checkpoint_dir)
-        if done is not None:
-            (params, state), loop_state = checkpoints.restore(checkpoint_dir, done, (params, state))
-            start = min(done, steps)
+        resumed = checkpoints.latest(checkpoint_dir)
+        if resumed is not None:
+            (params, state), loop_state = checkpoints.restore(
+                checkpoint_dir, resumed, (params, state)
+            )
+            start = min(resumed, steps)
             history = list(loop_state.get("history", []))
             seconds_before = float(loop_state.get("seconds", 0.0))
             if history:
@@ -324,6 +448,8 @@ def train_loop(
     window_first = start
     window_comm: float | None = None
     paced = jaxcomm.paced(step, max_in_flight)
+    agreed_max = _AgreedMax(step.mesh) if time_cap_s is not None else None
+    stopped, time_to_target, done = "steps", None, steps
     for i in range(start, steps):
         params, state, loss_d, metric_d = paced(params, state, *batch(i))
         if progress is not None:
@@ -355,14 +481,8 @@ def train_loop(
             step_time = (now - clock) / window_steps
             comm = _collective_seconds()
             evaluation = float(evaluate(params))
-            history.append(
-                {
-                    "step": i,
-                    "seconds": seconds_before + seconds,
-                    "loss": loss,
-                    eval_name: evaluation,
-                }
-            )
+            total = seconds_before + seconds
+            history.append({"step": i, "seconds": total, "loss": loss, eval_name: evaluation})
             if logger is not None:
                 base = window_comm or 0.0  # nothing had run when this window began
                 logger.log(
@@ -370,12 +490,19 @@ def train_loop(
                     force=True,
                     loss=loss,
                     step_time_s=step_time,
-                    train_seconds=seconds_before + seconds,
+                    train_seconds=total,
                     # What jaxcomm.metrics() measured per step of this window (None: psum,
                     # whose time XLA does not report).
                     collective_time_s=None if comm is None else (comm - base) / window_steps,
                     **{eval_name: evaluation, metric_name: host_scalar(metric_d)},
                 )
+            if time_to_target is None and reached(evaluation, target, higher_is_better):
+                time_to_target, stopped = total, "target"
+            elif agreed_max is not None and agreed_max(total) >= time_cap_s:
+                stopped = "time_cap"
+            if stopped != "steps":
+                done = i + 1
+                break
             clock, window_first, window_comm = time.perf_counter(), i + 1, _collective_seconds()
         # The save is not training time: the clock restarts after it.
         paused = time.perf_counter()
@@ -390,7 +517,16 @@ def train_loop(
         ):
             clock += time.perf_counter() - paused
     return LoopResult(
-        params, loss, evaluation, history, seconds, max(1, steps - start - 1), resumed_from=start
+        params,
+        loss,
+        evaluation,
+        history,
+        seconds,
+        max(1, done - start - 1),
+        steps=done,
+        stopped=stopped,
+        time_to_target_s=time_to_target,
+        resumed_from=start,
     )
 
 

@@ -39,7 +39,7 @@ VALIDATION_FRACTION = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
-class BytesLMConfig(_loop.Reduction):
+class BytesLMConfig(_loop.Reduction, _loop.Stopping):
     """Settings of one run.
 
     Attributes:
@@ -52,7 +52,8 @@ class BytesLMConfig(_loop.Reduction):
       batch_size: global batch in sequences, split evenly across all devices.
       seq_len: bytes of context per sequence.
       width, layers, heads: the transformer (MLP width 4 x ``width``).
-      learning_rate: Adam's learning rate.
+      learning_rate: AdamW's learning rate.
+      weight_decay: AdamW's decoupled weight decay (0: Adam).
       max_corpus_bytes: the corpus is cut to this many bytes (memory).
       eval_every: steps between validation evaluations.
       eval_sequences: validation windows per evaluation (fixed positions).
@@ -60,6 +61,8 @@ class BytesLMConfig(_loop.Reduction):
         for every step).
       seed: initialization, batch order and validation windows.
       checkpoint_every, checkpoint_dir: as in :class:`jaxcomm.examples.digits.DigitsConfig`.
+      target, time_cap_s: stop at this validation bits per byte or after this much training
+        (:class:`jaxcomm.examples._loop.Stopping`).
     """
 
     warmup_phase_steps: int = 50
@@ -70,6 +73,7 @@ class BytesLMConfig(_loop.Reduction):
     layers: int = 6
     heads: int = 6
     learning_rate: float = 1e-3
+    weight_decay: float = 0.01
     max_corpus_bytes: int = 16 << 20
     eval_every: int = 50
     eval_sequences: int = 64
@@ -200,7 +204,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
 
     step = _loop.Step(
         loss_fn,
-        optax.adam(cfg.learning_rate),
+        optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay),
         cfg.reduction(),
         cfg.warmup_phase_steps,
         mesh,
@@ -243,6 +247,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         metric_name="train_bits_per_byte",
         logger=logger,
         **_loop.checkpoint_options(cfg, run_dir),
+        **cfg.loop_options(higher_is_better=False),
     )
     reduction = cfg.reduction()
     result = {
@@ -250,9 +255,9 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "algorithm": cfg.algorithm,
         "label": reduction.label(),
         "grad_dtype": cfg.grad_dtype,
-        "density": cfg.density if cfg.algorithm in ("gtopk", "topk_allgather") else None,
+        "density": cfg.density if cfg.uses_density() else None,
         "proportion": cfg.proportion if cfg.algorithm == "adaptive" else None,
-        "steps": cfg.steps,
+        **_loop.stop_summary(loop, cfg),
         "devices": n_dev,
         "parameters": n_params,
         "corpus_bytes": int(len(train_bytes) + len(val_bytes)),

@@ -43,7 +43,7 @@ SPLIT_SEED = 1234  # the file is ordered by writer: shuffle once, the same way e
 
 
 @dataclasses.dataclass(frozen=True)
-class DigitsConfig(_loop.Reduction):
+class DigitsConfig(_loop.Reduction, _loop.Stopping):
     """Settings of one training run.
 
     Attributes:
@@ -71,6 +71,8 @@ class DigitsConfig(_loop.Reduction):
         complete checkpoint in ``checkpoint_dir`` (:func:`jaxcomm.examples._loop.train_loop`).
       checkpoint_dir: directory of the checkpoints (None: ``<run_dir>/checkpoints`` when
         ``checkpoint_every`` is set and a ``run_dir`` is given).
+      target, time_cap_s: stop at this test accuracy or after this much training
+        (:class:`jaxcomm.examples._loop.Stopping`).
     """
 
     proportion: float = 16.0
@@ -292,6 +294,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         max_in_flight=cfg.max_in_flight,
         logger=logger,
         **_loop.checkpoint_options(cfg, run_dir),
+        **cfg.loop_options(higher_is_better=True),
     )
     reduction = cfg.reduction()
     comm = _loop.communication_summary(reduction, n_params, n_dev, loop.timed_steps)
@@ -301,9 +304,9 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "label": reduction.label(),
         "model": cfg.model,
         "grad_dtype": cfg.grad_dtype,
-        "density": cfg.density if cfg.algorithm in ("gtopk", "topk_allgather") else None,
+        "density": cfg.density if cfg.uses_density() else None,
         "proportion": cfg.proportion if cfg.algorithm == "adaptive" else None,
-        "steps": steps,
+        **_loop.stop_summary(loop, cfg),
         "devices": n_dev,
         "parameters": n_params,
         "test_accuracy": loop.evaluation,
@@ -323,7 +326,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         path.write_text(json.dumps(result, indent=2))
     if logger is not None:
         logger.log(
-            steps - 1,
+            loop.steps - 1,
             force=True,
             bytes_sent=result["bytes_sent_per_step"],
             compression_ratio=result["dense_bytes_per_step"]

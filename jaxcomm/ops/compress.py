@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -9,26 +10,26 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxcomm import _validate
-from jaxcomm.compressors import Adaptive, Compressor, OneBit, Threshold, TopK
-from jaxcomm.ops import adaptive, onebit, threshold, topk
+from jaxcomm import _validate, algorithms
+from jaxcomm.compressors import Compressor, TopK
+from jaxcomm.ops import topk
 
 # compressor type -> (compress(x, residual, c), decompress(packed, c, shape)), one C++ kernel
-# pair (and op module) per compressor.
+# pair (and op module) per compressor: TopK's, and every algorithm's of the registry that has
+# single-device ops (Algorithm.ops).
 _KERNELS: dict[type, tuple[Callable[..., Any], Callable[..., Any]]] = {
     TopK: (topk.compress_topk, topk.decompress_topk),
-    OneBit: (onebit.compress, onebit.decompress),
-    Threshold: (threshold.compress, threshold.decompress),
-    Adaptive: (adaptive.compress, adaptive.decompress),
 }
+for _record in algorithms.registered():
+    if _record.ops is not None and _record.hierarchy is None:
+        _module = importlib.import_module(f"jaxcomm.ops.{_record.ops}")
+        _KERNELS[_record.spec] = (_module.compress, _module.decompress)
 
 
 def _check_compressor(compressor: Any) -> None:
     if type(compressor) not in _KERNELS:
-        raise TypeError(
-            "compressor must be one of jaxcomm.TopK, jaxcomm.OneBit, jaxcomm.Threshold, "
-            f"jaxcomm.Adaptive; got {type(compressor).__name__}"
-        )
+        known = ", ".join(f"jaxcomm.{cls.__name__}" for cls in _KERNELS)
+        raise TypeError(f"compressor must be one of {known}; got {type(compressor).__name__}")
 
 
 def compress(

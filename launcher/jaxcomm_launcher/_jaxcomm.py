@@ -1,19 +1,29 @@
-"""jaxcomm's standard-library-only modules (``cost``, ``config``) without the rest of jaxcomm.
+"""jaxcomm's standard-library-only modules (``cost``, ``config``, ``algorithms``) without the rest.
 
 ``import jaxcomm`` imports JAX and loads the C++ library (about 1.5 s here); the launcher's
-own process needs neither: ``jaxcomm plan`` answers from the cost model in well under 2 s, and
-the launcher reads its environment settings from ``jaxcomm.config``'s one table.
+own process needs neither: ``jaxcomm plan`` answers from the cost model in well under 2 s, the
+recipe schema lists the algorithm registry's names, and the launcher reads its environment
+settings from ``jaxcomm.config``'s one table.
+
+Without importing the ``jaxcomm`` package (whose ``__init__`` loads JAX), the light modules are
+loaded under a stand-in parent package, :data:`LIGHT_PACKAGE`, that points at jaxcomm's
+directory: they reach each other by relative imports (``from .. import algorithms``), which
+resolve inside the stand-in (``tests/test_cost.py`` checks that they import nothing else).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import pathlib
 import sys
 import types
 
-STANDALONE = ("cost", "config", "checkpoints")
-"""The jaxcomm modules that import only the standard library."""
+STANDALONE = ("cost", "config", "algorithms", "checkpoints")
+"""The jaxcomm modules that import only the standard library (and each other)."""
+
+LIGHT_PACKAGE = "jaxcomm_launcher._jaxcomm_light"
+"""The stand-in parent package of the light copies."""
 
 
 def standalone(name: str) -> types.ModuleType:
@@ -36,18 +46,13 @@ def standalone(name: str) -> types.ModuleType:
     """
     if name not in STANDALONE:
         raise ValueError(f"jaxcomm.{name} is not standalone; known: {STANDALONE}")
-    if f"jaxcomm.{name}" in sys.modules:
-        return sys.modules[f"jaxcomm.{name}"]
-    key = f"jaxcomm_launcher._jaxcomm_{name}"
-    if key in sys.modules:
-        return sys.modules[key]
-    package = importlib.util.find_spec("jaxcomm")  # locates the package without importing it
-    if package is None or package.origin is None:
-        raise ModuleNotFoundError("jaxcomm is not installed: python -m pip install .")
-    spec = importlib.util.spec_from_file_location(
-        key, pathlib.Path(package.origin).parent / f"{name}.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    if "jaxcomm" in sys.modules:
+        return importlib.import_module(f"jaxcomm.{name}")
+    if LIGHT_PACKAGE not in sys.modules:
+        package = importlib.util.find_spec("jaxcomm")  # locates the package without importing it
+        if package is None or not package.submodule_search_locations:
+            raise ModuleNotFoundError("jaxcomm is not installed: python -m pip install .")
+        stand_in = types.ModuleType(LIGHT_PACKAGE, "jaxcomm's light modules (see _jaxcomm.py)")
+        stand_in.__path__ = [str(pathlib.Path(p)) for p in package.submodule_search_locations]
+        sys.modules[LIGHT_PACKAGE] = stand_in
+    return importlib.import_module(f"{LIGHT_PACKAGE}.{name}")

@@ -67,7 +67,7 @@ def bundled_recipes_dir() -> pathlib.Path:
         ``jaxcomm_launcher/recipes`` inside the installed package.
 
     Example:
-        >>> sorted(p.name for p in bundled_recipes_dir().glob("*.yaml"))[0]  # doctest: +SKIP
+        >>> sorted(p.name for p in bundled_recipes_dir().glob("*.yaml"))[0]
         'allreduce-sweep.yaml'
     """
     installed = pathlib.Path(__file__).with_name("recipes")
@@ -271,7 +271,7 @@ def cleanup_command(
 
 
 # ---------------------------------------------------------------------------------------------
-# probe and plan: the cost model (jaxcomm/cost.py)
+# probe and plan: the cost model (jaxcomm/cost/)
 
 
 def _digits_parameters(model: str, hidden: int) -> int:

@@ -208,8 +208,10 @@ class Supervisor:
         quiet: Only file the logs, print nothing.
 
     Example:
-        >>> sup = Supervisor(Console(), pathlib.Path("/tmp/run"))  # doctest: +SKIP
-        >>> sup.start(["python", "-c", "print(1)"], env=dict(os.environ), rank=0)
+        >>> import sys, tempfile
+        >>> sup = Supervisor(Console(), pathlib.Path(tempfile.mkdtemp()), quiet=True)
+        >>> sup.start([sys.executable, "-c", "print(1)"], env=dict(os.environ), rank=0).rank
+        0
         >>> sup.wait(timeout=60).ok
         True
     """

@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from jaxcomm_launcher._jaxcomm import standalone
+
 # Bundled jobs by short name; anything else must be written `module:function`.
 BUNDLED_JOBS: dict[str, str] = {
     "smoke": "jaxcomm_launcher.jobs.smoke:run",
@@ -71,6 +73,13 @@ class EmulatedBackend(_Strict):
     )
     ipc_isolation: bool = Field(True, description="run each rank under `unshare --ipc`")
     ucx_tls: str | None = Field("tcp", description="UCX_TLS for the ranks (None: leave unset)")
+    cpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        description="cores each node (rank) is pinned to with taskset; None: the launcher's "
+        "cores split evenly, at least 1 (more nodes than cores wrap round: oversubscribed)",
+    )
+    pin_cpus: bool = Field(True, description="pin each node to its own cores (taskset)")
 
     @field_validator("bandwidth")
     @classmethod
@@ -140,11 +149,12 @@ Backend = Annotated[
 BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
 
 
-# The names of jaxcomm.examples._loop.ALGORITHMS (tests/test_launcher.py checks they agree).
-Algorithm = Literal[
-    "psum", "dense", "topk_allgather", "gtopk", "adaptive", "onebit", "threshold", "auto"
-]
-AutoChoice = Literal["dense", "gtopk", "topk_allgather", "adaptive", "onebit", "threshold"]
+# The algorithm registry's names (jaxcomm/algorithms/, loaded without JAX): a new algorithm
+# module is a valid recipe choice with no edit here.
+_ALGORITHMS = standalone("algorithms")
+ALGORITHM_NAMES = (*_ALGORITHMS.names(), _ALGORITHMS.AUTO)
+Algorithm = Literal[ALGORITHM_NAMES]  # type: ignore[valid-type]
+AutoChoice = Literal[_ALGORITHMS.auto_choices()]  # type: ignore[valid-type]
 
 
 class JaxcommSettings(_Strict):
@@ -158,9 +168,16 @@ class JaxcommSettings(_Strict):
     hierarchical: bool = False
     label: str | None = Field(None, description="name of this entry in tables and plots")
     allowed: list[AutoChoice] | None = Field(
-        None, description="algorithms auto may choose (default: all but threshold)"
+        None,
+        description=f"algorithms auto may choose (default: {', '.join(_ALGORITHMS.default_allowed())})",
     )
     profile: str | None = Field(None, description="auto: profile JSON from `jaxcomm probe`")
+    compute_seconds: float | None = Field(
+        None,
+        ge=0.0,
+        description="auto: seconds of a training step besides the gradient reduction "
+        "(e.g. one rank's step); extra steps pay it again",
+    )
 
     def display_label(self) -> str:
         """Returns the name used for this setting in run directories, tables and plots.
@@ -175,7 +192,7 @@ class JaxcommSettings(_Strict):
         if self.label:
             return self.label
         name = self.algorithm
-        if self.algorithm in ("topk_allgather", "gtopk"):
+        if self.algorithm != _ALGORITHMS.AUTO and _ALGORITHMS.get(self.algorithm).uses_density:
             name += f"-d{self.density:g}"
         if self.grad_dtype == "bfloat16":
             name += "-bf16"
@@ -194,6 +211,7 @@ class JaxcommOverride(_Strict):
     label: str | None = None
     allowed: list[AutoChoice] | None = None
     profile: str | None = None
+    compute_seconds: float | None = Field(None, ge=0.0)
 
 
 class Train(_Strict):
@@ -206,6 +224,14 @@ class Train(_Strict):
     hidden: int = Field(64, ge=1)
     eval_every: int = Field(25, ge=1)
     seed: int = 0
+    target: float | None = Field(
+        None,
+        description="stop at the first evaluation that reaches this value of the job's metric "
+        "(test accuracy: at least; bits per byte: at most); None: run all steps",
+    )
+    time_cap_s: float | None = Field(
+        None, gt=0, description="stop after this many seconds of training (the ranks agree)"
+    )
     checkpoint_every: int = Field(
         0, ge=0, description="steps between checkpoints (0: none); a restarted run resumes there"
     )
@@ -622,7 +648,10 @@ def load_recipe(path: str | pathlib.Path, overrides: list[str] | None = None) ->
         RecipeError: With a user-facing message for unreadable YAML or invalid fields.
 
     Example:
-        >>> recipe = load_recipe("recipes/digits-dense.yaml", ["train.steps=10"])  # doctest: +SKIP
+        >>> from jaxcomm_launcher.cli import bundled_recipes_dir
+        >>> recipe = load_recipe(bundled_recipes_dir() / "digits-dense.yaml", ["train.steps=10"])
+        >>> recipe.train.steps
+        10
     """
     path = pathlib.Path(path)
     try:

@@ -134,6 +134,9 @@ def write_summary(run_dir: pathlib.Path) -> dict[str, Any]:
         "recipe": run.get("recipe"),
         "backend": run.get("backend"),
         "world": run.get("world"),
+        # cores per node and the oversubscription notice (placement.py; None: not placed)
+        "placement": run.get("placement"),
+        "oversubscribed": (run.get("placement") or {}).get("oversubscribed"),
         "variants": variants,
     }
     if "slurm" in run:  # job id, final state and nodes of a slurm run
@@ -160,10 +163,16 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
         >>> print_table(write_summary(run_dir), Console())  # doctest: +SKIP
     """
     world = summary.get("world") or {}
-    table = Table(
-        title=f"{summary.get('recipe')} · {summary.get('backend')} · "
+    title = (
+        f"{summary.get('recipe')} · {summary.get('backend')} · "
         f"{world.get('processes', '?')} processes × {world.get('devices_per_process', '?')} devices"
     )
+    placement = summary.get("placement")
+    if placement and placement.get("node_cpus"):
+        title += " · cores " + " | ".join(",".join(map(str, c)) for c in placement["node_cpus"])
+    if summary.get("oversubscribed"):
+        title += f" · [bold yellow]{summary['oversubscribed']}[/]"
+    table = Table(title=title)
     for col in (
         "run",
         "status",

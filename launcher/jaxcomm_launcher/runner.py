@@ -87,6 +87,10 @@ def run_recipe(
     failure: LaunchFailed | None = None
     try:
         with _sigterm_interrupts(), make_backend(recipe, run_dir) as backend:
+            placement = backend.placement()
+            run["placement"] = None if placement is None else placement.to_json()
+            if placement is not None and placement.oversubscribed:
+                console.print(f"[yellow]{placement.describe()}[/]")
             for settings in variants:
                 label = settings.display_label()
                 entry: dict[str, Any] = {"label": label, "jaxcomm": settings.model_dump()}

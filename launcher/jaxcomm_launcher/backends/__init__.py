@@ -17,7 +17,7 @@ from jaxcomm_launcher.backends._base import (
     BackendRunner,
     SupervisedBackend,
     base_env,
-    free_port,
+    reserve_port,
     shell_join,
     worker_command,
 )
@@ -70,8 +70,8 @@ __all__ = [
     "SlurmBackendRunner",
     "SupervisedBackend",
     "base_env",
-    "free_port",
     "make_backend",
+    "reserve_port",
     "shell_join",
     "worker_command",
 ]

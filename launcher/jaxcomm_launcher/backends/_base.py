@@ -14,6 +14,7 @@ import socket
 import sys
 from typing import Any
 
+from jaxcomm_launcher.placement import Placement
 from jaxcomm_launcher.procs import Supervisor
 from jaxcomm_launcher.recipe import Recipe
 
@@ -23,8 +24,9 @@ class BackendError(RuntimeError):
 
 
 class BackendRunner:
-    """What every backend shares: its recipe, run directory, and a context manager that
-    sets nothing up. Backends that create something (``emulated``) override both halves.
+    """What every backend shares: its recipe, run directory, the coordinator ports it holds
+    for its ranks, and a context manager that releases them. Backends that create something
+    (``emulated``) override both halves.
 
     Args:
         recipe: The validated recipe.
@@ -39,12 +41,32 @@ class BackendRunner:
     def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
         self.recipe = recipe
         self.run_dir = run_dir
+        self._held_ports: list[socket.socket] = []
 
     def __enter__(self) -> BackendRunner:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def placement(self) -> Placement | None:
+        """Returns which cores the ranks run on, or None where the launcher does not place
+        them (mpirun, slurm: the scheduler does)."""
         return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        for sock in self._held_ports:
+            sock.close()
+        self._held_ports.clear()
+
+    def hold_port(self, host: str = "127.0.0.1") -> int:
+        """Reserves a port on `host` (:func:`reserve_port`) until the backend exits.
+
+        Args:
+            host: The address the coordinator will bind.
+
+        Returns:
+            The port number.
+        """
+        self._held_ports.append(reserve_port(host))
+        return int(self._held_ports[-1].getsockname()[1])
 
 
 class SupervisedBackend(BackendRunner, abc.ABC):
@@ -127,22 +149,41 @@ def rank_env(rank: int, processes: int, coordinator: str) -> dict[str, str]:
     }
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """Returns a TCP port that was free on `host` a moment ago.
+def reserve_port(host: str = "127.0.0.1") -> socket.socket:
+    """Returns a socket bound to a port the OS chose on `host`; the port stays reserved until
+    the socket is closed.
+
+    The socket sets ``SO_REUSEPORT`` and never listens: a server that sets it too (gRPC does, so
+    the ``jax.distributed`` coordinator does) binds the same port while it is held, and nothing
+    else can, and the OS hands it to no other ``bind(0)`` or outgoing connection. Close it once
+    the ranks are done.
 
     Args:
-        host: Address to probe.
+        host: Address to bind.
 
     Returns:
-        The port number.
+        The bound socket; ``sock.getsockname()[1]`` is the port.
 
     Example:
-        >>> 1024 <= free_port() <= 65535
-        True
+        >>> with reserve_port() as sock:
+        ...     port = sock.getsockname()[1]
+        ...     other = socket.socket()
+        ...     try:
+        ...         other.bind(("127.0.0.1", port))
+        ...     except OSError:
+        ...         print("held")
+        ...     finally:
+        ...         other.close()
+        held
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def worker_command(spec_path: pathlib.Path, python: str | None = None) -> list[str]:

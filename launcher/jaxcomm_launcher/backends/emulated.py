@@ -4,7 +4,9 @@ Each rank runs in its own network namespace, joined to a private bridge by a vet
 two ends are shaped with ``tc qdisc ... tbf rate <bandwidth> burst <burst>``. Addresses come
 from the recipe's private subnet (default 10.77.0.0/24) and exist only inside the namespaces
 (the bridge itself has no address), so no traffic can leave them. ``unshare --ipc`` gives each
-rank its own IPC namespace, so UCX cannot fall back to shared memory between "nodes".
+rank its own IPC namespace, so UCX cannot fall back to shared memory between "nodes", and
+``taskset`` pins each node to cores of its own (``backend.cpus_per_node``; a world that needs
+more cores than the host has is reported as oversubscribed: ``placement.py``).
 
 Names carry a random run id (``jcm<id>r<rank>``, bridge ``jcb<id>``) so concurrent runs do
 not collide; everything created is recorded and removed in ``__exit__``, also after a failure,
@@ -29,6 +31,7 @@ from jaxcomm_launcher.backends._base import (
     rank_env,
     worker_command,
 )
+from jaxcomm_launcher.placement import Placement, emulated_placement
 from jaxcomm_launcher.recipe import EmulatedBackend, Recipe
 
 COORDINATOR_PORT = 29500  # any port works: the namespaces are fresh
@@ -68,6 +71,11 @@ class EmulatedBackendRunner(PerRankBackend):
         self._created_ns: list[str] = []
         self._created_links: list[str] = []
         self._log: list[str] = []
+        self._placement = emulated_placement(n, self.opts.cpus_per_node, pin=self.opts.pin_cpus)
+
+    def placement(self) -> Placement:
+        """Returns each node's cores (``backend.cpus_per_node``) and the oversubscription."""
+        return self._placement
 
     # -- set-up and tear-down -------------------------------------------------------------
 
@@ -78,7 +86,7 @@ class EmulatedBackendRunner(PerRankBackend):
                 "bridge and tc qdiscs. Run `jaxcomm launch` as root (e.g. sudo -E), or use "
                 "`--set backend.kind=local`."
             )
-        for tool in ("ip", "tc", "unshare"):
+        for tool in ("ip", "tc", "unshare", *(("taskset",) if self.opts.pin_cpus else ())):
             if shutil.which(tool) is None:
                 raise BackendError(
                     f"the emulated backend needs `{tool}` (Debian: apt-get install iproute2 "
@@ -186,9 +194,12 @@ class EmulatedBackendRunner(PerRankBackend):
             spec_path: The run's spec.json.
 
         Returns:
-            ``ip netns exec <ns> [unshare --ipc] python -m jaxcomm_launcher.worker ...``.
+            ``ip netns exec <ns> [taskset -c <cores>] [unshare --ipc] python -m
+            jaxcomm_launcher.worker ...``.
         """
         cmd = ["ip", "netns", "exec", self.namespaces[rank]]
+        if self._placement.node_cpus is not None:
+            cmd += ["taskset", "-c", ",".join(map(str, self._placement.node_cpus[rank]))]
         if self.opts.ipc_isolation:
             cmd += ["unshare", "--ipc"]
         return cmd + worker_command(spec_path)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pathlib
 
-from jaxcomm_launcher.backends._base import PerRankBackend, free_port, rank_env, worker_command
+from jaxcomm_launcher.backends._base import PerRankBackend, rank_env, worker_command
+from jaxcomm_launcher.placement import Placement, local_placement
 
 
 class LocalBackendRunner(PerRankBackend):
     """Starts ``world.processes`` workers with JAXCOMM_PROCESS_ID/NUM_PROCESSES/COORDINATOR.
+
+    Each sweep entry's coordinator port is held (:meth:`BackendRunner.hold_port`) until the
+    backend exits, so no other process can take it before rank 0's coordinator binds it.
 
     Args:
         recipe: The recipe.
@@ -21,6 +25,10 @@ class LocalBackendRunner(PerRankBackend):
 
     kind = "local"
 
+    def placement(self) -> Placement:
+        """Returns the world as one node: its processes share the host's cores, unpinned."""
+        return local_placement(self.recipe.world.processes)
+
     def rank_launches(
         self, spec_path: pathlib.Path, *, dry_run: bool = False
     ) -> list[tuple[list[str], dict[str, str]]]:
@@ -28,9 +36,9 @@ class LocalBackendRunner(PerRankBackend):
 
         Args:
             spec_path: The run's spec.json.
-            dry_run: Show port 29500 instead of probing for a free one.
+            dry_run: Show port 29500 instead of reserving a free one.
         """
         # A fresh port per sweep entry: the previous coordinator's socket may linger.
-        coordinator = f"127.0.0.1:{29500 if dry_run else free_port()}"
+        coordinator = f"127.0.0.1:{29500 if dry_run else self.hold_port()}"
         n = self.recipe.world.processes
         return [(worker_command(spec_path), rank_env(rank, n, coordinator)) for rank in range(n)]

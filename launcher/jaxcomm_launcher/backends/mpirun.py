@@ -17,7 +17,6 @@ from jaxcomm_launcher.backends._base import (
     BackendError,
     SupervisedBackend,
     base_env,
-    free_port,
     shell_join,
     worker_command,
 )
@@ -112,9 +111,9 @@ class MpirunBackendRunner(SupervisedBackend):
             return self.opts.coordinator
         first = self.opts.hosts[0]
         host = "127.0.0.1" if first in ("localhost", "127.0.0.1") else first
-        # The free-port probe is only meaningful for this machine; with remote hosts set
-        # backend.coordinator to a port known to be free on the first host.
-        return f"{host}:{free_port() if probe and host == '127.0.0.1' else 29500}"
+        # A port of this machine is held until the backend exits (rank 0's coordinator binds
+        # it then); with remote hosts set backend.coordinator to a port free on the first host.
+        return f"{host}:{self.hold_port() if probe and host == '127.0.0.1' else 29500}"
 
     def command(
         self, spec_path: pathlib.Path, coordinator: str, mpirun: str, write: bool = True

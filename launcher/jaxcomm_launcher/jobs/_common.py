@@ -25,9 +25,11 @@ TRAIN_FIELDS = (
     "hidden",
     "eval_every",
     "seed",
+    "target",
+    "time_cap_s",
     "checkpoint_every",
 )
-JAXCOMM_FIELDS = ("algorithm", "density", "grad_dtype", "allowed", "profile")
+JAXCOMM_FIELDS = ("algorithm", "density", "grad_dtype", "allowed", "profile", "compute_seconds")
 
 
 def example_settings(
@@ -105,7 +107,8 @@ def data_parallel_mesh() -> Mesh:
         The mesh (process-major device order).
 
     Example:
-        >>> mesh = data_parallel_mesh()  # doctest: +SKIP
+        >>> data_parallel_mesh().axis_names
+        ('dp',)
     """
     return Mesh(np.asarray(jax.devices()), (AXIS,))
 
@@ -124,7 +127,9 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
         The same tree of global arrays with ``NamedSharding(mesh, P())``.
 
     Example:
-        >>> params = replicate({"w": np.zeros((2, 2), np.float32)}, mesh)  # doctest: +SKIP
+        >>> params = replicate({"w": np.zeros((2, 2), np.float32)}, data_parallel_mesh())
+        >>> params["w"].sharding.spec == P()
+        True
     """
     sharding = NamedSharding(mesh, P())
     return jax.tree.map(
@@ -143,7 +148,9 @@ def shard_batch(local: np.ndarray, mesh: Mesh) -> jax.Array:
         A global array with ``NamedSharding(mesh, P("dp"))``.
 
     Example:
-        >>> x = shard_batch(np.ones((8, 4), np.float32), mesh)  # doctest: +SKIP
+        >>> x = shard_batch(np.ones((8, 4), np.float32), data_parallel_mesh())
+        >>> x.sharding.spec == P("dp"), x.shape  # one process: the global batch is its rows
+        (True, (8, 4))
     """
     return jax.make_array_from_process_local_data(NamedSharding(mesh, P(AXIS)), local)
 

@@ -36,6 +36,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import algorithms as registry
 from jaxcomm import cost
 from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs._common import (
@@ -46,31 +47,29 @@ from jaxcomm_launcher.jobs._common import (
 )
 
 DEFAULT_SIZES = [1 << 20, 1 << 22, 25_000_000]
-# The algorithm names, declared once in the cost model (which predicts each of them).
-ALL_ALGORITHMS = list(cost.ALGORITHMS)
+# The algorithms run by default, from the registry (jaxcomm/algorithms/); every registered name
+# (e.g. hier_onebit) is accepted in args.algorithms.
+ALL_ALGORITHMS = list(registry.planned())
+KNOWN = [a.name for a in registry.registered()]
 HIERARCHICAL = ("node", "local")
 # Accepted in args.algorithms but not run by default: the cost model's choice per size.
-AUTO = "auto"
-# The algorithms that keep no residual (their step takes and returns it unchanged).
-WITHOUT_RESIDUAL = ("psum", "dense", "hier_dense", "hier_dense_leader")
+AUTO = registry.AUTO
 
 
 def _step(algorithm: str, args: dict) -> Callable:
     """The per-device function of `algorithm`."""
     import jaxcomm
 
-    density = float(args.get("density", 0.001))
+    options = cost.Options(
+        density=float(args.get("density", 0.001)),
+        proportion=float(args.get("proportion", 64)),
+        tau=float(args.get("tau", 3.0)),
+    )
     if algorithm == AUTO:
-        from jaxcomm import cost
-
         auto = cost.Auto(
             allowed=tuple(args.get("allowed", cost.DEFAULT_ALLOWED)),
             profile=args.get("profile"),
-            options=cost.Options(
-                density=density,
-                proportion=float(args.get("proportion", 64)),
-                tau=float(args.get("tau", 3.0)),
-            ),
+            options=options,
         )
 
         def chosen(v: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -83,37 +82,17 @@ def _step(algorithm: str, args: dict) -> Callable:
         return chosen
     if algorithm == "psum":
         return lambda v, r: (lax.psum(v, AXIS), r)
-    if algorithm == "dense":
-        return lambda v, r: (jaxcomm.allreduce(v[0], AXIS)[None], r)
-    if algorithm in ("hier_dense", "hier_dense_leader"):
-        scheme = "leader" if algorithm == "hier_dense_leader" else "multi_leader"
-        return lambda v, r: (
-            jaxcomm.allreduce(v[0], HIERARCHICAL, hierarchical=True, hierarchical_scheme=scheme)[
-                None
-            ],
-            r,
-        )
-    if algorithm == "hier_adaptive":
-        adaptive = jaxcomm.Adaptive(float(args.get("proportion", 64)))
-
-        def hier(v: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
-            summed, new_r = jaxcomm.compressed_allreduce(
-                v[0], r[0], HIERARCHICAL, adaptive, hierarchical=True
-            )
-            return summed[None], new_r[None]
-
-        return hier
-    compressors = {
-        "topk_allgather": lambda: jaxcomm.TopKAllgather(density),
-        "gtopk": lambda: jaxcomm.GTopK(density),
-        "adaptive": lambda: jaxcomm.Adaptive(float(args.get("proportion", 64))),
-        "onebit": lambda: jaxcomm.OneBit(),
-        "threshold": lambda: jaxcomm.Threshold(float(args.get("tau", 3.0))),
-    }
-    algo = compressors[algorithm]()
+    record = registry.get(algorithm)
+    axis, kwargs = AXIS, {}
+    if record.hierarchy is not None:
+        axis = HIERARCHICAL
+        kwargs = {"hierarchical": True, "hierarchical_scheme": record.hierarchy[1]}
+    spec = record.build(options)  # from the registry: GTopK(density), OneBit(), ...
+    if spec is None:  # the dense allreduce
+        return lambda v, r: (jaxcomm.allreduce(v[0], axis, **kwargs)[None], r)
 
     def step(v: jax.Array, r: jax.Array) -> tuple[jax.Array, jax.Array]:
-        summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], AXIS, algo)
+        summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], axis, spec, **kwargs)
         return summed[None], new_r[None]
 
     return step
@@ -153,9 +132,9 @@ def run(ctx: JobContext) -> None:
     if chain < 1:
         raise ValueError(f"args.chain must be an integer >= 1, got {chain}")
     algorithms = list(ctx.args.get("algorithms", ALL_ALGORITHMS))
-    unknown = sorted(set(algorithms) - set(ALL_ALGORITHMS) - {AUTO})
+    unknown = sorted(set(algorithms) - set(KNOWN) - {AUTO})
     if unknown:
-        raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {[*ALL_ALGORITHMS, AUTO]}")
+        raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {[*KNOWN, AUTO]}")
     flat_mesh = data_parallel_mesh()
     # Nodes x local ranks: jax.devices() lists each process's devices together, in order.
     node_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), -1), HIERARCHICAL)
@@ -164,7 +143,8 @@ def run(ctx: JobContext) -> None:
         rng = np.random.default_rng(ctx.rank)
         local = rng.standard_normal((ctx.devices_per_process, size)).astype(np.float32)
         for algorithm in algorithms:
-            if algorithm.startswith("hier_"):
+            hierarchical = algorithm != AUTO and registry.get(algorithm).hierarchy is not None
+            if hierarchical:
                 mesh, spec = node_mesh, P(HIERARCHICAL)
                 sharding = NamedSharding(mesh, spec)
                 x = jax.make_array_from_process_local_data(sharding, local)
@@ -174,7 +154,7 @@ def run(ctx: JobContext) -> None:
                 x = shard_batch(local, mesh)
                 zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
             fn = _chained(_step(algorithm, ctx.args), chain, mesh.size)
-            if algorithm in WITHOUT_RESIDUAL:
+            if algorithm != AUTO and not registry.get(algorithm).residual:
                 # Nothing to carry: passing a donated residual through unchanged made XLA
                 # alias it to the sum and copy both (2 x 100 MB per call at 25M floats).
                 dense = jax.jit(

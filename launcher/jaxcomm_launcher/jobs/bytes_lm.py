@@ -28,11 +28,12 @@ def run(ctx: JobContext) -> None:
     """
     from jaxcomm.examples.bytes_lm import train
 
-    # recipe.train's steps, batch_size, eval_every and seed, unless args sets them.
+    # recipe.train's steps, batch_size, eval_every, seed and stopping rule, unless args sets
+    # them.
     settings = example_settings(
         ctx,
-        ("steps", "batch_size", "eval_every", "seed", "checkpoint_every"),
-        ("algorithm", "density", "grad_dtype"),
+        ("steps", "batch_size", "eval_every", "seed", "target", "time_cap_s", "checkpoint_every"),
+        ("algorithm", "density", "grad_dtype", "allowed", "profile", "compute_seconds"),
     )
     train_example(
         ctx,

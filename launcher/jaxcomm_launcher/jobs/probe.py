@@ -91,22 +91,6 @@ def _placed(mesh: Mesh, spec: P, local: np.ndarray) -> jax.Array:
     return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), local)
 
 
-def _fit_line(xs: list[list[float]], ys: list[float]) -> list[float]:
-    """Non-negative least squares for a few columns (drop a column that comes out negative)."""
-    a = np.asarray(xs, np.float64)
-    y = np.asarray(ys, np.float64)
-    active = list(range(a.shape[1]))
-    while active:
-        coef, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
-        if (coef >= 0).all():
-            out = [0.0] * a.shape[1]
-            for i, c in zip(active, coef, strict=True):
-                out[i] = float(c)
-            return out
-        active.pop(int(np.argmin(coef)))
-    return [0.0] * a.shape[1]
-
-
 def _inter_process_link(ctx: JobContext) -> str:
     """``across_hosts`` when the processes sit on different (or emulated) hosts."""
     if jax.process_count() == 1:
@@ -133,7 +117,7 @@ def run(ctx: JobContext) -> None:
         >>> # jaxcomm probe recipes/digits-dense.yaml --out profile.json
     """
     import jaxcomm
-    from jaxcomm import cost
+    from jaxcomm import algorithms, cost
 
     sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
     kernel_n = int(ctx.args.get("kernel_elements", DEFAULT_KERNEL_ELEMENTS))
@@ -194,11 +178,9 @@ def run(ctx: JobContext) -> None:
     rounds.add("gamma.sum", per_device(lambda a, b: a + b, zeros, x, donate=(0,)))
     topk = jaxcomm.TopK(0.001)
     rounds.add("gamma.topk", per_device(lambda a, r: jaxcomm.ops.compress(a, r, topk), x, zeros))
-    quantizers = {
-        "onebit": jaxcomm.OneBit(),
-        "threshold": jaxcomm.Threshold(3.0),
-        "adaptive": jaxcomm.Adaptive(64.0),
-    }
+    # Every quantizer of the registry (jaxcomm/algorithms/), as `options` below configures it.
+    options = cost.Options(density=0.001, tau=3.0, threshold_fraction=0.0027)
+    quantizers = {q.name: q.build(options) for q in algorithms.quantizers()}
     for kind, q in quantizers.items():
         rounds.add(
             f"gamma.quantize.{kind}",
@@ -258,7 +240,7 @@ def run(ctx: JobContext) -> None:
 
     # The compressed collectives at kernel_elements, to calibrate gamma inside them.
     calibrations = {
-        "gtopk": (jaxcomm.GTopK(0.001), ("topk",)),
+        "gtopk": (algorithms.build("gtopk", options), ("topk",)),
         **{kind: (q, (f"quantize.{kind}", f"decode.{kind}")) for kind, q in quantizers.items()},
     }
     x_placed = _placed(flat, spec, rng.standard_normal((local, kernel_n)).astype(np.float32))
@@ -278,7 +260,11 @@ def run(ctx: JobContext) -> None:
     # Fits.
     call = t["call"]
     measured.append("call")
-    gamma = {k: t[f"gamma.{k}"] / kernel_n for k in cost.KERNELS if k != "merge"}
+    # Kernels this probe has no measurement for (an algorithm's own new kernel) keep the
+    # registry's default: Profile.from_json fills them in and `measured` does not list them.
+    gamma = {
+        k: t[f"gamma.{k}"] / kernel_n for k in cost.KERNELS if k != "merge" and f"gamma.{k}" in t
+    }
     gamma["merge"] = t["gamma.merge"] / (2 * k)
     measured += [f"gamma.{name}" for name in gamma]
     links: dict[str, dict[str, float]] = {}
@@ -289,7 +275,7 @@ def run(ctx: JobContext) -> None:
             steps, nbytes, summed = cost.dense_path(n, parts, name != "across_hosts")
             rows.append([steps, nbytes])
             ys.append(max(0.0, t[f"ring.{name}.{n}"] - call - gamma["sum"] * (n + summed)))
-        alpha, beta = _fit_line(rows, ys)
+        alpha, beta = cost.fit_line(rows, ys)
         if beta <= 0.0:
             # Noise at small sizes can leave no slope: charge the largest size's time to
             # bandwidth alone, so the link is never modeled as infinitely fast.
@@ -300,7 +286,7 @@ def run(ctx: JobContext) -> None:
     if ranks > 1:
         rows = [[1.0, cost.ring_bytes(n, ranks, 0)] for n in sizes]
         ys = [max(0.0, t[f"psum.{n}"] - call) for n in sizes]
-        a, b = _fit_line(rows, ys)
+        a, b = cost.fit_line(rows, ys)
         psum_line = {"alpha": a, "beta": b}
         measured.append("psum")
 
@@ -312,7 +298,6 @@ def run(ctx: JobContext) -> None:
         {"version": 1, "links": links, "gamma": gamma, "call": call, "inter_process": inter}
     )
     world = cost.World(jax.process_count(), local, inter)
-    options = cost.Options(density=0.001, tau=3.0, threshold_fraction=0.0027)
     scales = {}
     for algorithm, (_, kernels) in calibrations.items():
         measured_t = t[f"calibration.{algorithm}"]

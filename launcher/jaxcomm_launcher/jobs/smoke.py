@@ -84,7 +84,12 @@ def run(ctx: JobContext) -> None:
         )
     )
     expected = n_dev * (n_dev + 1) / 2
-    ctx.print(f"smoke: rank {ctx.rank}/{ctx.world_size}, {n_dev} devices, {size} floats each")
+    # The cores this rank may run on: an emulated node's own (backend.cpus_per_node).
+    affinity = sorted(os.sched_getaffinity(0))
+    ctx.print(
+        f"smoke: rank {ctx.rank}/{ctx.world_size}, {n_dev} devices, {size} floats each, "
+        f"affinity {affinity}"
+    )
     for step in range(ctx.train.steps):
         _maybe_fail(ctx, step)
         ctx.metrics.progress(step + 1)

@@ -1,0 +1,846 @@
+"""Writes the measured tables of the docs from ``benchmarks/results/*.json``.
+
+Every table of measurements in ``README.md`` and ``docs/*.md`` is generated here, so a number in
+the docs and the JSON it came from cannot drift apart. A page holds hand-written prose and, where
+a table goes, a marked region::
+
+    <!-- generated: allreduce-25m -->
+    ...replaced by this script...
+    <!-- end generated: allreduce-25m -->
+
+A section is one function decorated with :func:`section` that takes the results folder and returns
+Markdown. Adding a section is that one function: if its page has no region for it yet, the script
+appends one at the end of the page (creating the page if needed), and the prose can then be
+written around it.
+
+Usage (from the repository root; needs only the standard library)::
+
+    python benchmarks/docs.py            # rewrite the generated regions
+    python benchmarks/docs.py --check    # exit 1 naming each stale page (tests/test_docs.py)
+    python benchmarks/docs.py --figures  # also redraw docs/when-it-pays.png (needs matplotlib)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+class Section(NamedTuple):
+    page: str  # path relative to the repository root
+    name: str  # the region's name on that page
+    render: Callable[[pathlib.Path], str]
+
+
+SECTIONS: list[Section] = []
+
+
+def section(page: str, name: str) -> Callable[[Callable[[pathlib.Path], str]], Callable]:
+    """Registers ``render(results_dir) -> markdown`` as region ``name`` of ``page``.
+
+    Example:
+      >>> @section("docs/usage.md", "demo")
+      ... def _demo(results: pathlib.Path) -> str:
+      ...     return "| a |\\n|---|\\n| 1 |"
+      >>> SECTIONS[-1].name, SECTIONS.pop().page
+      ('demo', 'docs/usage.md')
+    """
+
+    def register(render: Callable[[pathlib.Path], str]) -> Callable[[pathlib.Path], str]:
+        if any(s.page == page and s.name == name for s in SECTIONS):
+            raise ValueError(f"section {name!r} of {page} is registered twice")
+        SECTIONS.append(Section(page, name, render))
+        return render
+
+    return register
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting helpers
+
+
+def load(results: pathlib.Path, name: str) -> dict[str, Any]:
+    """Reads ``results/<name>.json``."""
+    return json.loads((results / f"{name}.json").read_text())
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table; numbers must already be formatted.
+
+    Example:
+      >>> print(table(["a", "b"], [[1, "x"]]))
+      | a | b |
+      |---|---|
+      | 1 | x |
+    """
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ms(seconds: float | None, digits: int | None = None) -> str:
+    """Milliseconds with about three significant digits.
+
+    Example:
+      >>> ms(1.2695), ms(0.0586), ms(0.000708), ms(None)
+      ('1270 ms', '58.6 ms', '0.708 ms', '–')
+    """
+    if seconds is None:
+        return "–"
+    v = seconds * 1e3
+    if digits is None:
+        digits = 0 if v >= 100 else 1 if v >= 10 else 2 if v >= 1 else 3
+    return f"{round(v, digits) if digits else round(v):.{digits}f} ms"
+
+
+def ratio(x: float | None) -> str:
+    """A speed ratio, ``2.5×``; ``–`` when missing.
+
+    Example:
+      >>> ratio(11.06), ratio(4.629), ratio(0.666), ratio(None)
+      ('11.1×', '4.63×', '0.67×', '–')
+    """
+    if x is None:
+        return "–"
+    return f"{x:.1f}×" if x >= 10 else f"{x:.2f}×"
+
+
+def mb(nbytes: float | None) -> str:
+    """Megabytes (10⁶ bytes) with three significant digits.
+
+    Example:
+      >>> mb(150_000_000), mb(4_980_376), mb(400_000)
+      ('150 MB', '4.98 MB', '0.400 MB')
+    """
+    if nbytes is None:
+        return "–"
+    v = nbytes / 1e6
+    return (
+        f"{v:.0f} MB"
+        if v >= 100
+        else f"{v:.1f} MB"
+        if v >= 10
+        else f"{v:.2f} MB"
+        if v >= 1
+        else f"{v:.3f} MB"
+    )
+
+
+def pct(x: float | None, signed: bool = False) -> str:
+    """A fraction as a percentage.
+
+    Example:
+      >>> pct(0.2875), pct(-0.016, signed=True), pct(None)
+      ('29 %', '-2 %', '–')
+    """
+    if x is None:
+        return "–"
+    return f"{x * 100:+.0f} %" if signed else f"{x * 100:.0f} %"
+
+
+def elements(n: int) -> str:
+    """``25M``, ``4M``, ``256``: element counts as the docs write them.
+
+    Example:
+      >>> elements(25_000_000), elements(16_777_216), elements(4096)
+      ('25M', '16.8M', '4096')
+    """
+    if n >= 1_000_000:
+        m = n / 1e6
+        return f"{m:.0f}M" if m == int(m) else f"{m:.1f}M"
+    return str(n)
+
+
+def run_of(data: dict[str, Any]) -> str:
+    """Where a benchmark ran: ``4 × 1, 1gbit emulated links`` or ``4 × 2, one host``."""
+    world = f"{data['processes']} × {data.get('devices_per_process', 1)}"
+    if data.get("backend") == "emulated":
+        return f"{world}, emulated {data.get('bandwidth')} links"
+    return f"{world}, one host"
+
+
+# ---------------------------------------------------------------------------------------------
+# README.md
+
+
+@section("README.md", "allreduce-25m")
+@section("docs/benchmarks.md", "allreduce-25m")
+def allreduce_25m(results: pathlib.Path) -> str:
+    """The headline: every algorithm at 25M float32, 4 ranks, on 1 Gbit/s links and one host."""
+    net = load(results, "allreduce-emulated-1gbit")
+    host = load(results, "allreduce-local")
+    host_rows = {r["algorithm"]: r for r in host["rows"]}
+    rows = []
+    for r in net["rows"]:
+        h = host_rows.get(r["algorithm"], {})
+        rows.append(
+            [
+                f"`{r['algorithm']}`",
+                ms(r["median_s"]),
+                ratio(r.get("speedup_vs_psum")),
+                ms(h.get("median_s")),
+                ratio(h.get("speedup_vs_psum")),
+                mb(r.get("bytes_sent")),
+            ]
+        )
+    header = ["algorithm", "1 Gbit/s links", "vs psum", "one host", "vs psum", "sent / rank"]
+    n = elements(net["rows"][0]["elements"])
+    return (
+        f"P = {net['processes']} processes, {n} float32 per rank, density {net['density']}, "
+        f"median of {net['repeats']} (`benchmarks/results/allreduce-emulated-1gbit.json`, "
+        "`benchmarks/results/allreduce-local.json`):"
+        "\n\n" + table(header, rows)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/benchmarks.md
+
+
+@section("docs/benchmarks.md", "kernels-cpu")
+def kernels_cpu(results: pathlib.Path) -> str:
+    """``benchmarks/kernels.py`` on the CPU."""
+    return _kernels(load(results, "kernels"), "kernels.json")
+
+
+def _kernels(data: dict[str, Any], file: str) -> str:
+    by_baseline = {r["baseline"]: r for r in data["rows"] if r["baseline"]}
+    rows = []
+    for r in data["rows"]:
+        if r["group"] == "topk" and r["baseline"] is None:
+            lax = by_baseline["lax"]["median_s"]
+            vs = f"{ratio(lax / r['median_s'])} faster than `lax.top_k(jnp.abs(x), k)`"
+        elif r["group"] == "quantize" and r["baseline"] is None:
+            vs = f"{r['gbps'] / by_baseline['copy']['gbps']:.2f} of copy bandwidth"
+        else:
+            vs = "baseline"
+        name = r["name"].replace("jaxcomm.ops.topk_abs", f"jaxcomm.ops.topk_abs (k = {data['k']})")
+        rows.append([f"`{name}`", ms(r["median_s"]), f"{r['gbps']:.1f}", vs])
+    samples = f"medians of {data['repeats']}"
+    if "calls_per_sample" in data:
+        samples += f" samples of {data['calls_per_sample']} back-to-back calls"
+    return (
+        f"n = {data['n']:,} float32 on `{data['device']}` ({data['machine']['cpus']} CPUs, "
+        f"jax {data['jax']}), {samples} (`benchmarks/results/{file}`):\n\n"
+        + table(["kernel", "median", "GB/s of x", "vs baseline"], rows)
+    )
+
+
+def _allreduce_table(data: dict[str, Any], file: str) -> str:
+    rows = [
+        [
+            f"`{r['algorithm']}`",
+            elements(r["elements"]),
+            ms(r["median_s"]),
+            ratio(r.get("speedup_vs_psum")),
+            mb(r.get("bytes_sent")),
+        ]
+        for r in data["rows"]
+    ]
+    return (
+        f"{run_of(data)}, density {data['density']}, median of {data['repeats']} "
+        f"(`benchmarks/results/{file}`):\n\n"
+        + table(["algorithm", "elements", "median", "vs psum", "sent / rank"], rows)
+    )
+
+
+@section("docs/benchmarks.md", "allreduce-hierarchical")
+def allreduce_hierarchical(results: pathlib.Path) -> str:
+    """Flat against hierarchical dense allreduce on 4 nodes × 2 devices."""
+    return _allreduce_table(
+        load(results, "allreduce-emulated-1gbit-4x2"), "allreduce-emulated-1gbit-4x2.json"
+    )
+
+
+@section("docs/benchmarks.md", "quantized-allreduce")
+def quantized_allreduce(results: pathlib.Path) -> str:
+    """The quantized allreduce runs (flat and hierarchical, loopback and emulated)."""
+    names = sorted(p.stem for p in results.glob("quantized-allreduce-*.json"))
+    return "\n\n".join(_allreduce_table(load(results, n), f"{n}.json") for n in names)
+
+
+@section("docs/benchmarks.md", "peers")
+def peers(results: pathlib.Path) -> str:
+    """``benchmarks/peers.py``: dense allreduce against OpenMPI, mpi4jax and psum."""
+    data = load(results, "peers-local")
+    median = {
+        (r["processes"], r["elements"], r["implementation"]): r["median_s"] for r in data["rows"]
+    }
+    impls = ["openmpi", "mpi4jax", "psum", "jaxcomm"]
+    rows = []
+    for p, n in sorted({(r["processes"], r["elements"]) for r in data["rows"]}):
+        t = {i: median.get((p, n, i)) for i in impls}
+        rows.append(
+            [p, elements(n)]
+            + [ms(t[i]) for i in impls]
+            + [ratio(t[i] / t["jaxcomm"]) if t[i] and t["jaxcomm"] else "–" for i in impls[:3]]
+        )
+    header = [
+        "P",
+        "elements",
+        "OpenMPI `Allreduce`",
+        "mpi4jax",
+        "`lax.psum`",
+        "`jaxcomm.allreduce`",
+    ]
+    header += ["vs OpenMPI", "vs mpi4jax", "vs psum"]
+    return (
+        f"{data['calls']} calls per sample, median of {data['repeats'] * data['rounds']} samples, "
+        f"{data['host_cores']} cores (`benchmarks/results/peers-local.json`):\n\n"
+        + table(header, rows)
+    )
+
+
+@section("docs/benchmarks.md", "small-allreduce")
+def small_allreduce(results: pathlib.Path) -> str:
+    """``benchmarks/small_allreduce.py``: small- against large-vector schedules at every size."""
+    out = []
+    for path in sorted(results.glob("small-allreduce-*.json")):
+        data = json.loads(path.read_text())
+        cells: dict[tuple[str, int], dict[str, dict]] = {}
+        for r in data["rows"]:
+            cells.setdefault((r["path"], r["elements"]), {})[r["schedule"]] = r
+        rows = []
+        for (route, n), c in sorted(cells.items()):
+            large, small = c.get("large"), c.get("small")
+            rows.append(
+                [
+                    route,
+                    n,
+                    ms(c["psum"]["median_s"], 2) if "psum" in c else "–",
+                    f"{ms(large['median_s'], 2)} (`{large['label']}`)" if large else "–",
+                    f"{ms(small['median_s'], 2)} (`{small['label']}`)" if small else "–",
+                    ratio(large["median_s"] / small["median_s"]) if large and small else "–",
+                ]
+            )
+        cross = ", ".join(f"{k} {v:,} B" for k, v in sorted(data["crossover_bytes"].items()))
+        out.append(
+            f"{run_of(data)}, median of {data['repeats']} (`benchmarks/results/{path.name}`; "
+            f"largest size where the small schedule wins: {cross or 'none'}):\n\n"
+            + table(
+                [
+                    "path",
+                    "elements",
+                    "`lax.psum`",
+                    "large schedule",
+                    "small schedule",
+                    "small vs large",
+                ],
+                rows,
+            )
+        )
+    return "\n\n".join(out)
+
+
+def _overlap(data: dict[str, Any], file: str) -> str:
+    rows = []
+    smallest = min(r["bucket_size"] for r in data["rows"] if r["bucket_size"] > 0)
+    for r in data["rows"]:
+        hidden = pct(r["hidden_fraction"])
+        if r["bucket_size"] == smallest:  # T_comm alone is inflated there: see the prose
+            hidden = f"({hidden})"
+        rows.append(
+            [
+                f"`{r['algorithm']}`",
+                r["bucket"],
+                ms(r["t_comm_s"]),
+                ms(r["t_step_s"]),
+                hidden,
+                pct(r["saved_vs_single_bucket"], signed=True),
+            ]
+        )
+    load_start = ", ".join(f"{v:.1f}" for v in data["loadavg_start"])
+    return (
+        f"{run_of(data)}: {data['layers']} layers of {data['width']}, {data['elements']:,} gradient "
+        f"elements, T_compute {ms(data['t_compute_s'])}, median of {data['repeats']}, load average "
+        f"at the start {load_start} (`benchmarks/results/{file}`):\n\n"
+        + table(["algorithm", "bucket", "T_comm", "T_step", "hidden", "vs one bucket"], rows)
+    )
+
+
+@section("docs/benchmarks.md", "overlap")
+def overlap(results: pathlib.Path) -> str:
+    """``benchmarks/overlap.py``: how much communication the start/done split hides."""
+    names = sorted(p.stem for p in results.glob("overlap-*.json"))
+    return "\n\n".join(_overlap(load(results, n), f"{n}.json") for n in names)
+
+
+@section("docs/benchmarks.md", "overlap-paced")
+def overlap_paced(results: pathlib.Path) -> str:
+    """Step time against the number of steps in flight (``jaxcomm.paced``)."""
+    rows = []
+    for path in sorted(results.glob("overlap-*.json")):
+        data = json.loads(path.read_text())
+        steps: dict[str, dict[int, float]] = {}
+        for r in data.get("paced", []):
+            steps.setdefault(r["algorithm"], {})[r["max_in_flight"]] = r["t_step_s"]
+        for algorithm, by_n in steps.items():
+            rows.append([run_of(data), f"`{algorithm}`"] + [ms(by_n.get(k)) for k in (0, 1, 2, 4)])
+    return table(["run", "algorithm", "0 in flight", "1", "2", "4"], rows)
+
+
+def _train(data: dict[str, Any], file: str) -> str:
+    metric = data["metric"].replace("_", " ")
+    fmt = (lambda v: f"{v * 100:.1f} %") if "accuracy" in data["metric"] else (lambda v: f"{v:.3f}")
+    rows = [
+        [
+            f"`{r['algorithm']}`",
+            fmt(r["final"]),
+            "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s",
+            ratio(r.get("speedup_vs_psum")),
+            f"{r['step_s']:.2f}",
+            "–" if r["comm_s"] is None else f"{r['comm_s']:.2f}",
+            f"{r['bytes_sent_per_step'] / 1e6:.1f}",
+        ]
+        for r in data["rows"]
+    ]
+    steps = data["rows"][0]["steps"]
+    params = data["rows"][0]["parameters"]
+    header = [
+        "reduction",
+        f"{metric} at step {steps}",
+        f"time to psum's {fmt(data['target'])}",
+        "vs psum",
+        "s/step",
+        "jaxcomm s/step",
+        "MB sent/step/rank",
+    ]
+    command = data["command"].split("benchmarks/train.py", 1)[-1].split(" --out ")[0]
+    return (
+        f"`{data['workload']}` ({params:,} parameters), {run_of(data)}, {steps} steps: "
+        f"`python benchmarks/train.py{command}` (`benchmarks/results/{file}`):\n\n"
+        + table(header, rows)
+    )
+
+
+@section("docs/benchmarks.md", "train")
+def train(results: pathlib.Path) -> str:
+    """``benchmarks/train.py``: every reduction of one workload in the same run."""
+    names = sorted(p.stem for p in results.glob("train-*.json"))
+    return "\n\n".join(_train(load(results, n), f"{n}.json") for n in names)
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/e2e.md: time to target (benchmarks/train.py writes results/e2e/e2e.json)
+
+E2E_HEADER = [
+    "reduction",
+    "time to target",
+    "speedup vs 16-bit",
+    "best",
+    "steps",
+    "s/step",
+    "predicted s/step",
+    "MB/step",
+]
+
+
+def _num(v: float | None, spec: str) -> str:
+    return format(v, spec) if v is not None and v == v and abs(v) != float("inf") else "–"
+
+
+def e2e_title(row: dict[str, Any]) -> str:
+    """The heading of one (workload, network) cell of the end-to-end grid.
+
+    Example:
+      >>> e2e_title({"workload": "w", "network": "1gbit-2x1", "metric": "test_accuracy",
+      ...            "target": 0.9, "no_communication_bound": None, "oversubscribed": None})
+      'w · 1gbit-2x1 · target test_accuracy ≥ 0.9'
+    """
+    sign = "≥" if row["metric"] == "test_accuracy" else "≤"
+    title = f"{row['workload']} · {row['network']} · target {row['metric']} {sign} {row['target']}"
+    if row.get("no_communication_bound"):
+        title += (
+            f" · compute {row['compute_s']:.3f} s/step: no reduction can beat "
+            f"{row['no_communication_bound']:.1f}× here"
+        )
+    if row.get("oversubscribed"):
+        title += f" · {row['oversubscribed']}"
+    return title
+
+
+def e2e_columns(row: dict[str, Any]) -> list[str]:
+    """One row of the end-to-end table, formatted (the columns of :data:`E2E_HEADER`).
+
+    A run that stopped at its cap did not reach the target: ``> cap``; a speedup over a capped
+    baseline is a lower bound (``≥``).
+
+    Example:
+      >>> e2e_columns({"label": "gtopk", "auto_pick": None, "time_to_target_s": 12.0,
+      ...   "seeds": [0], "time_to_target_spread_s": None, "capped_at_s": None, "speedup": 2.0,
+      ...   "speedup_is_lower_bound": False, "best": 0.98, "steps": 80, "step_s": 0.15,
+      ...   "predicted_step_s": 0.12, "prediction_error": -0.2, "bytes_sent_per_step": 2e5})[:3]
+      ['gtopk', '12.0 s', '2.00×']
+    """
+    t = row["time_to_target_s"]
+    if t is not None:
+        reach = f"{t:.1f} s"
+        if len(row["seeds"]) > 1 and row["time_to_target_spread_s"]:
+            lo, hi = row["time_to_target_spread_s"]
+            reach += f" ({lo:.0f}–{hi:.0f}, {len(row['seeds'])} seeds)"
+    else:
+        reach = f"> {row['capped_at_s']:.0f} s (cap)" if row["capped_at_s"] else "–"
+    speed = _num(row["speedup"], ".2f")
+    if row["speedup"] is not None:
+        speed = ("≥ " if row["speedup_is_lower_bound"] else "") + speed + "×"
+    predicted = _num(row["predicted_step_s"], ".3f")
+    if row["prediction_error"] is not None:
+        predicted += f" ({row['prediction_error']:+.0%})"
+    return [
+        row["label"] + (f" → {row['auto_pick']}" if row["auto_pick"] else ""),
+        reach,
+        speed,
+        _num(row["best"], ".4f"),
+        _num(row["steps"], ".0f"),
+        _num(row["step_s"], ".3f"),
+        predicted,
+        _num(row["bytes_sent_per_step"] / 1e6, ".2f"),
+    ]
+
+
+def e2e_cells(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows grouped by (workload, network), in their order: ``[(title, rows), ...]``."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["network"]), []).append(r)
+    return [(e2e_title(g[0]), g) for g in groups.values()]
+
+
+@section("docs/e2e.md", "e2e")
+def e2e(results: pathlib.Path) -> str:
+    """The end-to-end grid: one table per workload and network (``results/e2e/e2e.json``)."""
+    data = load(results / "e2e", "e2e")
+    parts = [
+        f"**{title}**\n\n" + table(E2E_HEADER, [e2e_columns(r) for r in rows])
+        for title, rows in e2e_cells(data["rows"])
+    ]
+    return "From `benchmarks/results/e2e/e2e.json` ({} runs).\n\n".format(data["cells"]) + (
+        "\n\n".join(parts)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/gpus.md
+
+
+@section("docs/gpus.md", "kernels-gpu")
+def kernels_gpu(results: pathlib.Path) -> str:
+    """``benchmarks/kernels.py --device gpu``."""
+    data = load(results, "kernels-gpu")
+    return _kernels(data, "kernels-gpu.json")
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/cost-model.md
+
+
+def _link_bound(r: dict[str, Any]) -> bool:
+    """A case on rate-limited (emulated) links that the model predicts to spend at least 95 % of
+    its time on the wire. Loopback runs have no such link: their "communication" is memory
+    traffic on the same cores as the compute."""
+    return (
+        r["backend"].startswith("emulated")
+        and r["predicted_communication_s"] >= 0.95 * r["predicted_s"]
+    )
+
+
+@section("docs/cost-model.md", "validation-summary")
+def cost_summary(results: pathlib.Path) -> str:
+    """``benchmarks/cost_model.py``: one line per run."""
+    rows, files = [], []
+    for path in sorted(results.glob("cost-model-*.json")):
+        data = json.loads(path.read_text())
+        if "summary" not in data:
+            continue
+        files.append(f"`benchmarks/results/{path.name}`")
+        s, a = data["summary"], data["args"]
+        setup = f"{a['backend']}" + (f" {a['bandwidth']}" if a["backend"] == "emulated" else "")
+        bound = [
+            f"{r['algorithm']} {elements(r['elements'])} {pct(r['error'], signed=True)}"
+            for r in data["rows"]
+            if _link_bound(r)
+        ]
+        auto_run = (
+            f"{s['auto_run_within_10pct']}/{s['auto_run_cases']}"
+            if "auto_run_cases" in s
+            else "not run"
+        )
+        rows.append(
+            [
+                f"{setup} {' '.join(a['worlds'])}",
+                s["cases"],
+                pct(s["median_abs_error"]),
+                pct(s["worst_abs_error"]),
+                ", ".join(bound) or "–",
+                f"{s['auto_within_10pct']}/{s['auto_cases']}",
+                auto_run,
+                f"{s['bytes_exact']}/{s['bytes_cases']}",
+            ]
+        )
+    header = [
+        "setup",
+        "cases",
+        "median \\|error\\|",
+        "worst",
+        "link-bound cases (emulated, ≥ 95 % on the wire)",
+        "auto's pick within 10 % of best",
+        "the job's own auto run within 10 %",
+        "bytes exact",
+    ]
+    return f"From {', '.join(files)}:\n\n" + table(header, rows)
+
+
+@section("docs/cost-model.md", "validation-emulated-1gbit")
+def cost_rows(results: pathlib.Path) -> str:
+    """Every case of the emulated 1 Gbit/s validation run."""
+    data = load(results, "cost-model-emulated-1gbit")
+    rows = [
+        [
+            f"`{r['algorithm']}`",
+            r["elements"],
+            ms(r["measured_s"]),
+            ms(r["predicted_s"]),
+            pct(r["error"], signed=True),
+            f"{r['measured_bytes']:.0f}",
+            f"{r['predicted_bytes']:.0f}",
+        ]
+        for r in data["rows"]
+    ]
+    a = data["args"]
+    header = [
+        "algorithm",
+        "elements",
+        "measured",
+        "predicted",
+        "error",
+        "bytes measured",
+        "bytes predicted",
+    ]
+    return (
+        f"`python benchmarks/cost_model.py --backend {a['backend']} --bandwidth {a['bandwidth']} "
+        f"--worlds {' '.join(a['worlds'])} --repeats {a['repeats']}` "
+        "(`benchmarks/results/cost-model-emulated-1gbit.json`):\n\n" + table(header, rows)
+    )
+
+
+@section("docs/cost-model.md", "extrapolation")
+def cost_extrapolation(results: pathlib.Path) -> str:
+    """``benchmarks/cost_model.py --extrapolate``: the model alone at cluster scale."""
+    data = load(results, "cost-model-extrapolation")
+    algos = data["algorithms"]
+    rows = []
+    for r in data["rows"]:
+        cells = [f"{r['seconds'][a] * 1e3:.0f}" if a in r["seconds"] else "" for a in algos]
+        rows.append([f"{r['gbit']:g} Gbit/s", r["ranks"], r["layout"], *cells, f"`{r['pick']}`"])
+    return (
+        f"{elements(data['elements'])} float32, density {data['density']}, α = "
+        f"{data['alpha_s'] * 1e6:g} µs between processes, kernels of {data['profile']}; ms per "
+        "call (`benchmarks/results/cost-model-extrapolation.json`):\n\n"
+        + table(["network", "P", "layout", *algos, "pick"], rows)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The README's picture (a PNG: drawn on request, not compared by --check)
+
+
+def draw_when_it_pays(results: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """Draws ``docs/when-it-pays.png``: measured speed over ``lax.psum`` at 25M float32 (1 Gbit/s
+    links and one host), and the model's time per call at P = 256 against network bandwidth."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    net = load(results, "allreduce-emulated-1gbit")
+    host = {r["algorithm"]: r for r in load(results, "allreduce-local")["rows"]}
+    names = [r["algorithm"] for r in net["rows"]]
+    y = range(len(names))
+    left.barh(
+        [i + 0.2 for i in y],
+        [r["speedup_vs_psum"] for r in net["rows"]],
+        0.4,
+        label="1 Gbit/s links",
+    )
+    left.barh(
+        [i - 0.2 for i in y], [host[n]["speedup_vs_psum"] for n in names], 0.4, label="one host"
+    )
+    left.axvline(1.0, color="black", linewidth=0.8)
+    left.set_yticks(list(y), names)
+    left.invert_yaxis()
+    left.set_xlabel("speed over lax.psum (measured, higher is better)")
+    left.set_title(
+        f"measured: P = {net['processes']}, {elements(net['rows'][0]['elements'])} float32"
+    )
+    left.legend(loc="lower right")
+    model = load(results, "cost-model-extrapolation")
+    flat = [r for r in model["rows"] if r["ranks"] == 256 and r["layout"] == "flat"]
+    for a in ["dense", "topk_allgather", "gtopk", "onebit", "adaptive"]:
+        right.plot(
+            [r["gbit"] for r in flat], [r["seconds"][a] * 1e3 for r in flat], marker="o", label=a
+        )
+    right.set_xscale("log")
+    right.set_yscale("log")
+    right.set_xlabel("network bandwidth (Gbit/s)")
+    right.set_ylabel("ms per allreduce (model)")
+    right.set_title(f"cost model: P = 256, {elements(model['elements'])} float32")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# docs/faults.md
+
+FAULT_HEADER = [
+    "fault",
+    "outcome",
+    "detect (s)",
+    "recover (s)",
+    "steps lost",
+    "accuracy = fault-free",
+    "bit-identical",
+    "wall (s)",
+]
+
+
+def fault_cells(row: dict[str, Any]) -> list[str]:
+    """One row of the fault table (``benchmarks/faults.py``'s JSON rows).
+
+    Example:
+      >>> fault_cells({"kind": "loss", "outcome": "refused", "detail": "no netem (`tc`)"})[:2]
+      ['loss', 'refused: no netem']
+    """
+    if row["outcome"] == "refused":
+        why = row["detail"].split(" (`")[0]  # the JSON keeps the whole message
+        return [row["kind"], f"refused: {why}"] + ["–"] * 6
+
+    def num(key: str) -> str:
+        return "–" if row.get(key) is None else f"{row[key]:.2f}"
+
+    accuracy = "–" if row.get("test_accuracy") is None else f"{row['test_accuracy']:.4f}"
+    return [
+        row["fault"] or row["kind"],
+        row["outcome"],
+        num("detect_s"),
+        num("recover_s"),
+        str(row["steps_lost"]),
+        f"{'yes' if row['accuracy_matches'] else 'no'} ({accuracy})",
+        "yes" if row["bit_identical"] else "no",
+        f"{row['wall_s']:.1f}",
+    ]
+
+
+def fault_table(data: dict[str, Any], file: str) -> str:
+    """The fault table of one ``benchmarks/faults.py`` result, with its command and source."""
+    free = data["fault_free"]
+    return (
+        f"`{data['command']}` (`benchmarks/results/{file}`); fault-free run: test accuracy "
+        f"{free['test_accuracy']:.4f}, {free['wall_s']:.1f} s.\n\n"
+        + table(FAULT_HEADER, [fault_cells(r) for r in data["rows"]])
+    )
+
+
+@section("docs/faults.md", "faults")
+def faults(results: pathlib.Path) -> str:
+    """Every fault kind half-way between two checkpoints (``results/faults-emulated.json``)."""
+    return fault_table(load(results, "faults-emulated"), "faults-emulated.json")
+
+
+@section("docs/faults.md", "faults-at-checkpoint")
+def faults_at_checkpoint(results: pathlib.Path) -> str:
+    """Kill and partition while the ranks write a checkpoint."""
+    name = "faults-emulated-at-checkpoint"
+    return fault_table(load(results, name), f"{name}.json")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _region(name: str) -> tuple[str, str]:
+    return f"<!-- generated: {name} -->", f"<!-- end generated: {name} -->"
+
+
+def render_page(text: str, sections: list[Section], results: pathlib.Path) -> str:
+    """Returns ``text`` with each section's region replaced by its freshly rendered table; a
+    section with no region yet is appended at the end.
+
+    Example:
+      >>> s = Section("p.md", "t", lambda results: "| new |")
+      >>> render_page("intro\\n<!-- generated: t -->\\nold\\n<!-- end generated: t -->\\n", [s], RESULTS)
+      'intro\\n<!-- generated: t -->\\n| new |\\n<!-- end generated: t -->\\n'
+    """
+    for s in sections:
+        begin, end = _region(s.name)
+        body = s.render(results).strip("\n")
+        block = f"{begin}\n{body}\n{end}"
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+        match = pattern.search(text)
+        if match:
+            text = text[: match.start()] + block + text[match.end() :]
+        else:
+            text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + block + "\n"
+    return text
+
+
+def generate(results: pathlib.Path = RESULTS, root: pathlib.Path = REPO) -> dict[pathlib.Path, str]:
+    """Every page's text with its regions regenerated: ``{path: text}``."""
+    pages: dict[str, list[Section]] = {}
+    for s in SECTIONS:
+        pages.setdefault(s.page, []).append(s)
+    out = {}
+    for page, sections in pages.items():
+        path = root / page
+        old = path.read_text() if path.exists() else ""
+        out[path] = render_page(old, sections, results)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--check", action="store_true", help="only check; exit 1 if a page is stale"
+    )
+    parser.add_argument("--results", type=pathlib.Path, default=RESULTS)
+    parser.add_argument(
+        "--figures", action="store_true", help="also redraw docs/when-it-pays.png (matplotlib)"
+    )
+    args = parser.parse_args(argv)
+    if args.figures and not args.check:
+        print(
+            f"wrote {draw_when_it_pays(args.results, REPO / 'docs' / 'when-it-pays.png').relative_to(REPO)}"
+        )
+    stale = []
+    for path, text in generate(args.results).items():
+        old = path.read_text() if path.exists() else None
+        if old == text:
+            continue
+        stale.append(path.relative_to(REPO))
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    if args.check and stale:
+        print(
+            "stale generated docs (run `python benchmarks/docs.py`): "
+            + ", ".join(str(p) for p in stale),
+            file=sys.stderr,
+        )
+        return 1
+    for p in stale:
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

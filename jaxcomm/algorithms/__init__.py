@@ -1,0 +1,238 @@
+"""The algorithm registry: one module per allreduce algorithm, and the lookups everything reads.
+
+Each public module here (``dense``, ``gtopk``, ``topk_allgather``, ``onebit``, ``threshold``,
+``adaptive``, ``psum``) defines ``ALGORITHM``, an :class:`Algorithm` record holding its spec
+(the user-facing class, e.g. ``jaxcomm.GTopK``), its XLA FFI target names, its FFI attribute
+builder, its byte ledger and time model (which :mod:`jaxcomm.cost` sums up), its name in
+recipes, benchmarks and metrics, and whether ``algorithm="auto"`` may choose it. The
+hierarchical forms (``hier_dense``, ``hier_adaptive_leader``, ...) are derived from the
+algorithms that have one.
+
+The rest of jaxcomm reads this registry: ``jaxcomm.compressed_allreduce`` (targets and
+attributes), ``jaxcomm.cost`` (bytes, time, auto's candidates), the examples, the launcher's
+recipe schema and jobs, and the benchmarks. Adding an algorithm is one module here (found by
+its name: any module not starting with ``_``), its kernels and its tests.
+
+This package imports only the standard library (the launcher loads it without JAX); an
+algorithm's FFI attribute builder imports NumPy when it is called.
+
+Example:
+  >>> from jaxcomm import algorithms
+  >>> algorithms.names()
+  ('psum', 'dense', 'topk_allgather', 'gtopk', 'adaptive', 'onebit', 'threshold')
+  >>> algorithms.get("gtopk").targets["flat"]
+  'jaxcomm_gtopk'
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Mapping
+from typing import Any
+
+from . import _hierarchical
+from ._base import SHARED_KERNELS, Algorithm
+
+AUTO = "auto"
+"""The name that asks the cost model to choose per bucket (``jaxcomm.cost.Auto``)."""
+
+
+def _discover() -> dict[str, Algorithm]:
+    flat = []
+    for module in pkgutil.iter_modules(__path__):
+        if module.name.startswith("_"):
+            continue
+        record = importlib.import_module(f"{__name__}.{module.name}").ALGORITHM
+        if record.name != module.name:
+            raise ImportError(f"{__name__}.{module.name} registers {record.name!r}: use one name")
+        flat.append(record)
+    records = sorted(flat + _hierarchical.variants(flat), key=lambda a: a.order)
+    by_name = {a.name: a for a in records}
+    if len(by_name) != len(records) or AUTO in by_name:
+        raise ImportError(f"duplicate or reserved algorithm names in {[a.name for a in records]}")
+    return by_name
+
+
+_REGISTRY: dict[str, Algorithm] = _discover()
+_BY_SPEC: dict[type, Algorithm] = {
+    a.spec: a for a in _REGISTRY.values() if a.spec is not None and a.in_recipes
+}
+
+
+def registered() -> tuple[Algorithm, ...]:
+    """Every algorithm, flat ones first, each group in its ``order``.
+
+    Example:
+      >>> registered()[0].name
+      'psum'
+    """
+    return tuple(_REGISTRY.values())
+
+
+def get(name: str) -> Algorithm:
+    """The algorithm called ``name``.
+
+    Args:
+      name: a registered name (``"gtopk"``, ``"hier_dense_leader"``, ...).
+
+    Returns:
+      Its :class:`Algorithm` record.
+
+    Raises:
+      ValueError: an unknown name (the message lists the known ones).
+
+    Example:
+      >>> get("onebit").quantizer_kind
+      0
+    """
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def names() -> tuple[str, ...]:
+    """The algorithm names a recipe's ``jaxcomm.algorithm`` (and a benchmark) may use.
+
+    ``"auto"`` (:data:`AUTO`) is accepted besides these; hierarchical forms are chosen with
+    ``hierarchical: true``, not by name.
+
+    Returns:
+      The names, in listing order.
+
+    Example:
+      >>> names()[:3]
+      ('psum', 'dense', 'topk_allgather')
+    """
+    return tuple(a.name for a in _REGISTRY.values() if a.in_recipes)
+
+
+def planned() -> tuple[str, ...]:
+    """The names ``jaxcomm plan``, the cost model and the allreduce benchmark list by default.
+
+    Example:
+      >>> planned()[-3:]
+      ('hier_dense', 'hier_dense_leader', 'hier_adaptive')
+    """
+    return tuple(a.name for a in _REGISTRY.values() if a.planned)
+
+
+def of(spec: Any) -> Algorithm:
+    """The algorithm a spec object (``jaxcomm.GTopK(0.01)``, ``jaxcomm.OneBit()``, ...) runs.
+
+    Args:
+      spec: an instance of a registered spec class.
+
+    Returns:
+      Its (flat) :class:`Algorithm` record.
+
+    Raises:
+      TypeError: not a registered algorithm's spec (the message lists them).
+
+    Example:
+      >>> from jaxcomm.compressors import GTopK
+      >>> of(GTopK(0.01)).name
+      'gtopk'
+    """
+    try:
+        return _BY_SPEC[type(spec)]
+    except (KeyError, TypeError):
+        known = ", ".join(f"jaxcomm.{cls.__name__}" for cls in _BY_SPEC)
+        raise TypeError(f"algorithm must be one of {known}; got {spec!r}") from None
+
+
+def build(name: str, options: Any) -> Any:
+    """The spec of algorithm ``name`` configured from cost-model options.
+
+    Args:
+      name: a registered name.
+      options: a ``jaxcomm.cost.Options`` (density, proportion, column_size, tau, ...).
+
+    Returns:
+      The spec (``jaxcomm.GTopK(options.density)``, ...), or None for ``dense`` (the dense
+      allreduce) and ``psum``.
+
+    Example:
+      >>> from jaxcomm import cost
+      >>> build("gtopk", cost.Options(density=0.01))
+      GTopK(density=0.01)
+    """
+    record = get(name)
+    return record.build(options) if record.build is not None else None
+
+
+def auto_choices() -> tuple[str, ...]:
+    """What ``algorithm="auto"`` may choose from, in its tie-breaking order.
+
+    Example:
+      >>> auto_choices()[0]
+      'dense'
+    """
+    ranked = [a for a in _REGISTRY.values() if a.auto_rank is not None]
+    return tuple(a.name for a in sorted(ranked, key=lambda a: a.auto_rank))
+
+
+def default_allowed() -> tuple[str, ...]:
+    """``auto``'s default candidates: every choice whose bytes do not hang on a tuned setting.
+
+    Example:
+      >>> "threshold" in default_allowed()
+      False
+    """
+    return tuple(n for n in auto_choices() if _REGISTRY[n].auto_default)
+
+
+def quantizers() -> tuple[Algorithm, ...]:
+    """The quantizers of the quantized allreduce (``onebit``, ``threshold``, ``adaptive``).
+
+    Example:
+      >>> sorted(q.name for q in quantizers())
+      ['adaptive', 'onebit', 'threshold']
+    """
+    flat = (a for a in _REGISTRY.values() if a.in_recipes)
+    return tuple(sorted((a for a in flat if a.quantizer_kind is not None), key=_kind))
+
+
+def _kind(a: Algorithm) -> int:
+    return a.quantizer_kind if a.quantizer_kind is not None else -1
+
+
+def kernels() -> Mapping[str, float]:
+    """Every local kernel a time model uses: name -> default seconds per element.
+
+    Example:
+      >>> {"sum", "merge", "quantize.onebit"} <= set(kernels())
+      True
+    """
+    table = dict(SHARED_KERNELS)
+    for a in _REGISTRY.values():
+        table.update(a.kernels)
+    return table
+
+
+def spec_classes() -> tuple[type, ...]:
+    """The user-facing spec classes, in listing order.
+
+    Example:
+      >>> [c.__name__ for c in spec_classes()][:2]
+      ['TopKAllgather', 'GTopK']
+    """
+    return tuple(_BY_SPEC)
+
+
+__all__ = [
+    "AUTO",
+    "Algorithm",
+    "auto_choices",
+    "build",
+    "default_allowed",
+    "get",
+    "kernels",
+    "names",
+    "of",
+    "planned",
+    "quantizers",
+    "registered",
+    "spec_classes",
+]

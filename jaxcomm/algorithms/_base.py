@@ -1,0 +1,152 @@
+"""The record every algorithm module fills in, and the arithmetic their schedules share.
+
+Standard library only: the launcher and :mod:`jaxcomm.cost` read the registry without JAX.
+An algorithm's JAX side (its FFI attributes) is a function of the record that imports NumPy
+and jaxcomm's JAX helpers when it is called, never when the module loads.
+
+The byte and time functions receive the cost model's ``World``, ``Options`` and time tally
+(:mod:`jaxcomm.cost`) as arguments; they do not import the cost model, so the import graph
+runs one way: ``jaxcomm.cost`` -> ``jaxcomm.algorithms``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+F32 = 4
+"""Bytes per float32 value or uint32 word."""
+
+SHARED_KERNELS: Mapping[str, float] = {
+    # One elementwise pass over float32 memory (a reduction, a copy, a memset, a scatter) and
+    # the top-k selection with error feedback, per element. Default seconds per element,
+    # measured by `python benchmarks/cost_model.py` on the 2-core development machine
+    # (2026-11-22), like every algorithm module's `kernels`.
+    "topk": 2.08e-9,
+    "sum": 3.8e-10,
+}
+"""Local kernels several algorithms use: name -> default seconds per element."""
+
+
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative integers.
+
+    Example:
+      >>> ceil_div(5, 2)
+      3
+    """
+    return -(-a // b)
+
+
+def even_begin(n: int, parts: int, chunk: int) -> int:
+    """First element of chunk ``chunk`` when ``n`` elements split into ``parts`` near-even chunks.
+
+    ffi/quantized_common.h ``EvenBegin`` and ffi/allreduce.cc ``ChunkBegin``: the first
+    ``n % parts`` chunks hold one element more.
+
+    Example:
+      >>> [even_begin(10, 3, c) for c in range(4)]
+      [0, 4, 7, 10]
+    """
+    return chunk * (n // parts) + min(chunk, n % parts)
+
+
+def even_size(n: int, parts: int, chunk: int) -> int:
+    """Elements of chunk ``chunk % parts`` of :func:`even_begin`'s split.
+
+    Example:
+      >>> even_size(10, 3, 0), even_size(10, 3, 4)
+      (4, 3)
+    """
+    chunk %= parts
+    return even_begin(n, parts, chunk + 1) - even_begin(n, parts, chunk)
+
+
+BytesFn = Callable[[int, Any, Any, int], int]
+"""``(n, world, options, rank) -> bytes`` that world rank ``rank`` sends (n > 0, P > 1)."""
+
+TimeFn = Callable[[Any, int, Any, Any], None]
+"""``(tally, n, world, options)``: adds one call's critical path to the cost model's tally."""
+
+InterBytesFn = Callable[[int, int, int, Any, Any], int]
+"""``(m, parts, rank, world, options) -> bytes`` of the inter-node step of a hierarchical call."""
+
+InterTimeFn = Callable[[Any, int, int, str, Any, int], None]
+"""``(tally, m, parts, link, options, contention)``: the inter-node step's critical path."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """One allreduce algorithm: everything the rest of jaxcomm knows about it.
+
+    Attributes:
+      name: its one name, in recipes, ``jaxcomm.cost``, benchmarks and metrics labels.
+      summary: one line for help texts.
+      order: position in listings (tables, ``jaxcomm plan``, recipe choices), ascending.
+      spec: the user-facing class (``jaxcomm.GTopK``, ...); None when there is none (the
+        dense allreduce is ``jaxcomm.allreduce``, ``psum`` is XLA's).
+      targets: role -> XLA FFI target name, as registered (``"flat"``: the collective;
+        ``"hierarchical"``: its (node, local) form; ``"bfloat16"``/``"float16"``: the dense
+        16-bit wire).
+      cpu_only_targets: targets with no CUDA handler.
+      metric_labels: the ``algorithm`` labels ``jaxcomm.metrics()`` reports for it.
+      build: ``cost.Options`` -> the spec (None for the dense allreduce and psum).
+      attributes: ``(spec, n) -> FFI attributes`` of the flat and hierarchical calls (JAX side,
+        imports NumPy when called).
+      bytes_sent: its byte ledger (:data:`BytesFn`).
+      time: its time model (:data:`TimeFn`).
+      inter_bytes: the inter-node step when it runs inside a hierarchical allreduce (None:
+        no hierarchical form).
+      inter_time: likewise for the time model.
+      hierarchical_planned: the hierarchical schemes (``"multi_leader"``, ``"leader"``)
+        ``jaxcomm plan`` and the benchmarks list by default.
+      residual: it keeps an error-feedback residual.
+      uses_density: it is configured by a density (the sparse ones; warm-up schedules apply).
+      quantizer_kind: kernels/quantized_slices.h ``QuantizerKind`` of a quantizer, else None.
+      kernels: its own local kernels: name -> default seconds per element (the gamma of
+        ``cost.Profile``).
+      auto_rank: its place among ``algorithm="auto"``'s candidates (None: never chosen).
+      steps_factor: steps it needs to reach dense's accuracy, relative to dense (1.0), as the
+        end-to-end grid measured them (docs/e2e.md); ``auto`` and ``jaxcomm plan`` pick by
+        predicted time to target, ``steps_factor × seconds``.
+      auto_default: ``auto`` may choose it unless told otherwise.
+      planned: ``jaxcomm plan`` and the benchmarks list it by default.
+      in_recipes: a recipe's ``jaxcomm.algorithm`` may name it.
+      ops: the module of ``jaxcomm.ops`` with its single-device ``compress(x, residual, spec)``
+        and ``decompress(packed, spec, shape)`` (``jaxcomm.ops.compress`` dispatches to it),
+        or None.
+      hierarchy: ``(base name, scheme)`` of a hierarchical form (``("dense", "leader")`` for
+        ``hier_dense_leader``); None for a flat algorithm.
+    """
+
+    name: str
+    summary: str
+    order: int
+    bytes_sent: BytesFn
+    time: TimeFn
+    spec: type | None = None
+    targets: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cpu_only_targets: frozenset[str] = frozenset()
+    metric_labels: tuple[str, ...] = ()
+    build: Callable[[Any], Any] | None = None
+    attributes: Callable[[Any, int], dict[str, Any]] | None = None
+    inter_bytes: InterBytesFn | None = None
+    inter_time: InterTimeFn | None = None
+    hierarchical_planned: tuple[str, ...] = ()
+    residual: bool = False
+    uses_density: bool = False
+    quantizer_kind: int | None = None
+    kernels: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    auto_rank: int | None = None
+    steps_factor: float = 1.0
+    auto_default: bool = False
+    planned: bool = True
+    in_recipes: bool = True
+    ops: str | None = None
+    hierarchy: tuple[str, str] | None = None
+
+    @property
+    def hierarchical(self) -> bool:
+        """Whether it has a hierarchical (node, local) form."""
+        return self.inter_bytes is not None

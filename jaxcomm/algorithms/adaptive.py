@@ -1,0 +1,124 @@
+"""``adaptive``: adaptive quantization with error feedback (Dryden et al. 2016, §3.3).
+
+Kernels: kernels/adaptive.cc (ops: jaxcomm/ops/adaptive.py); the allreduce is the shared
+quantized allreduce (:mod:`jaxcomm.algorithms._quantized`). Its bytes depend on the data: the
+cost model assumes balanced signs and ``Options.selection_overlap`` between the ranks' picks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .. import _checks
+from ._base import ceil_div
+from ._quantized import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Adaptive:
+    """Adaptive quantization with error feedback (Dryden et al. 2016, §3.3).
+
+    Per column, the ``min(k+, ceil((k+ + k0) / proportion))`` largest positive and
+    ``min(k-, ceil((k- + k0) / proportion))`` most negative values are sent (k+/k-/k0: the
+    column's positive/negative/zero counts), each decoded to the mean of the values of its
+    sign that were sent. Zeros are never sent, but they count: the paper takes k as the
+    number of *non-negative* values (§3.3), mirrored here for the negative sign. On a dense
+    gradient this is ``ceil(k± / proportion)``; on the sparse sum that the quantized
+    allreduce requantizes (§3.4) it keeps about 1/π of the column instead of 1/π of the
+    sum's few nonzeros, which is what keeps the owners' residuals bounded.
+
+    Args:
+      proportion: π >= 1; about 1/π of each sign's values are sent per column.
+      column_size: elements per column.
+      sample_size: 0 selects exactly; a positive value estimates each column's thresholds
+        from that many sampled entries (the paper's fast variant).
+
+    Example:
+      >>> import jaxcomm
+      >>> jaxcomm.Adaptive(proportion=64).capacity(1024)
+      34
+    """
+
+    proportion: float = 64.0
+    column_size: int = 1024
+    sample_size: int = 0
+
+    def __post_init__(self) -> None:
+        proportion = _checks.finite_float(self.proportion, "proportion")
+        if proportion < 1.0:
+            raise ValueError(f"proportion must be >= 1, got {proportion}; e.g. Adaptive(64)")
+        object.__setattr__(self, "proportion", proportion)
+        _checks.positive_int(self.column_size, "column_size", low=1)
+        _checks.positive_int(self.sample_size, "sample_size", low=0)
+
+    def num_columns(self, n: int) -> int:
+        """Number of columns that ``n`` elements form."""
+        return ceil_div(n, self.column_size)
+
+    def column_capacity(self, length: int) -> int:
+        """Largest number of entries sent from one column of ``length`` elements."""
+        return min(length, 2 * math.ceil(length / self.proportion) + 2)
+
+    def capacity(self, n: int) -> int:
+        """Largest number of entries one call can send for ``n`` elements."""
+        full, tail = divmod(n, self.column_size)
+        return full * self.column_capacity(self.column_size) + (
+            self.column_capacity(tail) if tail else 0
+        )
+
+    def packed_words(self, n: int) -> int:
+        """Length of the packed uint32 buffer for ``n`` elements."""
+        return 1 + 2 * self.num_columns(n) + self.capacity(n)
+
+
+def _keep(count: float, zeros: float, proportion: float) -> int:
+    """Entries adaptive sends for one sign (kernels/adaptive.cc's AdaptiveSignKeep): 1/π of the
+    sign's values counting the column's zeros, at most the sign's nonzero values."""
+    if count <= 0:
+        return 0
+    return min(math.ceil(count), math.ceil(round((count + zeros) / proportion, 9)))
+
+
+def _words(m: int, options: Any, parts: int, stage: str) -> int:
+    # Per column and sign, min(k±, ceil((k± + k0)/π)) entries (kernels/adaptive.cc, k0 = the
+    # column's zeros); signs are assumed balanced (k+ = ceil(L/2), k- = floor(L/2)).
+    cs, pi = options.column_size, options.proportion
+    words = 1
+    for length, count in ((cs, m // cs), (m % cs, 1 if m % cs else 0)):
+        if not count:
+            continue
+        signs = (ceil_div(length, 2), length // 2)
+        kept = [_keep(sign_count, 0, pi) for sign_count in signs]
+        if stage == "sum":
+            # Nonzeros of the sum at each sign: `keep` when every rank picked the same
+            # positions, the expected union of `parts` independent picks otherwise; the rest
+            # of the column is zeros, which count toward each sign's share.
+            nonzeros = []
+            for sign_count, keep in zip(signs, kept, strict=True):
+                union = sign_count * (1.0 - (1.0 - keep / sign_count) ** parts) if keep else 0
+                overlap = options.selection_overlap
+                nonzeros.append(round(overlap * keep + (1 - overlap) * union, 6))
+            zeros = length - sum(nonzeros)
+            kept = [_keep(nz, zeros, pi) for nz in nonzeros]
+        words += count * (2 + sum(kept))
+    return words
+
+
+ALGORITHM = Schedule("adaptive", _words, unit=lambda options: options.column_size).algorithm(
+    name="adaptive",
+    summary="adaptive quantization with error feedback, quantized allreduce",
+    order=40,
+    spec=Adaptive,
+    build=lambda options: Adaptive(options.proportion, column_size=options.column_size),
+    quantizer_kind=2,  # kernels/quantized_slices.h QuantizerKind::kAdaptive
+    ops="adaptive",  # jaxcomm/ops/adaptive.py
+    # Seconds per element (measured like _base.SHARED_KERNELS).
+    kernels={"quantize.adaptive": 1.07e-8, "decode.adaptive": 8.5e-10},
+    hierarchical_planned=("multi_leader",),
+    auto_rank=3,
+    # Steps to digits-small's target on 2 nodes: 271 against dense's 211 (docs/e2e.md).
+    steps_factor=1.3,
+    auto_default=True,
+)

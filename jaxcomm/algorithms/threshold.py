@@ -1,0 +1,80 @@
+"""``threshold``: threshold quantization with error feedback (Strom 2015; Dryden et al. §3.2).
+
+Kernels: kernels/threshold.cc (ops: jaxcomm/ops/threshold.py); the allreduce is the shared
+quantized allreduce (:mod:`jaxcomm.algorithms._quantized`). Its bytes depend on the data: the
+cost model assumes ``Options.threshold_fraction`` of the entries pass ``tau``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from .. import _checks
+from ._quantized import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Threshold:
+    """Threshold quantization with error feedback (Strom 2015; Dryden et al. §3.2).
+
+    Entries with ``acc > tau`` are sent as ``+tau``, ``acc < -tau`` as ``-tau``; the rest stay in
+    the residual. In ``compressed_allreduce`` each slice's owner requantizes the sum with the
+    same strict test, as in the paper, so an entry that only one rank sent (a sum of exactly
+    ``+-tau``) goes back to the owner's residual; over one rank nothing is ever sent.
+
+    Args:
+      tau: the threshold, > 0.
+      max_density: at most ``ceil(max_density * n)`` entries are sent per call (fixed buffer
+        size for XLA); the lowest indices win and the others stay in the residual.
+
+    Example:
+      >>> import jaxcomm
+      >>> jaxcomm.Threshold(0.01, max_density=0.1).packed_words(1000)
+      101
+    """
+
+    tau: float
+    max_density: float = 1.0
+
+    def __post_init__(self) -> None:
+        tau = _checks.finite_float(self.tau, "tau")
+        if tau <= 0.0:
+            raise ValueError(f"tau must be > 0, got {tau}; e.g. Threshold(0.01)")
+        max_density = _checks.finite_float(self.max_density, "max_density")
+        if not 0.0 < max_density <= 1.0:
+            raise ValueError(f"max_density must be in (0, 1], got {max_density}")
+        object.__setattr__(self, "tau", tau)
+        object.__setattr__(self, "max_density", max_density)
+
+    def capacity(self, n: int) -> int:
+        """Largest number of entries one call can send for ``n`` elements."""
+        return min(n, max(1, math.ceil(self.max_density * n)))
+
+    def packed_words(self, n: int) -> int:
+        """Length of the packed uint32 buffer for ``n`` elements."""
+        return 1 + self.capacity(n)
+
+
+def _words(m: int, options: Any, parts: int, stage: str) -> int:
+    # min(capacity, ceil(fraction m)) entries, for a contribution and for the sum alike.
+    capacity = min(m, max(1, math.ceil(options.max_density * m)))
+    return 1 + min(capacity, math.ceil(options.threshold_fraction * m))
+
+
+ALGORITHM = Schedule("threshold", _words, unit=lambda options: 1).algorithm(
+    name="threshold",
+    summary="threshold quantization with error feedback (needs a tuned tau)",
+    order=60,
+    spec=Threshold,
+    build=lambda options: Threshold(options.tau, max_density=options.max_density),
+    quantizer_kind=1,  # kernels/quantized_slices.h QuantizerKind::kThreshold
+    ops="threshold",  # jaxcomm/ops/threshold.py
+    # Seconds per element (measured like _base.SHARED_KERNELS).
+    kernels={"quantize.threshold": 3.17e-9, "decode.threshold": 3.3e-10},
+    auto_rank=5,
+    # Not measured end to end (threshold needs its tau tuned); as the sparse ones.
+    steps_factor=2.0,
+    auto_default=False,  # its bytes hang on a user-tuned tau: auto picks it only when allowed
+)

@@ -1,0 +1,121 @@
+"""A cost model of every jaxcomm allreduce: bytes on the wire and seconds per call.
+
+Compression pays only when the network, not local compute, is the bottleneck. This module
+predicts, for each algorithm, the bytes one rank sends and the time one call takes, so a user
+(``jaxcomm plan``) or the optimizer (``algorithm="auto"``) can pick an algorithm before
+spending compute on it.
+
+Model
+-----
+A call's time is a sum of terms on its critical path:
+
+* ``alpha[c]`` seconds per message and ``beta[c]`` seconds per byte, for the link class ``c``
+  a message travels: ``same_process`` (two devices of one process), ``same_host`` (two
+  processes of one machine: UCX shared memory or loopback) or ``across_hosts`` (a network).
+  When several ranks of one process send across the process boundary at once, they share it:
+  their bytes are multiplied by the number of such concurrent flows (``contention``).
+* ``gamma[kernel]`` seconds per element of each local kernel: ``topk`` (top-k selection with
+  error feedback over n elements), ``quantize.<kind>`` and ``decode.<kind>`` (one-bit,
+  threshold, adaptive), ``merge`` (gTop-k's sparse ⊤ merge, per input entry) and ``sum``
+  (one elementwise pass over float32 memory: a reduction, a copy, a memset or a scatter).
+
+Byte counts are exact: they follow the schedules of ``ffi/*.cc`` message by message (the
+ring's chunks, gTop-k's tree, the quantized allreduce's slices and ``used`` words) and equal
+what ``jaxcomm.metrics()`` reports for the same call. Two algorithms send data-dependent
+amounts, described by :class:`Options`: threshold (the fraction of entries above ``tau``) and
+adaptive (the sign balance and how much the ranks' selections overlap).
+
+A :class:`Profile` holds alpha, beta and gamma. ``jaxcomm probe RECIPE --out profile.json``
+measures one on the recipe's own world; :data:`DEFAULT_PROFILE` is a measured fallback.
+
+Layout
+------
+* :mod:`jaxcomm.cost.model`: the data (``World``, ``Options``, ``Link``, ``Profile`` and its
+  JSON, ``Prediction``);
+* :mod:`jaxcomm.cost.ledger`: the byte ledger (each algorithm's schedule lives in its module
+  of :mod:`jaxcomm.algorithms`);
+* :mod:`jaxcomm.cost.timemodel`: the time model and the probe's fit;
+* :mod:`jaxcomm.cost.choose`: predictions for every candidate and the fastest one;
+* :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log.
+
+The package imports neither JAX nor the compiled library (``jaxcomm plan`` loads it without
+the rest of jaxcomm: ``jaxcomm_launcher._jaxcomm.standalone``); it reads
+``JAXCOMM_SMALL_ALLREDUCE_BYTES`` through :mod:`jaxcomm.config`, as the library does.
+
+Example:
+  >>> from jaxcomm import cost
+  >>> world = cost.World(processes=4, devices_per_process=1, inter_process="across_hosts")
+  >>> p = cost.predict("gtopk", 25_000_000, world, options=cost.Options(density=0.001))
+  >>> p.bytes_sent_per_rank  # 2(P-1) sets of 2k words over P ranks
+  300000.0
+"""
+
+from __future__ import annotations
+
+from .auto import Auto, auto_algorithm, auto_decisions, resolve_auto
+from .choose import choose, plan
+from .ledger import (
+    bytes_sent,
+    dense_bytes,
+    direct_bytes,
+    doubling_bytes,
+    gtopk_sends,
+    oneshot_bytes,
+    quantized_bytes,
+    ring_bytes,
+    small_allreduce_bytes,
+)
+from .model import (
+    ALGORITHMS,
+    AUTO_CHOICES,
+    DEFAULT_ALLOWED,
+    DEFAULT_PROFILE,
+    DEFAULT_STEPS_FACTOR,
+    KERNELS,
+    LINK_CLASSES,
+    QUANTIZER_KINDS,
+    Link,
+    Options,
+    Prediction,
+    Profile,
+    World,
+    steps_factor_of,
+)
+from .timemodel import Tally, dense_path, fit_line, predict, ring_path
+
+__all__ = [
+    "ALGORITHMS",
+    "AUTO_CHOICES",
+    "DEFAULT_ALLOWED",
+    "DEFAULT_PROFILE",
+    "DEFAULT_STEPS_FACTOR",
+    "KERNELS",
+    "LINK_CLASSES",
+    "QUANTIZER_KINDS",
+    "Auto",
+    "Link",
+    "Options",
+    "Prediction",
+    "Profile",
+    "Tally",
+    "World",
+    "auto_algorithm",
+    "auto_decisions",
+    "bytes_sent",
+    "choose",
+    "dense_bytes",
+    "dense_path",
+    "direct_bytes",
+    "doubling_bytes",
+    "fit_line",
+    "gtopk_sends",
+    "oneshot_bytes",
+    "plan",
+    "predict",
+    "quantized_bytes",
+    "resolve_auto",
+    "ring_bytes",
+    "ring_path",
+    "small_allreduce_bytes",
+    "steps_factor_of",
+]

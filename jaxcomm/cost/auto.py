@@ -1,0 +1,215 @@
+"""``algorithm="auto"`` at trace time: each bucket's algorithm, chosen by the cost model, and
+the log of the choices.
+
+Standard library only, except :func:`auto_algorithm`, which runs while JAX traces a step and
+asks JAX for the reduced axes' sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import algorithms
+from .choose import choose
+from .model import (
+    AUTO_CHOICES,
+    DEFAULT_ALLOWED,
+    DEFAULT_PROFILE,
+    Options,
+    Profile,
+    World,
+    steps_factor_of,
+)
+
+__all__ = ["Auto", "auto_algorithm", "auto_decisions", "resolve_auto"]
+
+_log = logging.getLogger("jaxcomm.cost")
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+    """``algorithm`` of ``jaxcomm.optax.allreduce_gradients`` that picks per bucket.
+
+    At trace time each bucket's algorithm is the one :func:`choose` predicts fastest for its
+    static size and the static world: the same on every rank (a pure function of shapes, the
+    mesh and the profile, which every rank must read from the same file).
+
+    Args:
+      allowed: names from :data:`AUTO_CHOICES` the choice may be (the convergence cost you
+        accept); default :data:`DEFAULT_ALLOWED`.
+      profile: a :class:`Profile`, a path to ``jaxcomm probe``'s JSON, or None for
+        :data:`DEFAULT_PROFILE`.
+      options: compressor settings of the candidates (density, proportion, tau, ...).
+      steps_factor: steps each algorithm needs to reach dense's accuracy, relative to dense
+        (default :data:`~jaxcomm.cost.DEFAULT_STEPS_FACTOR`); the pick minimizes
+        ``factor × seconds``, the predicted time to target.
+      compute_seconds: seconds of one training step besides the gradient reduction (forward,
+        backward, optimizer), e.g. measured on one rank. Each bucket gets its share by size,
+        and an algorithm's extra steps pay it again: with a small gradient the reduction is
+        a sliver of the step and dense wins. None: 0 (only the reductions are weighed).
+
+    Example:
+      >>> auto = Auto(allowed=("dense", "gtopk"), options=Options(density=0.01))
+      >>> auto.allowed
+      ('dense', 'gtopk')
+    """
+
+    allowed: tuple[str, ...] = DEFAULT_ALLOWED
+    profile: Profile | str | None = None
+    options: Options = dataclasses.field(default_factory=Options)
+    steps_factor: Mapping[str, float] | None = None
+    compute_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        allowed = (self.allowed,) if isinstance(self.allowed, str) else tuple(self.allowed)
+        bad = [a for a in allowed if a not in AUTO_CHOICES]
+        if bad or not allowed:
+            raise ValueError(
+                f"Auto.allowed must be a non-empty subset of {AUTO_CHOICES}, got {self.allowed!r}"
+            )
+        object.__setattr__(self, "allowed", allowed)
+        for name in allowed:
+            steps_factor_of(name, self.steps_factor)  # ValueError for a bad factor
+        if self.compute_seconds is not None and not (
+            math.isfinite(self.compute_seconds) and self.compute_seconds >= 0
+        ):
+            raise ValueError(
+                f"Auto.compute_seconds must be finite and >= 0, got {self.compute_seconds!r}"
+            )
+        if isinstance(self.profile, (str, pathlib.Path)):
+            object.__setattr__(self, "profile", Profile.load(self.profile))
+
+    def resolved_profile(self) -> Profile:
+        """The profile in use (:data:`DEFAULT_PROFILE` when none was given)."""
+        return self.profile if isinstance(self.profile, Profile) else DEFAULT_PROFILE
+
+
+_decisions: list[dict[str, Any]] = []
+
+
+def resolve_auto(
+    auto: Auto | str,
+    n: int,
+    axis_size: int,
+    processes: int,
+    devices_per_process: int,
+    hierarchical: bool = False,
+    share: float = 1.0,
+) -> Any:
+    """The algorithm ``allreduce_gradients`` uses for one bucket when ``algorithm="auto"``.
+
+    Args:
+      auto: ``"auto"`` (default :class:`Auto`) or an :class:`Auto`.
+      n: the bucket's elements.
+      axis_size: ranks reduced over (the product of the reduced mesh axes).
+      processes: ``jax.process_count()``.
+      devices_per_process: ``jax.local_device_count()``.
+      hierarchical: the reduction is hierarchical over (node, local).
+      share: the bucket's fraction of the step's gradient (its share of
+        ``Auto.compute_seconds``).
+
+    Returns:
+      None for the dense ring allreduce, else a jaxcomm algorithm (``GTopK``, ...).
+
+    Example:
+      >>> resolve_auto(Auto(allowed=("dense",)), 1000, 2, 2, 1) is None
+      True
+      >>> resolve_auto(Auto(allowed=("gtopk",)), 1000, 2, 2, 1)
+      GTopK(density=0.001)
+    """
+    if isinstance(auto, str):
+        if auto != "auto":
+            raise ValueError(f"algorithm string must be 'auto', got {auto!r}")
+        auto = Auto()
+    profile = auto.resolved_profile()
+    # The reduced axis may span fewer ranks than the world (e.g. one axis of a 2-D mesh):
+    # keep the world's devices per process where they divide it.
+    local = math.gcd(axis_size, devices_per_process)
+    nodes = max(1, axis_size // local)
+    world = World(min(nodes, processes) if processes > 1 else 1, local, profile.inter_process)
+    if world.ranks != axis_size:  # a world the model cannot split: treat it as flat
+        world = World(axis_size, 1, profile.inter_process if processes > 1 else "same_host")
+    compute = (auto.compute_seconds or 0.0) * share
+    name = choose(
+        n, world, auto.allowed, profile, auto.options, hierarchical, auto.steps_factor, compute
+    )
+    chosen = algorithms.build(name, auto.options)  # the spec, from the registry
+    decision = {
+        "elements": n,
+        "processes": world.processes,
+        "devices_per_process": world.devices_per_process,
+        "choice": name,
+        "allowed": list(auto.allowed),
+        "profile": profile.source,
+    }
+    _decisions.append(decision)
+    _log.info("jaxcomm auto: %d elements over %d ranks -> %s", n, axis_size, name)
+    return chosen
+
+
+def auto_decisions() -> list[dict[str, Any]]:
+    """The choices ``algorithm="auto"`` made in this process, in trace order.
+
+    Returns:
+      One dict per resolved bucket: ``elements``, ``processes``, ``devices_per_process``,
+      ``choice``, ``allowed``, ``profile``.
+
+    Example:
+      >>> from jaxcomm import cost
+      >>> isinstance(cost.auto_decisions(), list)
+      True
+    """
+    return list(_decisions)
+
+
+def auto_algorithm(
+    algorithm: Any,
+    n: int,
+    axis_name: str | Sequence[str],
+    hierarchical: bool = False,
+    share: float = 1.0,
+) -> Any:
+    """Resolves ``algorithm="auto"`` for one bucket inside a traced, shard_mapped step.
+
+    ``jaxcomm.optax.allreduce_gradients`` calls this for every bucket: any other algorithm
+    comes back unchanged; ``"auto"`` or an :class:`Auto` becomes :func:`resolve_auto`'s choice
+    for the bucket's static size, the reduced axes' static size and the process layout
+    (``jax.process_count()``, ``jax.local_device_count()``), so every rank chooses the same.
+
+    Args:
+      algorithm: what the user passed as ``algorithm``.
+      n: the bucket's elements.
+      axis_name: the reduced mesh axis or axes (inside ``jax.shard_map``).
+      hierarchical: the reduction is hierarchical.
+      share: the bucket's fraction of the step's gradient (see :func:`resolve_auto`).
+
+    Returns:
+      None (dense ring allreduce) or a jaxcomm algorithm (``GTopK``, ...).
+
+    Example:
+      >>> auto_algorithm(None, 1000, "dp") is None
+      True
+    """
+    if not (isinstance(algorithm, Auto) or isinstance(algorithm, str)):
+        return algorithm
+    # Called while tracing a step, so JAX is loaded already; importing it here keeps the
+    # rest of jaxcomm.cost free of it.
+    import jax
+    from jax import lax
+
+    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+    axis_size = math.prod(lax.axis_size(a) for a in names)
+    return resolve_auto(
+        algorithm,
+        n,
+        axis_size,
+        jax.process_count(),
+        jax.local_device_count(),
+        hierarchical,
+        share,
+    )

@@ -1,0 +1,358 @@
+"""The cost model's data: the world, the compressor options, a measured profile, a prediction.
+
+The JSON of a profile (``jaxcomm probe`` writes it, ``Auto(profile=...)`` reads it) is defined
+here; the per-kernel defaults of :data:`DEFAULT_PROFILE` come from the algorithms' modules
+(:func:`jaxcomm.algorithms.kernels`). Standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+from .. import algorithms
+
+LINK_CLASSES = ("same_process", "same_host", "across_hosts")
+"""Link classes, fastest first."""
+
+KERNELS = tuple(algorithms.kernels())
+"""Local kernels whose per-element cost a profile holds (every algorithm's, from the registry)."""
+
+ALGORITHMS = algorithms.planned()
+"""Algorithm names the model lists by default (``jaxcomm plan``, ``benchmarks/allreduce.py``, the
+``allreduce`` launcher job); every registered name (:func:`jaxcomm.algorithms.registered`) can
+be predicted."""
+
+QUANTIZER_KINDS = tuple(q.name for q in algorithms.quantizers())
+"""The quantizers of the quantized allreduce."""
+
+AUTO_CHOICES = algorithms.auto_choices()
+"""What ``algorithm="auto"`` may choose from (``dense`` = jaxcomm's ring allreduce)."""
+
+DEFAULT_ALLOWED = algorithms.default_allowed()
+"""The default candidates of ``auto``: every algorithm whose bytes do not depend on a
+user-tuned threshold (``threshold`` must be allowed explicitly, with its ``tau``)."""
+
+DEFAULT_STEPS_FACTOR = {name: algorithms.get(name).steps_factor for name in AUTO_CHOICES}
+"""Steps each of ``auto``'s choices needs to reach dense's accuracy, relative to dense (each
+algorithm's record holds its own, ``Algorithm.steps_factor``).
+
+What users pay is the time to a target accuracy, ``steps × step time``: an algorithm whose
+call is a little faster but that needs twice the steps loses end to end. ``auto`` and
+:func:`~jaxcomm.cost.plan` pick by ``factor × predicted seconds``. The factors are steps to
+``digits-small``'s target measured by the end-to-end grid (``python benchmarks/train.py``,
+docs/e2e.md); models differ, so pass measured ones through ``Auto(steps_factor=...)``."""
+
+
+def steps_factor_of(name: str, steps_factor: Mapping[str, float] | None = None) -> float:
+    """The steps `name` needs relative to dense (:data:`DEFAULT_STEPS_FACTOR`; 1.0 if absent).
+
+    Args:
+      name: an algorithm name.
+      steps_factor: name -> factor, overriding the defaults (None: the defaults).
+
+    Returns:
+      The factor.
+
+    Raises:
+      ValueError: a factor that is not finite and > 0.
+
+    Example:
+      >>> steps_factor_of("dense"), steps_factor_of("gtopk", {"gtopk": 1.5})
+      (1.0, 1.5)
+    """
+    table = DEFAULT_STEPS_FACTOR if steps_factor is None else steps_factor
+    factor = float(table.get(name, 1.0))
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"steps_factor[{name!r}] must be finite and > 0, got {factor!r}")
+    return factor
+
+
+@dataclasses.dataclass(frozen=True)
+class World:
+    """The ranks of one allreduce: processes x devices per process.
+
+    Args:
+      processes: number of processes (on CPU each is a node of a hierarchical allreduce).
+      devices_per_process: devices (ranks) in each process.
+      inter_process: link class between two processes, ``"same_host"`` or ``"across_hosts"``.
+
+    Example:
+      >>> World(processes=2, devices_per_process=2).ranks
+      4
+    """
+
+    processes: int
+    devices_per_process: int = 1
+    inter_process: str = "same_host"
+
+    def __post_init__(self) -> None:
+        for name in ("processes", "devices_per_process"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"World.{name} must be an integer >= 1, got {value!r}")
+        if self.inter_process not in LINK_CLASSES[1:]:
+            raise ValueError(
+                f"World.inter_process must be 'same_host' or 'across_hosts', got "
+                f"{self.inter_process!r}"
+            )
+
+    @property
+    def ranks(self) -> int:
+        """Total number of ranks (devices)."""
+        return self.processes * self.devices_per_process
+
+    def flat_link(self) -> str:
+        """The slowest link class of a flat group over all ranks."""
+        return "same_process" if self.processes == 1 else self.inter_process
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Compressor settings and the data-dependent quantities the byte counts need.
+
+    Args:
+      density: ρ of TopK-allgather and gTop-k (``k = max(1, ceil(ρ n))``).
+      proportion: π of adaptive quantization.
+      column_size: column length of one-bit and adaptive quantization.
+      tau: threshold of threshold quantization (only used to build the compressor).
+      max_density: capacity of threshold quantization (fraction of a slice).
+      threshold_fraction: expected fraction of entries with ``|x + r| > tau`` (threshold
+        sends ``min(capacity, ceil(fraction m))`` entries per slice of m elements, and as many
+        for the requantized sum).
+      selection_overlap: in [0, 1], how much the ranks' adaptive selections coincide: 1 = the
+        same positions on every rank (the sum has as many nonzeros as one rank sent), 0 =
+        independent positions (the sum's nonzeros are the expected union).
+
+    Example:
+      >>> Options(density=0.01).k(1000)
+      10
+    """
+
+    density: float = 0.001
+    proportion: float = 64.0
+    column_size: int = 1024
+    tau: float = 3.0
+    max_density: float = 1.0
+    threshold_fraction: float = 0.003
+    selection_overlap: float = 0.0
+
+    def __post_init__(self) -> None:
+        checks = {
+            "density": 0.0 < self.density <= 1.0,
+            "proportion": self.proportion >= 1.0,
+            "column_size": self.column_size >= 32 and self.column_size % 32 == 0,
+            "tau": self.tau > 0.0,
+            "max_density": 0.0 < self.max_density <= 1.0,
+            "threshold_fraction": 0.0 <= self.threshold_fraction <= 1.0,
+            "selection_overlap": 0.0 <= self.selection_overlap <= 1.0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(
+                    f"Options.{name}={getattr(self, name)!r} is out of range "
+                    "(density, max_density and the fractions in [0, 1], proportion >= 1, "
+                    "column_size a positive multiple of 32, tau > 0)"
+                )
+
+    def k(self, n: int) -> int:
+        """Entries of the sparse algorithms for ``n`` elements (``jaxcomm.TopK.k``)."""
+        return min(n, max(1, math.ceil(self.density * n)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """Latency and inverse bandwidth of one link class.
+
+    Args:
+      alpha: seconds per message.
+      beta: seconds per byte.
+
+    Example:
+      >>> round(Link(alpha=50e-6, beta=8e-9).seconds(messages=2, nbytes=1000), 9)
+      0.000108
+    """
+
+    alpha: float
+    beta: float
+
+    def seconds(self, messages: float, nbytes: float) -> float:
+        """Time of ``messages`` messages carrying ``nbytes`` bytes in total, in sequence."""
+        return messages * self.alpha + nbytes * self.beta
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Measured alpha, beta per link class, gamma per kernel, and lax.psum's own line.
+
+    Args:
+      links: link class -> :class:`Link`; every class of :data:`LINK_CLASSES`.
+      gamma: kernel -> seconds per element; every kernel of :data:`KERNELS`.
+      psum: ``lax.psum`` (XLA's collectives, Gloo on CPU) as ``alpha + beta * ring bytes``.
+      call: seconds every call costs besides its messages and kernels (dispatching a jitted
+        step and entering the handler), added to every algorithm alike.
+      inter_process: the link class the probe found between processes.
+      source: where the numbers come from (a command and a date).
+      measured: which entries were measured (the others come from :data:`DEFAULT_PROFILE`).
+
+    Example:
+      >>> DEFAULT_PROFILE.links["across_hosts"].beta > DEFAULT_PROFILE.links["same_host"].beta
+      True
+    """
+
+    links: Mapping[str, Link]
+    gamma: Mapping[str, float]
+    psum: Link
+    call: float = 0.0
+    inter_process: str = "same_host"
+    source: str = ""
+    measured: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        missing = [c for c in LINK_CLASSES if c not in self.links]
+        missing += [k for k in KERNELS if k not in self.gamma]
+        if missing:
+            raise ValueError(f"Profile lacks {missing}; a profile needs every link and kernel")
+        values = [*(v for link in self.links.values() for v in (link.alpha, link.beta))]
+        values += [*self.gamma.values(), self.psum.alpha, self.psum.beta, self.call]
+        if any(not math.isfinite(v) or v < 0 for v in values):
+            raise ValueError("Profile values must be finite and >= 0")
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile as a JSON-able dict (the format ``jaxcomm probe`` writes).
+
+        Returns:
+          ``{"version", "source", "inter_process", "links", "psum", "call", "gamma",
+          "measured"}``.
+
+        Example:
+          >>> sorted(DEFAULT_PROFILE.to_json()["links"])
+          ['across_hosts', 'same_host', 'same_process']
+        """
+        return {
+            "version": 1,
+            "source": self.source,
+            "inter_process": self.inter_process,
+            "links": {c: dataclasses.asdict(self.links[c]) for c in LINK_CLASSES},
+            "psum": dataclasses.asdict(self.psum),
+            "call": self.call,
+            "gamma": {k: self.gamma[k] for k in KERNELS},
+            "measured": list(self.measured),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Profile:
+        """Builds a profile from :meth:`to_json`'s format; missing entries come from the default.
+
+        Args:
+          data: the parsed JSON.
+
+        Returns:
+          The profile.
+
+        Raises:
+          ValueError: not a profile (wrong version, bad values).
+
+        Example:
+          >>> Profile.from_json(DEFAULT_PROFILE.to_json()) == DEFAULT_PROFILE
+          True
+        """
+        if not isinstance(data, Mapping) or data.get("version") != 1:
+            raise ValueError("not a jaxcomm profile (expected a mapping with version: 1)")
+        try:
+            links = dict(DEFAULT_PROFILE.links)
+            links.update({c: Link(**v) for c, v in (data.get("links") or {}).items()})
+            gamma = dict(DEFAULT_PROFILE.gamma)
+            gamma.update({k: float(v) for k, v in (data.get("gamma") or {}).items()})
+            psum = Link(**data["psum"]) if "psum" in data else DEFAULT_PROFILE.psum
+            return cls(
+                links=links,
+                gamma=gamma,
+                psum=psum,
+                call=float(data.get("call", DEFAULT_PROFILE.call)),
+                inter_process=data.get("inter_process", "same_host"),
+                source=str(data.get("source", "")),
+                measured=tuple(data.get("measured", ())),
+            )
+        except (TypeError, KeyError) as exc:
+            raise ValueError(f"malformed jaxcomm profile: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path) -> Profile:
+        """Reads a profile written by ``jaxcomm probe``.
+
+        Args:
+          path: the JSON file.
+
+        Returns:
+          The profile.
+
+        Raises:
+          ValueError: the file is not a profile (the message names the file).
+
+        Example:
+          >>> profile = Profile.load("profile.json")  # doctest: +SKIP
+        """
+        try:
+            return cls.from_json(json.loads(pathlib.Path(path).read_text()))
+        except (OSError, json.JSONDecodeError, ValueError) as exc:
+            raise ValueError(f"cannot read profile {path}: {exc}") from None
+
+    def save(self, path: str | pathlib.Path) -> None:
+        """Writes the profile as JSON (see :meth:`to_json`)."""
+        pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
+
+
+# Measured on the development machine (2 cores shared with other jobs, jax 0.10.2, 2026-11-22),
+# by `python benchmarks/cost_model.py` (its probes are saved in benchmarks/results/
+# cost-model-*.json): kernels (each algorithm module holds its own kernels' values), call
+# overhead, psum and same_host from the local 2 x 1 world, same_process from the local 2 x 2
+# world, across_hosts from the emulated 4 x 1 world on 1 Gbit/s tbf links (network namespaces:
+# its alpha includes the emulation's CPU cost).
+DEFAULT_PROFILE = Profile(
+    links={
+        "same_process": Link(alpha=4.6e-5, beta=6.2e-10),
+        "same_host": Link(alpha=1.9e-4, beta=1.17e-9),
+        "across_hosts": Link(alpha=1.15e-3, beta=9.28e-9),
+    },
+    gamma=dict(algorithms.kernels()),
+    psum=Link(alpha=0.0, beta=1.62e-9),
+    call=6.2e-5,
+    inter_process="same_host",
+    source="built-in default (jaxcomm/cost/model.py: 2-core development machine, 2026-11-22)",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The model's answer for one (algorithm, n, world).
+
+    Attributes:
+      algorithm: the algorithm name.
+      elements: float32 elements per rank.
+      processes: processes of the world.
+      devices_per_process: devices per process.
+      bytes_sent_per_rank: mean bytes one rank sends per call.
+      seconds: predicted time of one call (exposed time when ``overlap`` was on).
+      communication_seconds: the alpha and beta terms.
+      compute_seconds: the gamma terms and the profile's per-call overhead.
+      messages: messages on the critical path.
+    """
+
+    algorithm: str
+    elements: int
+    processes: int
+    devices_per_process: int
+    bytes_sent_per_rank: float
+    seconds: float
+    communication_seconds: float
+    compute_seconds: float
+    messages: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The prediction as a dict; the first six keys are ``jaxcomm plan --json``'s."""
+        return dataclasses.asdict(self)

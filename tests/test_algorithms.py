@@ -1,0 +1,173 @@
+"""The algorithm registry (jaxcomm/algorithms/): its records agree with the C++ and the specs,
+and a new algorithm module is picked up everywhere without another edit."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import jaxcomm
+from jaxcomm import _ffi, algorithms, cost
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _cpp_sources() -> str:
+    return "\n".join(p.read_text() for p in (ROOT / "ffi").rglob("*.c*")) + "\n".join(
+        p.read_text() for p in (ROOT / "ffi").rglob("*.h")
+    )
+
+
+def test_names_are_the_ones_recipes_benchmarks_and_cost_use():
+    assert algorithms.names() == (
+        "psum",
+        "dense",
+        "topk_allgather",
+        "gtopk",
+        "adaptive",
+        "onebit",
+        "threshold",
+    )
+    assert cost.ALGORITHMS == algorithms.planned()
+    assert set(algorithms.planned()) <= {a.name for a in algorithms.registered()}
+    assert algorithms.AUTO not in algorithms.names()
+
+
+def test_every_target_is_a_registered_ffi_target():
+    # The C++ library exports its registration table (ffi/registrations.h); the registry's
+    # names must be registered ones, and a target without a CUDA handler (read from the
+    # sources of ffi/cuda/, compiled in CUDA builds only) must be declared CPU-only.
+    from test_registrations import cuda_definitions
+
+    table = _ffi.registrations()
+    cuda = cuda_definitions(pathlib.Path(__file__).resolve().parents[1])
+    for record in algorithms.registered():
+        for target in record.targets.values():
+            assert target in table, (record.name, target)
+            has_gpu = target in cuda
+            assert has_gpu == (target not in record.cpu_only_targets), (record.name, target)
+        assert record.cpu_only_targets <= set(record.targets.values()), record.name
+
+
+def test_every_metrics_label_is_one_the_cpp_reports():
+    sources = _cpp_sources()
+    for record in algorithms.registered():
+        for label in record.metric_labels:
+            base = label.removeprefix("hierarchical_").removesuffix("_leader")
+            # Hierarchical labels are assembled in C++ from "hierarchical_" + the inner name.
+            assert f'"{label}"' in sources or f'"{base}"' in sources, (record.name, label)
+
+
+def test_specs_build_from_options_and_map_back():
+    options = cost.Options(density=0.02, proportion=16.0, tau=0.5)
+    for record in algorithms.registered():
+        spec = record.build(options) if record.build else None
+        if record.spec is None:
+            assert spec is None, record.name
+            continue
+        assert isinstance(spec, record.spec), record.name
+        if record.hierarchy is None:
+            assert algorithms.of(spec) is record
+        assert getattr(jaxcomm, record.spec.__name__) is record.spec  # public as jaxcomm.<Spec>
+    assert algorithms.build("gtopk", options) == jaxcomm.GTopK(0.02)
+    assert algorithms.build("adaptive", options) == jaxcomm.Adaptive(16.0)
+    assert algorithms.build("threshold", options) == jaxcomm.Threshold(0.5)
+    with pytest.raises(TypeError, match="algorithm must be one of"):
+        algorithms.of(jaxcomm.TopK(0.1))
+    with pytest.raises(ValueError, match="unknown algorithm 'nope'.*gtopk"):
+        algorithms.get("nope")
+
+
+def test_hierarchical_forms_follow_their_base():
+    forms = {a.name: a for a in algorithms.registered() if a.hierarchy is not None}
+    bases = [a for a in algorithms.registered() if a.hierarchical]
+    assert {a.name for a in bases} == {"dense", "onebit", "threshold", "adaptive"}
+    assert len(forms) == 2 * len(bases)
+    leader = forms["hier_adaptive_leader"]
+    assert leader.hierarchy == ("adaptive", "leader")
+    assert leader.targets == {"flat": "jaxcomm_hierarchical_quantized"}
+    assert leader.metric_labels == ("hierarchical_adaptive_leader",)
+    assert leader.spec is jaxcomm.Adaptive and not leader.in_recipes
+
+
+# A new algorithm: one module, nothing else. Its bytes and time are made up; what is checked is
+# that the registry, the cost model and auto find it.
+_NEW_MODULE = '''
+"""``halfsum``: a made-up algorithm for the registry test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ._base import F32, Algorithm
+
+
+@dataclasses.dataclass(frozen=True)
+class HalfSum:
+    scale: float = 0.5
+
+
+def _bytes(n, world, options, rank):
+    return (world.ranks - 1) * n * F32 // 2
+
+
+def _time(t, n, world, options):
+    t.kernel("halve", n)
+    if world.ranks > 1:
+        t.send(world.flat_link(), world.ranks - 1, _bytes(n, world, options, 0))
+
+
+ALGORITHM = Algorithm(
+    name="halfsum",
+    summary="made up",
+    order=65,
+    spec=HalfSum,
+    targets={"flat": "jaxcomm_halfsum"},
+    build=lambda options: HalfSum(),
+    bytes_sent=_bytes,
+    time=_time,
+    residual=True,
+    kernels={"halve": 1e-9},
+    auto_rank=6,
+    auto_default=True,
+)
+'''
+
+
+def test_a_new_algorithm_is_one_module(tmp_path):
+    # A copy of jaxcomm's light modules plus one new module, loaded the launcher's way (a
+    # stand-in parent package; no JAX): every listing and the cost model see the newcomer.
+    copy = tmp_path / "jaxcomm_copy"
+    shutil.copytree(
+        ROOT / "jaxcomm",
+        copy,
+        ignore=lambda d, names: [
+            n for n in names if n.endswith(".so") or n == "__pycache__" or n == "examples"
+        ],
+    )
+    (copy / "algorithms" / "halfsum.py").write_text(_NEW_MODULE)
+    code = f"""
+import sys, types, importlib
+pkg = types.ModuleType("light"); pkg.__path__ = [{str(copy)!r}]; sys.modules["light"] = pkg
+algorithms = importlib.import_module("light.algorithms")
+cost = importlib.import_module("light.cost")
+assert algorithms.names()[-1] == "halfsum", algorithms.names()
+assert "halfsum" in cost.ALGORITHMS and "halfsum" in cost.AUTO_CHOICES
+assert "halfsum" in cost.DEFAULT_ALLOWED and "halve" in cost.KERNELS
+world = cost.World(4, 1, "across_hosts")
+assert cost.bytes_sent("halfsum", 1000, world) == 3 * 1000 * 4 // 2
+assert cost.predict("halfsum", 1000, world).seconds > 0
+assert "halfsum" in [p["algorithm"] for p in cost.plan([1000], world)["predictions"]]
+assert type(algorithms.build("halfsum", cost.Options())).__name__ == "HalfSum"
+assert cost.resolve_auto(cost.Auto(allowed=("halfsum",)), 1000, 4, 4, 1).scale == 0.5
+assert not [m for m in sys.modules if m.split(".")[0] in ("jax", "jaxcomm")]
+print("found")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "found", done.stderr[-3000:]
