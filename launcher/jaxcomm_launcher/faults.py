@@ -186,7 +186,7 @@ class FaultInjector:
 
     Example:
         >>> inj = FaultInjector(recipe, backend, variant_dir, timeline)  # doctest: +SKIP
-        >>> inj.prepare(); inj.attach(supervisor); ...; inj.close()
+        >>> inj.prepare(); inj.attach(supervisor); inj.close()  # doctest: +SKIP
     """
 
     def __init__(self, recipe: Recipe, backend: Any, variant_dir: pathlib.Path, timeline: Timeline):
