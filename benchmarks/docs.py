@@ -701,6 +701,71 @@ def draw_when_it_pays(results: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
 
 
 # ---------------------------------------------------------------------------------------------
+# docs/faults.md
+
+FAULT_HEADER = [
+    "fault",
+    "outcome",
+    "detect (s)",
+    "recover (s)",
+    "steps lost",
+    "accuracy = fault-free",
+    "bit-identical",
+    "wall (s)",
+]
+
+
+def fault_cells(row: dict[str, Any]) -> list[str]:
+    """One row of the fault table (``benchmarks/faults.py``'s JSON rows).
+
+    Example:
+      >>> fault_cells({"kind": "loss", "outcome": "refused", "detail": "no netem (`tc`)"})[:2]
+      ['loss', 'refused: no netem']
+    """
+    if row["outcome"] == "refused":
+        why = row["detail"].split(" (`")[0]  # the JSON keeps the whole message
+        return [row["kind"], f"refused: {why}"] + ["–"] * 6
+
+    def num(key: str) -> str:
+        return "–" if row.get(key) is None else f"{row[key]:.2f}"
+
+    accuracy = "–" if row.get("test_accuracy") is None else f"{row['test_accuracy']:.4f}"
+    return [
+        row["fault"] or row["kind"],
+        row["outcome"],
+        num("detect_s"),
+        num("recover_s"),
+        str(row["steps_lost"]),
+        f"{'yes' if row['accuracy_matches'] else 'no'} ({accuracy})",
+        "yes" if row["bit_identical"] else "no",
+        f"{row['wall_s']:.1f}",
+    ]
+
+
+def fault_table(data: dict[str, Any], file: str) -> str:
+    """The fault table of one ``benchmarks/faults.py`` result, with its command and source."""
+    free = data["fault_free"]
+    return (
+        f"`{data['command']}` (`benchmarks/results/{file}`); fault-free run: test accuracy "
+        f"{free['test_accuracy']:.4f}, {free['wall_s']:.1f} s.\n\n"
+        + table(FAULT_HEADER, [fault_cells(r) for r in data["rows"]])
+    )
+
+
+@section("docs/faults.md", "faults")
+def faults(results: pathlib.Path) -> str:
+    """Every fault kind half-way between two checkpoints (``results/faults-emulated.json``)."""
+    return fault_table(load(results, "faults-emulated"), "faults-emulated.json")
+
+
+@section("docs/faults.md", "faults-at-checkpoint")
+def faults_at_checkpoint(results: pathlib.Path) -> str:
+    """Kill and partition while the ranks write a checkpoint."""
+    name = "faults-emulated-at-checkpoint"
+    return fault_table(load(results, name), f"{name}.json")
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def _region(name: str) -> tuple[str, str]:

@@ -191,3 +191,27 @@ def test_ctrl_c_cancels_the_job_and_leaves_no_process(slurm, tmp_path):
     assert not worker_pids(str(out))
     v = json.loads((out / "summary.json").read_text())["variants"][0]
     assert v["status"] == "interrupted" and v["steps"] > 0
+
+
+def test_failed_step_restarts_inside_the_allocation(slurm, tmp_path):
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        backend="slurm",
+        train={"steps": 8},
+        max_restarts=1,
+        args={"fail_rank": 1, "fail_at_step": 3, "fail_mode": "kill", "fail_once": True},
+    )
+    out = tmp_path / "run"
+    res = launch(slurm, "launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    (v,) = summary["variants"]
+    assert v["status"] == "ok" and v["steps"] == 8
+    (restart,) = v["restarts"]
+    assert restart["attempt"] == 1 and restart["steps_done"] >= 3
+    assert "exited with" in restart["cause"] or "rank 1" in restart["cause"]
+    # One job, two srun steps: the restart stayed inside the allocation.
+    assert summary["slurm"]["state"] == "COMPLETED"
+    # The first attempt's records were set aside (no checkpoints: the rerun starts at 0).
+    assert restart["resumed_from"] == 0 and (out / "dense" / "attempt0-rank1.jsonl").exists()
+    assert not worker_pids(str(out))

@@ -12,6 +12,8 @@ training wall clock, and the summary reports bytes and collective time per step 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm
-from jaxcomm import algorithms, cost
+from jaxcomm import algorithms, checkpoints, cost
 from jaxcomm import optax as jc_optax
 
 AXIS = "dp"
@@ -241,7 +243,14 @@ class Step:
                 grads = lax.pmean(grads, AXIS)
             updates, state = self.tx.update(grads, state, params)
             params = optax.apply_updates(params, updates)
-            return params, state, lax.pmean(loss, AXIS), lax.pmean(metric, AXIS)
+            if reducer is None:  # the psum baseline: everything through XLA
+                return params, state, lax.pmean(loss, AXIS), lax.pmean(metric, AXIS)
+            # The reported loss and metric go through jaxcomm too, so every cross-process wait
+            # of a jaxcomm step is bounded by JAXCOMM_TIMEOUT_S: XLA's CPU collectives (Gloo)
+            # have no such deadline and sat through a 60 s partition (docs/faults.md).
+            both = jnp.stack([loss, metric]).astype(jnp.float32)
+            mean = jaxcomm.allreduce(both, AXIS) / lax.psum(1, AXIS)
+            return params, state, mean[0], mean[1]
 
         self._local_step = local_step
         self._batch_args = batch_args
@@ -300,6 +309,7 @@ class LoopResult:
       stopped: why the loop ended: ``"target"``, ``"time_cap"`` or ``"steps"``.
       time_to_target_s: ``seconds`` at the first evaluation that reached the target (None:
         no target, or not reached).
+      resumed_from: steps already done by the checkpoint the run resumed from (0: none).
     """
 
     params: Any
@@ -311,6 +321,7 @@ class LoopResult:
     steps: int = 0
     stopped: str = "steps"
     time_to_target_s: float | None = None
+    resumed_from: int = 0
 
 
 def reached(value: float, target: float | None, higher_is_better: bool) -> bool:
@@ -369,9 +380,18 @@ def train_loop(
     target: float | None = None,
     higher_is_better: bool = True,
     time_cap_s: float | None = None,
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int = 0,
 ) -> LoopResult:
     """Runs `steps` training steps, synchronizing and evaluating as asked; stops early at
     the first evaluation that reaches `target`, or once training took `time_cap_s`.
+
+    With a `checkpoint_dir` the loop first resumes from its newest complete checkpoint (if
+    any: params, optimizer state with every rank's residual, the evaluation history and the
+    training seconds so far) and then, with ``checkpoint_every > 0``, writes one every
+    `checkpoint_every` steps through :mod:`jaxcomm.checkpoints` (atomic: a process killed
+    mid-write leaves the previous checkpoint the newest). Batches depend only on the global
+    step, so a resumed run repeats exactly the steps an uninterrupted one takes.
 
     Args:
       step: the training step.
@@ -384,12 +404,15 @@ def train_loop(
         step).
       eval_name: key of the evaluation in ``history`` and in the logged metrics.
       metric_name: key of the step's training metric in the logged metrics.
-      logger: optional launcher metrics logger (``log(step, force=..., **fields)``).
+      logger: optional launcher metrics logger (``log(step, force=..., **fields)``; when it
+        has ``progress(steps_dispatched)``, that is called after every step).
       target: stop at the first evaluation reaching this value (None: run every step).
       higher_is_better: whether the evaluation reaches `target` from below (accuracy) or
         from above (bits per byte).
       time_cap_s: stop at the first evaluation after this many seconds of training (every
         rank stops at the same step: the ranks agree on the largest of their clocks).
+      checkpoint_dir: directory of the checkpoints (shared by every process); None: none.
+      checkpoint_every: steps between checkpoints (0: only resume, never write).
 
     Returns:
       A :class:`LoopResult`.
@@ -406,23 +429,50 @@ def train_loop(
     jaxcomm.reset_metrics()
     loss = evaluation = float("nan")
     history: list[dict[str, float]] = []
-    seconds = 0.0
+    seconds = 0.0  # this attempt's training seconds
+    seconds_before = 0.0  # earlier attempts' (a resumed run)
+    start = 0
+    if checkpoint_dir is not None:
+        resumed = checkpoints.latest(checkpoint_dir)
+        if resumed is not None:
+            (params, state), loop_state = checkpoints.restore(
+                checkpoint_dir, resumed, (params, state)
+            )
+            start = min(resumed, steps)
+            history = list(loop_state.get("history", []))
+            seconds_before = float(loop_state.get("seconds", 0.0))
+            if history:
+                loss, evaluation = history[-1]["loss"], history[-1][eval_name]
+    progress = getattr(logger, "progress", None)
     clock = time.perf_counter()
-    window_first = 0
+    window_first = start
+    window_comm: float | None = None
     paced = jaxcomm.paced(step, max_in_flight)
     agreed_max = _AgreedMax(step.mesh) if time_cap_s is not None else None
     stopped, time_to_target, done = "steps", None, steps
-    for i in range(steps):
+    for i in range(start, steps):
         params, state, loss_d, metric_d = paced(params, state, *batch(i))
+        if progress is not None:
+            progress(i + 1)
         evaluate_now = i % eval_every == 0 or i == steps - 1
-        if i == 0 or evaluate_now:
+        if i == start or evaluate_now:
             paced.wait()  # every queued step, this one included
             loss = host_scalar(loss_d)
-        if i == 0:
+        if i == start:
             jaxcomm.reset_metrics()  # the compiling step is not counted
-            clock, window_first = time.perf_counter(), 1
+            clock, window_first = time.perf_counter(), start + 1
             window_comm = _collective_seconds()
             if not evaluate_now:
+                _maybe_checkpoint(
+                    paced,
+                    checkpoint_dir,
+                    checkpoint_every,
+                    i + 1,
+                    steps,
+                    (params, state),
+                    {"seconds": seconds_before + seconds, "history": history},
+                )
+                clock = time.perf_counter()
                 continue
         if evaluate_now:
             now = time.perf_counter()
@@ -431,7 +481,8 @@ def train_loop(
             step_time = (now - clock) / window_steps
             comm = _collective_seconds()
             evaluation = float(evaluate(params))
-            history.append({"step": i, "seconds": seconds, "loss": loss, eval_name: evaluation})
+            total = seconds_before + seconds
+            history.append({"step": i, "seconds": total, "loss": loss, eval_name: evaluation})
             if logger is not None:
                 base = window_comm or 0.0  # nothing had run when this window began
                 logger.log(
@@ -439,32 +490,62 @@ def train_loop(
                     force=True,
                     loss=loss,
                     step_time_s=step_time,
-                    train_seconds=seconds,
+                    train_seconds=total,
                     # What jaxcomm.metrics() measured per step of this window (None: psum,
                     # whose time XLA does not report).
                     collective_time_s=None if comm is None else (comm - base) / window_steps,
                     **{eval_name: evaluation, metric_name: host_scalar(metric_d)},
                 )
             if time_to_target is None and reached(evaluation, target, higher_is_better):
-                time_to_target, stopped = seconds, "target"
-            elif agreed_max is not None and i > 0 and agreed_max(seconds) >= time_cap_s:
+                time_to_target, stopped = total, "target"
+            elif agreed_max is not None and i > 0 and agreed_max(total) >= time_cap_s:
                 # (Step 0 compiles and is not timed: its evaluation never ends a run.)
                 stopped = "time_cap"
             if stopped != "steps":
                 done = i + 1
                 break
             clock, window_first, window_comm = time.perf_counter(), i + 1, _collective_seconds()
+        # The save is not training time: the clock restarts after it.
+        paused = time.perf_counter()
+        if _maybe_checkpoint(
+            paced,
+            checkpoint_dir,
+            checkpoint_every,
+            i + 1,
+            steps,
+            (params, state),
+            {"seconds": seconds_before + seconds + (paused - clock), "history": history},
+        ):
+            clock += time.perf_counter() - paused
     return LoopResult(
         params,
         loss,
         evaluation,
         history,
         seconds,
-        max(1, done - 1),
+        max(1, done - start - 1),
         steps=done,
         stopped=stopped,
         time_to_target_s=time_to_target,
+        resumed_from=start,
     )
+
+
+def _maybe_checkpoint(
+    paced: Any,
+    checkpoint_dir: str | None,
+    every: int,
+    done: int,
+    steps: int,
+    tree: Any,
+    loop_state: dict[str, Any],
+) -> bool:
+    """Saves the checkpoint after `done` steps when it is due (not after the last step)."""
+    if checkpoint_dir is None or every <= 0 or done % every or done >= steps:
+        return False
+    paced.wait()
+    checkpoints.save(checkpoint_dir, done, tree, loop_state)
+    return True
 
 
 def _collective_seconds() -> float | None:
@@ -504,6 +585,49 @@ def communication_summary(
         "dense_bytes_per_step": dense,
         "comm_seconds_per_step": comm,
     }
+
+
+def checkpoint_options(config: Any, run_dir: str | None) -> dict[str, Any]:
+    """The checkpoint arguments of :func:`train_loop` from a run config's ``checkpoint_every``
+    and ``checkpoint_dir`` (default ``<run_dir>/checkpoints``).
+
+    Args:
+      config: a config with ``checkpoint_every`` and ``checkpoint_dir``.
+      run_dir: the run's directory, or None.
+
+    Returns:
+      ``{"checkpoint_dir", "checkpoint_every"}``; the directory is None when checkpointing
+      is off and none was named.
+
+    Example:
+      >>> checkpoint_options(DigitsConfig(checkpoint_every=50), "/r")  # doctest: +SKIP
+      {'checkpoint_dir': '/r/checkpoints', 'checkpoint_every': 50}
+    """
+    directory = config.checkpoint_dir
+    if directory is None and config.checkpoint_every and run_dir is not None:
+        directory = str(pathlib.Path(run_dir) / "checkpoints")
+    return {"checkpoint_dir": directory, "checkpoint_every": config.checkpoint_every}
+
+
+def params_digest(params: Any) -> str:
+    """SHA-256 of the parameters' bytes (this process's first shard of each leaf, in tree
+    order): equal digests mean bit-identical replicated parameters.
+
+    Args:
+      params: a tree of (replicated) arrays.
+
+    Returns:
+      The hex digest.
+
+    Example:
+      >>> params_digest({"w": np.zeros(2, np.float32)})[:8]
+      'af5570f5'
+    """
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        data = leaf.addressable_data(0) if hasattr(leaf, "addressable_data") else leaf
+        h.update(np.ascontiguousarray(np.asarray(data)).tobytes())
+    return h.hexdigest()
 
 
 def make_config(config: type, fields: dict[str, Any], workload: str) -> Any:

@@ -60,6 +60,7 @@ class BytesLMConfig(_loop.Reduction, _loop.Stopping):
       max_in_flight: training steps queued ahead of the devices (``jaxcomm.paced``; 0 waits
         for every step).
       seed: initialization, batch order and validation windows.
+      checkpoint_every, checkpoint_dir: as in :class:`jaxcomm.examples.digits.DigitsConfig`.
       target, time_cap_s: stop at this validation bits per byte or after this much training
         (:class:`jaxcomm.examples._loop.Stopping`).
     """
@@ -78,6 +79,8 @@ class BytesLMConfig(_loop.Reduction, _loop.Stopping):
     eval_sequences: int = 64
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     seed: int = 0
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
 
     def reduction(self) -> _loop.Reduction:
         """How this run reduces gradients."""
@@ -243,6 +246,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         eval_name="validation_bits_per_byte",
         metric_name="train_bits_per_byte",
         logger=logger,
+        **_loop.checkpoint_options(cfg, run_dir),
         **cfg.loop_options(higher_is_better=False),
     )
     reduction = cfg.reduction()
@@ -264,6 +268,8 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "seconds": loop.seconds,
         "history": loop.history,
         "compilations": step.traces,
+        "resumed_from": loop.resumed_from,
+        "params_sha256": _loop.params_digest(loop.params),
     }
     if run_dir is not None and jax.process_index() == 0:
         path = pathlib.Path(run_dir) / f"bytes-lm-{reduction.label()}.json"

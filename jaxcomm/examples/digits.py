@@ -67,6 +67,10 @@ class DigitsConfig(_loop.Reduction, _loop.Stopping):
         for every step).
       seed: parameter initialization and batch order (identical on every process).
       eval_every: steps between test-accuracy evaluations (the last step is always one).
+      checkpoint_every: steps between checkpoints (0: none); a run resumes from the newest
+        complete checkpoint in ``checkpoint_dir`` (:func:`jaxcomm.examples._loop.train_loop`).
+      checkpoint_dir: directory of the checkpoints (None: ``<run_dir>/checkpoints`` when
+        ``checkpoint_every`` is set and a ``run_dir`` is given).
       target, time_cap_s: stop at this test accuracy or after this much training
         (:class:`jaxcomm.examples._loop.Stopping`).
     """
@@ -84,6 +88,8 @@ class DigitsConfig(_loop.Reduction, _loop.Stopping):
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     seed: int = 0
     eval_every: int = 25
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.model not in ("mlp", "cnn"):
@@ -93,6 +99,8 @@ class DigitsConfig(_loop.Reduction, _loop.Stopping):
             raise ValueError(f"layers must be >= 1, got {self.layers}")
         if self.max_in_flight < 0:
             raise ValueError(f"max_in_flight must be >= 0, got {self.max_in_flight}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
 
     def reduction(self) -> _loop.Reduction:
         """How this run reduces gradients."""
@@ -254,7 +262,9 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
       from ``jaxcomm.metrics()`` (``psum``: a ring's bytes at the gradient dtype's width);
       ``comm_seconds_per_step`` is the time inside jaxcomm's collectives (None for ``psum``,
       whose time XLA does not report); ``seconds`` is training wall clock from the end of the
-      first (compiling) step, evaluations excluded; ``history`` lists ``{"step", "seconds",
+      first (compiling) step, evaluations excluded (a resumed run: since it resumed);
+      ``resumed_from`` the steps its checkpoint had done (0: none); ``params_sha256`` a digest
+      of the final parameters' bytes (equal digests: bit-identical models); ``history`` lists ``{"step", "seconds",
       "loss", "test_accuracy"}`` at every evaluation.
 
     Raises:
@@ -283,6 +293,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         eval_every=cfg.eval_every,
         max_in_flight=cfg.max_in_flight,
         logger=logger,
+        **_loop.checkpoint_options(cfg, run_dir),
         **cfg.loop_options(higher_is_better=True),
     )
     reduction = cfg.reduction()
@@ -305,6 +316,8 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "seconds": loop.seconds,
         "history": loop.history,
         "compilations": trainer.trace_count(),
+        "resumed_from": loop.resumed_from,
+        "params_sha256": _loop.params_digest(loop.params),
     }
     if cfg.algorithm == "auto":  # what the cost model chose for each bucket
         result["auto_choices"] = cost.auto_decisions()

@@ -19,7 +19,7 @@ import pathlib
 import sys
 import types
 
-STANDALONE = ("cost", "config", "algorithms")
+STANDALONE = ("cost", "config", "algorithms", "checkpoints")
 """The jaxcomm modules that import only the standard library (and each other)."""
 
 LIGHT_PACKAGE = "jaxcomm_launcher._jaxcomm_light"

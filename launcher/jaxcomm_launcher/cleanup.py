@@ -23,7 +23,7 @@ import subprocess
 from jaxcomm_launcher._jaxcomm import standalone
 
 STATE_DIR = pathlib.Path(standalone("config").get("JAXCOMM_STATE_DIR"))
-_NAME = re.compile(r"^jc[mvb]([0-9a-f]+)(?:r\d+)?$")
+_NAME = re.compile(r"^jc[mvb]([0-9a-f]+)(?:r\d+|p)?$")  # p: a partition fault's bridge
 
 
 def _owner_file(run_id: str) -> pathlib.Path:

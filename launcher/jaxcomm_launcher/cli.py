@@ -132,6 +132,15 @@ def launch(
         pathlib.Path | None,
         typer.Option("--profile", help="Profile (from `jaxcomm probe`) for --dry-run's plan."),
     ] = None,
+    max_restarts: Annotated[
+        int | None,
+        typer.Option(
+            "--max-restarts",
+            min=0,
+            help="Relaunch the whole world up to N times after a rank fails, resuming from the "
+            "newest checkpoint (the recipe's max_restarts; see train.checkpoint_every).",
+        ),
+    ] = None,
 ) -> None:
     """Run RECIPE: start its ranks, stream their logs, then write summary.json and plots.
 
@@ -143,7 +152,10 @@ def launch(
 
     path = _resolve_recipe(recipe)
     try:
-        rec = load_recipe(path, set_ or [])
+        overrides = list(set_ or [])
+        if max_restarts is not None:
+            overrides.append(f"max_restarts={max_restarts}")
+        rec = load_recipe(path, overrides)
     except RecipeError as exc:
         _print_error(exc)
         raise typer.Exit(2) from None
@@ -172,6 +184,13 @@ def launch(
                 typer.echo(f"# {settings.display_label()}")
                 for line in backend.describe(spec):
                     typer.echo(line)
+            if rec.max_restarts:
+                typer.echo(f"# restarts: up to {rec.max_restarts}, from the newest checkpoint")
+            for fault in rec.faults:
+                when = (
+                    f"at {fault.at_s:g} s" if fault.at_s is not None else f"at step {fault.at_step}"
+                )
+                typer.echo(f"# fault {when}: {fault.describe()}")
             _echo_plan_comment(rec, profile)
             return
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)

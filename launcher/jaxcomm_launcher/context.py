@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import pathlib
 import sys
 import time
@@ -47,6 +48,28 @@ class MetricsLogger:
         self.variant = variant
         self.log_every = max(1, log_every)
         self._file: TextIO | None = open(path, "a", buffering=1)
+        self._progress_fd: int | None = None
+
+    def progress(self, steps: int) -> None:
+        """Records that `steps` training steps have been dispatched, in ``rank<R>.progress``.
+
+        One ``pwrite`` of a fixed-width number per call (no JSON, no flush of the metrics): the
+        launcher reads it to fire ``at_step`` faults and to count the steps a restart lost.
+
+        Args:
+            steps: Steps dispatched so far (the next step's index).
+
+        Returns:
+            None.
+
+        Example:
+            >>> ctx.metrics.progress(41)  # doctest: +SKIP
+        """
+        if self._progress_fd is None:
+            self._progress_fd = os.open(
+                progress_path(self.path.parent, self.rank), os.O_WRONLY | os.O_CREAT, 0o644
+            )
+        os.pwrite(self._progress_fd, f"{int(steps):>12d}\n".encode(), 0)
 
     def log(self, step: int, force: bool = False, **fields: Any) -> None:
         """Writes one record for `step`.
@@ -81,6 +104,35 @@ class MetricsLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._progress_fd is not None:
+            os.close(self._progress_fd)
+            self._progress_fd = None
+
+
+def progress_path(run_dir: pathlib.Path, rank: int) -> pathlib.Path:
+    """Returns the file where :meth:`MetricsLogger.progress` keeps `rank`'s step count."""
+    return run_dir / f"rank{rank}.progress"
+
+
+def read_progress(run_dir: pathlib.Path, rank: int) -> int | None:
+    """Returns the steps `rank` has dispatched (its ``rank<R>.progress``), None before any.
+
+    Args:
+        run_dir: The run's directory (one sweep entry).
+        rank: The rank.
+
+    Returns:
+        The count, or None when the rank has not reported one.
+
+    Example:
+        >>> read_progress(pathlib.Path("/nonexistent"), 0) is None
+        True
+    """
+    try:
+        text = progress_path(run_dir, rank).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 @dataclasses.dataclass

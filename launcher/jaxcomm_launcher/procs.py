@@ -115,6 +115,8 @@ class Outcome:
         failed_rank: The rank that failed first (None when unknown or not a failure).
         detail: A human-readable sentence about the failure.
         returncode: The failing process's exit status (negative: killed by that signal).
+        detected_at: ``time.monotonic()`` when the supervisor saw the failure (before it
+            stopped the other processes).
     """
 
     ok: bool
@@ -122,6 +124,7 @@ class Outcome:
     failed_rank: int | None = None
     detail: str = ""
     returncode: int | None = None
+    detected_at: float | None = None
 
 
 LineRouter = Callable[[str], list[tuple[int | None, str]]]
@@ -317,6 +320,7 @@ class Supervisor:
                     if p.popen.poll() is None:
                         continue
                     if p.popen.returncode != 0:
+                        detected_at = time.monotonic()
                         p = self._culprit(p)
                         self.stop_all()
                         return Outcome(
@@ -325,6 +329,7 @@ class Supervisor:
                             failed_rank=p.rank,
                             detail=f"{p.name} ended with {describe_returncode(p.popen.returncode)}",
                             returncode=p.popen.returncode,
+                            detected_at=detected_at,
                         )
                 if all(p.popen.poll() is not None for p in self.procs):
                     self._join_readers()

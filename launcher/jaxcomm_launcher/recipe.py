@@ -232,6 +232,9 @@ class Train(_Strict):
     time_cap_s: float | None = Field(
         None, gt=0, description="stop after this many seconds of training (the ranks agree)"
     )
+    checkpoint_every: int = Field(
+        0, ge=0, description="steps between checkpoints (0: none); a restarted run resumes there"
+    )
 
 
 class Metrics(_Strict):
@@ -240,6 +243,122 @@ class Metrics(_Strict):
     log_every: int = Field(1, ge=1, description="write a JSON line every N steps")
     plots: bool = True
     warmup_steps: int = Field(2, ge=0, description="steps excluded from step-time summaries")
+
+
+FAULT_KINDS = ("link_down", "loss", "delay", "bandwidth", "straggler", "kill", "partition")
+NETWORK_FAULTS = ("link_down", "loss", "delay", "bandwidth", "partition")
+"""Fault kinds that change the emulated cluster's links (``backend: emulated`` only)."""
+NETEM_FAULTS = ("loss", "delay")
+"""Fault kinds that need the kernel's ``netem`` qdisc."""
+
+# What each kind needs (besides kind and a trigger) and what it may set.
+_FAULT_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "link_down": (("node", "seconds"), ()),
+    "loss": (("node", "seconds", "percent"), ()),
+    "delay": (("node", "seconds", "delay_ms"), ("jitter_ms",)),
+    "bandwidth": (("node", "bandwidth"), ("seconds",)),
+    "straggler": (("node", "seconds"), ("cpu",)),
+    "kill": (("node",), ()),
+    "partition": (("groups", "seconds"), ()),
+}
+_FAULT_HINTS = {
+    "node": "node: the rank (emulated: its node) it hits, e.g. node: 1",
+    "seconds": "seconds: how long it lasts, e.g. seconds: 5",
+    "percent": "percent: packets lost, e.g. percent: 1",
+    "delay_ms": "delay_ms: added one-way delay, e.g. delay_ms: 20",
+    "bandwidth": "bandwidth: the link's new tc rate, e.g. bandwidth: 100mbit",
+    "groups": "groups: the nodes of each side, e.g. groups: [[0], [1]]",
+}
+
+
+class Fault(_Strict):
+    """One scheduled fault (``faults:`` entries); docs/faults.md describes each kind."""
+
+    kind: Literal["link_down", "loss", "delay", "bandwidth", "straggler", "kill", "partition"]
+    at_s: float | None = Field(
+        None, ge=0, description="seconds after the ranks start (first attempt)"
+    )
+    at_step: int | None = Field(
+        None, ge=0, description="when rank 0 has dispatched this many training steps"
+    )
+    node: int | None = Field(None, ge=0, description="the rank / emulated node it hits")
+    seconds: float | None = Field(None, gt=0, description="how long it lasts")
+    percent: float | None = Field(None, gt=0, le=100, description="loss: packets dropped, %")
+    delay_ms: float | None = Field(None, gt=0, description="delay: added one-way delay")
+    jitter_ms: float | None = Field(None, ge=0, description="delay: jitter")
+    bandwidth: str | None = Field(None, description="bandwidth: the link's new tc rate")
+    cpu: float = Field(0.25, gt=0, lt=1, description="straggler: share of CPU time left")
+    groups: list[list[int]] | None = Field(None, description="partition: nodes of each side")
+
+    @field_validator("bandwidth")
+    @classmethod
+    def _rate(cls, v: str | None) -> str | None:
+        if v is not None and not _RATE_RE.match(v):
+            raise ValueError("must be a tc rate such as 1gbit, 500mbit, 100kbit")
+        return None if v is None else v.lower()
+
+    @model_validator(mode="after")
+    def _check(self) -> Fault:
+        if (self.at_s is None) == (self.at_step is None):
+            raise ValueError(
+                f"{self.kind}: give exactly one trigger, at_s (seconds after the start) or "
+                "at_step (a training step), e.g. at_s: 30"
+            )
+        needed, optional = _FAULT_FIELDS[self.kind]
+        missing = [f for f in needed if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"{self.kind} needs " + "; ".join(_FAULT_HINTS[f] for f in missing))
+        allowed = {"kind", "at_s", "at_step", "cpu", *needed, *optional}
+        extra = [
+            f
+            for f in ("node", "seconds", "percent", "delay_ms", "jitter_ms", "bandwidth", "groups")
+            if getattr(self, f) is not None and f not in allowed
+        ]
+        if extra:
+            raise ValueError(
+                f"{self.kind} does not take {', '.join(extra)} (it takes "
+                f"{', '.join(sorted(allowed - {'kind'}))})"
+            )
+        if self.kind == "partition":
+            assert self.groups is not None
+            flat = [n for g in self.groups for n in g]
+            if len(self.groups) != 2 or not all(self.groups) or len(set(flat)) != len(flat):
+                raise ValueError(
+                    "partition: groups must be two non-empty lists of distinct nodes, "
+                    "e.g. groups: [[0], [1]]"
+                )
+        return self
+
+    def nodes(self) -> list[int]:
+        """The nodes this fault names (its ``node``, or every node of its ``groups``)."""
+        if self.groups is not None:
+            return [n for g in self.groups for n in g]
+        return [] if self.node is None else [self.node]
+
+    def describe(self) -> str:
+        """One line for logs and the timeline, e.g. ``link_down node 1 for 5 s``.
+
+        Returns:
+            The description.
+
+        Example:
+            >>> Fault(kind="kill", node=1, at_step=40).describe()
+            'kill node 1'
+        """
+        where = f"groups {self.groups}" if self.groups is not None else f"node {self.node}"
+        what = ""
+        if self.kind == "loss":
+            what = f" {self.percent:g}% loss"
+        elif self.kind == "delay":
+            what = f" +{self.delay_ms:g} ms" + (
+                f" ±{self.jitter_ms:g} ms" if self.jitter_ms else ""
+            )
+        elif self.kind == "bandwidth":
+            what = f" to {self.bandwidth}"
+        elif self.kind == "straggler":
+            what = f" at {self.cpu:g} CPU"
+        during = f" for {self.seconds:g} s" if self.seconds is not None else ""
+        return f"{self.kind} {where}{what}{during}"
 
 
 class Recipe(_Strict):
@@ -262,6 +381,16 @@ class Recipe(_Strict):
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for ranks")
     timeout: float | None = Field(None, gt=0, description="seconds for the whole run")
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="relaunches of the whole world after a rank fails (resuming from the "
+        "newest checkpoint, see train.checkpoint_every)",
+    )
+    faults: list[Fault] = Field(
+        default_factory=list, description="faults injected on schedule (docs/faults.md)"
+    )
 
     @field_validator("backend", mode="before")
     @classmethod
@@ -288,6 +417,32 @@ class Recipe(_Strict):
         dup = {x for x in labels if labels.count(x) > 1}
         if dup:
             raise ValueError(f"sweep entries must have distinct labels, repeated: {sorted(dup)}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_faults(self) -> Recipe:
+        n, kind = self.world.processes, self.backend.kind
+        for i, fault in enumerate(self.faults):
+            bad = [x for x in fault.nodes() if x >= n]
+            if bad:
+                raise ValueError(
+                    f"faults[{i}] ({fault.kind}): node {bad[0]} does not exist; "
+                    f"world.processes={n} has nodes 0..{n - 1}"
+                )
+            if fault.kind in NETWORK_FAULTS and kind != "emulated":
+                raise ValueError(
+                    f"faults[{i}] ({fault.kind}) changes the network, which only the emulated "
+                    f"backend controls (backend is {kind}); use backend: emulated"
+                )
+            if fault.kind in ("kill", "straggler") and kind not in ("local", "emulated"):
+                raise ValueError(
+                    f"faults[{i}] ({fault.kind}) signals a rank's processes, which only the "
+                    f"local and emulated backends start themselves (backend is {kind})"
+                )
+            if fault.kind == "partition" and fault.groups is not None and len(fault.nodes()) != n:
+                raise ValueError(
+                    f"faults[{i}] (partition): groups must list every node 0..{n - 1} once"
+                )
         return self
 
     def job_target(self) -> str:

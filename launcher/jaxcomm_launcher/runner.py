@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
-from jaxcomm_launcher import results, rundir
-from jaxcomm_launcher.backends import make_backend
+from jaxcomm_launcher import faults, results, rundir
+from jaxcomm_launcher.backends import BackendError, make_backend
 from jaxcomm_launcher.backends.slurm import SlurmBackendRunner, collect
 from jaxcomm_launcher.procs import Interrupted, Outcome, Supervisor
 from jaxcomm_launcher.recipe import Recipe
@@ -105,27 +105,16 @@ def run_recipe(
                     f"[bold]{recipe.name}[/] · {label} · {recipe.backend.kind} · "
                     f"{recipe.world.processes} processes"
                 )
-                sup = Supervisor(console, variant_dir, quiet=quiet)
                 t0 = time.monotonic()
-                remaining = None if deadline is None else max(0.0, deadline - t0)
-                try:
-                    backend.start(sup, spec_path)
-                    status_line = console.status(f"{label}: running")
-                    with status_line:
-                        outcome = sup.wait(
-                            remaining,
-                            on_tick=lambda s, lab=label, st=status_line, d=variant_dir: st.update(
-                                f"{lab}: running {s:.0f} s{rundir.progress(d)}"
-                            ),
-                        )
-                finally:
-                    sup.close()
+                outcome, tails = _run_entry(
+                    recipe, backend, spec_path, variant_dir, label, entry, console, quiet, deadline
+                )
                 entry["wall_s"] = round(time.monotonic() - t0, 2)
                 if outcome.ok:
                     entry["status"] = "ok"
                     save_run()
                     continue
-                failure = _failure(outcome, variant_dir, label, sup.tails)
+                failure = _failure(outcome, variant_dir, label, tails)
                 entry.update(
                     status=outcome.reason,
                     reason=str(failure).splitlines()[0],
@@ -138,6 +127,105 @@ def run_recipe(
     finally:
         save_run()
     return _finish(recipe, run_dir, console, failure)
+
+
+def _run_entry(
+    recipe: Recipe,
+    backend: Any,
+    spec_path: pathlib.Path,
+    variant_dir: pathlib.Path,
+    label: str,
+    entry: dict[str, Any],
+    console: Console,
+    quiet: bool,
+    deadline: float | None,
+) -> tuple[Outcome, Mapping[int | None, Iterable[str]]]:
+    """Runs one sweep entry: its attempts (a failed one is relaunched, the whole world, up
+    to ``recipe.max_restarts`` times) under the recipe's faults; records restarts and faults
+    in `entry` (run.json, then summary.json) and every event in ``timeline.jsonl``."""
+    timeline = faults.Timeline(variant_dir / "timeline.jsonl")
+    injector = (
+        faults.FaultInjector(recipe, backend, variant_dir, timeline) if recipe.faults else None
+    )
+    ckpt_dir = pathlib.Path(str(recipe.args.get("checkpoint_dir") or variant_dir / "checkpoints"))
+    restarts: list[dict[str, Any]] = []
+    if recipe.max_restarts:
+        entry["restarts"] = restarts
+        if not recipe.train.checkpoint_every:
+            console.print(
+                "[yellow]warning[/]: max_restarts is set but train.checkpoint_every is 0: "
+                "a restarted run starts again from step 0",
+                highlight=False,
+            )
+    if recipe.faults:
+        entry["faults"] = injector.applied if injector else []
+    attempt = 0
+    try:
+        if injector is not None:
+            try:
+                injector.prepare()
+            except faults.FaultError as exc:
+                raise BackendError(str(exc)) from None
+        while True:
+            sup = Supervisor(console, variant_dir, quiet=quiet)
+            backend.attempt = attempt  # emulated: a coordinator port per attempt
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            timeline.event("attempt_start", attempt=attempt)
+            try:
+                backend.start(sup, spec_path)
+                if injector is not None:
+                    injector.attach(sup)
+                status_line = console.status(f"{label}: running")
+                with status_line:
+                    outcome = sup.wait(
+                        remaining,
+                        on_tick=lambda s, lab=label, st=status_line, d=variant_dir: st.update(
+                            f"{lab}: running {s:.0f} s{rundir.progress(d)}"
+                        ),
+                    )
+            finally:
+                if injector is not None:
+                    injector.detach()
+                sup.close()
+            if outcome.ok:
+                timeline.event("attempt_ok", attempt=attempt)
+                return outcome, sup.tails
+            rank = rundir.failed_rank(outcome, variant_dir)
+            error = rundir.status_error(variant_dir, rank)
+            cause = f"rank {rank}: {error}" if error else outcome.detail
+            timeline.event(
+                "attempt_failed",
+                at=outcome.detected_at,
+                attempt=attempt,
+                reason=outcome.reason,
+                failed_rank=rank,
+                cause=cause,
+            )
+            if outcome.reason != "failed" or attempt >= recipe.max_restarts:
+                return outcome, sup.tails
+            record = faults.record_restart(
+                variant_dir,
+                attempt + 1,
+                recipe.world.processes,
+                cause,
+                ckpt_dir,
+                failed_rank=rank,
+                t=round((outcome.detected_at or time.monotonic()) - timeline.t0, 3),
+            )
+            restarts.append(record)
+            timeline.event("restart", **record)
+            if injector is not None:
+                injector.watch_resume(record["resumed_from"])
+            console.print(
+                f"[bold yellow]restart {attempt + 1}/{recipe.max_restarts}[/]: {cause}; "
+                f"every rank was stopped, relaunching from step {record['resumed_from']} "
+                f"({record['steps_lost']} steps lost)",
+                highlight=False,
+            )
+            attempt += 1
+    finally:
+        if injector is not None:
+            injector.close()
 
 
 def _finish(

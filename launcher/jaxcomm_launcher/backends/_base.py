@@ -33,6 +33,11 @@ class BackendRunner:
         run_dir: The run directory.
     """
 
+    attempt: int = 0
+    """Which launch of the current sweep entry this is (0: the first; the runner counts the
+    restarts). Backends with a fixed coordinator port add it, so a relaunch never meets the
+    previous attempt's socket."""
+
     def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
         self.recipe = recipe
         self.run_dir = run_dir

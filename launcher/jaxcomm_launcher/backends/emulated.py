@@ -205,7 +205,8 @@ class EmulatedBackendRunner(PerRankBackend):
         return cmd + worker_command(spec_path)
 
     def _rank_env(self, rank: int) -> dict[str, str]:
-        n, coordinator = self.recipe.world.processes, f"{self.addresses[0]}:{COORDINATOR_PORT}"
+        port = COORDINATOR_PORT + self.attempt  # a restart gets a fresh port
+        n, coordinator = self.recipe.world.processes, f"{self.addresses[0]}:{port}"
         env = {**rank_env(rank, n, coordinator), "JAXCOMM_NODE_ADDRESS": self.addresses[rank]}
         if self.opts.ucx_tls:
             env["UCX_TLS"] = self.opts.ucx_tls

@@ -31,7 +31,7 @@ from typing import Any
 
 from rich.console import Console
 
-from jaxcomm_launcher import rundir
+from jaxcomm_launcher import faults, rundir
 from jaxcomm_launcher.backends._base import BackendError, BackendRunner
 from jaxcomm_launcher.procs import Interrupted, Outcome, RankEcho
 from jaxcomm_launcher.recipe import Recipe, SlurmBackend
@@ -271,6 +271,9 @@ def collect(
             else:
                 entry["status"] = "not run"
             continue
+        restarts = faults.read_restarts(vdir)
+        if restarts:
+            entry["restarts"] = restarts
         entry["wall_s"] = round(float(step["ended"]) - float(step["started"]), 2)
         if int(step["exit_code"]) == 0:
             entry["status"] = "ok"
@@ -425,14 +428,29 @@ class SlurmBackendRunner(BackendRunner):
             vdir = shlex.quote(f"{run_dir}/{label}")
             spec = shlex.quote(f"{run_dir}/{label}/spec.json")
             out = shlex.quote(f"{run_dir}/{label}/rank%t.log")
-            lines += [
-                f"# --- {label}",
-                f"mkdir -p {vdir}",
-                # --kill-on-bad-exit: one failed rank ends the step instead of hanging it.
+            # --kill-on-bad-exit: one failed rank ends the step instead of hanging it.
+            srun = (
                 f"step {vdir} srun --kill-on-bad-exit=1 --ntasks={n} "
                 f"--job-name={shlex.quote(label)} --output={out} "
-                f"{shlex.quote(py)} -P -m jaxcomm_launcher.worker --spec {spec} "
-                f"|| status=$?",
+                # A restarted step appends to the rank logs instead of truncating them.
+                + ("--open-mode=append " if r.max_restarts else "")
+                + f"{shlex.quote(py)} -P -m jaxcomm_launcher.worker --spec {spec}"
+            )
+            lines += [f"# --- {label}", f"mkdir -p {vdir}"]
+            if not r.max_restarts:
+                lines.append(f"{srun} || status=$?")
+                continue
+            # Restarts stay inside the allocation: a new srun step (a new step id, so a new
+            # coordinator port) resumes from the newest checkpoint; docs/faults.md.
+            lines += [
+                "attempt=0",
+                f"until {srun}; do",
+                "  rc=$?",
+                f'  if [ "$attempt" -ge {r.max_restarts} ]; then status=$rc; break; fi',
+                "  attempt=$((attempt + 1))",
+                f"  {shlex.quote(py)} -P -m jaxcomm_launcher.faults restart {vdir} "
+                f'--attempt "$attempt" --processes {n} --exit-code "$rc" || true',
+                "done",
             ]
         quoted = shlex.quote(run_dir)
         lines += [

@@ -27,6 +27,7 @@ TRAIN_FIELDS = (
     "seed",
     "target",
     "time_cap_s",
+    "checkpoint_every",
 )
 JAXCOMM_FIELDS = ("algorithm", "density", "grad_dtype", "allowed", "profile", "compute_seconds")
 

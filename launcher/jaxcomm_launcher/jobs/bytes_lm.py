@@ -32,7 +32,7 @@ def run(ctx: JobContext) -> None:
     # them.
     settings = example_settings(
         ctx,
-        ("steps", "batch_size", "eval_every", "seed", "target", "time_cap_s"),
+        ("steps", "batch_size", "eval_every", "seed", "target", "time_cap_s", "checkpoint_every"),
         ("algorithm", "density", "grad_dtype", "allowed", "profile", "compute_seconds"),
     )
     train_example(

@@ -8,6 +8,8 @@ Recipe ``args`` (all optional):
   size: float32 elements per device (default 4096)
   fail_rank / fail_at_step: make that rank raise at that step (fault-handling tests)
   fail_mode: ``raise`` (default), ``exit`` (os._exit(3)) or ``kill`` (SIGKILL itself)
+  fail_once: fail only in the first attempt of a run with restarts (a marker file in the run
+    directory remembers it)
   sleep_s: seconds to sleep per step (to test timeouts and Ctrl-C)
 """
 
@@ -41,6 +43,11 @@ def _maybe_fail(ctx: JobContext, step: int) -> None:
     if ctx.args.get("fail_rank") != ctx.rank or int(ctx.args.get("fail_at_step", 0)) != step:
         return
     mode = ctx.args.get("fail_mode", "raise")
+    if ctx.args.get("fail_once"):
+        marker = ctx.run_dir / f"smoke-failed-rank{ctx.rank}"
+        if marker.exists():
+            return
+        marker.touch()
     ctx.print(f"smoke: failing on purpose at step {step} (fail_mode={mode})")
     if mode == "exit":
         os._exit(3)
@@ -85,6 +92,7 @@ def run(ctx: JobContext) -> None:
     )
     for step in range(ctx.train.steps):
         _maybe_fail(ctx, step)
+        ctx.metrics.progress(step + 1)
         if sleep_s:
             time.sleep(sleep_s)
         before = _measured()
