@@ -328,9 +328,15 @@ def predict_step(
                     for n in elements
                 )
                 comm += share * seconds
-    # Every step also averages its loss and metric with two scalar lax.pmean calls (XLA's
-    # collectives: the profile's psum line), which the one-rank compute step does not pay.
-    scalars = 2 * cost.predict("psum", 1, world, profile).seconds if nodes > 1 else 0.0
+    # Every step also averages its loss and metric, which the one-rank compute step does not
+    # pay: two scalar lax.pmean calls (the profile's psum line) in the psum baselines, one
+    # jaxcomm allreduce of both (bounded by JAXCOMM_TIMEOUT_S) with every jaxcomm reduction.
+    if nodes == 1:
+        scalars = 0.0
+    elif algorithm == "psum":
+        scalars = 2 * cost.predict("psum", 1, world, profile).seconds
+    else:
+        scalars = cost.predict("dense", 2, world, profile).seconds
     return {
         "compute_s": compute_s,
         "comm_s": comm,
