@@ -1,40 +1,90 @@
 """jaxcomm: communication-efficient collectives for data-parallel JAX training.
 
+Importing the package is light: it imports neither JAX nor the compiled library, so the
+stdlib-only modules (``jaxcomm.cost``, ``jaxcomm.algorithms``, ``jaxcomm.config``) load alone.
+The API that needs JAX loads on first use (PEP 562 ``__getattr__``); the first module that
+calls a jaxcomm FFI target imports ``jaxcomm._ffi``, which loads the library and registers
+every target once. XLA:CPU's launch pool is still sized before JAX creates its CPU client
+(jaxcomm/pacing.py): importing jaxcomm hooks the sizing in as soon as JAX is imported, before
+or after jaxcomm.
+
 Example:
   >>> import jax.numpy as jnp, jaxcomm
   >>> values, indices = jaxcomm.ops.topk_abs(jnp.array([1.0, -4.0, 2.0]), 1)
 """
 
-from jaxcomm import _ffi, algorithms, config, ops, optax, timeline
-from jaxcomm.collectives import allreduce, compressed_allreduce
-from jaxcomm.compressors import (
-    Adaptive,
-    Compressor,
-    GTopK,
-    OneBit,
-    Threshold,
-    TopK,
-    TopKAllgather,
-)
-from jaxcomm.metrics import metrics, reset_metrics
-from jaxcomm.pacing import CollectiveError, Paced, paced, size_cpu_launch_pool
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+from typing import Any
+
+from jaxcomm import _jax_compat, algorithms, config
+from jaxcomm.compressors import Compressor, TopK
 
 __version__ = "0.1.0"
 
 # Before the C++ library (which reads some of the settings) is loaded: a bad JAXCOMM_* value
 # fails here, naming the variable (jaxcomm/config.py SETTINGS).
 config.check_environment()
-_ffi.register_all()  # every FFI target, from the library's own table (ffi/registrations.h)
 
-# Before JAX creates its CPU client: a launch pool that several devices cannot starve
-# (jaxcomm/pacing.py).
-size_cpu_launch_pool()
 
-# Every registered algorithm's spec is public as jaxcomm.<Spec>: the ones above by name (for
-# readers and editors), and any algorithm module added to jaxcomm/algorithms/ without an edit
-# here.
+def _size_launch_pool() -> None:
+    from jaxcomm.pacing import size_cpu_launch_pool
+
+    size_cpu_launch_pool()
+
+
+# A launch pool that several devices cannot starve, set before JAX creates its CPU client:
+# now if JAX is imported already, else right after JAX is imported (no device exists before).
+_jax_compat.after_jax_import(_size_launch_pool)
+
+# The API that needs JAX: name -> the module that defines it, imported on first use.
+_LAZY = {
+    "allreduce": "jaxcomm.collectives",
+    "compressed_allreduce": "jaxcomm.collectives",
+    "metrics": "jaxcomm.metrics",
+    "reset_metrics": "jaxcomm.metrics",
+    "CollectiveError": "jaxcomm.pacing",
+    "Paced": "jaxcomm.pacing",
+    "paced": "jaxcomm.pacing",
+    "size_cpu_launch_pool": "jaxcomm.pacing",
+}
+
+# Every registered algorithm's spec is public as jaxcomm.<Spec> (the registry is light), so an
+# algorithm module added to jaxcomm/algorithms/ needs no edit here.
 _SPECS = {cls.__name__: cls for cls in algorithms.spec_classes()}
 globals().update(_SPECS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}"):
+        value = importlib.import_module(f"{__name__}.{name}")  # jaxcomm.ops, jaxcomm.optax, ...
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    # The import system binds each submodule on its package once it is loaded; `metrics` names
+    # both the submodule and the function users call, and the function wins (``jaxcomm.metrics()``
+    # works after any import of the submodule, as with an eager package).
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _LAZY and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     *sorted(set(_SPECS) - {"Adaptive", "GTopK", "OneBit", "Threshold", "TopKAllgather"}),

@@ -2,8 +2,8 @@
 
 The library exports its own registration table (ffi/registrations.h: target name -> CPU
 handler and, in a CUDA build, CUDA handler, each row added where its handler is defined);
-:func:`registrations` reads it and ``import jaxcomm`` registers every row (:func:`register_all`,
-idempotent), so no Python code names a C++ symbol. :data:`C_FUNCTIONS` holds the ctypes
+:func:`registrations` reads it and importing this module registers every row
+(:func:`register_all`, idempotent), so no Python code names a C++ symbol. :data:`C_FUNCTIONS` holds the ctypes
 prototype of every plain C function (the table, metrics, marks, the UCX world, the GPU world,
 NCCL); :func:`library` applies them when it loads the library, so no other module declares a
 prototype.
@@ -253,3 +253,9 @@ def decompress_call(target: str, packed: Any, shape: Any, **attributes: Any) -> 
     return jax.ffi.ffi_call(target, result_like(packed, tuple(shape), jnp.float32))(
         packed, **attributes
     )
+
+
+# Every module that calls a jaxcomm target imports this one (ops, collectives, timeline,
+# metrics, the world), so importing it registers the whole table once, before any call is
+# lowered; ``import jaxcomm`` alone loads neither the library nor JAX.
+register_all()

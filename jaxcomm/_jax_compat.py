@@ -97,3 +97,53 @@ def dict_attribute(**values: Any) -> dict[str, Any]:
     from jax._src.hashable_array import HashableArray
 
     return {k: HashableArray(v) if isinstance(v, np.ndarray) else v for k, v in values.items()}
+
+
+class _AfterImport:
+    # A meta path finder that runs hooks once `module` has executed: it finds the module's
+    # spec through the other finders and wraps its loader.
+    def __init__(self, module: str, hook: Any) -> None:
+        self.module, self.hook = module, hook
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.module:
+            return None
+        import importlib.util
+        import sys
+
+        sys.meta_path.remove(self)  # once: the module is imported (or failed) after this
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenRun(spec.loader, self.hook)
+        return spec
+
+
+class _ThenRun:
+    # A loader that runs `hook()` after `loader` executed the module; everything else (resource
+    # readers, get_code, ...) is the wrapped loader's.
+    def __init__(self, loader: Any, hook: Any) -> None:
+        self._loader, self._hook = loader, hook
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._hook()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+def after_jax_import(hook: Any) -> None:
+    """Runs ``hook()`` once ``jax`` is imported: now if it is, else right after its import.
+
+    Lets ``import jaxcomm`` stay without JAX and still act before JAX creates a client (no
+    client exists before ``import jax`` has finished).
+    """
+    import sys
+
+    if "jax" in sys.modules:
+        hook()
+    elif not any(isinstance(f, _AfterImport) and f.hook is hook for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("jax", hook))

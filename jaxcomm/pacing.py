@@ -11,10 +11,11 @@ that the other devices' executions need to reach the collective.
 
 Two remedies, both applied:
 
-- :func:`size_cpu_launch_pool` (called when jaxcomm is imported) makes that pool large enough,
-  2 x devices + 2 threads, through ``PJRT_NPROC`` just before JAX creates its CPU client, so
-  a plain loop of dependent steps no longer deadlocks. It cannot act when JAX's CPU client
-  already exists (import jaxcomm before using JAX's devices), or when ``PJRT_NPROC`` is set.
+- :func:`size_cpu_launch_pool` (``import jaxcomm`` calls it once JAX is imported) makes that
+  pool large enough, 2 x devices + 2 threads, through ``PJRT_NPROC`` just before JAX creates
+  its CPU client, so a plain loop of dependent steps no longer deadlocks. It cannot act when
+  JAX's CPU client already exists (import jaxcomm before using JAX's devices), or when
+  ``PJRT_NPROC`` is set.
 - :func:`paced` keeps at most ``max_in_flight`` steps queued, waiting for the oldest one's
   outputs before returning from the next call, so no device ever has 32 executions in flight
   (the host still runs ahead of the devices, so dispatch overlaps compute). This is the
@@ -71,7 +72,7 @@ def size_cpu_launch_pool() -> bool:
 
     Sets ``PJRT_NPROC`` to :func:`cpu_launch_threads` right before the CPU client is created,
     unless the process has a single CPU device or ``PJRT_NPROC`` is already set. Importing
-    jaxcomm calls this.
+    jaxcomm calls this as soon as JAX is imported (at once when JAX came first).
 
     Returns:
       False when JAX's CPU client already existed (nothing can be changed; use :func:`paced`).

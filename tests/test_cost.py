@@ -455,13 +455,15 @@ def test_probe_on_a_local_world_writes_a_valid_profile(tmp_path):
 # The model is light and reads the library's settings the way the library does
 
 
-def _fresh_python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _fresh_python(
+    code: str, env: dict | None = None, flags: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     import os
     import sys
 
     environ = {k: v for k, v in os.environ.items() if k != SMALL}
     return subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, *flags, "-c", code],
         capture_output=True,
         text=True,
         cwd="/",
@@ -485,6 +487,25 @@ def test_cost_loads_without_jax_or_the_library():
         "print('light')\n"
     )
     assert done.returncode == 0 and done.stdout.strip() == "light", done.stderr[-3000:]
+
+
+def test_import_jaxcomm_cost_loads_no_jax():
+    # The package import is light (jaxcomm/__init__.py loads the JAX API on first use), so
+    # `import jaxcomm.cost` imports neither JAX nor the library: -X importtime lists every
+    # module imported, and the cost model still works.
+    done = _fresh_python(
+        "import sys, jaxcomm.cost as cost\n"
+        "p = cost.predict('gtopk', 1000, cost.World(4), options=cost.Options(density=0.01))\n"
+        "assert p.bytes_sent_per_rank == 120.0, p\n"
+        "assert not any('jaxcomm_ffi' in str(getattr(m, '__file__', '')) "
+        "for m in sys.modules.values())\n",
+        flags=("-X", "importtime"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
+    assert "jaxcomm.cost" in imported, done.stderr[-3000:]
+    heavy = [m for m in imported if m.split(".")[0] in ("jax", "jaxlib", "numpy")]
+    assert not heavy, heavy
 
 
 def test_light_modules_import_only_light_modules():

@@ -47,3 +47,39 @@ def test_short_message_drops_the_dispatch_chain():
 def test_launch_pool_threads_cover_two_per_device():
     assert pacing.cpu_launch_threads(4) >= 10
     assert pacing.cpu_launch_threads(1) >= 4
+
+
+# What each subprocess does before JAX creates its CPU client of 3 devices; the pool must be
+# sized whichever of jaxcomm and JAX comes first (import jaxcomm is light: it hooks the sizing
+# in when JAX is imported).
+_ORDERS = {
+    "jaxcomm_then_jax": "import jaxcomm\nimport jax\n",
+    "jax_then_jaxcomm": "import jax\nimport jaxcomm\n",
+    "cost_only_then_jax": "import jaxcomm.cost\nimport jax\n",
+}
+
+
+@pytest.mark.parametrize("order", sorted(_ORDERS))
+def test_import_sizes_the_launch_pool_before_the_cpu_client(order):
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        _ORDERS[order] + "jax.config.update('jax_num_cpu_devices', 3)\n"
+        "assert len(jax.devices()) == 3\n"
+        "import os\n"
+        "from jaxcomm import pacing\n"
+        "assert os.environ['PJRT_NPROC'] == str(pacing.cpu_launch_threads(3)), os.environ\n"
+        "print('sized')\n"
+    )
+    environ = {k: v for k, v in os.environ.items() if k not in ("PJRT_NPROC", "XLA_FLAGS")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**environ, "JAX_PLATFORMS": "cpu"},
+        timeout=240,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "sized", done.stderr[-3000:]
