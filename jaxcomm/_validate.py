@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -11,12 +13,14 @@ from jaxcomm._checks import finite_float, positive_int
 __all__ = [
     "FLOAT_DTYPES",
     "MAX_ELEMENTS",
+    "compress_inputs",
     "compressor_of",
     "finite_float",
     "float32_array",
     "float_array",
     "int_array",
     "non_empty",
+    "packed_input",
     "positive_int",
     "residual_like",
 ]
@@ -120,3 +124,58 @@ def residual_like(x: Any, residual: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
             "start with jnp.zeros(x.shape, jnp.float32)"
         )
     return x.astype(jnp.float32), residual
+
+
+def compress_inputs(x: Any, residual: Any, compressor: Any) -> tuple[jnp.ndarray, jnp.ndarray, int]:
+    """The checks of every compress kernel: :func:`residual_like`, at least one element.
+
+    Args:
+      x: the values to compress.
+      residual: the error feedback of ``x``.
+      compressor: the spec (``jaxcomm.TopK``, ``OneBit``, ...), already type-checked.
+
+    Returns:
+      ``(x as float32, residual, packed words of compressor for x.size)``.
+
+    Example:
+      >>> from jaxcomm.compressors import TopK
+      >>> compress_inputs(jnp.ones(8), jnp.zeros(8), TopK(0.25))[2]
+      5
+    """
+    x, residual = residual_like(x, residual)
+    non_empty(x, "compress")
+    return x, residual, compressor.packed_words(x.size)
+
+
+def packed_input(
+    packed: Any, compressor: Any, size: int | Sequence[int]
+) -> tuple[jnp.ndarray, tuple[int, ...]]:
+    """The checks of every decompress kernel: a uint32 vector of the words ``compressor`` packs
+    ``size`` elements into.
+
+    Args:
+      packed: what compress returned.
+      compressor: the spec that packed it, already type-checked.
+      size: element count or shape of the original ``x``.
+
+    Returns:
+      ``(packed as a JAX array, shape)``.
+
+    Example:
+      >>> from jaxcomm.compressors import TopK
+      >>> packed_input(jnp.zeros(5, jnp.uint32), TopK(0.25), 8)[1]
+      (8,)
+    """
+    shape = (size,) if isinstance(size, int) else tuple(size)
+    n = positive_int(math.prod(shape), "size", low=1, high=MAX_ELEMENTS)
+    if not hasattr(packed, "dtype"):
+        packed = jnp.asarray(packed)
+    if packed.dtype != jnp.uint32 or packed.ndim != 1:
+        raise TypeError(f"packed must be a uint32 vector, got {packed.dtype}{list(packed.shape)}")
+    expected = compressor.packed_words(n)
+    if packed.shape[0] != expected:
+        raise ValueError(
+            f"packed has {packed.shape[0]} words but {compressor} packs {n} elements into "
+            f"{expected}; pass the compressor and size used by compress"
+        )
+    return packed, shape

@@ -7,11 +7,9 @@ The semantics and the packed layout are those documented in :mod:`jaxcomm.compre
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxcomm import _ffi, _validate
@@ -62,9 +60,7 @@ def compress(
       (8, [0.0, -1.0, -1.0, 0.0, -1.5, 1.0, 1.0, 1.5])
     """
     _validate.compressor_of(compressor, Adaptive)
-    x, residual = _validate.residual_like(x, residual)
-    _validate.non_empty(x, "compress")
-    words = compressor.packed_words(x.size)
+    x, residual, words = _validate.compress_inputs(x, residual, compressor)
     return _ffi.compress_call(
         "jaxcomm_adaptive_compress",
         x,
@@ -101,16 +97,7 @@ def decompress(packed: jax.Array, compressor: Adaptive, shape: int | Sequence[in
       [3.0, 0.0, 3.0, 0.0, -3.5, 3.0, 0.0, -3.5]
     """
     _validate.compressor_of(compressor, Adaptive)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    n = _validate.positive_int(math.prod(shape), "size", low=1, high=_validate.MAX_ELEMENTS)
-    if not hasattr(packed, "dtype"):
-        packed = jnp.asarray(packed)
-    words = compressor.packed_words(n)
-    if packed.dtype != jnp.uint32 or packed.shape != (words,):
-        raise ValueError(
-            f"packed must be a uint32 vector of {words} words for {n} elements with "
-            f"{compressor}, got {packed.dtype}{list(packed.shape)}"
-        )
+    packed, shape = _validate.packed_input(packed, compressor, shape)
     return _ffi.decompress_call(
         "jaxcomm_adaptive_decompress", packed, shape, **_layout_attrs(compressor)
     )

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import importlib
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from jaxcomm import _validate, algorithms
 from jaxcomm.compressors import Compressor, TopK
@@ -61,8 +59,6 @@ def compress(
       [5, 6, 7]
     """
     _check_compressor(compressor)
-    x, residual = _validate.residual_like(x, residual)
-    _validate.non_empty(x, "compress")
     return _KERNELS[type(compressor)][0](x, residual, compressor)
 
 
@@ -86,17 +82,5 @@ def decompress(packed: jax.Array, compressor: Compressor, size: int | Sequence[i
       [0.0, 5.0, 0.0, 2.0]
     """
     _check_compressor(compressor)
-    shape = (size,) if isinstance(size, int) else tuple(size)
-    n = math.prod(shape)
-    _validate.positive_int(n, "size", low=1)
-    if not hasattr(packed, "dtype"):
-        packed = jnp.asarray(packed)
-    if packed.dtype != jnp.uint32 or packed.ndim != 1:
-        raise TypeError(f"packed must be a uint32 vector, got {packed.dtype}{list(packed.shape)}")
-    expected = compressor.packed_words(n)
-    if packed.shape[0] != expected:
-        raise ValueError(
-            f"packed has {packed.shape[0]} words but {compressor} packs {n} elements into "
-            f"{expected}; pass the compressor and size used by compress"
-        )
+    packed, shape = _validate.packed_input(packed, compressor, size)
     return _KERNELS[type(compressor)][1](packed, compressor, shape)

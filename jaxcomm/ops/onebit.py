@@ -51,9 +51,7 @@ def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax
       [-1.0, 1.0, 1.0, -1.0]
     """
     _validate.compressor_of(compressor, OneBit)
-    x, residual = _validate.residual_like(x, residual)
-    _validate.non_empty(x, "compress")
-    words = compressor.packed_words(x.size)
+    x, residual, words = _validate.compress_inputs(x, residual, compressor)
     return _ffi.compress_call("jaxcomm_onebit_compress", x, residual, words, **_attrs(compressor))
 
 

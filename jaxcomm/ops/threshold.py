@@ -46,9 +46,7 @@ def compress(
       [0.5, 1.0, -2.0, 1.0]
     """
     _validate.compressor_of(compressor, Threshold)
-    x, residual = _validate.residual_like(x, residual)
-    _validate.non_empty(x, "compress")
-    words = compressor.packed_words(x.size)
+    x, residual, words = _validate.compress_inputs(x, residual, compressor)
     return _ffi.compress_call(
         "jaxcomm_threshold_compress", x, residual, words, tau=np.float32(compressor.tau)
     )

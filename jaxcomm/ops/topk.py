@@ -44,8 +44,7 @@ def compress_topk(
     x: jax.Array, residual: jax.Array, compressor: TopK
 ) -> tuple[jax.Array, jax.Array]:
     """TopK compression with fused error feedback; see :func:`jaxcomm.ops.compress`."""
-    n = x.size
-    words = compressor.packed_words(n)
+    x, residual, words = _validate.compress_inputs(x, residual, compressor)
     return _ffi.compress_call("jaxcomm_topk_compress", x, residual, words)
 
 
