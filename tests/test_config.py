@@ -118,22 +118,21 @@ def test_cli_without_the_launch_extra_says_how_to_get_it():
     assert "pip install 'jaxcomm[launch]'" in done.stderr and "typer" in done.stderr
 
 
-def test_examples_without_their_extra_say_how_to_get_it():
-    done = _python("import jaxcomm.examples.digits", blocked=("flax",))
+@pytest.mark.parametrize(
+    ("extra", "blocked", "code"),
+    [
+        ("examples", "flax", "import jaxcomm.examples.digits"),
+        (
+            "checkpoint",
+            "orbax",
+            "import jaxcomm.optax\njaxcomm.optax.save_state('/nonexistent/x', {})",
+        ),
+    ],
+)
+def test_a_missing_extra_says_how_to_get_it(extra, blocked, code):
+    done = _python(code, blocked=(blocked,))
     assert done.returncode != 0
-    assert "pip install 'jaxcomm[examples]'" in done.stderr, done.stderr[-2000:]
-
-
-def test_checkpoints_without_orbax_say_how_to_get_it():
-    done = _python(
-        "from jaxcomm.optax import save_state\n"
-        "try:\n"
-        "    save_state('/nonexistent/x', {})\n"
-        "except ImportError as e:\n"
-        "    print(e)",
-        blocked=("orbax",),
-    )
-    assert "pip install 'jaxcomm[checkpoint]'" in done.stdout, done.stderr[-2000:]
+    assert f"pip install 'jaxcomm[{extra}]'" in done.stderr, done.stderr[-2000:]
 
 
 def test_launcher_backends_do_not_import_the_runner():
