@@ -43,6 +43,30 @@ def add_world_arguments(
         )
 
 
+def add_repeats_argument(parser: argparse.ArgumentParser, default: int, minimum: int = 5) -> None:
+    """Adds ``--repeats`` (timed samples a median is taken of), refusing fewer than ``minimum``:
+    medians of fewer runs are noise.
+
+    Example:
+      >>> parser = argparse.ArgumentParser()
+      >>> add_repeats_argument(parser, 7)
+      >>> parser.parse_args([]).repeats, parser.parse_args(["--repeats", "5"]).repeats
+      (7, 5)
+    """
+
+    def repeats(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(
+                f"must be >= {minimum} (medians of fewer runs are noise), got {value}"
+            )
+        return value
+
+    parser.add_argument(
+        "--repeats", type=repeats, default=default, help=f"timed samples (>= {minimum})"
+    )
+
+
 def recipe_backend(args: argparse.Namespace) -> dict | str:
     """The recipe ``backend`` for ``--backend local`` or ``--backend emulated``.
 

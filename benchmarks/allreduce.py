@@ -25,6 +25,7 @@ from typing import Any
 
 from _bench import (
     TIME_PER_ALLREDUCE_AXES,
+    add_repeats_argument,
     add_world_arguments,
     run_recipe,
     setup_fields,
@@ -57,7 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_world_arguments(parser)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 25_000_000])
-    parser.add_argument("--repeats", type=int, default=5)
+    add_repeats_argument(parser, 5)
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--tau", type=float, default=3.0)
     parser.add_argument("--proportion", type=float, default=64.0)
@@ -65,8 +66,6 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
-    if args.repeats < 5:
-        parser.error("--repeats must be >= 5")
 
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")

@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 from _bench import (
+    add_repeats_argument,
     add_world_arguments,
     jaxcomm_cli,
     recipe_backend,
@@ -234,7 +235,7 @@ def main() -> None:
     add_world_arguments(parser, processes=False, devices=False)
     parser.add_argument("--worlds", nargs="+", default=["2x1", "4x1", "2x2"])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
-    parser.add_argument("--repeats", type=int, default=5)
+    add_repeats_argument(parser, 5)
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--tau", type=float, default=3.0)
     parser.add_argument(
@@ -259,8 +260,6 @@ def main() -> None:
         path = write_result(args.out, "cost-model-extrapolation", result)
         print(f"\nwrote {path}")
         return
-    if args.repeats < 5:
-        parser.error("--repeats must be >= 5")
     worlds = []
     for w in args.worlds:
         try:

@@ -34,7 +34,7 @@ import jaxcomm
 # .ci/gpu-check runs this file with `python -P` (so that the installed jaxcomm is imported, not
 # the source tree), which leaves this directory off sys.path.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from _bench import pyplot, save_plot  # noqa: E402
+from _bench import add_repeats_argument, pyplot, save_plot  # noqa: E402
 
 
 def median_seconds(
@@ -82,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=25_000_000)
     parser.add_argument("--density", type=float, default=0.001)
-    parser.add_argument("--repeats", type=int, default=7)
+    add_repeats_argument(parser, 7)
     parser.add_argument(
         "--calls",
         type=int,
@@ -99,8 +99,6 @@ def main() -> None:
         help="where x lives and the kernels run (gpu needs a CUDA build)",
     )
     args = parser.parse_args()
-    if args.repeats < 5:
-        parser.error("--repeats must be >= 5 (medians of fewer runs are noise)")
     device = select_device(parser, args.device)
     calls = args.calls or (20 if args.device == "gpu" else 1)
 

@@ -38,7 +38,14 @@ import os
 import pathlib
 import statistics
 
-from _bench import add_world_arguments, run_recipe, setup_fields, write_job_recipe, write_result
+from _bench import (
+    add_repeats_argument,
+    add_world_arguments,
+    run_recipe,
+    setup_fields,
+    write_job_recipe,
+    write_result,
+)
 from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 from jaxcomm.optax import DEFAULT_BUCKET_SIZE
@@ -293,7 +300,7 @@ def main() -> None:
         default=None,
         help="elements of the first (last layers') bucket; default: the bucket size",
     )
-    parser.add_argument("--repeats", type=int, default=5)
+    add_repeats_argument(parser, 5, minimum=3)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     parser.add_argument(
@@ -304,8 +311,6 @@ def main() -> None:
         result = json.loads(args.redraw.read_text())
         print("wrote", *draw(args.redraw.stem, result, args.redraw.parent))
         return
-    if args.repeats < 3:
-        parser.error("--repeats must be >= 3")
     if args.in_flight_bucket not in args.bucket_sizes:
         parser.error("--in-flight-bucket must be one of --bucket-sizes")
 

@@ -34,6 +34,7 @@ from typing import Any
 
 from _bench import (
     TIME_PER_ALLREDUCE_AXES,
+    add_repeats_argument,
     add_world_arguments,
     run_recipe,
     setup_fields,
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument(
         "--sizes", type=int, nargs="+", default=[256, 1024, 4096, 16384, 65536, 262144, 1048576]
     )
-    parser.add_argument("--repeats", type=int, default=20)
+    add_repeats_argument(parser, 20)
     parser.add_argument(
         "--chain", type=int, default=20, help="allreduces back to back per timed call"
     )
@@ -98,8 +99,6 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
-    if args.repeats < 5:
-        parser.error("--repeats must be >= 5")
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"small-allreduce-{args.backend}" + (
         f"-{args.bandwidth}" if args.backend == "emulated" else ""
