@@ -9,11 +9,11 @@ import dataclasses
 from typing import Any
 
 from ._base import F32, Algorithm
-from ._sparse import TopK, k_attribute
+from ._sparse import Density, k_attribute
 
 
 @dataclasses.dataclass(frozen=True)
-class GTopK:
+class GTopK(Density):
     """gTop-k sparse allreduce (Shi et al. 2019): a tree of ⊤ merges, O(k log P).
 
     The result holds the k entries of largest magnitude of the (tree-merged) sum; local values
@@ -27,15 +27,6 @@ class GTopK:
       >>> jaxcomm.GTopK(0.01).k(1000)
       10
     """
-
-    density: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "density", TopK(self.density).density)
-
-    def k(self, n: int) -> int:
-        """Entries of the global result out of ``n``."""
-        return TopK(self.density).k(n)
 
 
 def schedule(rank: int, parts: int) -> list[tuple[str, int]]:

@@ -9,11 +9,11 @@ import dataclasses
 from typing import Any
 
 from ._base import F32, Algorithm
-from ._sparse import TopK, k_attribute
+from ._sparse import Density, k_attribute
 
 
 @dataclasses.dataclass(frozen=True)
-class TopKAllgather:
+class TopKAllgather(Density):
     """Sparse allreduce baseline: local top-k, allgather of (index, value), sum — O(kP).
 
     Args:
@@ -24,15 +24,6 @@ class TopKAllgather:
       >>> jaxcomm.TopKAllgather(0.001).k(1_000_000)
       1000
     """
-
-    density: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "density", TopK(self.density).density)
-
-    def k(self, n: int) -> int:
-        """Entries each rank contributes out of ``n``."""
-        return TopK(self.density).k(n)
 
 
 def _bytes(n: int, world: Any, options: Any, rank: int) -> int:
