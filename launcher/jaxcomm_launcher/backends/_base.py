@@ -29,9 +29,12 @@ class BackendRunner:
     (``emulated``) override both halves.
 
     Args:
-        recipe: The validated recipe.
+        recipe: The validated recipe, whose ``backend.kind`` is this runner's ``kind``.
         run_dir: The run directory.
     """
+
+    kind: str  # the recipe's ``backend.kind`` this runner runs
+    opts: Any  # the recipe's backend options (each backend names their class)
 
     attempt: int = 0
     """Which launch of the current sweep entry this is (0: the first; the runner counts the
@@ -39,7 +42,13 @@ class BackendRunner:
     previous attempt's socket."""
 
     def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
+        if recipe.backend.kind != self.kind:
+            raise BackendError(
+                f"{type(self).__name__} runs backend {self.kind!r}, the recipe's is "
+                f"{recipe.backend.kind!r}"
+            )
         self.recipe = recipe
+        self.opts = recipe.backend
         self.run_dir = run_dir
         self._held_ports: list[socket.socket] = []
 
@@ -74,8 +83,6 @@ class SupervisedBackend(BackendRunner, abc.ABC):
 
     ``with backend: ...`` sets up and always tears down what it creates (e.g. namespaces).
     """
-
-    kind: str
 
     @abc.abstractmethod
     def start(self, supervisor: Supervisor, spec_path: pathlib.Path) -> None:

@@ -50,11 +50,10 @@ class EmulatedBackendRunner(PerRankBackend):
     """
 
     kind = "emulated"
+    opts: EmulatedBackend
 
     def __init__(self, recipe: Recipe, run_dir: pathlib.Path, run_id: str | None = None) -> None:
-        assert isinstance(recipe.backend, EmulatedBackend)
         super().__init__(recipe, run_dir)
-        self.opts: EmulatedBackend = recipe.backend
         self.run_id = run_id or secrets.token_hex(2)
         n = recipe.world.processes
         net = ipaddress.ip_network(self.opts.subnet)

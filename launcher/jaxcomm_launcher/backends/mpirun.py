@@ -21,7 +21,7 @@ from jaxcomm_launcher.backends._base import (
     worker_command,
 )
 from jaxcomm_launcher.procs import Supervisor
-from jaxcomm_launcher.recipe import MpirunBackend, Recipe
+from jaxcomm_launcher.recipe import MpirunBackend
 
 # OpenMPI 4: "[1,0]<stdout>:text"; OpenMPI 5 (PRRTE): "[1,0]<stdout>: text". A rank's chunk
 # without a newline gets the next chunk, maybe another rank's, glued to it with its own tag.
@@ -72,11 +72,7 @@ class MpirunBackendRunner(SupervisedBackend):
     """
 
     kind = "mpirun"
-
-    def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
-        assert isinstance(recipe.backend, MpirunBackend)
-        super().__init__(recipe, run_dir)
-        self.opts: MpirunBackend = recipe.backend
+    opts: MpirunBackend
 
     def _executable(self) -> str:
         exe = shutil.which(self.opts.mpirun)

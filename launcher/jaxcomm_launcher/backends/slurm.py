@@ -34,7 +34,7 @@ from rich.console import Console
 from jaxcomm_launcher import faults, rundir
 from jaxcomm_launcher.backends._base import BackendError, BackendRunner
 from jaxcomm_launcher.procs import Interrupted, Outcome, RankEcho
-from jaxcomm_launcher.recipe import Recipe, SlurmBackend
+from jaxcomm_launcher.recipe import SlurmBackend
 from jaxcomm_launcher.results import read_run
 
 # Job states in which the job may still run or still has processes (squeue(1), "JOB STATE
@@ -358,11 +358,7 @@ class SlurmBackendRunner(BackendRunner):
     """
 
     kind = "slurm"
-
-    def __init__(self, recipe: Recipe, run_dir: pathlib.Path) -> None:
-        assert isinstance(recipe.backend, SlurmBackend)
-        super().__init__(recipe, run_dir)
-        self.opts: SlurmBackend = recipe.backend
+    opts: SlurmBackend
 
     def render(self) -> str:
         """Returns the sbatch script.
