@@ -72,6 +72,18 @@ def load(results: pathlib.Path, name: str) -> dict[str, Any]:
     return json.loads((results / f"{name}.json").read_text())
 
 
+def each(results: pathlib.Path, pattern: str, render: Callable[[dict[str, Any], str], str]) -> str:
+    """``render(data, file name)`` of every result file matching ``pattern``, in name order,
+    one paragraph each (a benchmark writes one file per configuration).
+
+    Example:
+      >>> each(RESULTS, "kernels-*.json", lambda data, file: file).splitlines()[0]
+      'kernels-gpu.json'
+    """
+    paths = sorted(results.glob(pattern), key=lambda p: p.stem)
+    return "\n\n".join(render(load(results, p.stem), p.name) for p in paths)
+
+
 def table(header: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table; numbers must already be formatted.
 
@@ -263,8 +275,7 @@ def allreduce_hierarchical(results: pathlib.Path) -> str:
 @section("docs/benchmarks.md", "quantized-allreduce")
 def quantized_allreduce(results: pathlib.Path) -> str:
     """The quantized allreduce runs (flat and hierarchical, loopback and emulated)."""
-    names = sorted(p.stem for p in results.glob("quantized-allreduce-*.json"))
-    return "\n\n".join(_allreduce_table(load(results, n), f"{n}.json") for n in names)
+    return each(results, "quantized-allreduce-*.json", _allreduce_table)
 
 
 @section("docs/benchmarks.md", "peers")
@@ -369,8 +380,7 @@ def _overlap(data: dict[str, Any], file: str) -> str:
 @section("docs/benchmarks.md", "overlap")
 def overlap(results: pathlib.Path) -> str:
     """``benchmarks/overlap.py``: how much communication the start/done split hides."""
-    names = sorted(p.stem for p in results.glob("overlap-*.json"))
-    return "\n\n".join(_overlap(load(results, n), f"{n}.json") for n in names)
+    return each(results, "overlap-*.json", _overlap)
 
 
 @section("docs/benchmarks.md", "overlap-paced")
@@ -424,8 +434,7 @@ def _train(data: dict[str, Any], file: str) -> str:
 @section("docs/benchmarks.md", "train")
 def train(results: pathlib.Path) -> str:
     """``benchmarks/train.py``: every reduction of one workload in the same run."""
-    names = sorted(p.stem for p in results.glob("train-*.json"))
-    return "\n\n".join(_train(load(results, n), f"{n}.json") for n in names)
+    return each(results, "train-*.json", _train)
 
 
 # ---------------------------------------------------------------------------------------------
