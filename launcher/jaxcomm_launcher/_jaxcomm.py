@@ -1,11 +1,11 @@
 """jaxcomm's standard-library-only modules (``cost``, ``config``, ``algorithms``) without the rest.
 
-``import jaxcomm`` imports JAX and loads the C++ library (about 1.5 s here); the launcher's
-own process needs neither: ``jaxcomm plan`` answers from the cost model in well under 2 s, the
-recipe schema lists the algorithm registry's names, and the launcher reads its environment
-settings from ``jaxcomm.config``'s one table.
+The launcher's own process needs neither JAX nor the C++ library: ``jaxcomm plan`` answers from
+the cost model in well under 2 s, the recipe schema lists the algorithm registry's names, and
+the launcher reads its environment settings from ``jaxcomm.config``'s one table.
 
-Without importing the ``jaxcomm`` package (whose ``__init__`` loads JAX), the light modules are
+Without importing the ``jaxcomm`` package (whose ``__init__`` checks the environment and hooks
+the launch-pool sizing into JAX's import; it loads JAX's API lazily), the light modules are
 loaded under a stand-in parent package, :data:`LIGHT_PACKAGE`, that points at jaxcomm's
 directory: they reach each other by relative imports (``from .. import algorithms``), which
 resolve inside the stand-in (``tests/test_cost.py`` checks that they import nothing else).
