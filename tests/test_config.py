@@ -109,6 +109,19 @@ def test_core_imports_without_the_extras():
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
+def test_the_package_loads_its_jax_api_on_first_use():
+    done = _python(
+        "import jaxcomm\n"
+        "assert 'jax' not in sys.modules and 'jaxcomm._ffi' not in sys.modules\n"
+        "import jaxcomm.metrics  # the submodule does not hide the function of that name\n"
+        "assert jaxcomm.metrics() == {'totals': [], 'recent': []}\n"
+        "assert set(jaxcomm.__all__) <= set(dir(jaxcomm))\n"
+        "assert all(getattr(jaxcomm, name) is not None for name in jaxcomm.__all__)\n"
+        "print('ok')"
+    )
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
 def test_cli_without_the_launch_extra_says_how_to_get_it():
     done = _python(
         "import runpy; runpy.run_module('jaxcomm_launcher', run_name='__main__')",
