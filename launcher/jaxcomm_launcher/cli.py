@@ -38,6 +38,11 @@ _width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
 console = Console(width=_width)
 err_console = Console(stderr=True, width=_width)
 
+# `--timeout` of the commands that run a recipe (launch, probe): one declaration.
+RunTimeout = Annotated[
+    float | None, typer.Option("--timeout", help="Seconds for the whole run.", min=0.001)
+]
+
 
 @contextlib.contextmanager
 def _exit_on_launch_errors() -> Iterator[None]:
@@ -118,9 +123,7 @@ def launch(
     out: Annotated[
         pathlib.Path | None, typer.Option("--out", help="Run directory (default runs/NAME-TIME).")
     ] = None,
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds for the whole run.", min=0.001)
-    ] = None,
+    timeout: RunTimeout = None,
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Do not echo rank logs (files still get them).")
     ] = False,
@@ -515,9 +518,7 @@ def probe(
     run_dir: Annotated[
         pathlib.Path | None, typer.Option("--run-dir", help="Run directory (default runs/...).")
     ] = None,
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds for the whole run.", min=0.001)
-    ] = None,
+    timeout: RunTimeout = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would run.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo rank logs.")] = False,
 ) -> None:
