@@ -683,7 +683,9 @@ def draw_curves(cells: list[dict[str, Any]], path: pathlib.Path) -> None:
             target = c["target"]
         ax.axhline(target, color="gray", linestyle=":", linewidth=1)
         ax.set_title(f"{workload} · {net}", fontsize=9)
-        ax.set_xscale("symlog", linthresh=10)
+        # Linear up to 1 s (the small workload's whole run), logarithmic beyond.
+        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlim(left=0)
         ax.set_xlabel("training wall clock (s)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
