@@ -47,11 +47,11 @@ def section(page: str, name: str) -> Callable[[Callable[[pathlib.Path], str]], C
     """Registers ``render(results_dir) -> markdown`` as region ``name`` of ``page``.
 
     Example:
-      >>> @section("docs/example.md", "demo")
+      >>> @section("README.md", "demo")
       ... def _demo(results: pathlib.Path) -> str:
       ...     return "| a |\\n|---|\\n| 1 |"
       >>> SECTIONS[-1].name, SECTIONS.pop().page
-      ('demo', 'docs/example.md')
+      ('demo', 'README.md')
     """
 
     def register(render: Callable[[pathlib.Path], str]) -> Callable[[pathlib.Path], str]:
