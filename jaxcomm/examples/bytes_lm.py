@@ -31,6 +31,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm import algorithms, cost
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import AXIS
 from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT
@@ -271,6 +272,8 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "resumed_from": loop.resumed_from,
         "params_sha256": _loop.params_digest(loop.params),
     }
+    if cfg.algorithm == algorithms.AUTO:  # what the cost model chose for each bucket
+        result["auto_choices"] = cost.auto_decisions()
     if run_dir is not None and jax.process_index() == 0:
         path = pathlib.Path(run_dir) / f"bytes-lm-{reduction.label()}.json"
         path.write_text(json.dumps(result, indent=2))
