@@ -43,20 +43,24 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
 from _bench import jaxcomm_cli, pyplot
 from jaxcomm_launcher._jaxcomm import standalone
+from jaxcomm_launcher.recipe import apply_overrides, parse_set
 
 from docs import e2e_cells, e2e_columns
 from docs import main as docs_main
@@ -166,7 +170,7 @@ def cell_recipe(
     seed: int,
     cap: float | None,
     profile: pathlib.Path | None,
-    overrides: dict[str, Any],
+    overrides: Sequence[tuple[list[str], Any]],
     compute_s: float | None = None,
 ) -> dict[str, Any]:
     """The recipe of one cell: the workload's recipe with one sweep entry, the cell's world,
@@ -174,7 +178,7 @@ def cell_recipe(
     measured compute step, which its extra steps would pay again).
 
     Example:
-      >>> r = cell_recipe("digits-small", "host", 2, "gtopk", 0, 60.0, None, {})
+      >>> r = cell_recipe("digits-small", "host", 2, "gtopk", 0, 60.0, None, [])
       >>> r["sweep"], r["train"]["time_cap_s"], r["world"]["processes"]
       ([{'algorithm': 'gtopk'}], 60.0, 2)
     """
@@ -191,12 +195,7 @@ def cell_recipe(
     recipe["train"]["seed"] = seed
     if cap is not None:
         recipe["train"]["time_cap_s"] = cap
-    for dotted, value in overrides.items():
-        node = recipe
-        *parents, last = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+    recipe = apply_overrides(recipe, list(overrides))
     recipe["metrics"] = {**recipe.get("metrics", {}), "plots": False}
     return recipe
 
@@ -225,18 +224,27 @@ def launch(
 def leaf_sizes(workload: str, recipe: dict[str, Any]) -> list[int]:
     """Element counts of the workload's parameters in tree order (the optimizer's buckets are
     built from them), from the example's model without running it."""
+    args = recipe.get("args", {})
+    if workload == "bytes-lm":
+        fields = ("width", "layers", "heads", "seq_len")
+        model = tuple((k, args[k]) for k in fields if k in args)
+    else:
+        model = (("hidden", recipe["train"]["hidden"]), ("layers", args.get("layers", 1)))
+    return list(_leaf_sizes(workload, model))
+
+
+@functools.cache
+def _leaf_sizes(workload: str, model: tuple[tuple[str, Any], ...]) -> tuple[int, ...]:
+    # Tracing a model's init costs seconds; the report asks for every cell's, and the cells of a
+    # workload share their model.
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    fields = dict(model)
     if workload == "bytes-lm":
         from jaxcomm.examples.bytes_lm import BytesLMConfig, ByteTransformer
 
-        fields = {
-            k: v
-            for k, v in recipe.get("args", {}).items()
-            if k in ("width", "layers", "heads", "seq_len")
-        }
         cfg = BytesLMConfig(**fields)
         model = ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
         shapes = jax.eval_shape(
@@ -245,9 +253,17 @@ def leaf_sizes(workload: str, recipe: dict[str, Any]) -> list[int]:
     else:
         from jaxcomm.examples.digits import MLP
 
-        model = MLP(recipe["train"]["hidden"], recipe.get("args", {}).get("layers", 1))
-        shapes = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
-    return [int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)]
+        mlp = MLP(fields["hidden"], fields["layers"])
+        shapes = jax.eval_shape(mlp.init, jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
+    return tuple(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+@functools.cache
+def _profile(path: pathlib.Path) -> Any:
+    """A network's profile, read once (every cell of the network predicts with it)."""
+    from jaxcomm import cost
+
+    return cost.Profile.load(path)
 
 
 def warmup_phase(workload: str, recipe: dict[str, Any]) -> int:
@@ -291,7 +307,7 @@ def predict_step(
     buckets = [sum(sizes[i] for i in group) for group in _buckets(sizes, DEFAULT_BUCKET_SIZE)]
     inter = "same_host" if NETWORKS[network] is None else "across_hosts"
     world = cost.World(processes=nodes, devices_per_process=1, inter_process=inter)
-    profile = cost.Profile.load(profile_path) if profile_path and profile_path.exists() else None
+    profile = _profile(profile_path) if profile_path and profile_path.exists() else None
     jc = recipe.get("jaxcomm", {})
     density = jc.get("density", cost.Options().density)
     algorithm = VARIANTS[label]["algorithm"]
@@ -630,12 +646,9 @@ def summarize(
     return rows
 
 
-def _median(values: list[float]) -> float | None:
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+def _median(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def _auto_pick(cell: dict[str, Any]) -> str | None:
@@ -836,7 +849,7 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="list the cells that would run")
     args = parser.parse_args()
     args.caps, args.label_caps = parse_caps(args.cap)
-    args.set = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
+    args.set = parse_set(args.set)  # the launcher's own --set: dotted.key=YAML value
     args.work = args.work or pathlib.Path(tempfile.gettempdir()) / "jaxcomm-e2e"
     if not args.report:
         run_grid(args)
