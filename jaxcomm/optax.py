@@ -134,6 +134,10 @@ def _buckets(
 _UNSET: Any = object()
 
 
+def _is_auto(algorithm: Any) -> bool:
+    return isinstance(algorithm, (str, cost.Auto))
+
+
 def _deprecated_compressor(algorithm: Any, compressor: Any) -> Any:
     """``algorithm``, or the value of the old ``compressor=`` keyword (with a warning)."""
     if compressor is _UNSET:
@@ -272,10 +276,13 @@ def allreduce_gradients(
             after = anchor if b + 1 < len(groups) else None
             # "auto" picks per bucket from the cost model (static: the same on every rank);
             # a bucket it sends dense keeps its (zero) residual.
-            chosen = cost.auto_algorithm(algo, x.size, axis_name, hierarchical, x.size / total)
+            chosen = cost.auto_algorithm(
+                algo, x.size, axis_name, hierarchical, x.size / total, x.dtype.itemsize
+            )
             if chosen is None:
                 summed = allreduce(x, axis_name, after=after, **extra)
             else:
+                x = x.astype(jnp.float32)  # compressors quantize float32, as their residuals
                 summed, r = compressed_allreduce(x, r, axis_name, chosen, after=after, **extra)
             offset = 0
             for i in group:
@@ -292,8 +299,11 @@ def allreduce_gradients(
         del params
         leaves, treedef = jax.tree.flatten(updates)
         # Dense buckets travel in the gradients' common dtype (an all-bf16 tree uses the 16-bit
-        # wire of jaxcomm.allreduce); compressed ones in float32, the dtype of the residuals.
-        wire = jnp.result_type(*leaves) if algorithm is None and leaves else jnp.float32
+        # wire of jaxcomm.allreduce, and "auto" weighs that wire against the compressors);
+        # compressed ones in float32, the dtype of the residuals. The hierarchical allreduce
+        # has no 16-bit wire.
+        keeps_dtype = algorithm is None or (_is_auto(algorithm) and not hierarchical)
+        wire = jnp.result_type(*leaves) if keeps_dtype and leaves else jnp.float32
         xs = [jnp.ravel(g).astype(wire) for g in leaves]
         rs = None
         if algorithm is not None:

@@ -91,6 +91,37 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         info[f"dense/{mean}/traces"] = len(traces)
         info[f"dense/{mean}/count"] = int(np.asarray(state.count))
 
+    # 1b. "auto" keeps a bf16 gradient on dense's 16-bit wire (the cost model weighs that wire
+    # against the compressors): the same custom call, so the same bits, as algorithm=None.
+    def bf16_step(tx: optax.GradientTransformation, specs: object) -> object:
+        def local(p: dict, s: object, x: jax.Array) -> tuple:
+            g = jax.tree.map(lambda a: a.astype(jnp.bfloat16), jax.grad(loss)(p, x))
+            return tx.update(g, s)
+
+        mapped = jax.shard_map(
+            local, mesh=mesh, in_specs=(P(), specs, P("dp")), out_specs=(P(), specs),
+            check_vma=False,
+        )  # fmt: skip
+        return jax.jit(mapped)
+
+    half: dict = {}
+    for name, algo in (("none", None), ("auto", jaxcomm.cost.Auto(allowed=("dense",)))):
+        tx = allreduce_gradients("dp", algo, bucket_size=1000)
+        specs, state = init(tx)
+        f = bf16_step(tx, specs)
+        half[name] = jax.tree.map(np.asarray, f(params, state, batch(0))[0])
+        info[f"bf16/{name}/hlo_has_bf16_wire"] = "jaxcomm_allreduce_bf16" in (
+            f.lower(params, state, batch(0)).as_text()
+        )
+    info["bf16/auto_equals_dense"] = all(
+        half["auto"][k].dtype == half["none"][k].dtype == np.dtype(jnp.bfloat16)
+        and half["auto"][k].tobytes() == half["none"][k].tobytes()
+        for k in params
+    )
+    info["bf16/auto_decision_bytes"] = sorted(
+        {d["element_bytes"] for d in jaxcomm.cost.auto_decisions()}
+    )
+
     # 2. Compressed: residual structure, conservation, no retracing.
     for name, algo in (
         ("gtopk", jaxcomm.GTopK(0.05)),

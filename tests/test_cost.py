@@ -229,8 +229,9 @@ def test_predicted_bytes_equal_measured_metrics(devices, n):
     # bf16 on one host: the shared-memory schedule at 2 bytes per element.
     half = measured.pop("dense_bf16")
     assert len(half) == devices
+    wire16 = cost.Options(element_bytes=2)
     for rank, sent in half.items():
-        assert cost.direct_bytes(n, devices, int(rank), element_bytes=2) == sent, rank
+        assert cost.bytes_sent("dense", n, cost.World(1, devices), wire16, int(rank)) == sent, rank
     for algorithm, per_rank in measured.items():
         hier = algorithm.startswith("hier_")
         world = cost.World(2, devices // 2) if hier else cost.World(1, devices)
@@ -291,6 +292,34 @@ def test_auto_weighs_time_to_target_not_step_time():
             cost.Auto(allowed=("gtopk",), steps_factor=bad)
     with pytest.raises(ValueError, match="compute_seconds"):
         cost.Auto(compute_seconds=-1.0)
+
+
+def test_auto_weighs_dense_16_bit_wire_for_16_bit_gradients():
+    """bytes-lm on 2 nodes at 1 Gbit/s (docs/e2e.md): with float32 gradients adaptive's call is
+    predicted well under dense's, but a bf16 gradient goes on dense's 16-bit wire at half the
+    bytes, and with the step's compute and adaptive's extra steps dense is then the pick."""
+    world = cost.World(2, 1, "across_hosts")
+    measured = {"sum": 6.7e-10, "quantize.adaptive": 4.6e-9, "decode.adaptive": 3.5e-10}
+    profile = cost.Profile(  # as probed on the emulated 1 Gbit/s link, alpha fitted to 0
+        links={**cost.DEFAULT_PROFILE.links, "across_hosts": cost.Link(alpha=0.0, beta=8.2e-9)},
+        gamma={**cost.DEFAULT_PROFILE.gamma, **measured},
+        psum=cost.DEFAULT_PROFILE.psum,
+        inter_process="across_hosts",
+    )
+    n, allowed, compute = 3_300_000, ("dense", "adaptive"), 0.112
+    f32 = cost.predict("dense", n, world, profile)
+    f16 = cost.predict("dense", n, world, profile, cost.Options(element_bytes=2))
+    assert f16.bytes_sent_per_rank == f32.bytes_sent_per_rank / 2
+    assert f16.seconds < f32.seconds
+    assert cost.choose(n, world, allowed, profile, compute_seconds=compute) == "adaptive"
+    half = cost.Options(element_bytes=2)
+    assert cost.choose(n, world, allowed, profile, half, compute_seconds=compute) == "dense"
+    auto = cost.Auto(allowed=allowed, profile=profile, compute_seconds=compute)
+    assert cost.resolve_auto(auto, n, 2, 2, 1, element_bytes=2) is None
+    assert cost.auto_decisions()[-1]["element_bytes"] == 2
+    assert cost.resolve_auto(auto, n, 2, 2, 1) == jaxcomm.Adaptive()
+    with pytest.raises(ValueError, match="element_bytes"):
+        cost.Options(element_bytes=3)
 
 
 def test_resolve_auto_builds_the_chosen_compressor(tmp_path):

@@ -39,6 +39,13 @@ def test_dense_equals_pmean(worker, mean):
     assert info[f"dense/{mean}/count"] == 3
 
 
+def test_auto_keeps_bf16_gradients_on_the_16_bit_wire(worker):
+    _, info = worker("unit")
+    assert info["bf16/none/hlo_has_bf16_wire"] and info["bf16/auto/hlo_has_bf16_wire"]
+    assert info["bf16/auto_equals_dense"]
+    assert info["bf16/auto_decision_bytes"] == [2]
+
+
 @pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather"])
 def test_residuals_have_the_gradient_structure_and_no_retracing(worker, algorithm):
     _, info = worker("unit")

@@ -259,28 +259,58 @@ def dense_path(n: int, parts: int, shared_memory: bool) -> tuple[int, int, int]:
     return steps, nbytes, (parts - 1) * chunk
 
 
+def half_path(n: int, parts: int, shared_memory: bool) -> tuple[int, int, int]:
+    """The critical path of the 16-bit wire (ffi/allreduce_half.cc) for n bf16/f16 elements.
+
+    A pairwise reduce-scatter of 16-bit chunks to their owners, float32 sums, a ring allgather
+    of the rounded chunks: 2(P - 1) messages over a transport (three notice rounds through
+    shared memory), each of one chunk of ``ceil(n / P)`` 2-byte words, whatever the size
+    (it has no small-vector schedule).
+
+    Args:
+      n: elements.
+      parts: ranks in the group.
+      shared_memory: whether the ranks read each other's memory (one host).
+
+    Returns:
+      ``(messages, bytes, summed)`` as :func:`dense_path`.
+
+    Example:
+      >>> half_path(1 << 20, 4, shared_memory=False)
+      (6, 3145728, 786432)
+    """
+    if parts <= 1 or n == 0:
+        return 0, 0, 0
+    chunk = ceil_div(n, parts)
+    messages = 3 if shared_memory else 2 * (parts - 1)
+    return messages, 2 * (parts - 1) * chunk * 2, (parts - 1) * chunk
+
+
 def dense_time(
     t: Any, n: int, parts: int, link: str, options: Any = None, contention: int = 1
 ) -> None:
-    """Adds ``jaxcomm.allreduce``'s schedule of n floats over ``link`` (:func:`dense_path`)."""
-    del options
+    """Adds ``jaxcomm.allreduce``'s schedule of n elements over ``link``: :func:`dense_path`,
+    or :func:`half_path` for 16-bit elements (``options.element_bytes == 2``)."""
     shared_memory = link != "across_hosts"
-    messages, nbytes, summed = dense_path(n, parts, shared_memory)
+    half = options is not None and options.element_bytes == 2
+    messages, nbytes, summed = (half_path if half else dense_path)(n, parts, shared_memory)
     if messages == 0:
         return
     t.send(link, messages, nbytes, contention)
     t.kernel("sum", summed)
-    if link == "same_host" and F32 * n > small_allreduce_bytes():
+    if link == "same_host" and (half or F32 * n > small_allreduce_bytes()):
         t.kernel("sum", n)  # staging: x into this rank's shared area
 
 
 def _bytes(n: int, world: Any, options: Any, rank: int) -> int:
+    if options.element_bytes == 2:  # the 16-bit wire: pairwise reduce-scatter, ring allgather
+        return direct_bytes(n, world.ranks, rank, element_bytes=2) if world.ranks > 1 else 0
     return dense_bytes(n, world.ranks, rank, shared_memory=world.flat_link() != "across_hosts")
 
 
 def _time(t: Any, n: int, world: Any, options: Any) -> None:
     t.kernel("sum", n)  # x into the output: a copy, or the first pass of the reduction
-    dense_time(t, n, world.ranks, world.flat_link())
+    dense_time(t, n, world.ranks, world.flat_link(), options)
 
 
 def _inter_bytes(m: int, parts: int, rank: int, world: Any, options: Any) -> int:

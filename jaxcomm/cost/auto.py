@@ -100,6 +100,7 @@ def resolve_auto(
     devices_per_process: int,
     hierarchical: bool = False,
     share: float = 1.0,
+    element_bytes: int = 4,
 ) -> Any:
     """The algorithm ``allreduce_gradients`` uses for one bucket when ``algorithm="auto"``.
 
@@ -112,9 +113,11 @@ def resolve_auto(
       hierarchical: the reduction is hierarchical over (node, local).
       share: the bucket's fraction of the step's gradient (its share of
         ``Auto.compute_seconds``).
+      element_bytes: bytes per element of the bucket: 2 for bf16/f16 gradients, which dense
+        sends on its 16-bit wire (half the bytes; the compressors quantize from float32).
 
     Returns:
-      None for the dense ring allreduce, else a jaxcomm algorithm (``GTopK``, ...).
+      None for the dense allreduce, else a jaxcomm algorithm (``GTopK``, ...).
 
     Example:
       >>> resolve_auto(Auto(allowed=("dense",)), 1000, 2, 2, 1) is None
@@ -135,8 +138,9 @@ def resolve_auto(
     if world.ranks != axis_size:  # a world the model cannot split: treat it as flat
         world = World(axis_size, 1, profile.inter_process if processes > 1 else "same_host")
     compute = (auto.compute_seconds or 0.0) * share
+    options = dataclasses.replace(auto.options, element_bytes=element_bytes)
     name = choose(
-        n, world, auto.allowed, profile, auto.options, hierarchical, auto.steps_factor, compute
+        n, world, auto.allowed, profile, options, hierarchical, auto.steps_factor, compute
     )
     chosen = algorithms.build(name, auto.options)  # the spec, from the registry
     decision = {
@@ -144,6 +148,7 @@ def resolve_auto(
         "processes": world.processes,
         "devices_per_process": world.devices_per_process,
         "choice": name,
+        "element_bytes": element_bytes,
         "allowed": list(auto.allowed),
         "profile": profile.source,
     }
@@ -157,7 +162,7 @@ def auto_decisions() -> list[dict[str, Any]]:
 
     Returns:
       One dict per resolved bucket: ``elements``, ``processes``, ``devices_per_process``,
-      ``choice``, ``allowed``, ``profile``.
+      ``choice``, ``element_bytes``, ``allowed``, ``profile``.
 
     Example:
       >>> from jaxcomm import cost
@@ -173,6 +178,7 @@ def auto_algorithm(
     axis_name: str | Sequence[str],
     hierarchical: bool = False,
     share: float = 1.0,
+    element_bytes: int = 4,
 ) -> Any:
     """Resolves ``algorithm="auto"`` for one bucket inside a traced, shard_mapped step.
 
@@ -187,6 +193,7 @@ def auto_algorithm(
       axis_name: the reduced mesh axis or axes (inside ``jax.shard_map``).
       hierarchical: the reduction is hierarchical.
       share: the bucket's fraction of the step's gradient (see :func:`resolve_auto`).
+      element_bytes: bytes per element of the bucket (see :func:`resolve_auto`).
 
     Returns:
       None (dense ring allreduce) or a jaxcomm algorithm (``GTopK``, ...).
@@ -212,4 +219,5 @@ def auto_algorithm(
         jax.local_device_count(),
         hierarchical,
         share,
+        element_bytes,
     )

@@ -127,6 +127,9 @@ class Options:
       selection_overlap: in [0, 1], how much the ranks' adaptive selections coincide: 1 = the
         same positions on every rank (the sum has as many nonzeros as one rank sent), 0 =
         independent positions (the sum's nonzeros are the expected union).
+      element_bytes: bytes per element of the gradient: 4 (float32) or 2 (bfloat16, float16).
+        The dense allreduce carries 16-bit gradients on its 16-bit wire, half the bytes; the
+        compressors quantize from float32 whatever the input, so only dense reads it.
 
     Example:
       >>> Options(density=0.01).k(1000)
@@ -140,6 +143,7 @@ class Options:
     max_density: float = 1.0
     threshold_fraction: float = 0.003
     selection_overlap: float = 0.0
+    element_bytes: int = 4
 
     def __post_init__(self) -> None:
         checks = {
@@ -150,13 +154,14 @@ class Options:
             "max_density": 0.0 < self.max_density <= 1.0,
             "threshold_fraction": 0.0 <= self.threshold_fraction <= 1.0,
             "selection_overlap": 0.0 <= self.selection_overlap <= 1.0,
+            "element_bytes": self.element_bytes in (2, 4),
         }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(
                     f"Options.{name}={getattr(self, name)!r} is out of range "
                     "(density, max_density and the fractions in [0, 1], proportion >= 1, "
-                    "column_size a positive multiple of 32, tau > 0)"
+                    "column_size a positive multiple of 32, tau > 0, element_bytes 2 or 4)"
                 )
 
     def k(self, n: int) -> int:
