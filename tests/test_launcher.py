@@ -71,6 +71,8 @@ def test_report_redraws(tmp_path):
         ({"backend": "cloud"}, ["backend", "local, emulated, mpirun, slurm"]),
         ({"jaxcomm": {"algorithm": "fast"}}, ["jaxcomm.algorithm", "'fast'", "'dense'"]),
         ({"sweep": [{"algorithm": "dense", "densty": 0.1}]}, ["sweep[0].densty", "unknown key"]),
+        ({"jaxcomm": {"steps_factor": {"gtopk": 0}}}, ["jaxcomm.steps_factor.gtopk", "> 0"]),
+        ({"jaxcomm": {"steps_factor": {"psum": 2}}}, ["jaxcomm.steps_factor", "'psum'"]),
     ],
 )
 def test_bad_recipe_exits_2_naming_the_field(tmp_path, fields, expected):

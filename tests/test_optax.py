@@ -234,6 +234,7 @@ def test_digits_config_from_a_recipe_entry():
             allowed=["dense", "gtopk"],
             profile=None,
             compute_seconds=0.25,
+            steps_factor={"gtopk": 2.5},
         ),
         args={"model": "cnn"},
     )
@@ -250,6 +251,8 @@ def test_digits_config_from_a_recipe_entry():
     assert cfg.warmup is False and cfg.seed == 3 and cfg.allowed == ("dense", "gtopk")
     # The stopping rule and auto's compute step reach the example too; an unset cap does not.
     assert cfg.target == 0.97 and cfg.compute_seconds == 0.25 and "time_cap_s" not in settings
+    assert cfg.steps_factor == {"gtopk": 2.5}  # measured steps factors reach auto's Auto
+    assert _loop.Reduction("auto", steps_factor=cfg.steps_factor).reducer(10) is not None
     with pytest.raises(TypeError, match="unknown digits settings"):
         _loop.make_config(DigitsConfig, {"epoch": 3}, "digits")
 
@@ -271,5 +274,8 @@ def test_examples_command_line_parses_every_config_field():
         assert fields["grad_dtype"]("bfloat16") == "bfloat16"
         assert fields["warmup"]("0") is False and fields["warmup"]("true") is True
         assert fields["bucket_size"]("4096") == 4096
+        assert fields["steps_factor"]("gtopk=2, adaptive=5.5") == {"gtopk": 2.0, "adaptive": 5.5}
+        with pytest.raises(ValueError, match="name=value"):
+            fields["steps_factor"]("gtopk")
         with pytest.raises(ValueError, match="0/1"):
             fields["warmup"]("maybe")

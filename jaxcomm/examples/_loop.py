@@ -58,6 +58,9 @@ class Reduction:
       profile: ``auto``: a profile JSON written by ``jaxcomm probe`` (None: the built-in one).
       compute_seconds: ``auto``: seconds of a step besides the reduction
         (:class:`jaxcomm.cost.Auto`).
+      steps_factor: ``auto``: steps each choice needs to reach the target relative to dense,
+        e.g. measured on this model by ``benchmarks/train.py`` (None: each algorithm's
+        default, :data:`jaxcomm.cost.DEFAULT_STEPS_FACTOR`).
     """
 
     algorithm: str = "dense"
@@ -70,6 +73,7 @@ class Reduction:
     allowed: tuple[str, ...] | None = None
     profile: str | None = None
     compute_seconds: float | None = None
+    steps_factor: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -103,6 +107,7 @@ class Reduction:
                 profile=self.profile,
                 options=options,
                 compute_seconds=self.compute_seconds,
+                steps_factor=self.steps_factor,
             )
         else:
             algorithm = algorithms.build(a, options)  # None: the dense allreduce
@@ -668,7 +673,8 @@ def _parse_bool(text: str) -> bool:
 def _option_parser(field: dataclasses.Field) -> Callable[[str], Any]:
     """How :func:`command_line` parses a config field's option, from its annotation (a string
     under ``from __future__ import annotations``): ``int``, ``float``, ``str``, ``bool``,
-    ``tuple[str, ...]`` (comma-separated), each optionally ``| None``."""
+    ``tuple[str, ...]`` (comma-separated), ``dict[str, float]`` (``name=value,...``), each
+    optionally ``| None``."""
     kind = str(field.type).replace(" | None", "").strip()
     parsers: dict[str, Callable[[str], Any]] = {
         "int": int,
@@ -676,10 +682,19 @@ def _option_parser(field: dataclasses.Field) -> Callable[[str], Any]:
         "str": str,
         "bool": _parse_bool,
         "tuple[str, ...]": lambda text: tuple(v.strip() for v in text.split(",") if v.strip()),
+        "dict[str, float]": _parse_float_map,
     }
     if kind not in parsers:
         raise TypeError(f"command_line: no option parser for {field.name}: {field.type}")
     return parsers[kind]
+
+
+def _parse_float_map(text: str) -> dict[str, float]:
+    """``"adaptive=5.2,gtopk=2"`` -> ``{"adaptive": 5.2, "gtopk": 2.0}``."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise ValueError(f"expected name=value pairs separated by commas, got {text!r}")
+    return {name.strip(): float(value) for name, value in pairs}
 
 
 def command_line(description: str, config: type, train: Callable[..., dict[str, Any]]) -> None:
@@ -692,7 +707,7 @@ def command_line(description: str, config: type, train: Callable[..., dict[str, 
       description: the ``--help`` text.
       config: the example's config dataclass (e.g. ``DigitsConfig``); ``--hidden-size 64``
         sets ``hidden_size``; booleans take 0/1 (or true/false); tuples take comma-separated
-        values (``--allowed dense,gtopk``).
+        values (``--allowed dense,gtopk``), maps name=value pairs (``--steps-factor gtopk=2``).
       train: the example's ``train`` function.
 
     Returns:

@@ -178,6 +178,11 @@ class JaxcommSettings(_Strict):
         description="auto: seconds of a training step besides the gradient reduction "
         "(e.g. one rank's step); extra steps pay it again",
     )
+    steps_factor: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = Field(
+        None,
+        description="auto: steps each choice needs to reach the target relative to dense, "
+        "e.g. measured on this model by benchmarks/train.py (default: each algorithm's own)",
+    )
 
     def display_label(self) -> str:
         """Returns the name used for this setting in run directories, tables and plots.
@@ -212,6 +217,7 @@ class JaxcommOverride(_Strict):
     allowed: list[AutoChoice] | None = None
     profile: str | None = None
     compute_seconds: float | None = Field(None, ge=0.0)
+    steps_factor: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = None
 
 
 class Train(_Strict):

@@ -29,7 +29,15 @@ TRAIN_FIELDS = (
     "time_cap_s",
     "checkpoint_every",
 )
-JAXCOMM_FIELDS = ("algorithm", "density", "grad_dtype", "allowed", "profile", "compute_seconds")
+JAXCOMM_FIELDS = (
+    "algorithm",
+    "density",
+    "grad_dtype",
+    "allowed",
+    "profile",
+    "compute_seconds",
+    "steps_factor",
+)
 
 
 def example_settings(

@@ -11,7 +11,7 @@ eval_every, warmup_phase_steps, max_corpus_bytes, proportion, ...). ``train.step
 from __future__ import annotations
 
 from jaxcomm_launcher.context import JobContext
-from jaxcomm_launcher.jobs._common import example_settings, train_example
+from jaxcomm_launcher.jobs._common import JAXCOMM_FIELDS, example_settings, train_example
 
 
 def run(ctx: JobContext) -> None:
@@ -33,7 +33,7 @@ def run(ctx: JobContext) -> None:
     settings = example_settings(
         ctx,
         ("steps", "batch_size", "eval_every", "seed", "target", "time_cap_s", "checkpoint_every"),
-        ("algorithm", "density", "grad_dtype", "allowed", "profile", "compute_seconds"),
+        JAXCOMM_FIELDS,
     )
     train_example(
         ctx,
