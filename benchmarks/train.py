@@ -109,13 +109,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "dense-bf16": {"algorithm": "dense", "grad_dtype": "bfloat16"},
     **{n: {"algorithm": n} for n in ALGORITHMS.names() if n not in ("psum", "dense")},
     ALGORITHMS.AUTO: {"algorithm": ALGORITHMS.AUTO},
+    # auto given the 16-bit gradients of the baseline it is measured against: its dense
+    # buckets then go on jaxcomm's 16-bit wire, which it weighs against the compressors.
+    f"{ALGORITHMS.AUTO}-bf16": {"algorithm": ALGORITHMS.AUTO, "grad_dtype": "bfloat16"},
 }
+AUTO_LABELS = tuple(v for v, entry in VARIANTS.items() if entry["algorithm"] == ALGORITHMS.AUTO)
 # What the grid runs by default: all but the algorithms whose bytes hang on a tuned setting
-# (threshold's tau), which auto does not choose by default either.
+# (threshold's tau), which auto does not choose by default either, and auto with the 16-bit
+# gradients of the baseline (float32 "auto" cells stay in the report where they were run).
 DEFAULT_ALGORITHMS = [
     v
     for v, entry in VARIANTS.items()
-    if entry["algorithm"] in ("psum", "dense", ALGORITHMS.AUTO)
+    if (entry["algorithm"] in ("psum", "dense") or v == f"{ALGORITHMS.AUTO}-bf16")
     or entry["algorithm"] in ALGORITHMS.default_allowed()
 ]
 BASELINES_16BIT = ("psum-bf16", "dense-bf16")
@@ -172,10 +177,12 @@ def cell_recipe(
     profile: pathlib.Path | None,
     overrides: Sequence[tuple[list[str], Any]],
     compute_s: float | None = None,
+    steps_factor: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The recipe of one cell: the workload's recipe with one sweep entry, the cell's world,
-    seed and time cap (and, for ``auto``, the world's measured profile and the workload's
-    measured compute step, which its extra steps would pay again).
+    seed and time cap (and, for ``auto``, the world's measured profile, the workload's
+    measured compute step, which its extra steps would pay again, and the steps each
+    algorithm needed on this workload, :func:`measured_steps_factor`).
 
     Example:
       >>> r = cell_recipe("digits-small", "host", 2, "gtopk", 0, 60.0, None, [])
@@ -185,10 +192,12 @@ def cell_recipe(
     recipe = WORKLOADS[workload].load()
     recipe["name"] = f"{workload}-{network}-{label}-s{seed}"
     entry = dict(VARIANTS[label])
-    if label == "auto" and profile is not None:
+    if label in AUTO_LABELS and profile is not None:
         entry["profile"] = str(profile)
-    if label == "auto" and compute_s is not None:
+    if label in AUTO_LABELS and compute_s is not None:
         entry["compute_seconds"] = compute_s
+    if label in AUTO_LABELS and steps_factor:
+        entry["steps_factor"] = dict(steps_factor)
     recipe["sweep"] = [entry]
     recipe["world"] = {"processes": nodes, "devices_per_process": 1}
     recipe["backend"] = backend(network, nodes)
@@ -294,8 +303,8 @@ def predict_step(
     density per phase): with `steps`, the prediction is the mean over the timed steps
     ``1 .. steps-1`` of the run, else the step after the warm-up.
 
-    16-bit cells: jaxcomm's 16-bit wire moves half the bytes, predicted as a float32 reduction
-    of half the elements; XLA's bf16 ``lax.pmean`` was measured no faster than its fp32 one
+    16-bit cells: jaxcomm's dense reduction goes on its 16-bit wire (``element_bytes=2``, what
+    ``auto`` weighs too); XLA's bf16 ``lax.pmean`` was measured no faster than its fp32 one
     (README of issue 23), so it is predicted as fp32.
     """
     if compute_s is None:
@@ -309,41 +318,53 @@ def predict_step(
     world = cost.World(processes=nodes, devices_per_process=1, inter_process=inter)
     profile = _profile(profile_path) if profile_path and profile_path.exists() else None
     jc = recipe.get("jaxcomm", {})
-    density = jc.get("density", cost.Options().density)
-    algorithm = VARIANTS[label]["algorithm"]
-    scale = 0.5 if label == "dense-bf16" else 1.0
-    elements = [max(1, round(b * scale)) for b in buckets]
-    if algorithm == "auto":
-        planned = cost.plan(
-            elements,
-            world,
-            profile,
-            cost.Options(density=density),
-            algorithms=cost.DEFAULT_ALLOWED,
-            compute_seconds=compute_s,
-        )
-        comm = planned["pick"]["seconds"]
-        algorithm = planned["pick"]["algorithm"]
-    else:
-        # {first step: density}: the warm-up phases of the sparse algorithms, else one entry.
-        schedule = {0: density}
-        if algorithm in ("gtopk", "topk_allgather") and recipe.get("args", {}).get("warmup", True):
-            from jaxcomm.optax import gtopk_warmup_schedule
+    entry = (recipe.get("sweep") or [{}])[0]
+    density = entry.get("density", jc.get("density", cost.Options().density))
+    algorithm = entry.get("algorithm", VARIANTS[label]["algorithm"])
+    half = entry.get("grad_dtype", jc.get("grad_dtype")) == "bfloat16"
+    elements = buckets
+    auto = algorithm == "auto"
+    width = 2 if half else 4
 
-            schedule = gtopk_warmup_schedule(warmup_phase(workload, recipe), density)
-        starts = sorted(schedule)
-        timed = range(1, steps) if steps and steps > 1 else [starts[-1]]
-        comm = 0.0
-        for d_start, d_end, d in zip(
-            starts, [*starts[1:], math.inf], [schedule[k] for k in starts], strict=True
-        ):
-            share = sum(1 for i in timed if d_start <= i < d_end) / len(timed)
-            if share:
-                seconds = sum(
-                    cost.predict(algorithm, n, world, profile, cost.Options(density=d)).seconds
-                    for n in elements
-                )
-                comm += share * seconds
+    def seconds(d: float) -> tuple[float, str]:
+        """The step's reductions at density d, and the algorithm (auto's pick)."""
+        options = cost.Options(density=d, element_bytes=width)
+        if auto:
+            pick = cost.plan(
+                elements,
+                world,
+                profile,
+                options,
+                algorithms=cost.DEFAULT_ALLOWED,
+                steps_factor=_factors(entry.get("steps_factor")),
+                compute_seconds=compute_s,
+            )["pick"]
+            return pick["seconds"], pick["algorithm"]
+        return sum(cost.predict(algorithm, n, world, profile, options).seconds for n in elements), (
+            algorithm
+        )
+
+    # {first step: density}: the warm-up phases of the sparse algorithms (auto's sparse
+    # candidates follow it too), else one entry.
+    schedule = {0: density}
+    if (auto or algorithm in ("gtopk", "topk_allgather")) and recipe.get("args", {}).get(
+        "warmup", True
+    ):
+        from jaxcomm.optax import gtopk_warmup_schedule
+
+        schedule = gtopk_warmup_schedule(warmup_phase(workload, recipe), density)
+    starts = sorted(schedule)
+    timed = range(1, steps) if steps and steps > 1 else [starts[-1]]
+    comm = 0.0
+    for d_start, d_end, d in zip(
+        starts, [*starts[1:], math.inf], [schedule[k] for k in starts], strict=True
+    ):
+        share = sum(1 for i in timed if d_start <= i < d_end) / len(timed)
+        if share:
+            phase_s, _ = seconds(d)
+            comm += share * phase_s
+    if auto:
+        algorithm = seconds(schedule[starts[-1]])[1]  # the pick after the warm-up
     # Every step also averages its loss and metric, which the one-rank compute step does not
     # pay: two scalar lax.pmean calls (the profile's psum line) in the psum baselines, one
     # jaxcomm allreduce of both (bounded by JAXCOMM_TIMEOUT_S) with every jaxcomm reduction.
@@ -361,6 +382,56 @@ def predict_step(
         "algorithm": algorithm,
         "buckets": buckets,
     }
+
+
+def _factors(measured: dict[str, float] | None) -> dict[str, float] | None:
+    """Measured steps factors over the registry's defaults (None: the defaults)."""
+    if not measured:
+        return None
+    from jaxcomm import cost
+
+    return {**cost.DEFAULT_STEPS_FACTOR, **measured}
+
+
+def measured_steps_factor(
+    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool
+) -> dict[str, float]:
+    """Steps to the workload's target of each of auto's choices, relative to dense, from the
+    cells of this workload already run (any network: the steps a reduction needs do not
+    depend on the link; the seed's own cells).
+
+    Dense is ``dense-bf16`` for auto with 16-bit gradients (its dense buckets use that wire),
+    else ``dense``. A run that stopped at its cap without reaching the target needed more
+    steps than it ran: its factor is that lower bound, so auto weighs it at least as slow as
+    it was measured. Algorithms with no cell keep the registry's default.
+
+    Returns:
+      ``{name: factor}`` for the choices measured (empty if dense itself has no cell).
+    """
+    dense_label = "dense-bf16" if half else "dense"
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted((out / "cells" / workload).glob(f"*-{nodes}x1/*-s{seed}.json")):
+        cell = json.loads(path.read_text())
+        runs.setdefault(cell["label"], []).append(cell)
+
+    def steps(label: str) -> tuple[int, bool] | None:
+        reached = [c["steps"] for c in runs.get(label, []) if c["time_to_target_s"] is not None]
+        if reached:
+            return min(reached), True
+        capped = [c["steps"] for c in runs.get(label, [])]
+        return (max(capped), False) if capped else None
+
+    dense = steps(dense_label)
+    if dense is None or not dense[1]:
+        return {}
+    factors = {"dense": 1.0}
+    from jaxcomm import cost
+
+    for name in cost.AUTO_CHOICES:
+        got = steps(name) if name != "dense" else None
+        if got is not None:
+            factors[name] = round(max(got[0] / dense[0], 1e-3), 3)
+    return factors
 
 
 # -- running the grid -------------------------------------------------------------------------
@@ -454,12 +525,18 @@ def run_cell(
     if path.exists():
         return json.loads(path.read_text())
     cap = cap_of(args, label, network)
+    factors = None
+    if label in AUTO_LABELS:
+        half = VARIANTS[label].get("grad_dtype") == "bfloat16"
+        factors = measured_steps_factor(args.out, workload, args.nodes, seed, half) or None
     recipe = cell_recipe(
-        workload, network, args.nodes, label, seed, cap, profile, args.set, compute_s
+        workload, network, args.nodes, label, seed, cap, profile, args.set, compute_s, factors
     )
     prediction = predict_step(workload, recipe, label, network, args.nodes, compute_s, profile)
     if args.dry_run:
         print(f"  would run {path.relative_to(args.out)} (cap {cap:.0f} s)")
+        if factors:
+            print(f"    steps factors measured on {workload}: {factors}")
         return None
     run_dir = args.work / f"{workload}-{network}-{label}-s{seed}"
     t0 = time.monotonic()
@@ -726,7 +803,10 @@ def draw_pays(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
         for j, n in enumerate(networks):
             cell = [r for r in rows if r["workload"] == w and r["network"] == n]
             jc = [r for r in cell if r["label"] not in ("psum", "psum-bf16") and r["speedup"]]
-            auto = next((r for r in cell if r["label"] == "auto"), None)
+            autos = [r for r in cell if r["label"] in AUTO_LABELS]
+            auto = next((r for r in autos if r["label"] != ALGORITHMS.AUTO), None) or next(
+                iter(autos), None
+            )
             if not jc:
                 text = "no jaxcomm run\nreached the target" if cell else "not run"
                 ax.text(j, i, text, ha="center", va="center", fontsize=7)

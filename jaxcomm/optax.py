@@ -83,11 +83,27 @@ def _axis_size(axis_name: AxisName) -> int:
 def _normalize_schedule(
     schedule: Mapping[int, float] | Sequence[tuple[int, float]], algorithm: Any
 ) -> tuple[np.ndarray, list[Any]]:
-    """Returns (start steps, algorithm per phase) of a density schedule."""
-    if not hasattr(algorithm, "density") or not dataclasses.is_dataclass(algorithm):
+    """Returns (start steps, algorithm per phase) of a density schedule.
+
+    ``auto`` takes the schedule too: each phase chooses per bucket with that phase's density
+    for its sparse candidates (in a dense warm-up phase a sparse algorithm is expensive, and
+    auto may pick another), so its sparse choices follow the same warm-up as explicit ones.
+    """
+    if _is_auto(algorithm):
+        auto = cost.Auto() if isinstance(algorithm, str) else algorithm
+
+        def at(density: float) -> Any:
+            return dataclasses.replace(
+                auto, options=dataclasses.replace(auto.options, density=density)
+            )
+    elif hasattr(algorithm, "density") and dataclasses.is_dataclass(algorithm):
+
+        def at(density: float) -> Any:
+            return dataclasses.replace(algorithm, density=density)
+    else:
         raise ValueError(
-            f"density_schedule needs an algorithm with a density (GTopK, TopKAllgather), got "
-            f"{algorithm!r}"
+            f"density_schedule needs an algorithm with a density (GTopK, TopKAllgather) or "
+            f"'auto', got {algorithm!r}"
         )
     items = sorted(dict(schedule).items() if isinstance(schedule, Mapping) else schedule)
     if not items:
@@ -95,7 +111,7 @@ def _normalize_schedule(
     starts = [int(s) for s, _ in items]
     if len(set(starts)) != len(starts) or starts[0] < 0:
         raise ValueError(f"density_schedule steps must be distinct and >= 0, got {starts}")
-    phases = [dataclasses.replace(algorithm, density=float(d)) for _, d in items]
+    phases = [at(float(d)) for _, d in items]
     if starts[0] > 0:  # before the first scheduled step the algorithm's own density applies
         starts.insert(0, 0)
         phases.insert(0, algorithm)

@@ -188,6 +188,25 @@ def test_bad_schedules_are_refused():
         allreduce_gradients("dp", None, bucket_size=0)
 
 
+def test_auto_follows_the_density_schedule():
+    """auto's sparse candidates warm up as explicit ones do: one Auto per phase, each with
+    that phase's density (a dense phase may then pick another algorithm)."""
+    from jaxcomm import cost
+    from jaxcomm.optax import _normalize_schedule
+
+    auto = cost.Auto(allowed=("dense", "gtopk"), options=cost.Options(density=0.01))
+    starts, phases = _normalize_schedule({5: 0.25, 10: 0.01}, auto)
+    assert list(starts) == [0, 5, 10]
+    assert [p.options.density for p in phases] == [0.01, 0.25, 0.01]
+    assert all(p.allowed == ("dense", "gtopk") for p in phases)
+    _, (first,) = _normalize_schedule({0: 0.1}, "auto")
+    assert first.options.density == 0.1 and first.allowed == cost.DEFAULT_ALLOWED
+    # A 25 % warm-up density makes gTop-k's call dearer than dense's on a big gradient.
+    world = cost.World(2, 1, "across_hosts")
+    picks = [cost.choose(4_000_000, world, p.allowed, options=p.options) for p in phases]
+    assert picks[1] == "dense" and picks[2] == "gtopk"
+
+
 def test_warmup_schedule_and_buckets():
     from jaxcomm.optax import _buckets, gtopk_warmup_schedule
 

@@ -46,7 +46,7 @@ class Reduction:
       algorithm: one of :data:`ALGORITHMS`.
       density: ρ of the sparse algorithms after warm-up.
       warmup: the gTop-k paper's warm-up densities (0.25, 0.0725, 0.015, 0.004), one per
-        epoch, for the sparse algorithms.
+        epoch, for the sparse algorithms (``auto``'s sparse candidates too).
       proportion: π of ``adaptive``.
       tau: threshold of ``threshold``.
       grad_dtype: ``"bfloat16"`` casts each rank's gradient to bf16 before the reduction
@@ -102,17 +102,22 @@ class Reduction:
         options = cost.Options(density=self.density, proportion=self.proportion, tau=self.tau)
         schedule = None
         if a == algorithms.AUTO:
+            allowed = self.allowed or cost.DEFAULT_ALLOWED
             algorithm: Any = cost.Auto(
-                allowed=self.allowed or cost.DEFAULT_ALLOWED,
+                allowed=allowed,
                 profile=self.profile,
                 options=options,
                 compute_seconds=self.compute_seconds,
                 steps_factor=self.steps_factor,
             )
+            sparse = any(algorithms.get(n).uses_density for n in allowed)
         else:
             algorithm = algorithms.build(a, options)  # None: the dense allreduce
-            if algorithms.get(a).uses_density and self.warmup:
-                schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
+            sparse = algorithms.get(a).uses_density
+        # The sparse algorithms follow the gTop-k paper's warm-up, chosen by auto or not (auto
+        # then chooses each phase's algorithms with that phase's density).
+        if sparse and self.warmup:
+            schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
         return jc_optax.allreduce_gradients(
             AXIS, algorithm, density_schedule=schedule, bucket_size=self.bucket_size
         )
