@@ -475,6 +475,9 @@ def test_probe_on_a_local_world_writes_a_valid_profile(tmp_path):
     assert {f"gamma.{k}" for k in cost.KERNELS} <= measured
     assert "links.across_hosts" not in measured  # a local world cannot measure it
     assert profile.links["same_host"].beta > 0 and profile.gamma["topk"] > 0
+    # alpha comes from its own latency test (a 2-element allreduce), not from the sizes' fit.
+    medians = data["samples"]["medians"]
+    assert {"ring.same_host.2", "ring.same_host.1024", "ring.same_process.2"} <= set(medians)
     # plan reads it.
     planned = _plan(str(recipe), "--profile", str(out), "--elements", "100000", cwd=tmp_path)
     assert planned.returncode == 0 and "pick:" in planned.stdout

@@ -6,11 +6,14 @@ several ranks sharing cores, loopback or a shaped network. Every measurement run
 rank at once (a barrier first), the median of ``repeats`` timed calls is kept, and rank 0
 fits the model (:mod:`jaxcomm.cost`) and writes the profile:
 
-* links: ``jaxcomm.allreduce`` over all ranks at several sizes, fit by least squares to
-  ``messages * alpha + bytes * beta`` of the schedule it took at each size
-  (``jaxcomm.cost.dense_path``: the ring or recursive doubling over a transport, the direct
-  or one-shot path through shared memory) after removing the call overhead and the
-  reduction kernel;
+* links: ``jaxcomm.allreduce`` over all ranks, modeled as ``messages * alpha + bytes * beta``
+  of the schedule it took at each size (``jaxcomm.cost.dense_path``: the ring or recursive
+  doubling over a transport, the direct or one-shot path through shared memory) after
+  removing the call overhead and the reduction kernel. Alpha comes from a 2-element
+  allreduce (a latency test: one tiny message per round), beta from the sizes by least
+  squares with that alpha fixed (Hockney's two-step fit). A joint fit of both let a shaped
+  link's token bucket, which passes a small message at line rate, pull alpha to 0: the
+  model then charged a small gradient's extra messages nothing;
   this measures the slowest link class of the world: between processes (``same_host``, or
   ``across_hosts`` when the processes are on different hosts or emulated ones), or between
   devices of one process when there is a single process. With several processes of several
@@ -56,6 +59,7 @@ from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh
 
 DEFAULT_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22]
+LATENCY_ELEMENTS = 2  # the latency test's allreduce: one 8-byte message per round
 DEFAULT_KERNEL_ELEMENTS = 1 << 22
 LOCAL = ("proc", "local")
 
@@ -214,7 +218,7 @@ def run(ctx: JobContext) -> None:
 
     def add_ring(mesh: Mesh, axis: str, mspec: P, parts: int, name: str) -> None:
         rings[name] = (parts, sizes)
-        for n in sizes:
+        for n in [LATENCY_ELEMENTS, *sizes]:
             placed = _placed(mesh, mspec, rng.standard_normal((local, n)).astype(np.float32))
             f = jax.jit(
                 jax.shard_map(
@@ -269,17 +273,25 @@ def run(ctx: JobContext) -> None:
     measured += [f"gamma.{name}" for name in gamma]
     links: dict[str, dict[str, float]] = {}
     for name, (parts, ns) in rings.items():
-        rows, ys = [], []
-        for n in ns:
-            # The schedule jaxcomm.allreduce took at this size (ring, doubling, direct, one-shot).
+
+        def seconds(n: int, name: str = name, parts: int = parts) -> tuple[int, int, float]:
+            # The schedule jaxcomm.allreduce took at this size (ring, doubling, direct, one-shot)
+            # and its time beyond the call and the reduction kernel.
             steps, nbytes, summed = cost.dense_path(n, parts, name != "across_hosts")
-            rows.append([steps, nbytes])
-            ys.append(max(0.0, t[f"ring.{name}.{n}"] - call - gamma["sum"] * (n + summed)))
-        alpha, beta = cost.fit_line(rows, ys)
+            y = max(0.0, t[f"ring.{name}.{n}"] - call - gamma["sum"] * (n + summed))
+            return steps, nbytes, y
+
+        lat_steps, _, lat_y = seconds(LATENCY_ELEMENTS)
+        alpha = lat_y / lat_steps
+        rows = [seconds(n) for n in ns]
+        # Least squares of beta alone, alpha fixed: sum(b (y - alpha s)) / sum(b^2).
+        num = sum(b * (y - alpha * st) for st, b, y in rows)
+        den = sum(b * b for _, b, _ in rows)
+        beta = num / den if den else 0.0
         if beta <= 0.0:
             # Noise at small sizes can leave no slope: charge the largest size's time to
             # bandwidth alone, so the link is never modeled as infinitely fast.
-            alpha, beta = 0.0, max(ys[-1], 1e-9) / rows[-1][1]
+            alpha, beta = 0.0, max(rows[-1][2], 1e-9) / rows[-1][1]
         links[name] = {"alpha": alpha, "beta": beta}
         measured.append(f"links.{name}")
     psum_line = None
