@@ -20,7 +20,7 @@ Reductions: ``psum`` and ``psum-bf16`` (XLA's ``lax.pmean`` in fp32 and bf16), `
 same world before: a cell of its own, ``cells/profiles/<network>.json``).
 
 Before the runs, the grid measures each workload's compute step on one pinned core
-(``cells/<workload>/compute.json``); with the profile, ``jaxcomm.cost.plan`` predicts every
+(``cells/<workload>/compute.json``, ``compute-4x1.json`` for 4 nodes); with the profile, ``jaxcomm.cost.plan`` predicts every
 cell's step time (compute + the reduction), and the report shows it beside the measured one.
 
 The report (``--report`` alone redraws it from the cells) prints, per workload and network:
@@ -442,10 +442,18 @@ def read_result(run_dir: pathlib.Path, workload: str) -> dict[str, Any] | None:
     return json.loads(paths[0].read_text()) if paths else None
 
 
+def compute_path(out: pathlib.Path, workload: str, nodes: int) -> pathlib.Path:
+    """Where a workload's compute step is cached: ``cells/<workload>/compute.json`` for the
+    faithful 2-node world, ``compute-<N>x1.json`` for others (a node's batch is the global
+    batch over the nodes, so its step differs)."""
+    name = "compute.json" if nodes == 2 else f"compute-{nodes}x1.json"
+    return out / "cells" / workload / name
+
+
 def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
     """The workload's step on one pinned core with nothing to reduce (one rank): what each
-    node computes per step. Cached in ``cells/<workload>/compute.json``."""
-    path = args.out / "cells" / workload / "compute.json"
+    node computes per step. Cached in :func:`compute_path`."""
+    path = compute_path(args.out, workload, args.nodes)
     if path.exists():
         return json.loads(path.read_text())["step_s"]
     if args.dry_run:
@@ -648,7 +656,7 @@ def load_cells(out: pathlib.Path) -> list[dict[str, Any]]:
 
 
 def summarize(
-    cells: list[dict[str, Any]], computes: dict[str, float] | None = None
+    cells: list[dict[str, Any]], computes: dict[tuple[str, int], float] | None = None
 ) -> list[dict[str, Any]]:
     """One row per (workload, network, label): seeds pooled (median time to target, spread),
     the speedup over the fastest dense 16-bit run of the same cell, and the bound on any
@@ -671,6 +679,7 @@ def summarize(
             {
                 "workload": workload,
                 "network": net,
+                "nodes": first["nodes"],
                 "label": label,
                 "seeds": sorted(r["seed"] for r in runs),
                 "reached": len(reached),
@@ -705,7 +714,7 @@ def summarize(
             b, base_t, lower = None, None, False
         # The speedup a reduction that cost nothing and needed no more steps than the
         # baseline would get: the baseline's time over its steps of compute alone.
-        compute = computes.get(cell_rows[0]["workload"])
+        compute = computes.get((cell_rows[0]["workload"], cell_rows[0]["nodes"]))
         bound = (
             base_t / (b["steps"] * compute)
             if (b is not None and base_t and compute and b["steps"])
@@ -834,7 +843,7 @@ def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
     """Predicts every cell's step time again with this commit's cost model (each cell keeps
     the prediction made before it ran as ``predicted_before_run``)."""
     for c in cells:
-        compute = args.out / "cells" / c["workload"] / "compute.json"
+        compute = compute_path(args.out, c["workload"], c["nodes"])
         profile = args.out / "cells" / "profiles" / f"{network_dir(c['network'], c['nodes'])}.json"
         if not compute.exists():
             continue
@@ -857,10 +866,11 @@ def report(args: argparse.Namespace) -> None:
         print(f"no cells in {args.out}/cells yet")
         return
     repredict(args, cells)
-    computes = {
-        p.parent.name: json.loads(p.read_text())["step_s"]
-        for p in (args.out / "cells").glob("*/compute.json")
-    }
+    computes = {}
+    for c in cells:
+        path = compute_path(args.out, c["workload"], c["nodes"])
+        if path.exists():
+            computes[(c["workload"], c["nodes"])] = json.loads(path.read_text())["step_s"]
     rows = summarize(cells, computes)
     for line in table_lines(rows):
         print(line)
