@@ -24,6 +24,11 @@ SHARED_KERNELS: Mapping[str, float] = {
     # measured by `python benchmarks/cost_model.py` on the 2-core development machine
     # (2026-11-22), like every algorithm module's `kernels`.
     "topk": 2.08e-9,
+    # Beyond the selection's pass over n: per selected entry (the partition around the k-th
+    # magnitude, packing the k pairs, clearing their residuals). Negligible at the final
+    # densities, it dominates the warm-up's 25 %: top-k of 16.8M took 0.06 s at rho = 0.001
+    # and 0.54 s at 0.25 (2-core machine, 2026-11-24).
+    "topk.entry": 1.1e-7,
     "sum": 3.8e-10,
 }
 """Local kernels several algorithms use: name -> default seconds per element."""

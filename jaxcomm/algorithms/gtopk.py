@@ -102,6 +102,7 @@ def _bytes(n: int, world: Any, options: Any, rank: int) -> int:
 def _time(t: Any, n: int, world: Any, options: Any) -> None:
     p, k = world.ranks, options.k(n)
     t.kernel("topk", n)
+    t.kernel("topk.entry", k)
     t.kernel("sum", n)  # memset of the dense result
     # Rank 0 is on the critical path: fold, tree merges, broadcast sends, unfold.
     steps = schedule(0, p)

@@ -33,6 +33,7 @@ def _bytes(n: int, world: Any, options: Any, rank: int) -> int:
 def _time(t: Any, n: int, world: Any, options: Any) -> None:
     p, k = world.ranks, options.k(n)
     t.kernel("topk", n)
+    t.kernel("topk.entry", k)
     t.kernel("sum", n)  # memset of the dense result
     t.kernel("sum", p * k)  # scatter-add of every rank's set
     if p > 1:

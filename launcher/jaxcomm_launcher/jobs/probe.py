@@ -24,7 +24,8 @@ fits the model (:mod:`jaxcomm.cost`) and writes the profile:
 * call: the time of a jitted shard_mapped step that does nothing but add 1 to one element
   (dispatch and synchronization), which every call pays.
 * gamma: each local kernel through ``jaxcomm.ops`` on ``args.kernel_elements`` elements per
-  device: top-k compress (``topk``), each quantizer's compress and decompress
+  device: top-k compress (``topk``; at ρ = 0.25 too, whose extra time per extra selected
+  entry is ``topk.entry``), each quantizer's compress and decompress
   (``quantize.*``, ``decode.*``), the sparse merge of two k-entry sets (``merge``, per input
   entry) and an in-place float32 add (``sum``). Then gTop-k and each quantized allreduce run
   at that size, and their time beyond what the links and the other kernels explain rescales
@@ -60,6 +61,7 @@ from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh
 
 DEFAULT_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22]
 LATENCY_ELEMENTS = 2  # the latency test's allreduce: one 8-byte message per round
+WIDE_DENSITY = 0.25  # top-k at the warm-up's first density, for gamma["topk.entry"]
 DEFAULT_KERNEL_ELEMENTS = 1 << 22
 LOCAL = ("proc", "local")
 
@@ -182,6 +184,9 @@ def run(ctx: JobContext) -> None:
     rounds.add("gamma.sum", per_device(lambda a, b: a + b, zeros, x, donate=(0,)))
     topk = jaxcomm.TopK(0.001)
     rounds.add("gamma.topk", per_device(lambda a, r: jaxcomm.ops.compress(a, r, topk), x, zeros))
+    # The same at the gTop-k warm-up's first density: what each selected entry adds.
+    wide = jaxcomm.TopK(WIDE_DENSITY)
+    rounds.add("topk.wide", per_device(lambda a, r: jaxcomm.ops.compress(a, r, wide), x, zeros))
     # Every quantizer of the registry (jaxcomm/algorithms/), as `options` below configures it.
     options = cost.Options(density=0.001, tau=3.0, threshold_fraction=0.0027)
     quantizers = {q.name: q.build(options) for q in algorithms.quantizers()}
@@ -269,6 +274,8 @@ def run(ctx: JobContext) -> None:
     gamma = {
         k: t[f"gamma.{k}"] / kernel_n for k in cost.KERNELS if k != "merge" and f"gamma.{k}" in t
     }
+    extra = jaxcomm.TopK(WIDE_DENSITY).k(kernel_n) - topk.k(kernel_n)
+    gamma["topk.entry"] = max(0.0, t["topk.wide"] - t["gamma.topk"]) / extra
     gamma["merge"] = t["gamma.merge"] / (2 * k)
     measured += [f"gamma.{name}" for name in gamma]
     links: dict[str, dict[str, float]] = {}
