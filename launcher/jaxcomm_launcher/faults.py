@@ -511,15 +511,7 @@ def main(argv: list[str] | None = None) -> None:
     restart.add_argument("--checkpoint-dir", type=pathlib.Path, default=None)
     ns = parser.parse_args(argv)
     vdir = ns.variant_dir
-    errors = []
-    for path in vdir.glob("rank*.status.json"):
-        try:
-            status = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if not status.get("ok"):
-            errors.append((path.stat().st_mtime, int(status["rank"]), status.get("error")))
-    rank = min(errors)[1] if errors else None
+    rank = rundir.first_error_rank(vdir)
     error = rundir.status_error(vdir, rank)
     cause = f"rank {rank}: {error}" if error else f"the srun step exited with {ns.exit_code}"
     record = record_restart(

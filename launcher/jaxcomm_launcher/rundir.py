@@ -89,11 +89,19 @@ def spec(recipe: Recipe, settings: JaxcommSettings, variant_dir: pathlib.Path) -
     }
 
 
-def failed_rank(outcome: Outcome, variant_dir: pathlib.Path) -> int | None:
-    """The rank whose failure ended an entry (None when no rank can be named)."""
-    # The rank that raised first wrote the oldest error status; ranks that merely lost
-    # their peer fail a moment later. A rank killed by a signal writes nothing, then the
-    # supervisor's first-exit observation stands.
+def first_error_rank(variant_dir: pathlib.Path) -> int | None:
+    """The rank whose error status file is the oldest (None when no rank wrote an error).
+
+    The rank that raised first wrote the oldest error status; ranks that merely lost their
+    peer fail a moment later.
+
+    Example:
+        >>> import tempfile
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> _ = (d / "rank1.status.json").write_text('{"rank": 1, "ok": false}')
+        >>> first_error_rank(d), first_error_rank(d / "missing")
+        (1, None)
+    """
     errors = []
     for path in variant_dir.glob("rank*.status.json"):
         try:
@@ -102,14 +110,20 @@ def failed_rank(outcome: Outcome, variant_dir: pathlib.Path) -> int | None:
             continue
         if not status.get("ok"):
             errors.append((path.stat().st_mtime, int(status["rank"])))
+    return min(errors)[1] if errors else None
+
+
+def failed_rank(outcome: Outcome, variant_dir: pathlib.Path) -> int | None:
+    """The rank whose failure ended an entry (None when no rank can be named)."""
+    # A rank killed by a signal writes nothing, then the supervisor's first-exit observation
+    # stands; otherwise the oldest error status (:func:`first_error_rank`).
     if outcome.failed_rank is not None and (
         (outcome.returncode or 0) < 0
         or not (variant_dir / f"rank{outcome.failed_rank}.status.json").exists()
     ):
         return outcome.failed_rank
-    if errors:
-        return min(errors)[1]
-    return outcome.failed_rank
+    rank = first_error_rank(variant_dir)
+    return outcome.failed_rank if rank is None else rank
 
 
 def status_error(variant_dir: pathlib.Path, rank: int | None) -> str | None:
