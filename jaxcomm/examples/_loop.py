@@ -472,18 +472,6 @@ def train_loop(
             jaxcomm.reset_metrics()  # the compiling step is not counted
             clock, window_first = time.perf_counter(), start + 1
             window_comm = _collective_seconds()
-            if not evaluate_now:
-                _maybe_checkpoint(
-                    paced,
-                    checkpoint_dir,
-                    checkpoint_every,
-                    i + 1,
-                    steps,
-                    (params, state),
-                    {"seconds": seconds_before + seconds, "history": history},
-                )
-                clock = time.perf_counter()
-                continue
         if evaluate_now:
             now = time.perf_counter()
             seconds += now - clock
