@@ -95,8 +95,9 @@ class Schedule:
         t.send(link, parts - 1, (parts - 1) * max(summed) * F32)
 
     def algorithm(self, **fields: Any) -> Algorithm:
-        """The registry record of this quantizer: the shared targets and models, plus
-        ``fields`` (name, spec, build, kernels, ...)."""
+        """The registry record of this quantizer: the shared targets and models, named
+        :attr:`kind` (also its metrics label and its ``jaxcomm.ops`` module), plus ``fields``
+        (spec, build, kernels, ...; a field given here replaces the shared one)."""
 
         def flat_bytes(n: int, world: Any, options: Any, rank: int) -> int:
             return self.bytes(n, world.ranks, rank, options)
@@ -115,20 +116,22 @@ class Schedule:
         ) -> None:
             self.time(t, m, parts, link, options, contention)
 
-        return Algorithm(
-            targets={
+        shared: dict[str, Any] = {
+            "name": self.kind,
+            "ops": self.kind,  # jaxcomm/ops/<kind>.py
+            "targets": {
                 "flat": "jaxcomm_quantized_allreduce",
                 "hierarchical": "jaxcomm_hierarchical_quantized",
             },
-            metric_labels=(self.kind,),
-            bytes_sent=flat_bytes,
-            time=flat_time,
-            inter_bytes=inter_bytes,
-            inter_time=inter_time,
-            residual=True,
-            attributes=lambda spec, n: quantizer_attributes(spec, fields["quantizer_kind"]),
-            **fields,
-        )
+            "metric_labels": (self.kind,),
+            "bytes_sent": flat_bytes,
+            "time": flat_time,
+            "inter_bytes": inter_bytes,
+            "inter_time": inter_time,
+            "residual": True,
+            "attributes": lambda spec, n: quantizer_attributes(spec, fields["quantizer_kind"]),
+        }
+        return Algorithm(**{**shared, **fields})
 
 
 def quantizer_attributes(spec: Any, kind: int) -> dict[str, Any]:

@@ -1,12 +1,15 @@
 """``TopK``: the top-k compressor, and :class:`Density`, the density and ``k`` it shares with the
-sparse allreduces (``TopKAllgather``, ``GTopK``)."""
+sparse allreduces (``TopKAllgather``, ``GTopK``), whose registry records
+:func:`sparse_algorithm` fills in."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 from .. import _checks
+from ._base import Algorithm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,3 +59,38 @@ def k_attribute(spec: Density, n: int) -> dict:
     import numpy as np  # the JAX side only
 
     return {"k": np.int64(spec.k(n))}
+
+
+def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any) -> Algorithm:
+    """The registry record of a sparse allreduce: what the top-k allreduces share, plus ``fields``.
+
+    Its spec is built from the cost model's density, its one FFI attribute is ``k``, it keeps
+    an error-feedback residual and follows the warm-up density schedules; ``name`` is also its
+    metrics label.
+
+    Args:
+      name: its name (:attr:`Algorithm.name`).
+      spec: its :class:`Density` subclass.
+      target: its flat XLA FFI target, as registered.
+      **fields: the rest of the record (summary, order, bytes_sent, time, ...).
+
+    Returns:
+      The :class:`Algorithm`.
+
+    Example:
+      >>> record = sparse_algorithm("t", TopK, "jaxcomm_t", summary="", order=0,
+      ...                           bytes_sent=None, time=None)
+      >>> record.build(type("Options", (), {"density": 0.5})())
+      TopK(density=0.5)
+    """
+    return Algorithm(
+        name=name,
+        spec=spec,
+        targets={"flat": target},
+        metric_labels=(name,),
+        build=lambda options: spec(options.density),
+        attributes=k_attribute,
+        residual=True,
+        uses_density=True,
+        **fields,
+    )

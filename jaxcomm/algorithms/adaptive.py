@@ -107,13 +107,11 @@ def _words(m: int, options: Any, parts: int, stage: str) -> int:
 
 
 ALGORITHM = Schedule("adaptive", _words, unit=lambda options: options.column_size).algorithm(
-    name="adaptive",
     summary="adaptive quantization with error feedback, quantized allreduce",
     order=40,
     spec=Adaptive,
     build=lambda options: Adaptive(options.proportion, column_size=options.column_size),
     quantizer_kind=2,  # kernels/quantized_slices.h QuantizerKind::kAdaptive
-    ops="adaptive",  # jaxcomm/ops/adaptive.py
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.adaptive": 1.07e-8, "decode.adaptive": 8.5e-10},
     hierarchical_planned=("multi_leader",),

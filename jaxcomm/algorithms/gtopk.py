@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ._base import F32, Algorithm
-from ._sparse import Density, k_attribute
+from ._base import F32
+from ._sparse import Density, sparse_algorithm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,19 +114,14 @@ def _time(t: Any, n: int, world: Any, options: Any) -> None:
         t.send(world.flat_link(), depth, depth * 2 * k * F32)
 
 
-ALGORITHM = Algorithm(
-    name="gtopk",
+ALGORITHM = sparse_algorithm(
+    "gtopk",
+    GTopK,
+    "jaxcomm_gtopk",
     summary="gTop-k sparse allreduce: a tree of top-k merges, O(k log P) bytes",
     order=30,
-    spec=GTopK,
-    targets={"flat": "jaxcomm_gtopk"},
-    metric_labels=("gtopk",),
-    build=lambda options: GTopK(options.density),
-    attributes=k_attribute,
     bytes_sent=_bytes,
     time=_time,
-    residual=True,
-    uses_density=True,
     # gTop-k's sparse ⊤ merge, per input entry (seconds; measured like _base.SHARED_KERNELS).
     kernels={"merge": 1.95e-8},
     auto_rank=1,

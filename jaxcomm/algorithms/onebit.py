@@ -56,13 +56,11 @@ def _words(m: int, options: Any, parts: int, stage: str) -> int:
 
 
 ALGORITHM = Schedule("onebit", _words, unit=lambda options: options.column_size).algorithm(
-    name="onebit",
     summary="one-bit quantization with error feedback, quantized allreduce",
     order=50,
     spec=OneBit,
     build=lambda options: OneBit(column_size=options.column_size),
     quantizer_kind=0,  # kernels/quantized_slices.h QuantizerKind::kOneBit
-    ops="onebit",  # jaxcomm/ops/onebit.py
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.onebit": 3.31e-9, "decode.onebit": 5.6e-10},
     auto_rank=4,

@@ -64,13 +64,11 @@ def _words(m: int, options: Any, parts: int, stage: str) -> int:
 
 
 ALGORITHM = Schedule("threshold", _words, unit=lambda options: 1).algorithm(
-    name="threshold",
     summary="threshold quantization with error feedback (needs a tuned tau)",
     order=60,
     spec=Threshold,
     build=lambda options: Threshold(options.tau, max_density=options.max_density),
     quantizer_kind=1,  # kernels/quantized_slices.h QuantizerKind::kThreshold
-    ops="threshold",  # jaxcomm/ops/threshold.py
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.threshold": 3.17e-9, "decode.threshold": 3.3e-10},
     auto_rank=5,

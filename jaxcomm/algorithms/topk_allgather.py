@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ._base import F32, Algorithm
-from ._sparse import Density, k_attribute
+from ._base import F32
+from ._sparse import Density, sparse_algorithm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,19 +40,14 @@ def _time(t: Any, n: int, world: Any, options: Any) -> None:
         t.send(world.flat_link(), p - 1, (p - 1) * 2 * k * F32)
 
 
-ALGORITHM = Algorithm(
-    name="topk_allgather",
+ALGORITHM = sparse_algorithm(
+    "topk_allgather",
+    TopKAllgather,
+    "jaxcomm_topk_allgather",
     summary="local top-k of every rank, allgathered and summed, O(kP) bytes",
     order=20,
-    spec=TopKAllgather,
-    targets={"flat": "jaxcomm_topk_allgather"},
-    metric_labels=("topk_allgather",),
-    build=lambda options: TopKAllgather(options.density),
-    attributes=k_attribute,
     bytes_sent=_bytes,
     time=_time,
-    residual=True,
-    uses_density=True,
     auto_rank=2,
     # Steps to digits-small's target on 2 nodes: 421 against dense's 211 (docs/e2e.md).
     steps_factor=2.0,
