@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -37,8 +38,29 @@ BUNDLED_JOBS: dict[str, str] = {
 }
 
 _JOB_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_RATE_RE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$", re.IGNORECASE)
-_SIZE_RE = re.compile(r"^\d+(b|kb|mb|k|m)?$", re.IGNORECASE)
+
+
+def _tc_word(pattern: str, what: str) -> AfterValidator:
+    """Checks a tc argument against ``pattern`` (any case) and returns it lower-cased."""
+    regex = re.compile(pattern, re.IGNORECASE)
+
+    def check(v: str) -> str:
+        if not regex.match(v):
+            raise ValueError(f"must be {what}")
+        return v.lower()
+
+    return AfterValidator(check)
+
+
+TcRate = Annotated[
+    str,
+    _tc_word(
+        r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$", "a tc rate such as 1gbit, 500mbit, 100kbit"
+    ),
+]
+"""A tc rate (``1gbit``, ``500mbit``), lower-cased."""
+TcSize = Annotated[str, _tc_word(r"^\d+(b|kb|mb|k|m)?$", "a size such as 128kb, 1mb, 131072")]
+"""A tc size (``128kb``, ``131072``), lower-cased."""
 
 
 class RecipeError(Exception):
@@ -66,8 +88,10 @@ class EmulatedBackend(_Strict):
     """Each rank in its own network namespace on a private bridge with tbf-shaped links."""
 
     kind: Literal["emulated"] = "emulated"
-    bandwidth: str = Field("1gbit", description="tc rate per link, e.g. 1gbit, 500mbit")
-    burst: str = Field("128kb", description="tbf burst; below 128kb the CPU becomes the bottleneck")
+    bandwidth: TcRate = Field("1gbit", description="tc rate per link, e.g. 1gbit, 500mbit")
+    burst: TcSize = Field(
+        "128kb", description="tbf burst; below 128kb the CPU becomes the bottleneck"
+    )
     subnet: str = Field(
         "10.77.0.0/24", description="private IPv4 subnet used inside the namespaces"
     )
@@ -80,20 +104,6 @@ class EmulatedBackend(_Strict):
         "cores split evenly, at least 1 (more nodes than cores wrap round: oversubscribed)",
     )
     pin_cpus: bool = Field(True, description="pin each node to its own cores (taskset)")
-
-    @field_validator("bandwidth")
-    @classmethod
-    def _rate(cls, v: str) -> str:
-        if not _RATE_RE.match(v):
-            raise ValueError("must be a tc rate such as 1gbit, 500mbit, 100kbit")
-        return v.lower()
-
-    @field_validator("burst")
-    @classmethod
-    def _burst(cls, v: str) -> str:
-        if not _SIZE_RE.match(v):
-            raise ValueError("must be a size such as 128kb, 1mb, 131072")
-        return v.lower()
 
     @field_validator("subnet")
     @classmethod
@@ -292,16 +302,9 @@ class Fault(_Strict):
     percent: float | None = Field(None, gt=0, le=100, description="loss: packets dropped, %")
     delay_ms: float | None = Field(None, gt=0, description="delay: added one-way delay")
     jitter_ms: float | None = Field(None, ge=0, description="delay: jitter")
-    bandwidth: str | None = Field(None, description="bandwidth: the link's new tc rate")
+    bandwidth: TcRate | None = Field(None, description="bandwidth: the link's new tc rate")
     cpu: float = Field(0.25, gt=0, lt=1, description="straggler: share of CPU time left")
     groups: list[list[int]] | None = Field(None, description="partition: nodes of each side")
-
-    @field_validator("bandwidth")
-    @classmethod
-    def _rate(cls, v: str | None) -> str | None:
-        if v is not None and not _RATE_RE.match(v):
-            raise ValueError("must be a tc rate such as 1gbit, 500mbit, 100kbit")
-        return None if v is None else v.lower()
 
     @model_validator(mode="after")
     def _check(self) -> Fault:
