@@ -38,9 +38,26 @@ _width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
 console = Console(width=_width)
 err_console = Console(stderr=True, width=_width)
 
-# `--timeout` of the commands that run a recipe (launch, probe): one declaration.
+# The arguments and options several commands take, each declared once.
+RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file, or the name of a bundled one.")]
+Overrides = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a recipe field: --set world.processes=4 (repeatable)."),
+]
+ProfilePath = Annotated[
+    pathlib.Path | None,
+    typer.Option(
+        "--profile",
+        help="Profile JSON from `jaxcomm probe` for the plan (default: built-in; launch: the "
+        "plan of --dry-run).",
+    ),
+]
+# launch, probe: the commands that run a recipe.
 RunTimeout = Annotated[
     float | None, typer.Option("--timeout", help="Seconds for the whole run.", min=0.001)
+]
+Quiet = Annotated[
+    bool, typer.Option("--quiet", "-q", help="Do not echo rank logs (files still get them).")
 ]
 
 
@@ -110,31 +127,21 @@ def main(
 
 @app.command()
 def launch(
-    recipe: Annotated[str, typer.Argument(help="Recipe YAML file, or the name of a bundled one.")],
+    recipe: RecipeArg,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Show what would run (the sbatch script for slurm).")
     ] = False,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set", help="Override a recipe field: --set world.processes=4 (repeatable)."
-        ),
-    ] = None,
+    set_: Overrides = None,
     out: Annotated[
         pathlib.Path | None, typer.Option("--out", help="Run directory (default runs/NAME-TIME).")
     ] = None,
     timeout: RunTimeout = None,
-    quiet: Annotated[
-        bool, typer.Option("--quiet", "-q", help="Do not echo rank logs (files still get them).")
-    ] = False,
+    quiet: Quiet = False,
     detach: Annotated[
         bool,
         typer.Option("--detach", help="slurm: only submit the job (then: jaxcomm report RUN_DIR)."),
     ] = False,
-    profile: Annotated[
-        pathlib.Path | None,
-        typer.Option("--profile", help="Profile (from `jaxcomm probe`) for --dry-run's plan."),
-    ] = None,
+    profile: ProfilePath = None,
     max_restarts: Annotated[
         int | None,
         typer.Option(
@@ -436,18 +443,12 @@ def _echo_plan_comment(recipe: Recipe, profile: pathlib.Path | None) -> None:
 
 @app.command()
 def plan(
-    recipe: Annotated[str, typer.Argument(help="Recipe YAML file, or the name of a bundled one.")],
-    profile: Annotated[
-        pathlib.Path | None,
-        typer.Option("--profile", help="Profile JSON from `jaxcomm probe` (default: built-in)."),
-    ] = None,
+    recipe: RecipeArg,
+    profile: ProfilePath = None,
     json_: Annotated[
         bool, typer.Option("--json", help="Print {pick, predictions} as JSON.")
     ] = False,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a recipe field (repeatable)."),
-    ] = None,
+    set_: Overrides = None,
     elements: Annotated[
         list[int] | None,
         typer.Option("--elements", help="Gradient size in float32 elements (repeatable).", min=1),
@@ -499,14 +500,11 @@ def plan(
 
 @app.command()
 def probe(
-    recipe: Annotated[str, typer.Argument(help="Recipe YAML file, or the name of a bundled one.")],
+    recipe: RecipeArg,
     out: Annotated[
         pathlib.Path, typer.Option("--out", help="Where to write the profile JSON.")
     ] = pathlib.Path("profile.json"),
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", help="Override a recipe field (repeatable)."),
-    ] = None,
+    set_: Overrides = None,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per point.", min=1)] = 5,
     sizes: Annotated[
         list[int] | None,
@@ -520,7 +518,7 @@ def probe(
     ] = None,
     timeout: RunTimeout = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would run.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not echo rank logs.")] = False,
+    quiet: Quiet = False,
 ) -> None:
     """Measure the cost model (alpha, beta per link class, gamma per kernel) on RECIPE's world.
 
