@@ -255,16 +255,30 @@ def _result(run: pathlib.Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _launch(
+    recipe: pathlib.Path, out: pathlib.Path, *options: str, returncode: int = 0
+) -> subprocess.CompletedProcess:
+    """``jaxcomm launch RECIPE --out OUT -q OPTIONS`` in the recipe's folder, which must exit
+    with ``returncode``."""
+    res = run_cli(
+        "launch", str(recipe), "--out", str(out), "-q", *options, cwd=recipe.parent, timeout=1800
+    )
+    assert res.returncode == returncode, res.stdout + res.stderr
+    return res
+
+
+def _timeline(out: pathlib.Path) -> list[dict]:
+    """The events of the run's one entry, ``dense``."""
+    return [json.loads(line) for line in (out / "dense" / "timeline.jsonl").open()]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # two launches; generous for a loaded machine
 @pytest.mark.parametrize("algorithm", ["dense", "onebit"])
 def test_kill_and_restart_resumes_bit_identically(tmp_path, algorithm):
     pytest.importorskip("sklearn")
     plain = _digits_recipe(tmp_path / "plain.yaml", algorithm)
-    res = run_cli(
-        "launch", str(plain), "--out", str(tmp_path / "plain"), "-q", cwd=tmp_path, timeout=1800
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+    _launch(plain, tmp_path / "plain")
 
     every = 20
     killed = _digits_recipe(
@@ -274,18 +288,7 @@ def test_kill_and_restart_resumes_bit_identically(tmp_path, algorithm):
         faults=[{"kind": "kill", "node": 1, "at_step": 50}],
     )
     out = tmp_path / "kill"
-    res = run_cli(
-        "launch",
-        str(killed),
-        "--out",
-        str(out),
-        "-q",
-        "--max-restarts",
-        "1",
-        cwd=tmp_path,
-        timeout=1800,
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+    res = _launch(killed, out, "--max-restarts", "1")
     assert "restart 1/1" in res.stdout
 
     summary = json.loads((out / "summary.json").read_text())
@@ -321,10 +324,8 @@ def test_failure_without_restarts_left_ends_the_run(tmp_path):
         max_restarts=0,
         faults=[{"kind": "kill", "node": 0, "at_step": 30}],
     )
-    res = run_cli(
-        "launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path, timeout=1800
-    )
-    assert res.returncode == 1 and "rank 0" in res.stderr and "SIGKILL" in res.stderr
+    res = _launch(recipe, tmp_path / "run", returncode=1)
+    assert "rank 0" in res.stderr and "SIGKILL" in res.stderr
     assert not worker_pids(str(tmp_path / "run"))
 
 
@@ -354,9 +355,8 @@ def test_emulated_three_second_link_drop_is_ridden_out(tmp_path):
         faults=[{"kind": "link_down", "node": 1, "at_step": 50, "seconds": 3}],
     )
     out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=1800)
-    assert res.returncode == 0, res.stdout + res.stderr
-    events = [json.loads(line) for line in (out / "dense" / "timeline.jsonl").open()]
+    _launch(recipe, out)
+    events = _timeline(out)
     names = [e["event"] for e in events]
     assert names.count("attempt_start") == 1 and "attempt_failed" not in names
     applied = names.index("fault_applied")
@@ -378,15 +378,14 @@ def test_emulated_partition_fails_every_rank_with_one_short_error(tmp_path):
         timeout=300,
     )
     out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=1800)
-    assert res.returncode == 1, res.stdout + res.stderr
+    _launch(recipe, out, returncode=1)
     # Each rank wrote one short error naming the peer it lost.
     for rank, peer in ((0, 1), (1, 0)):
         status = json.loads((out / "dense" / f"rank{rank}.status.json").read_text())
         assert not status["ok"]
         error = status["error"]
         assert f"rank {peer}" in error and len(error.splitlines()) == 1 and len(error) < 400
-    events = [json.loads(line)["event"] for line in (out / "dense" / "timeline.jsonl").open()]
+    events = [e["event"] for e in _timeline(out)]
     assert events.index("fault_applied") < events.index("attempt_failed")
     assert "fault_reverted" in events  # healed when the run ended
     assert not _left_behind(out)
@@ -405,10 +404,7 @@ def test_emulated_one_percent_loss_is_ridden_out(tmp_path):
         backend={"kind": "emulated", "bandwidth": "1gbit"},
         faults=[{"kind": "loss", "node": 1, "at_step": 50, "seconds": 5, "percent": 1}],
     )
-    res = run_cli(
-        "launch", str(recipe), "--out", str(tmp_path / "run"), "-q", cwd=tmp_path, timeout=1800
-    )
-    assert res.returncode == 0, res.stdout + res.stderr
+    _launch(recipe, tmp_path / "run")
 
 
 @EMULATED
@@ -448,8 +444,7 @@ def test_a_failed_rank_is_restarted(tmp_path, backend):
         pytest.skip("OpenMPI's mpirun is not installed")
     recipe = _smoke_failing_once(tmp_path / "r.yaml", backend=backend)
     out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=1800)
-    assert res.returncode == 0, res.stdout + res.stderr
+    _launch(recipe, out)
     (variant,) = json.loads((out / "summary.json").read_text())["variants"]
     (restart,) = variant["restarts"]
     assert restart["failed_rank"] == 1 and "failed on purpose" in restart["cause"]
@@ -476,9 +471,8 @@ def test_emulated_bandwidth_and_straggler_are_applied_and_reverted(tmp_path):
         ],
     )
     out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=1800)
-    assert res.returncode == 0, res.stdout + res.stderr
-    events = [json.loads(line) for line in (out / "dense" / "timeline.jsonl").open()]
+    _launch(recipe, out)
+    events = _timeline(out)
     for fault in (0, 1):
         mine = [e["event"] for e in events if e.get("fault") == fault]
         assert mine == ["fault_applied", "fault_reverted"], events
