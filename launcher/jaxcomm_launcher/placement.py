@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -26,6 +27,17 @@ def host_cpus() -> list[int]:
         True
     """
     return sorted(os.sched_getaffinity(0))
+
+
+def describe_cores(node_cpus: Sequence[Sequence[int]]) -> str:
+    """Returns each node's cores, nodes apart by ``" | "`` (a placement's ``node_cpus``, or
+    their JSON in ``summary.json``).
+
+    Example:
+        >>> describe_cores([[0, 1], [2, 3]])
+        '0,1 | 2,3'
+    """
+    return " | ".join(",".join(map(str, cores)) for cores in node_cpus)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +79,7 @@ class Placement:
             text = f"{self.processes} processes on {len(self.host_cpus)} cores, unpinned"
         else:
             per = len(self.node_cpus[0]) if self.node_cpus else 0
-            cores = " | ".join(",".join(map(str, c)) for c in self.node_cpus)
+            cores = describe_cores(self.node_cpus)
             text = f"{self.nodes} nodes × {per} core{'s' if per != 1 else ''} ({cores})"
         return f"{text}; {self.oversubscribed}" if self.oversubscribed else text
 

@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 from rich.console import Console
 from rich.table import Table
 
+from jaxcomm_launcher.placement import describe_cores
+
 
 def read_run(run_dir: pathlib.Path) -> dict[str, Any]:
     """Returns ``run.json`` of a run directory (written by the launcher).
@@ -169,7 +171,7 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
     )
     placement = summary.get("placement")
     if placement and placement.get("node_cpus"):
-        title += " · cores " + " | ".join(",".join(map(str, c)) for c in placement["node_cpus"])
+        title += " · cores " + describe_cores(placement["node_cpus"])
     if summary.get("oversubscribed"):
         title += f" · [bold yellow]{summary['oversubscribed']}[/]"
     table = Table(title=title)
