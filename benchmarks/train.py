@@ -310,10 +310,9 @@ def predict_step(
     if compute_s is None:
         return None
     from jaxcomm import cost
-    from jaxcomm.optax import DEFAULT_BUCKET_SIZE, _buckets
+    from jaxcomm.examples._loop import Reduction
 
-    sizes = leaf_sizes(workload, recipe)
-    buckets = [sum(sizes[i] for i in group) for group in _buckets(sizes, DEFAULT_BUCKET_SIZE)]
+    buckets = Reduction(VARIANTS[label]["algorithm"]).gradient_buckets(leaf_sizes(workload, recipe))
     inter = "same_host" if NETWORKS[network] is None else "across_hosts"
     world = cost.World(processes=nodes, devices_per_process=1, inter_process=inter)
     profile = _profile(profile_path) if profile_path and profile_path.exists() else None
@@ -366,14 +365,13 @@ def predict_step(
     if auto:
         algorithm = seconds(schedule[starts[-1]])[1]  # the pick after the warm-up
     # Every step also averages its loss and metric, which the one-rank compute step does not
-    # pay: two scalar lax.pmean calls (the profile's psum line) in the psum baselines, one
-    # jaxcomm allreduce of both (bounded by JAXCOMM_TIMEOUT_S) with every jaxcomm reduction.
-    if nodes == 1:
-        scalars = 0.0
-    elif algorithm == "psum":
-        scalars = 2 * cost.predict("psum", 1, world, profile).seconds
-    else:
-        scalars = cost.predict("dense", 2, world, profile).seconds
+    # pay (Reduction.metric_collectives).
+    scalars = 0.0
+    if nodes > 1:
+        scalars = sum(
+            cost.predict(name, n, world, profile).seconds
+            for name, n in Reduction(algorithm).metric_collectives()
+        )
     return {
         "compute_s": compute_s,
         "comm_s": comm,

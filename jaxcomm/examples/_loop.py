@@ -122,6 +122,40 @@ class Reduction:
             AXIS, algorithm, density_schedule=schedule, bucket_size=self.bucket_size
         )
 
+    def gradient_buckets(self, leaf_sizes: list[int]) -> list[int]:
+        """Elements of each collective call that reduces a step's gradient.
+
+        jaxcomm's reductions: the buckets of ``jaxcomm.optax.allreduce_gradients`` (last leaf
+        first, at most :attr:`bucket_size` elements each, a larger leaf alone). ``psum``: XLA
+        reduces the tree itself; the same buckets stand in for what it sends.
+
+        Args:
+          leaf_sizes: elements of each gradient leaf, in the pytree's order.
+
+        Returns:
+          Elements per call.
+
+        Example:
+          >>> Reduction("dense", bucket_size=100).gradient_buckets([60, 30, 20, 500])
+          [500, 50, 60]
+        """
+        groups = jc_optax._buckets(leaf_sizes, self.bucket_size)
+        return [sum(leaf_sizes[i] for i in group) for group in groups]
+
+    def metric_collectives(self) -> list[tuple[str, int]]:
+        """The collectives with which every step averages its loss and metric
+        (:class:`Step`), besides the gradient's.
+
+        Returns:
+          ``(algorithm, elements)`` of each call: two one-element ``lax.pmean`` for ``psum``,
+          one jaxcomm allreduce of both for every jaxcomm reduction.
+
+        Example:
+          >>> Reduction("psum").metric_collectives(), Reduction("gtopk").metric_collectives()
+          ([('psum', 1), ('psum', 1)], [('dense', 2)])
+        """
+        return [("psum", 1), ("psum", 1)] if self.algorithm == "psum" else [("dense", 2)]
+
     def uses_density(self) -> bool:
         """Whether :attr:`density` configures the algorithm (the sparse ones).
 
@@ -253,6 +287,7 @@ class Step:
                 grads = lax.pmean(grads, AXIS)
             updates, state = self.tx.update(grads, state, params)
             params = optax.apply_updates(params, updates)
+            # The loss and metric average: Reduction.metric_collectives describes it.
             if reducer is None:  # the psum baseline: everything through XLA
                 return params, state, lax.pmean(loss, AXIS), lax.pmean(metric, AXIS)
             # The reported loss and metric go through jaxcomm too, so every cross-process wait
