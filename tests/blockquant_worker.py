@@ -203,7 +203,7 @@ def main() -> None:
             check_vma=False,
         )
     )
-    for t in range(3):
+    for _ in range(3):
         x = put(rng.standard_normal((world * 4, 40)).astype(np.float32), mesh, P("dp"))
         params, state, seen = step_fn(params, state, x)
     _, _, seen = step_fn(params, state, x)

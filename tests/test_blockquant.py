@@ -150,7 +150,9 @@ def test_non_finite_and_bad_packed_fail_clearly():
     x = np.ones(100, np.float32)
     x[42] = np.nan
     with pytest.raises(Exception, match="flat index 42"):
-        jax.block_until_ready(blockquant.compress(x, np.zeros(100, np.float32), jaxcomm.BlockQuant()))
+        jax.block_until_ready(
+            blockquant.compress(x, np.zeros(100, np.float32), jaxcomm.BlockQuant())
+        )
     c = jaxcomm.BlockQuant(block=10)
     packed, _ = blockquant.compress(np.ones(100, np.float32), np.zeros(100, np.float32), c)
     bad = packed.at[1].set(np.float32(np.inf).view(np.uint32))
