@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import pathlib
 import statistics
 from typing import Any
@@ -74,6 +75,12 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="file name (without .json) of the result; default allreduce-<backend>[-<bandwidth>]"
+        "[-<P>x<L>] (docs/benchmarks.md renders quantized-allreduce-*.json as their own tables)",
+    )
     args = parser.parse_args()
     for entry in args.algorithms:
         try:
@@ -85,6 +92,7 @@ def main() -> None:
     tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
     if args.devices_per_process > 1:
         tag += f"-{args.processes}x{args.devices_per_process}"
+    tag = args.name or tag
     records, wall = run_recipe(lambda path: write_recipe(args, path))
 
     grouped: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
@@ -117,18 +125,20 @@ def main() -> None:
         f"density={args.density}, repeats={args.repeats}"
     )
     print(
-        f"{'elements':>10s} {'algorithm':16s} {'median ms':>10s} {'sent MB/rank':>13s} {'vs psum':>9s}"
+        f"{'elements':>10s} {'algorithm':22s} {'median ms':>10s} {'sent MB/rank':>13s} {'vs psum':>9s}"
     )
     for r in rows:
         speedup = psum.get(r["size_bytes"], float("nan")) / r["median_s"]
         r["speedup_vs_psum"] = speedup
         print(
-            f"{r['elements']:10d} {r['algorithm']:16s} {r['median_s'] * 1e3:10.2f} "
+            f"{r['elements']:10d} {r['algorithm']:22s} {r['median_s'] * 1e3:10.2f} "
             f"{r['bytes_sent'] / 1e6:13.3f} {speedup:8.2f}x"
         )
     result = {
         **setup_fields(args),
         "devices_per_process": args.devices_per_process,
+        # The host's cores: fewer than ranks means the emulated nodes share (oversubscribe) them.
+        "host_cores": os.cpu_count(),
         "density": args.density,
         "repeats": args.repeats,
         "wall_s": wall,

@@ -174,6 +174,9 @@ def elements(n: int) -> str:
 def run_of(data: dict[str, Any]) -> str:
     """Where a benchmark ran: ``4 × 1, 1gbit emulated links`` or ``4 × 2, one host``."""
     world = f"{data['processes']} × {data.get('devices_per_process', 1)}"
+    ranks = data["processes"] * data.get("devices_per_process", 1)
+    if data.get("host_cores") and data["host_cores"] < ranks:  # recorded since issue 25
+        world += f" (oversubscribed: {ranks} ranks on {data['host_cores']} cores)"
     if data.get("backend") == "emulated":
         return f"{world}, emulated {data.get('bandwidth')} links"
     return f"{world}, one host"

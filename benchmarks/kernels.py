@@ -206,7 +206,12 @@ def main() -> None:
                 "density": args.density,
                 "repeats": args.repeats,
                 "calls_per_sample": calls,
-                "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
+                "machine": {
+                    "cpus": __import__("os").cpu_count(),
+                    # the cores this run may use (1 under `taskset -c 1`: issue 25's one core)
+                    "cores_used": len(__import__("os").sched_getaffinity(0)),
+                    "platform": platform.platform(),
+                },
                 "jax": jax.__version__,
                 "device": str(device),
                 "rows": rows,

@@ -15,6 +15,9 @@ namespace {
 // Unlike std::nearbyint it vectorizes on baseline x86-64 (no SSE4.1 roundps); without
 // -ffast-math the compiler keeps the two additions.
 constexpr float kRoundMagic = 12582912.0f;
+// Stochastic rounding's floor: y + 256 is positive for every |y| <= 128, where truncation is
+// floor (see BlockQuantParams in the header for the exact definition).
+constexpr float kFloorShift = 256.0f;
 
 #define JAXCOMM_ALWAYS_INLINE inline __attribute__((always_inline))
 
@@ -60,8 +63,7 @@ JAXCOMM_ALWAYS_INLINE void EncodeBody(const float* __restrict acc, int64_t len, 
     float q;
     if (kStochastic) {
       const float y = t + BlockQuantUniform(key, first + static_cast<uint32_t>(i));
-      const float r = (y + kRoundMagic) - kRoundMagic;
-      q = r > y ? r - 1.0f : r;  // floor(y)
+      q = static_cast<float>(static_cast<int32_t>(y + kFloorShift)) - kFloorShift;
     } else {
       q = (t + kRoundMagic) - kRoundMagic;
     }

@@ -2,7 +2,7 @@
 // same scale (absmax / qmax), inverse (1 / scale), products and roundings, each an explicitly
 // rounded IEEE operation (__fmul_rn, __fadd_rn: nvcc would otherwise contract a * b + c into
 // an FMA, which rounds once where the CPU rounds twice). rintf is round-half-even like the
-// CPU's magic-number rounding, floorf the CPU's rint-and-correct floor.
+// CPU's magic-number rounding; the stochastic floor is the CPU's trunc((t + u) + 256) - 256.
 #include <cfloat>
 #include <cub/block/block_reduce.cuh>
 
@@ -62,7 +62,9 @@ __device__ __forceinline__ int EncodeOne(const float* x, const float* r, int64_t
   const float t = __fmul_rn(a, inv);
   float q;
   if (stochastic) {
-    q = floorf(__fadd_rn(t, BlockQuantUniform(key, static_cast<uint32_t>(first_index + i))));
+    // The CPU's floor: trunc((t + u) + 256) - 256, each operation rounded alike.
+    const float y = __fadd_rn(t, BlockQuantUniform(key, static_cast<uint32_t>(first_index + i)));
+    q = __fsub_rn(static_cast<float>(__float2int_rz(__fadd_rn(y, 256.0f))), 256.0f);
   } else {
     q = __fadd_rn(rintf(t), 0.0f);  // -0 -> +0, as the CPU's t + M - M gives
   }

@@ -15,7 +15,13 @@
 // and codes 0: 1 / scale would overflow, and error feedback keeps such values.
 // round() is nearest (ties to even, the FPU's mode) or stochastic: floor(t + u) with u in
 // [0, 1) from BlockQuantUniform(key, index), a counter-based hash of (seed, step, stream) and
-// the element's index, so every run, rank and the NumPy reference draw the same u.
+// the element's index, so every run, rank and the NumPy reference draw the same u. The floor
+// is computed as trunc((t + u) + 256) - 256 in float32 (positive, so truncation is floor; it
+// vectorizes where a compare-and-correct floor does not): the extra rounding of the + 256
+// moves a sum within 2^-16 below an integer up to it, a bias far below the scale's.
+// Concretely, with float32 operations in this order:
+//   nearest:    q = rint(t)
+//   stochastic: q = trunc((t + u) + 256) - 256
 // residual_out = acc - decoded, from the very floats that were encoded.
 #pragma once
 
@@ -73,7 +79,9 @@ JAXCOMM_BQ_HOST_DEVICE inline uint32_t BlockQuantKey(uint32_t seed, uint32_t ste
 
 // u in [0, 1), a multiple of 2^-24 (exact in float32), of element `index` under `key`.
 JAXCOMM_BQ_HOST_DEVICE inline float BlockQuantUniform(uint32_t key, uint32_t index) {
-  return static_cast<float>(BlockQuantHash(BlockQuantHash(index ^ key) + key) >> 8) *
+  // Through int32 (exact: < 2^24), which vectorizes where uint32 -> float does not.
+  return static_cast<float>(
+             static_cast<int32_t>(BlockQuantHash(BlockQuantHash(index ^ key) + key) >> 8)) *
          5.9604644775390625e-8f;  // 2^-24
 }
 

@@ -175,7 +175,7 @@ def blockquant_quantize(
 ) -> np.ndarray:
     """Decoded BlockQuant encoding of acc (kernels/blockquant.h), float32 operation by
     operation: scale = absmax / qmax, inv = 1 / scale (both 0 when scale < FLT_MIN),
-    q = rint(acc * inv) or floor(acc * inv + u), clamped; decoded = q * scale."""
+    q = rint(acc * inv) or trunc((acc * inv + u) + 256) - 256, clamped; decoded = q * scale."""
     qmax = np.float32(127 if bits == 8 else 7)
     out = np.zeros_like(acc, dtype=np.float32)
     for begin in range(0, acc.size, block):
@@ -188,7 +188,9 @@ def blockquant_quantize(
         t = a * inv
         if stochastic:
             index = np.arange(first + begin, first + begin + a.size)
-            q = np.floor(t + blockquant_uniform(key, index))
+            # floor(t + u) the kernels' way: trunc((t + u) + 256) - 256 in float32.
+            shifted = (t + blockquant_uniform(key, index)) + np.float32(256.0)
+            q = np.trunc(shifted) - np.float32(256.0)
         else:
             q = np.rint(t)
         q = np.clip(q, -qmax, qmax).astype(np.float32)

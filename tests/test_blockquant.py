@@ -94,6 +94,21 @@ def test_recipe_and_cost_options_validate():
     from jaxcomm_launcher import recipe
 
     assert "blockquant" in recipe.ALGORITHM_NAMES
+    assert recipe.JaxcommSettings(algorithm="blockquant").algorithm == "blockquant"
+
+
+def test_benchmark_variant_rows_parse():
+    from jaxcomm_launcher.jobs.allreduce import parse_variant
+
+    assert parse_variant("blockquant:bits=4,block=64") == ("blockquant", {"bits": 4, "block": 64})
+    assert parse_variant("dense:dtype=bfloat16") == ("dense", {"dtype": "bfloat16"})
+    assert parse_variant("hier_blockquant") == ("hier_blockquant", {})
+    with pytest.raises(ValueError, match="keys"):
+        parse_variant("blockquant:bitz=4")
+    with pytest.raises(ValueError, match="only psum and dense"):
+        parse_variant("blockquant:dtype=bfloat16")
+    with pytest.raises(ValueError, match="unknown"):
+        parse_variant("blockquantt")
 
 
 # ---- single-device kernels against the reference -----------------------------------------
