@@ -58,7 +58,7 @@ inline const char* KindLabel(kernels::QuantizerKind kind) {
       return "threshold";
     case kernels::QuantizerKind::kAdaptive:
       return "adaptive";
-    case kernels::QuantizerKind::kBlock:
+    case kernels::QuantizerKind::kBlockQuant:
       return "blockquant";
   }
   return "unknown";

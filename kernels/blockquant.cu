@@ -76,11 +76,11 @@ __device__ __forceinline__ int EncodeOne(const float* x, const float* r, int64_t
 // One thread per code byte: element i (int8) or elements 2j, 2j + 1 (int4). residual_out may
 // alias r: each element is read and written by the same thread.
 __global__ void EncodeKernel(const float* x, const float* r, int64_t n, int64_t block, int64_t bits,
-                             float qmax, bool stochastic, uint32_t seed, const int32_t* step,
-                             uint32_t stream, int64_t first_index, uint32_t* packed,
-                             float* residual_out) {
-  const uint32_t key =
-      BlockQuantKey(seed, step != nullptr ? static_cast<uint32_t>(*step) : 0u, stream);
+                             float qmax, bool stochastic, uint32_t seed, uint32_t step,
+                             const int32_t* device_step, uint32_t stream, int64_t first_index,
+                             uint32_t* packed, float* residual_out) {
+  const uint32_t key = BlockQuantKey(
+      seed, device_step != nullptr ? static_cast<uint32_t>(*device_step) : step, stream);
   const uint32_t* scales = packed + wire::kHeaderWords;
   uint8_t* bytes =
       reinterpret_cast<uint8_t*>(packed + wire::kHeaderWords + (n + block - 1) / block);
@@ -132,9 +132,9 @@ __global__ void DecodeKernel(const uint32_t* packed, int64_t n, int64_t block, i
 size_t BlockQuantDecompressScratchBytes() { return AlignUp(sizeof(uint32_t)); }
 
 cudaError_t BlockQuantCompress(const float* x, const float* residual_in, int64_t n, int64_t block,
-                               int64_t bits, bool stochastic, uint32_t seed, const int32_t* step,
-                               uint32_t stream_id, int64_t first_index, uint32_t* packed,
-                               float* residual_out, cudaStream_t stream) {
+                               int64_t bits, bool stochastic, uint32_t seed, uint32_t step,
+                               const int32_t* device_step, uint32_t stream_id, int64_t first_index,
+                               uint32_t* packed, float* residual_out, cudaStream_t stream) {
   const int64_t words = BlockQuantPackedWords(n, block, bits);
   const int64_t nblocks = BlockQuantNumBlocks(n, block);
   const float qmax = bits == 8 ? 127.0f : 7.0f;
@@ -150,8 +150,8 @@ cudaError_t BlockQuantCompress(const float* x, const float* residual_in, int64_t
                                                                        qmax, packed);
   const int64_t count = bits == 8 ? n : (n + 1) / 2;
   EncodeKernel<<<GridFor(count, kThreads), kThreads, 0, stream>>>(
-      x, residual_in, n, block, bits, qmax, stochastic, seed, step, stream_id, first_index, packed,
-      residual_out);
+      x, residual_in, n, block, bits, qmax, stochastic, seed, step, device_step, stream_id,
+      first_index, packed, residual_out);
   return cudaGetLastError();
 }
 

@@ -58,7 +58,7 @@ std::string CheckQuantizerSpec(const QuantizerSpec& spec) {
       if (spec.column_size < 1) return "Adaptive column_size must be >= 1";
       if (spec.sample_size < 0) return "sample_size must be >= 0";
       return "";
-    case QuantizerKind::kBlock:
+    case QuantizerKind::kBlockQuant:
       return CheckBlockQuantParams(BlockParams(spec));
   }
   return "unknown quantizer kind " + std::to_string(static_cast<int64_t>(spec.kind));
@@ -85,7 +85,7 @@ int64_t QuantizedPackedWords(const QuantizerSpec& spec, int64_t n) {
       return wire::kHeaderWords + ThresholdCapacity(spec.max_density, n);
     case QuantizerKind::kAdaptive:
       return AdaptiveLayout{n, spec.column_size, spec.proportion}.PackedWords();
-    case QuantizerKind::kBlock:
+    case QuantizerKind::kBlockQuant:
       return BlockQuantPackedWords(n, spec.column_size, spec.bits);
   }
   return 0;
@@ -122,7 +122,7 @@ QuantizeStatus QuantizeSlice(const QuantizerSpec& spec, const float* x, const fl
           AdaptiveCompress(x, residual_in, AdaptiveLayout{n, spec.column_size, spec.proportion},
                            spec.sample_size, packed, residual_out, run);
       return status;
-    case QuantizerKind::kBlock:
+    case QuantizerKind::kBlockQuant:
       return BlockQuantCompress(x, residual_in, n, BlockParams(spec), packed, residual_out, run);
   }
   return status;
@@ -173,7 +173,7 @@ std::string DequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* pack
     case QuantizerKind::kAdaptive:
       return AdaptiveDecompress(packed, words, AdaptiveLayout{n, spec.column_size, spec.proportion},
                                 out, /*accumulate=*/true);
-    case QuantizerKind::kBlock:
+    case QuantizerKind::kBlockQuant:
       return BlockQuantDecompress(packed, words, n, BlockParams(spec), out, /*accumulate=*/true);
   }
   return "unknown quantizer kind";

@@ -20,7 +20,7 @@
 
 namespace jaxcomm::kernels {
 
-enum class QuantizerKind : int64_t { kOneBit = 0, kThreshold = 1, kAdaptive = 2, kBlock = 3 };
+enum class QuantizerKind : int64_t { kOneBit = 0, kThreshold = 1, kAdaptive = 2, kBlockQuant = 3 };
 
 struct QuantizerSpec {
   QuantizerKind kind = QuantizerKind::kOneBit;

@@ -81,7 +81,7 @@ size_t QuantizeScratchBytes(const QuantizerSpec& spec, int64_t n) {
     case QuantizerKind::kAdaptive:
       return kc::AdaptiveCompressScratchBytes(n, spec.column_size, spec.proportion,
                                               spec.sample_size);
-    case QuantizerKind::kBlock:
+    case QuantizerKind::kBlockQuant:
       return 0;
   }
   return 0;
@@ -96,7 +96,7 @@ size_t DecodeScratchBytes(const QuantizerSpec& spec) {
       return kc::ThresholdDecompressScratchBytes();
     case QuantizerKind::kAdaptive:
       return kc::AdaptiveDecompressScratchBytes();
-    case QuantizerKind::kBlock:
+    case QuantizerKind::kBlockQuant:
       return kc::BlockQuantDecompressScratchBytes();
   }
   return 0;
@@ -112,10 +112,10 @@ cudaError_t QuantizeSliceGpu(const QuantizerSpec& spec, const float* x, const fl
                              int64_t n, uint32_t* packed, float* residual_out, void* scratch,
                              cudaStream_t stream) {
   if (n == 0) return kc::WriteWord(packed, 1u, stream);
-  if (spec.kind == QuantizerKind::kBlock) {  // takes a null residual_in (acc = x) itself
+  if (spec.kind == QuantizerKind::kBlockQuant) {  // takes a null residual_in (acc = x) itself
     return kc::BlockQuantCompress(x, residual_in, n, spec.column_size, spec.bits, spec.stochastic,
-                                  spec.seed, spec.device_step, spec.stream, spec.first_index,
-                                  packed, residual_out, stream);
+                                  spec.seed, spec.step, spec.device_step, spec.stream,
+                                  spec.first_index, packed, residual_out, stream);
   }
   if (residual_in == nullptr && spec.kind != QuantizerKind::kAdaptive) {
     if (cudaError_t e = cudaMemsetAsync(residual_out, 0, sizeof(float) * n, stream);
@@ -136,7 +136,7 @@ cudaError_t QuantizeSliceGpu(const QuantizerSpec& spec, const float* x, const fl
     case QuantizerKind::kAdaptive:
       return kc::AdaptiveCompress(x, residual_in, n, spec.column_size, spec.proportion,
                                   spec.sample_size, packed, residual_out, scratch, stream);
-    case QuantizerKind::kBlock:
+    case QuantizerKind::kBlockQuant:
       break;  // above
   }
   return cudaErrorInvalidValue;
@@ -157,7 +157,7 @@ cudaError_t DequantizeAccumulateGpu(const QuantizerSpec& spec, const uint32_t* p
     case QuantizerKind::kAdaptive:
       return kc::AdaptiveDecompress(packed, words, n, spec.column_size, spec.proportion, out,
                                     /*accumulate=*/true, scratch, stream);
-    case QuantizerKind::kBlock:
+    case QuantizerKind::kBlockQuant:
       return kc::BlockQuantDecompress(packed, words, n, spec.column_size, spec.bits, out,
                                       /*accumulate=*/true, scratch, stream);
   }

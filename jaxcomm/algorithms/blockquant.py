@@ -102,11 +102,14 @@ ALGORITHM = Schedule("blockquant", _words, unit=lambda options: options.block).a
     },
     stepped=True,
     build=lambda options: BlockQuant(bits=options.bits, block=options.block),
-    quantizer_kind=3,  # kernels/quantized_slices.h QuantizerKind::kBlock
+    quantizer_kind=3,  # kernels/quantized_slices.h QuantizerKind::kBlockQuant
     ops="blockquant",  # jaxcomm/ops/blockquant.py
-    # Seconds per element: quantize with error feedback and dequantize-accumulate, int8,
-    # block 256, one core (`python benchmarks/kernels.py`, 2026-11-24; int4 within 10 %).
-    kernels={"quantize.blockquant": 1.2e-9, "decode.blockquant": 4.0e-10},
+    # Seconds per element, int8, block 256, one core, 25M floats (2026-11-24): quantize with
+    # error feedback 33.3 ms through jaxcomm.ops.compress (benchmarks/results/
+    # kernels-1core.json); dequantize-accumulate into an existing sum 11.5 ms, timed on the
+    # kernel alone (ops.decompress also pays its fresh output's first touch). int4 within 25 %.
+    # `jaxcomm probe` measures both on a cluster.
+    kernels={"quantize.blockquant": 1.33e-9, "decode.blockquant": 4.6e-10},
     hierarchical_planned=("multi_leader",),
     auto_rank=6,  # after the others on an exact tie of predicted time to target
     # Not yet measured end to end here: 1.0 from the literature, where int8 block quantization
