@@ -10,6 +10,9 @@ Usage:
   python benchmarks/allreduce.py                                  # P=4 local, 1M..25M floats
   python benchmarks/allreduce.py --backend emulated --bandwidth 1gbit
   python benchmarks/allreduce.py --sizes 1000000 --repeats 5 --algorithms psum dense gtopk
+  # variants: block quantization int8 and int4 against psum and the dense 16-bit wire
+  python benchmarks/allreduce.py --backend emulated --bandwidth 1gbit --sizes 25000000 \
+      --algorithms psum dense:dtype=bfloat16 blockquant blockquant:bits=4
   # flat vs hierarchical, 4 nodes x 2 local devices (8 ranks):
   python benchmarks/allreduce.py --devices-per-process 2 --sizes 16777216 \
       --algorithms psum dense hier_dense hier_dense_leader adaptive hier_adaptive
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import pathlib
 import statistics
 from typing import Any
@@ -32,7 +36,7 @@ from _bench import (
     write_job_recipe,
     write_result_and_plot,
 )
-from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
+from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS, parse_variant
 
 # The job that runs in every rank owns the list of algorithms it can measure.
 ALGORITHMS = ALL_ALGORITHMS
@@ -62,23 +66,46 @@ def main() -> None:
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--tau", type=float, default=3.0)
     parser.add_argument("--proportion", type=float, default=64.0)
-    parser.add_argument("--algorithms", nargs="+", default=ALGORITHMS, choices=ALGORITHMS)
+    parser.add_argument(
+        "--algorithms",
+        nargs="+",
+        default=ALGORITHMS,
+        help="registered names, or variants name:key=value,... (blockquant:bits=4, "
+        "dense:dtype=bfloat16; the allreduce job's parse_variant)",
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="file name (without .json) of the result; default allreduce-<backend>[-<bandwidth>]"
+        "[-<P>x<L>] (docs/benchmarks.md renders quantized-allreduce-*.json as their own tables)",
+    )
     args = parser.parse_args()
+    for entry in args.algorithms:
+        try:
+            parse_variant(entry)
+        except ValueError as error:
+            parser.error(str(error))
 
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
     if args.devices_per_process > 1:
         tag += f"-{args.processes}x{args.devices_per_process}"
+    tag = args.name or tag
     records, wall = run_recipe(lambda path: write_recipe(args, path))
 
     grouped: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
     for r in records:
         grouped[(r["algorithm"], r["size_bytes"])].append(r)
     rows = []
+
+    def order(algorithm: str) -> tuple[int, str]:
+        name = parse_variant(algorithm)[0]
+        return (ALGORITHMS.index(name) if name in ALGORITHMS else len(ALGORITHMS), algorithm)
+
     for (algorithm, size_bytes), rs in sorted(
-        grouped.items(), key=lambda kv: (kv[0][1], ALGORITHMS.index(kv[0][0]))
+        grouped.items(), key=lambda kv: (kv[0][1], order(kv[0][0]))
     ):
         times = [r["step_time_s"] for r in rs]
         rows.append(
@@ -98,18 +125,20 @@ def main() -> None:
         f"density={args.density}, repeats={args.repeats}"
     )
     print(
-        f"{'elements':>10s} {'algorithm':16s} {'median ms':>10s} {'sent MB/rank':>13s} {'vs psum':>9s}"
+        f"{'elements':>10s} {'algorithm':22s} {'median ms':>10s} {'sent MB/rank':>13s} {'vs psum':>9s}"
     )
     for r in rows:
         speedup = psum.get(r["size_bytes"], float("nan")) / r["median_s"]
         r["speedup_vs_psum"] = speedup
         print(
-            f"{r['elements']:10d} {r['algorithm']:16s} {r['median_s'] * 1e3:10.2f} "
+            f"{r['elements']:10d} {r['algorithm']:22s} {r['median_s'] * 1e3:10.2f} "
             f"{r['bytes_sent'] / 1e6:13.3f} {speedup:8.2f}x"
         )
     result = {
         **setup_fields(args),
         "devices_per_process": args.devices_per_process,
+        # The host's cores: fewer than ranks means the emulated nodes share (oversubscribe) them.
+        "host_cores": os.cpu_count(),
         "density": args.density,
         "repeats": args.repeats,
         "wall_s": wall,
@@ -117,7 +146,7 @@ def main() -> None:
     }
 
     def draw(ax: Any) -> None:
-        for algorithm in ALGORITHMS:
+        for algorithm in sorted({r["algorithm"] for r in rows}, key=order):
             pts = [
                 (r["elements"], r["median_s"] * 1e3) for r in rows if r["algorithm"] == algorithm
             ]

@@ -174,6 +174,9 @@ def elements(n: int) -> str:
 def run_of(data: dict[str, Any]) -> str:
     """Where a benchmark ran: ``4 × 1, 1gbit emulated links`` or ``4 × 2, one host``."""
     world = f"{data['processes']} × {data.get('devices_per_process', 1)}"
+    ranks = data["processes"] * data.get("devices_per_process", 1)
+    if data.get("host_cores") and data["host_cores"] < ranks:  # recorded since issue 25
+        world += f" (oversubscribed: {ranks} ranks on {data['host_cores']} cores)"
     if data.get("backend") == "emulated":
         return f"{world}, emulated {data.get('bandwidth')} links"
     return f"{world}, one host"
@@ -223,6 +226,12 @@ def kernels_cpu(results: pathlib.Path) -> str:
     return _kernels(load(results, "kernels"), "kernels.json")
 
 
+@section("docs/benchmarks.md", "kernels-cpu-1core")
+def kernels_cpu_1core(results: pathlib.Path) -> str:
+    """``benchmarks/kernels.py`` pinned to one core (``taskset -c 1``: issue 25's target)."""
+    return _kernels(load(results, "kernels-1core"), "kernels-1core.json")
+
+
 def _kernels(data: dict[str, Any], file: str) -> str:
     by_baseline = {r["baseline"]: r for r in data["rows"] if r["baseline"]}
     rows = []
@@ -239,9 +248,11 @@ def _kernels(data: dict[str, Any], file: str) -> str:
     samples = f"medians of {data['repeats']}"
     if "calls_per_sample" in data:
         samples += f" samples of {data['calls_per_sample']} back-to-back calls"
+    cores = data["machine"].get("cores_used")
+    pinned = f", pinned to {cores} of them" if cores and cores < data["machine"]["cpus"] else ""
     return (
-        f"n = {data['n']:,} float32 on `{data['device']}` ({data['machine']['cpus']} CPUs, "
-        f"jax {data['jax']}), {samples} (`benchmarks/results/{file}`):\n\n"
+        f"n = {data['n']:,} float32 on `{data['device']}` ({data['machine']['cpus']} CPUs"
+        f"{pinned}, jax {data['jax']}), {samples} (`benchmarks/results/{file}`):\n\n"
         + table(["kernel", "median", "GB/s of x", "vs baseline"], rows)
     )
 

@@ -3,7 +3,8 @@
 Measures, in one run and on the same input (n float32, k = ceil(density * n)):
   * jaxcomm.ops.topk_abs vs lax.top_k(jnp.abs(x), k) vs NumPy argpartition;
   * jaxcomm.ops.compress for each compressor (with error feedback) vs a plain memory copy of
-    the same bytes (NumPy copyto), as GB/s of x read.
+    the same bytes (NumPy copyto), as GB/s of x read;
+  * BlockQuant's quantize + dequantize (compress, then decompress) against the same copy.
 
 Prints a table, writes JSON (default benchmarks/results/kernels.json) and a PNG beside it.
 
@@ -150,6 +151,8 @@ def main() -> None:
         jaxcomm.Threshold(2.5),
         jaxcomm.Adaptive(64),
         jaxcomm.Adaptive(64, sample_size=256),
+        jaxcomm.BlockQuant(bits=8),
+        jaxcomm.BlockQuant(bits=4),
     ]
     # The residual is donated and carried from call to call, as a training step does: the
     # kernel then updates it in place instead of XLA copying 4n bytes first.
@@ -163,6 +166,18 @@ def main() -> None:
 
         record("quantize", f"compress {c}", step)
 
+    # Block quantization's whole local work in a quantized allreduce, per element: quantize
+    # with error feedback, then dequantize (issue 25's target: >= 50 % of copy bandwidth).
+    decompress = jax.jit(jaxcomm.ops.decompress, static_argnums=(1, 2))
+    for c in (jaxcomm.BlockQuant(bits=8), jaxcomm.BlockQuant(bits=4)):
+        state = {"residual": jnp.zeros_like(x)}
+
+        def roundtrip(c=c, state=state):
+            packed, state["residual"] = compress(x, state["residual"], c)
+            return decompress(packed, c, n)
+
+        record("quantize", f"compress + decompress {c}", roundtrip)
+
     lax_row = next(r for r in rows if r["baseline"] == "lax")
     ours = next(r for r in rows if r["name"] == "jaxcomm.ops.topk_abs")
     copy_row = next(r for r in rows if r["baseline"] == "copy")
@@ -171,7 +186,7 @@ def main() -> None:
         "quantizer_fraction_of_copy_bandwidth": {
             r["name"]: r["gbps"] / copy_row["gbps"]
             for r in rows
-            if r["name"].startswith("compress")
+            if r["name"].startswith("compress") or r["name"].startswith("decompress")
         },
     }
     print()
@@ -191,7 +206,12 @@ def main() -> None:
                 "density": args.density,
                 "repeats": args.repeats,
                 "calls_per_sample": calls,
-                "machine": {"cpus": __import__("os").cpu_count(), "platform": platform.platform()},
+                "machine": {
+                    "cpus": __import__("os").cpu_count(),
+                    # the cores this run may use (1 under `taskset -c 1`: issue 25's one core)
+                    "cores_used": len(__import__("os").sched_getaffinity(0)),
+                    "platform": platform.platform(),
+                },
                 "jax": jax.__version__,
                 "device": str(device),
                 "rows": rows,

@@ -79,11 +79,15 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
   s.gathered.resize(layout.TotalWords());
   s.words.assign(parts, 0);
 
-  // 2. Quantize every slice with error feedback.
+  // 2. Quantize every slice with error feedback. A counter-based stochastic rounding
+  // (BlockQuant) draws from this rank's stream at the slice's own element indices.
+  QuantizerSpec slice_spec = spec;
+  slice_spec.stream = static_cast<uint32_t>(rank);
   for (int q = 0; q < parts; ++q) {
     const int64_t b = layout.Begin(q);
+    slice_spec.first_index = b;
     const kernels::QuantizeStatus status = kernels::QuantizeSlice(
-        spec, x + b, residual_in ? residual_in + b : nullptr, layout.Length(q),
+        slice_spec, x + b, residual_in ? residual_in + b : nullptr, layout.Length(q),
         s.mine.data() + layout.offsets[q], residual_out + b, run);
     if (!status.ok()) return ffi_common::NonFinite(group.name(), b + status.nonfinite_index);
   }
@@ -123,8 +127,10 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
     }
   }
   s.error.resize(static_cast<size_t>(m));
+  slice_spec.stream = static_cast<uint32_t>(parts);  // the owners' sums: stream P
+  slice_spec.first_index = my_begin;
   const kernels::QuantizeStatus status =
-      kernels::QuantizeSlice(spec, s.sum.data(), nullptr, m,
+      kernels::QuantizeSlice(slice_spec, s.sum.data(), nullptr, m,
                              s.gathered.data() + layout.offsets[rank], s.error.data(), run);
   if (!status.ok()) {
     return Invalid(group.name(), "the sum over the group overflowed to Inf at flat index " +
@@ -166,25 +172,53 @@ ffi::Error QuantizedAllreduce(Group& group, const QuantizerSpec& spec, const flo
   return ffi::Error::Success();
 }
 
+// The flat quantized allreduce of one call; `step` is the step operand's value (0 without).
+// Without error feedback (BlockQuant(error_feedback=False)) the residual is neither read nor
+// kept: acc = x, and the new residual is zero.
+ffi::Error RunQuantized(const kernels::TaskRunner& run, const Caller& caller,
+                        const QuantizerAttrs& quantizer, const ffi::Buffer<ffi::F32>& x,
+                        const ffi::Buffer<ffi::F32>& residual, int32_t step,
+                        ffi::ResultBuffer<ffi::F32> summed,
+                        ffi::ResultBuffer<ffi::F32> new_residual) {
+  quantized::QuantizedCall call;
+  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed,
+                                                        new_residual, quantizer, &call));
+  call.spec.step = static_cast<uint32_t>(step);
+  std::unique_ptr<Group> group;
+  JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kQuantizedOp, caller), &group));
+  const bool feedback = call.spec.error_feedback;
+  float* residual_out = new_residual->typed_data();
+  JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduce(*group, call.spec, x.typed_data(),
+                                             feedback ? residual.typed_data() : nullptr, call.n,
+                                             summed->typed_data(), residual_out, run));
+  if (!feedback) std::fill(residual_out, residual_out + call.n, 0.0f);
+  group->Finish(KindLabel(call.spec.kind), call.n);
+  return ffi::Error::Success();
+}
+
 ffi::Error QuantizedAllreduceImpl(const kernels::TaskRunner& run, const Caller& caller,
                                   const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
                                   ffi::Buffer<ffi::F32> residual,
                                   ffi::ResultBuffer<ffi::F32> summed,
                                   ffi::ResultBuffer<ffi::F32> new_residual) {
-  quantized::QuantizedCall call;
-  JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed,
-                                                        new_residual, quantizer, &call));
-  std::unique_ptr<Group> group;
-  JAXCOMM_RETURN_IF_ERROR(Group::Begin(MakeCallSite(kQuantizedOp, caller), &group));
-  JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduce(*group, call.spec, x.typed_data(),
-                                             residual.typed_data(), call.n, summed->typed_data(),
-                                             new_residual->typed_data(), run));
-  group->Finish(KindLabel(call.spec.kind), call.n);
-  return ffi::Error::Success();
+  return RunQuantized(run, caller, quantizer, x, residual, 0, summed, new_residual);
 }
 
 JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_quantized_allreduce", QuantizedAllreduceImpl,
                           quantized::BindQuantizedData);
+
+// The same with the step operand of BlockQuant's stochastic rounding.
+ffi::Error BlockQuantAllreduceImpl(const kernels::TaskRunner& run, const Caller& caller,
+                                   const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
+                                   ffi::Buffer<ffi::F32> residual, ffi::BufferR0<ffi::S32> step,
+                                   ffi::ResultBuffer<ffi::F32> summed,
+                                   ffi::ResultBuffer<ffi::F32> new_residual) {
+  return RunQuantized(run, caller, quantizer, x, residual, step.typed_data()[0], summed,
+                      new_residual);
+}
+
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_blockquant_allreduce", BlockQuantAllreduceImpl,
+                          quantized::BindSteppedQuantizedData);
 
 // ---- hierarchical ------------------------------------------------------------------------
 
@@ -368,26 +402,35 @@ ffi::Error HierarchicalDenseImpl(const kernels::TaskRunner& run, const Caller& c
 JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_hierarchical_allreduce", HierarchicalDenseImpl,
                           quantized::BindHierarchicalDenseData);
 
-ffi::Error HierarchicalQuantizedImpl(const kernels::TaskRunner& run, const Caller& caller,
-                                     const HierarchyAttrs& hierarchy,
-                                     const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
-                                     ffi::Buffer<ffi::F32> residual,
-                                     ffi::ResultBuffer<ffi::F32> summed,
-                                     ffi::ResultBuffer<ffi::F32> new_residual) {
+// The hierarchical quantized allreduce of one call (`step` as for RunQuantized).
+ffi::Error RunHierarchicalQuantized(const kernels::TaskRunner& run, const Caller& caller,
+                                    const HierarchyAttrs& hierarchy,
+                                    const QuantizerAttrs& quantizer, const ffi::Buffer<ffi::F32>& x,
+                                    const ffi::Buffer<ffi::F32>& residual, int32_t step,
+                                    ffi::ResultBuffer<ffi::F32> summed,
+                                    ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t leaders = hierarchy.leaders;
   quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kHierarchicalQuantizedOp, x, residual,
                                                         summed, new_residual, quantizer, &call));
+  call.spec.step = static_cast<uint32_t>(step);
   HierarchicalGroups g;
   JAXCOMM_RETURN_IF_ERROR(BeginHierarchical(kHierarchicalQuantizedOp, caller, hierarchy, &g));
   float* out = summed->typed_data();
   const float* xs = x.typed_data();
   const float* rs = residual.typed_data();
-  for (int64_t i = 0; i < call.n; ++i) out[i] = xs[i] + rs[i];
+  const bool feedback = call.spec.error_feedback;
+  if (feedback) {
+    for (int64_t i = 0; i < call.n; ++i) out[i] = xs[i] + rs[i];
+  } else if (out != xs) {
+    std::memcpy(out, xs, sizeof(float) * call.n);
+  }
   // Only the part this rank quantizes gets an error; the dense phases lose nothing.
-  std::fill(new_residual->typed_data(), new_residual->typed_data() + call.n, 0.0f);
-  JAXCOMM_RETURN_IF_ERROR(HierarchicalAllreduce(g, &call.spec, leaders, out, out, call.n,
-                                                new_residual->typed_data(), run));
+  float* residual_out = new_residual->typed_data();
+  std::fill(residual_out, residual_out + call.n, 0.0f);
+  JAXCOMM_RETURN_IF_ERROR(
+      HierarchicalAllreduce(g, &call.spec, leaders, out, out, call.n, residual_out, run));
+  if (!feedback) std::fill(residual_out, residual_out + call.n, 0.0f);
   g.all->Absorb(*g.local);
   g.all->Absorb(*g.node);
   const std::string label =
@@ -396,8 +439,31 @@ ffi::Error HierarchicalQuantizedImpl(const kernels::TaskRunner& run, const Calle
   return ffi::Error::Success();
 }
 
+ffi::Error HierarchicalQuantizedImpl(const kernels::TaskRunner& run, const Caller& caller,
+                                     const HierarchyAttrs& hierarchy,
+                                     const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
+                                     ffi::Buffer<ffi::F32> residual,
+                                     ffi::ResultBuffer<ffi::F32> summed,
+                                     ffi::ResultBuffer<ffi::F32> new_residual) {
+  return RunHierarchicalQuantized(run, caller, hierarchy, quantizer, x, residual, 0, summed,
+                                  new_residual);
+}
+
 JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_hierarchical_quantized", HierarchicalQuantizedImpl,
                           quantized::BindHierarchicalQuantizedData);
+
+ffi::Error HierarchicalBlockQuantImpl(const kernels::TaskRunner& run, const Caller& caller,
+                                      const HierarchyAttrs& hierarchy,
+                                      const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
+                                      ffi::Buffer<ffi::F32> residual, ffi::BufferR0<ffi::S32> step,
+                                      ffi::ResultBuffer<ffi::F32> summed,
+                                      ffi::ResultBuffer<ffi::F32> new_residual) {
+  return RunHierarchicalQuantized(run, caller, hierarchy, quantizer, x, residual,
+                                  step.typed_data()[0], summed, new_residual);
+}
+
+JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_hierarchical_blockquant", HierarchicalBlockQuantImpl,
+                          quantized::BindSteppedHierarchicalData);
 
 }  // namespace
 }  // namespace jaxcomm::collectives

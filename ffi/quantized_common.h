@@ -20,23 +20,28 @@ namespace ffi = xla::ffi;
 // A quantized allreduce's quantizer (kernels::QuantizerSpec as it travels): one dictionary
 // attribute, "quantizer", built by jaxcomm/collectives/_attributes.py (quantizer_attributes).
 struct QuantizerAttrs {
-  int64_t kind;  // kernels::QuantizerKind: 0 one-bit, 1 threshold, 2 adaptive
+  int64_t kind;  // kernels::QuantizerKind: 0 one-bit, 1 threshold, 2 adaptive, 3 block
   int64_t column_size;
   int64_t sample_size;
   double proportion;
   float tau;
   double max_density;
+  int64_t bits;         // block: 8 or 4
+  bool stochastic;      // block: stochastic rounding
+  bool error_feedback;  // block: false ignores the residual and returns zeros
+  int64_t seed;         // block: the stochastic rounding's seed (its low 32 bits)
 };
 
 }  // namespace jaxcomm::collectives::quantized
 
-XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jaxcomm::collectives::quantized::QuantizerAttrs,
-                                      ::xla::ffi::StructMember<int64_t>("kind"),
-                                      ::xla::ffi::StructMember<int64_t>("column_size"),
-                                      ::xla::ffi::StructMember<int64_t>("sample_size"),
-                                      ::xla::ffi::StructMember<double>("proportion"),
-                                      ::xla::ffi::StructMember<float>("tau"),
-                                      ::xla::ffi::StructMember<double>("max_density"));
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
+    jaxcomm::collectives::quantized::QuantizerAttrs, ::xla::ffi::StructMember<int64_t>("kind"),
+    ::xla::ffi::StructMember<int64_t>("column_size"),
+    ::xla::ffi::StructMember<int64_t>("sample_size"),
+    ::xla::ffi::StructMember<double>("proportion"), ::xla::ffi::StructMember<float>("tau"),
+    ::xla::ffi::StructMember<double>("max_density"), ::xla::ffi::StructMember<int64_t>("bits"),
+    ::xla::ffi::StructMember<bool>("stochastic"), ::xla::ffi::StructMember<bool>("error_feedback"),
+    ::xla::ffi::StructMember<int64_t>("seed"));
 
 namespace jaxcomm::collectives::quantized {
 
@@ -53,12 +58,14 @@ inline const char* KindLabel(kernels::QuantizerKind kind) {
       return "threshold";
     case kernels::QuantizerKind::kAdaptive:
       return "adaptive";
+    case kernels::QuantizerKind::kBlockQuant:
+      return "blockquant";
   }
   return "unknown";
 }
 
 inline ffi::Error ReadSpec(const char* op, const QuantizerAttrs& q, kernels::QuantizerSpec* spec) {
-  if (q.kind < 0 || q.kind > 2) {
+  if (q.kind < 0 || q.kind > 3) {
     return ffi_common::InvalidArgument(op, "unknown quantizer kind " + std::to_string(q.kind));
   }
   *spec = kernels::QuantizerSpec{static_cast<kernels::QuantizerKind>(q.kind),
@@ -67,6 +74,10 @@ inline ffi::Error ReadSpec(const char* op, const QuantizerAttrs& q, kernels::Qua
                                  q.proportion,
                                  q.tau,
                                  q.max_density};
+  spec->bits = q.bits;
+  spec->stochastic = q.stochastic;
+  spec->error_feedback = q.error_feedback;
+  spec->seed = static_cast<uint32_t>(q.seed);
   const std::string bad = kernels::CheckQuantizerSpec(*spec);
   if (!bad.empty()) return ffi_common::InvalidArgument(op, bad);
   return ffi::Error::Success();
@@ -116,6 +127,33 @@ auto BindHierarchicalQuantizedData(Binding binding) {
   return BindCompressedData(std::move(binding)
                                 .template Attr<HierarchyAttrs>("hierarchy")
                                 .template Attr<QuantizerAttrs>("quantizer"));
+}
+
+// x, residual and the step in; the sum, the new residual and the token out: the quantized
+// allreduce of a quantizer whose stochastic rounding counts steps (BlockQuant).
+template <typename Binding>
+auto BindSteppedData(Binding binding) {
+  return std::move(binding)
+      .template Arg<ffi::Buffer<ffi::F32>>()     // x: local gradient
+      .template Arg<ffi::Buffer<ffi::F32>>()     // residual in
+      .template Arg<ffi::BufferR0<ffi::S32>>()   // step: the stochastic rounding's counter
+      .template Ret<ffi::Buffer<ffi::F32>>()     // summed (identical on all ranks)
+      .template Ret<ffi::Buffer<ffi::F32>>()     // new residual
+      .template Ret<ffi::BufferR0<ffi::S32>>();  // token out
+}
+
+// BindQuantizedData with a step operand (jaxcomm_blockquant_allreduce).
+template <typename Binding>
+auto BindSteppedQuantizedData(Binding binding) {
+  return BindSteppedData(std::move(binding).template Attr<QuantizerAttrs>("quantizer"));
+}
+
+// BindHierarchicalQuantizedData with a step operand (jaxcomm_hierarchical_blockquant).
+template <typename Binding>
+auto BindSteppedHierarchicalData(Binding binding) {
+  return BindSteppedData(std::move(binding)
+                             .template Attr<HierarchyAttrs>("hierarchy")
+                             .template Attr<QuantizerAttrs>("quantizer"));
 }
 
 // The dense hierarchical allreduce: the mesh roles, then the dense data.

@@ -126,6 +126,25 @@ def residual_like(x: Any, residual: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
     return x.astype(jnp.float32), residual
 
 
+def step_operand(step: Any, api: str) -> jnp.ndarray:
+    """The int32 scalar step operand of a stepped collective (``BlockQuant``); None is 0.
+
+    Example:
+      >>> step_operand(3, "jaxcomm.compressed_allreduce").dtype
+      dtype('int32')
+    """
+    if step is None:
+        return jnp.zeros((), jnp.int32)
+    if not hasattr(step, "dtype"):
+        step = jnp.asarray(step)
+    if step.shape != () or not jnp.issubdtype(step.dtype, jnp.integer):
+        raise TypeError(
+            f"{api}: step must be an integer scalar (the training step), got "
+            f"{step.dtype}{list(step.shape)}; e.g. step=state.count"
+        )
+    return step.astype(jnp.int32)
+
+
 def compress_inputs(x: Any, residual: Any, compressor: Any) -> tuple[jnp.ndarray, jnp.ndarray, int]:
     """The checks of every compress kernel: :func:`residual_like`, at least one element.
 

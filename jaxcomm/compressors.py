@@ -42,6 +42,16 @@ in 31 bits (``n < 2**31``).
   ``mean_pos``, 0 to ``mean_neg``. Capacity per column of length ``L`` is
   ``min(L, 2 * ceil(L / proportion) + 2)``.
 
+``BlockQuant(bits, block)``, ``nblocks = ceil(n / block)``::
+
+    [used = 1 + nblocks + ceil(n * bits / 32)] [nblocks x scale f32] [codes]
+
+  codes: n two's-complement integers of ``bits`` bits in [-qmax, qmax] (qmax = 127 or 7),
+  element i at byte i (int8) or nibble i (int4: low nibble of byte i // 2 for even i), bytes
+  little-endian in their words, unused trailing bits zero. Element i decodes to
+  ``code[i] * scale[i // block]``; ``scale = absmax / qmax`` of its block (0 for a block whose
+  scale would be below the smallest normal float).
+
 Error feedback: every compressor returns ``new_residual = (x + residual) - decompress(packed)``
 exactly (it is computed from the very float values that were encoded), so nothing is lost,
 only delayed.
@@ -53,12 +63,22 @@ from __future__ import annotations
 # wire format in one place for users of jaxcomm.ops.compress.
 from jaxcomm.algorithms._sparse import TopK
 from jaxcomm.algorithms.adaptive import Adaptive
+from jaxcomm.algorithms.blockquant import BlockQuant
 from jaxcomm.algorithms.gtopk import GTopK
 from jaxcomm.algorithms.onebit import OneBit
 from jaxcomm.algorithms.threshold import Threshold
 from jaxcomm.algorithms.topk_allgather import TopKAllgather
 
-Compressor = TopK | OneBit | Threshold | Adaptive
+Compressor = TopK | OneBit | Threshold | Adaptive | BlockQuant
 """What ``jaxcomm.ops.compress`` accepts: the compressors with a packed wire format."""
 
-__all__ = ["Adaptive", "Compressor", "GTopK", "OneBit", "Threshold", "TopK", "TopKAllgather"]
+__all__ = [
+    "Adaptive",
+    "BlockQuant",
+    "Compressor",
+    "GTopK",
+    "OneBit",
+    "Threshold",
+    "TopK",
+    "TopKAllgather",
+]

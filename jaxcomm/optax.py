@@ -275,7 +275,9 @@ def allreduce_gradients(
             residuals = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p) or (1,), jnp.float32), params)
         return AllreduceGradientsState(count=jnp.zeros((), jnp.int32), residuals=residuals)
 
-    def reduce_flat(algo: Any, xs: list[jax.Array], rs: list[jax.Array] | None) -> tuple:
+    def reduce_flat(
+        algo: Any, xs: list[jax.Array], rs: list[jax.Array] | None, count: jax.Array
+    ) -> tuple:
         """One collective per bucket over flat float32 leaves; returns (sums, residuals)."""
         sums: list[jax.Array] = list(xs)
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
@@ -299,7 +301,10 @@ def allreduce_gradients(
                 summed = allreduce(x, axis_name, after=after, **extra)
             else:
                 x = x.astype(jnp.float32)  # compressors quantize float32, as their residuals
-                summed, r = compressed_allreduce(x, r, axis_name, chosen, after=after, **extra)
+                # The update count is the step of a stochastic rounding (BlockQuant).
+                summed, r = compressed_allreduce(
+                    x, r, axis_name, chosen, after=after, step=count, **extra
+                )
             offset = 0
             for i in group:
                 n = xs[i].size
@@ -326,14 +331,14 @@ def allreduce_gradients(
             r_leaves = treedef.flatten_up_to(state.residuals)
             rs = [jnp.ravel(r) for r in r_leaves]
         if len(phases) == 1 or not any(x.size for x in xs):
-            sums, new_rs = reduce_flat(phases[0], xs, rs)
+            sums, new_rs = reduce_flat(phases[0], xs, rs, state.count)
         else:
             # One branch per density. The ordering token is threaded through the switch so
             # the branch's collectives stay chained with the step's other jaxcomm calls.
             def branch(algo: Any) -> Callable[..., Any]:
                 def run(token: jax.Array, xs: list, rs: list) -> tuple:
                     _ordering.token_out(token)
-                    out = reduce_flat(algo, xs, rs)
+                    out = reduce_flat(algo, xs, rs, state.count)
                     return _ordering.token_in(), out
 
                 return run

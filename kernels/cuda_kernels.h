@@ -144,6 +144,24 @@ cudaError_t AdaptiveDecompress(const uint32_t* packed, int64_t words, int64_t n,
                                int64_t column_size, double proportion, float* x_hat,
                                bool accumulate, void* scratch, cudaStream_t stream);
 
+// ---- block int8/int4 quantization (kernels/blockquant.h) ----------------------------------
+// Same contract as kernels::BlockQuantCompress: packed (BlockQuantPackedWords words) and
+// residual_out (may be null; may alias residual_in, not x) byte-identical to the CPU's.
+// residual_in may be null (acc = x). The stochastic rounding's step is `step`, or, when
+// `device_step` is not null, the int32 it points to in device memory (so a traced step needs
+// no host round trip). A NaN/Inf in acc gives packed[0] = 0. No scratch.
+cudaError_t BlockQuantCompress(const float* x, const float* residual_in, int64_t n, int64_t block,
+                               int64_t bits, bool stochastic, uint32_t seed, uint32_t step,
+                               const int32_t* device_step, uint32_t stream_id, int64_t first_index,
+                               uint32_t* packed, float* residual_out, cudaStream_t stream);
+// Decodes (x_hat = decoded) or accumulates (x_hat += decoded, the CPU's float add) a message
+// of `words` words for n elements; a header other than BlockQuantPackedWords or a scale that
+// is not finite and >= 0 makes all of x_hat NaN. Scratch of BlockQuantDecompressScratchBytes().
+size_t BlockQuantDecompressScratchBytes();
+cudaError_t BlockQuantDecompress(const uint32_t* packed, int64_t words, int64_t n, int64_t block,
+                                 int64_t bits, float* x_hat, bool accumulate, void* scratch,
+                                 cudaStream_t stream);
+
 // ---- quantized allreduce building blocks (ffi/cuda/quantized_allreduce.cc) ----------------
 // The reduce step of the quantized allreduce decodes a message INTO a running sum:
 // x_hat[i] += decoded[i], the very float add of the CPU's kernels::DequantizeAccumulate

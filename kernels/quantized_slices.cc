@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/adaptive.h"
+#include "kernels/blockquant.h"
 #include "kernels/onebit.h"
 #include "kernels/reduce.h"
 #include "kernels/threshold.h"
@@ -16,6 +17,18 @@ namespace {
 int64_t ThresholdCapacity(double max_density, int64_t n) {
   return std::min<int64_t>(n,
                            std::max<int64_t>(1, static_cast<int64_t>(std::ceil(max_density * n))));
+}
+
+BlockQuantParams BlockParams(const QuantizerSpec& spec) {
+  BlockQuantParams p;
+  p.block = spec.column_size;
+  p.bits = spec.bits;
+  p.stochastic = spec.stochastic;
+  p.seed = spec.seed;
+  p.step = spec.step;
+  p.stream = spec.stream;
+  p.first_index = spec.first_index;
+  return p;
 }
 
 }  // namespace
@@ -45,6 +58,8 @@ std::string CheckQuantizerSpec(const QuantizerSpec& spec) {
       if (spec.column_size < 1) return "Adaptive column_size must be >= 1";
       if (spec.sample_size < 0) return "sample_size must be >= 0";
       return "";
+    case QuantizerKind::kBlockQuant:
+      return CheckBlockQuantParams(BlockParams(spec));
   }
   return "unknown quantizer kind " + std::to_string(static_cast<int64_t>(spec.kind));
 }
@@ -70,6 +85,8 @@ int64_t QuantizedPackedWords(const QuantizerSpec& spec, int64_t n) {
       return wire::kHeaderWords + ThresholdCapacity(spec.max_density, n);
     case QuantizerKind::kAdaptive:
       return AdaptiveLayout{n, spec.column_size, spec.proportion}.PackedWords();
+    case QuantizerKind::kBlockQuant:
+      return BlockQuantPackedWords(n, spec.column_size, spec.bits);
   }
   return 0;
 }
@@ -105,6 +122,8 @@ QuantizeStatus QuantizeSlice(const QuantizerSpec& spec, const float* x, const fl
           AdaptiveCompress(x, residual_in, AdaptiveLayout{n, spec.column_size, spec.proportion},
                            spec.sample_size, packed, residual_out, run);
       return status;
+    case QuantizerKind::kBlockQuant:
+      return BlockQuantCompress(x, residual_in, n, BlockParams(spec), packed, residual_out, run);
   }
   return status;
 }
@@ -154,6 +173,8 @@ std::string DequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* pack
     case QuantizerKind::kAdaptive:
       return AdaptiveDecompress(packed, words, AdaptiveLayout{n, spec.column_size, spec.proportion},
                                 out, /*accumulate=*/true);
+    case QuantizerKind::kBlockQuant:
+      return BlockQuantDecompress(packed, words, n, BlockParams(spec), out, /*accumulate=*/true);
   }
   return "unknown quantizer kind";
 }

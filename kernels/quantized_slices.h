@@ -1,9 +1,10 @@
-// One interface over the three quantizers (one-bit, threshold, adaptive) for the quantized
-// allreduce (Dryden et al. 2016 §3.4): slice a vector so no column straddles two slices,
+// One interface over the quantizers (one-bit, threshold, adaptive, block int8/int4) for the
+// quantized allreduce (Dryden et al. 2016 §3.4): slice a vector so no column straddles two slices,
 // quantize a slice with error feedback, and decode a received slice into a running sum.
 //
 // Slices. The vector of n elements is cut into P slices whose boundaries are multiples of
-// SliceUnit(spec) (the compressor's column_size; 1 for threshold, which has no columns):
+// SliceUnit(spec) (the compressor's column_size, BlockQuant's block; 1 for threshold, which has
+// no columns):
 // the ncols = ceil(n / unit) units are split as evenly as possible, the first ncols % P slices
 // getting one more unit. A slice is quantized as a vector of its own (indices, column numbers
 // and sample positions are slice-relative), so its columns are exactly the columns the whole
@@ -19,7 +20,7 @@
 
 namespace jaxcomm::kernels {
 
-enum class QuantizerKind : int64_t { kOneBit = 0, kThreshold = 1, kAdaptive = 2 };
+enum class QuantizerKind : int64_t { kOneBit = 0, kThreshold = 1, kAdaptive = 2, kBlockQuant = 3 };
 
 struct QuantizerSpec {
   QuantizerKind kind = QuantizerKind::kOneBit;
@@ -28,6 +29,19 @@ struct QuantizerSpec {
   double proportion = 64.0;    // adaptive, >= 1
   float tau = 0.0f;            // threshold, finite and > 0
   double max_density = 1.0;    // threshold, in (0, 1]
+  // Block quantization (kernels/blockquant.h): column_size is its block.
+  int64_t bits = 8;            // 8 or 4
+  bool stochastic = false;     // rounding
+  bool error_feedback = true;  // false: the collectives ignore the residual and return zeros
+  uint32_t seed = 0;           // the stochastic rounding's counter (BlockQuantParams)
+  uint32_t step = 0;
+  // Set per message by the quantized allreduce: which rank's contribution (or the owner's
+  // sum) and the index of the slice's first element, so each element draws its own u.
+  uint32_t stream = 0;
+  int64_t first_index = 0;
+  // GPU handlers: the step operand in device memory (an int32 scalar), which the CUDA kernels
+  // read instead of `step` (the host never sees a traced step without synchronizing).
+  const int32_t* device_step = nullptr;
 };
 
 // Empty when `spec` is usable, else what is wrong with it (for an error message).

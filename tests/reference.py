@@ -142,16 +142,86 @@ def adaptive_quantize(acc: np.ndarray, proportion: float, column_size: int) -> n
     return out
 
 
-def quantizer(c) -> tuple:
-    """(decode function acc -> decoded, slice unit) of a jaxcomm quantizer spec."""
+_U32 = np.uint32
+
+
+def blockquant_hash(x):
+    """kernels/blockquant.h BlockQuantHash (lowbias32) on uint32 scalars or arrays."""
+    with np.errstate(over="ignore"):
+        x = np.asarray(x, dtype=_U32)
+        x = x ^ (x >> _U32(16))
+        x = x * _U32(0x7FEB352D)
+        x = x ^ (x >> _U32(15))
+        x = x * _U32(0x846CA68B)
+        return x ^ (x >> _U32(16))
+
+
+def blockquant_key(seed: int, step: int, stream: int) -> np.uint32:
+    """BlockQuantKey: the counter's key of one (seed, step, stream)."""
+    with np.errstate(over="ignore"):
+        inner = blockquant_hash(blockquant_hash(_U32(seed % 2**32)) ^ _U32(step % 2**32))
+        return blockquant_hash(inner + _U32(0x9E3779B9) * _U32(stream))
+
+
+def blockquant_uniform(key, index: np.ndarray) -> np.ndarray:
+    """BlockQuantUniform: u in [0, 1) of each element index (a multiple of 2^-24)."""
+    with np.errstate(over="ignore"):
+        h = blockquant_hash(blockquant_hash(index.astype(_U32) ^ key) + key)
+    return (h >> _U32(8)).astype(np.float32) * np.float32(2.0**-24)
+
+
+def blockquant_quantize(
+    acc: np.ndarray, bits: int, block: int, stochastic: bool = False, key=0, first: int = 0
+) -> np.ndarray:
+    """Decoded BlockQuant encoding of acc (kernels/blockquant.h), float32 operation by
+    operation: scale = absmax / qmax, inv = 1 / scale (both 0 when scale < FLT_MIN),
+    q = rint(acc * inv) or trunc((acc * inv + u) + 256) - 256, clamped; decoded = q * scale."""
+    qmax = np.float32(127 if bits == 8 else 7)
+    out = np.zeros_like(acc, dtype=np.float32)
+    for begin in range(0, acc.size, block):
+        a = acc[begin : begin + block].astype(np.float32)
+        scale = np.float32(np.max(np.abs(a))) / qmax
+        with np.errstate(divide="ignore"):
+            inv = np.float32(1.0) / scale
+        if not scale >= np.finfo(np.float32).tiny:
+            scale = inv = np.float32(0.0)
+        t = a * inv
+        if stochastic:
+            index = np.arange(first + begin, first + begin + a.size)
+            # floor(t + u) the kernels' way: trunc((t + u) + 256) - 256 in float32.
+            shifted = (t + blockquant_uniform(key, index)) + np.float32(256.0)
+            q = np.trunc(shifted) - np.float32(256.0)
+        else:
+            q = np.rint(t)
+        q = np.clip(q, -qmax, qmax).astype(np.float32)
+        out[begin : begin + block] = q * scale
+    return out
+
+
+def quantizer(c, step: int = 0) -> tuple:
+    """(decode function acc -> decoded, slice unit) of a jaxcomm quantizer spec.
+
+    The function also takes ``stream`` and ``first`` (the quantized allreduce's rank or sum
+    stream, and the slice's first index), which only BlockQuant's stochastic rounding reads.
+    """
     name = type(c).__name__
+    if name == "BlockQuant":
+        stochastic = c.rounding == "stochastic"
+
+        def block_quantize(a, stream=0, first=0):
+            key = blockquant_key(c.seed, step, stream)
+            return blockquant_quantize(a, c.bits, c.block, stochastic, key, first)
+
+        return block_quantize, c.block
     if name == "OneBit":
         assert c.sample_size == 0
-        return (lambda a: onebit_quantize(a, c.column_size)), c.column_size
+        return (lambda a, stream=0, first=0: onebit_quantize(a, c.column_size)), c.column_size
     if name == "Threshold":
-        return (lambda a: threshold_quantize(a, c.tau, c.max_density)), 1
+        return (lambda a, stream=0, first=0: threshold_quantize(a, c.tau, c.max_density)), 1
     assert name == "Adaptive" and c.sample_size == 0
-    return (lambda a: adaptive_quantize(a, c.proportion, c.column_size)), c.column_size
+    return (
+        lambda a, stream=0, first=0: adaptive_quantize(a, c.proportion, c.column_size)
+    ), c.column_size
 
 
 def slice_range(n: int, parts: int, s: int, unit: int) -> tuple[int, int]:
@@ -164,19 +234,20 @@ def slice_range(n: int, parts: int, s: int, unit: int) -> tuple[int, int]:
     return min(n, unit_begin(s) * unit), min(n, unit_begin(s + 1) * unit)
 
 
-def quantized_allreduce(xs: list[np.ndarray], residuals: list[np.ndarray] | None, c):
-    """The whole quantized allreduce over P ranks.
+def quantized_allreduce(xs: list[np.ndarray], residuals: list[np.ndarray] | None, c, step: int = 0):
+    """The whole quantized allreduce over P ranks (``step``: BlockQuant's stochastic rounding;
+    rank q quantizes with stream q, the owners' sums with stream P).
 
     Returns (result, residuals_out, info): info["decoded"][q] is rank q's quantized acc
     (every slice decoded in place) and info["sums"][s] the owner's float sum of slice s before
     requantization, so callers can model the bytes each message carries.
     """
-    quantize, unit = quantizer(c)
+    quantize, unit = quantizer(c, step)
     parts = len(xs)
     n = xs[0].size
     accs = [x + r for x, r in zip(xs, residuals, strict=True)] if residuals else list(xs)
     accs = [a.astype(np.float32) for a in accs]
-    decoded = [quantize_slices(a, parts, unit, quantize) for a in accs]
+    decoded = [quantize_slices(a, parts, unit, quantize, q) for q, a in enumerate(accs)]
     res_out = [a - d for a, d in zip(accs, decoded, strict=True)]
     result = np.zeros(n, np.float32)
     sums = []
@@ -187,19 +258,21 @@ def quantized_allreduce(xs: list[np.ndarray], residuals: list[np.ndarray] | None
             total += decoded[q][b:e]
         sums.append(total)
         if e > b:
-            requantized = quantize(total)
+            requantized = quantize(total, parts, b)
             result[b:e] = requantized
             res_out[s][b:e] += total - requantized
     return result, res_out, {"decoded": decoded, "sums": sums}
 
 
-def quantize_slices(acc: np.ndarray, parts: int, unit: int, quantize) -> np.ndarray:
+def quantize_slices(
+    acc: np.ndarray, parts: int, unit: int, quantize, stream: int = 0
+) -> np.ndarray:
     """Each slice of acc quantized as a vector of its own, decoded back into place."""
     out = np.zeros_like(acc)
     for s in range(parts):
         b, e = slice_range(acc.size, parts, s, unit)
         if e > b:
-            out[b:e] = quantize(acc[b:e])
+            out[b:e] = quantize(acc[b:e], stream, b)
     return out
 
 
@@ -211,7 +284,7 @@ def even_range(n: int, parts: int, c: int) -> tuple[int, int]:
 
 
 def hierarchical_quantized(
-    xs, residuals, c, nodes: int, local: int, scheme: str, owner_shift: int = 1
+    xs, residuals, c, nodes: int, local: int, scheme: str, owner_shift: int = 1, step: int = 0
 ):
     """Hierarchical quantized allreduce of ranks ordered (node, local) row-major: dense sum
     inside each node, quantized allreduce across nodes of the chunk (multi_leader: local rank
@@ -231,7 +304,7 @@ def hierarchical_quantized(
     for lr, b, e in owners:
         if e == b:
             continue
-        part, part_res, _ = quantized_allreduce([s[b:e] for s in node_sums], None, c)
+        part, part_res, _ = quantized_allreduce([s[b:e] for s in node_sums], None, c, step)
         result[b:e] = part
         for j in range(nodes):
             res_out[j * local + lr][b:e] = part_res[j]

@@ -29,6 +29,7 @@ def test_names_are_the_ones_recipes_benchmarks_and_cost_use():
         "topk_allgather",
         "gtopk",
         "adaptive",
+        "blockquant",
         "onebit",
         "threshold",
     )

@@ -26,6 +26,8 @@ EXPECTED_TARGETS = {
     "jaxcomm_threshold_decompress",
     "jaxcomm_adaptive_compress",
     "jaxcomm_adaptive_decompress",
+    "jaxcomm_blockquant_compress",
+    "jaxcomm_blockquant_decompress",
     "jaxcomm_sparse_merge",
     "jaxcomm_allreduce",
     "jaxcomm_allreduce_bf16",
@@ -35,6 +37,8 @@ EXPECTED_TARGETS = {
     "jaxcomm_quantized_allreduce",
     "jaxcomm_hierarchical_allreduce",
     "jaxcomm_hierarchical_quantized",
+    "jaxcomm_blockquant_allreduce",
+    "jaxcomm_hierarchical_blockquant",
     "jaxcomm_collective_done",
     "jaxcomm_mark",
 }

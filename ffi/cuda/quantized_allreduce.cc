@@ -81,6 +81,8 @@ size_t QuantizeScratchBytes(const QuantizerSpec& spec, int64_t n) {
     case QuantizerKind::kAdaptive:
       return kc::AdaptiveCompressScratchBytes(n, spec.column_size, spec.proportion,
                                               spec.sample_size);
+    case QuantizerKind::kBlockQuant:
+      return 0;
   }
   return 0;
 }
@@ -94,6 +96,8 @@ size_t DecodeScratchBytes(const QuantizerSpec& spec) {
       return kc::ThresholdDecompressScratchBytes();
     case QuantizerKind::kAdaptive:
       return kc::AdaptiveDecompressScratchBytes();
+    case QuantizerKind::kBlockQuant:
+      return kc::BlockQuantDecompressScratchBytes();
   }
   return 0;
 }
@@ -108,6 +112,11 @@ cudaError_t QuantizeSliceGpu(const QuantizerSpec& spec, const float* x, const fl
                              int64_t n, uint32_t* packed, float* residual_out, void* scratch,
                              cudaStream_t stream) {
   if (n == 0) return kc::WriteWord(packed, 1u, stream);
+  if (spec.kind == QuantizerKind::kBlockQuant) {  // takes a null residual_in (acc = x) itself
+    return kc::BlockQuantCompress(x, residual_in, n, spec.column_size, spec.bits, spec.stochastic,
+                                  spec.seed, spec.step, spec.device_step, spec.stream,
+                                  spec.first_index, packed, residual_out, stream);
+  }
   if (residual_in == nullptr && spec.kind != QuantizerKind::kAdaptive) {
     if (cudaError_t e = cudaMemsetAsync(residual_out, 0, sizeof(float) * n, stream);
         e != cudaSuccess) {
@@ -127,6 +136,8 @@ cudaError_t QuantizeSliceGpu(const QuantizerSpec& spec, const float* x, const fl
     case QuantizerKind::kAdaptive:
       return kc::AdaptiveCompress(x, residual_in, n, spec.column_size, spec.proportion,
                                   spec.sample_size, packed, residual_out, scratch, stream);
+    case QuantizerKind::kBlockQuant:
+      break;  // above
   }
   return cudaErrorInvalidValue;
 }
@@ -146,6 +157,9 @@ cudaError_t DequantizeAccumulateGpu(const QuantizerSpec& spec, const uint32_t* p
     case QuantizerKind::kAdaptive:
       return kc::AdaptiveDecompress(packed, words, n, spec.column_size, spec.proportion, out,
                                     /*accumulate=*/true, scratch, stream);
+    case QuantizerKind::kBlockQuant:
+      return kc::BlockQuantDecompress(packed, words, n, spec.column_size, spec.bits, out,
+                                      /*accumulate=*/true, scratch, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -209,13 +223,17 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   JAXCOMM_RETURN_IF_ERROR(Allocate(alloc, name, std::max<int64_t>(m, 1), &error));
   JAXCOMM_RETURN_IF_ERROR(AllocateScratch(alloc, name, work_bytes, &work));
 
-  // 2. Quantize every slice with error feedback.
+  // 2. Quantize every slice with error feedback (a counter-based stochastic rounding draws
+  // from this rank's stream at the slice's element indices, as on the CPU).
+  QuantizerSpec slice_spec = spec;
+  slice_spec.stream = static_cast<uint32_t>(rank);
   for (int q = 0; q < parts; ++q) {
     const int64_t b = layout.Begin(q);
+    slice_spec.first_index = b;
     JAXCOMM_RETURN_IF_ERROR(CheckCuda(
         name,
-        QuantizeSliceGpu(spec, x + b, residual_in ? residual_in + b : nullptr, layout.Length(q),
-                         mine + offsets[q], residual_out + b, work, stream),
+        QuantizeSliceGpu(slice_spec, x + b, residual_in ? residual_in + b : nullptr,
+                         layout.Length(q), mine + offsets[q], residual_out + b, work, stream),
         "quantizing a slice"));
   }
 
@@ -250,8 +268,11 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
                     "decoding a contribution"));
     }
   }
+  slice_spec.stream = static_cast<uint32_t>(parts);  // the owners' sums: stream P
+  slice_spec.first_index = my_begin;
   JAXCOMM_RETURN_IF_ERROR(CheckCuda(
-      name, QuantizeSliceGpu(spec, sum, nullptr, m, gathered + offsets[rank], error, work, stream),
+      name,
+      QuantizeSliceGpu(slice_spec, sum, nullptr, m, gathered + offsets[rank], error, work, stream),
       "requantizing the sum"));
   JAXCOMM_RETURN_IF_ERROR(
       CheckCuda(name, kc::AddInto(residual_out + my_begin, error, m, stream), "residual update"));
@@ -289,29 +310,60 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   return ffi::Error::Success();
 }
 
-ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
-                                  const Caller& caller, const QuantizerAttrs& quantizer,
-                                  ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
-                                  ffi::ResultBuffer<ffi::F32> summed,
-                                  ffi::ResultBuffer<ffi::F32> new_residual) {
+// The flat quantized allreduce of one call; `step` is the step operand in device memory (null
+// without one). Without error feedback the residual is neither read nor kept.
+ffi::Error RunQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                            const Caller& caller, const QuantizerAttrs& quantizer,
+                            const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::F32>& residual,
+                            const int32_t* step, ffi::ResultBuffer<ffi::F32> summed,
+                            ffi::ResultBuffer<ffi::F32> new_residual) {
   quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed,
                                                         new_residual, quantizer, &call));
+  call.spec.device_step = step;
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
   JAXCOMM_RETURN_IF_ERROR(BeginGpuCall(kQuantizedOp, stream, caller, &site, &group));
   if (call.n > 0) {
+    const bool feedback = call.spec.error_feedback;
+    float* residual_out = new_residual->typed_data();
     JAXCOMM_RETURN_IF_ERROR(QuantizedAllreduceGpu(
-        *group, scratch, stream, call.spec, x.typed_data(), residual.typed_data(), call.n,
-        summed->typed_data(), new_residual->typed_data()));
+        *group, scratch, stream, call.spec, x.typed_data(),
+        feedback ? residual.typed_data() : nullptr, call.n, summed->typed_data(), residual_out));
+    if (!feedback) {
+      JAXCOMM_RETURN_IF_ERROR(
+          CheckCuda(kQuantizedOp, cudaMemsetAsync(residual_out, 0, sizeof(float) * call.n, stream),
+                    "zeroing the residual"));
+    }
   }
   JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
   group->Finish(quantized::KindLabel(call.spec.kind), call.n);
   return ffi::Error::Success();
 }
 
+ffi::Error QuantizedAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                  const Caller& caller, const QuantizerAttrs& quantizer,
+                                  ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                                  ffi::ResultBuffer<ffi::F32> summed,
+                                  ffi::ResultBuffer<ffi::F32> new_residual) {
+  return RunQuantizedCuda(stream, scratch, caller, quantizer, x, residual, nullptr, summed,
+                          new_residual);
+}
+
 JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_quantized_allreduce", QuantizedAllreduceCuda,
                               quantized::BindQuantizedData);
+
+ffi::Error BlockQuantAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                   const Caller& caller, const QuantizerAttrs& quantizer,
+                                   ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual,
+                                   ffi::BufferR0<ffi::S32> step, ffi::ResultBuffer<ffi::F32> summed,
+                                   ffi::ResultBuffer<ffi::F32> new_residual) {
+  return RunQuantizedCuda(stream, scratch, caller, quantizer, x, residual, step.typed_data(),
+                          summed, new_residual);
+}
+
+JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_blockquant_allreduce", BlockQuantAllreduceCuda,
+                              quantized::BindSteppedQuantizedData);
 
 // ---- hierarchical ------------------------------------------------------------------------
 
@@ -519,17 +571,20 @@ ffi::Error HierarchicalDenseCuda(cudaStream_t stream, ffi::ScratchAllocator& scr
 JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_hierarchical_allreduce", HierarchicalDenseCuda,
                               quantized::BindHierarchicalDenseData);
 
-ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
-                                     const Caller& caller, const HierarchyAttrs& hierarchy,
-                                     const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
-                                     ffi::Buffer<ffi::F32> residual,
-                                     ffi::ResultBuffer<ffi::F32> summed,
-                                     ffi::ResultBuffer<ffi::F32> new_residual) {
+// The hierarchical quantized allreduce of one call (`step` as for RunQuantizedCuda).
+ffi::Error RunHierarchicalCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                               const Caller& caller, const HierarchyAttrs& hierarchy,
+                               const QuantizerAttrs& quantizer, const ffi::Buffer<ffi::F32>& x,
+                               const ffi::Buffer<ffi::F32>& residual, const int32_t* step,
+                               ffi::ResultBuffer<ffi::F32> summed,
+                               ffi::ResultBuffer<ffi::F32> new_residual) {
   const int64_t leaders = hierarchy.leaders;
   const char* op = kHierarchicalQuantizedOp;
   quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(
       quantized::CheckQuantizedCall(op, x, residual, summed, new_residual, quantizer, &call));
+  call.spec.device_step = step;
+  const bool feedback = call.spec.error_feedback;
   GpuSite site;
   JAXCOMM_RETURN_IF_ERROR(ResolveGpuSite(op, stream, caller, &site));
   Hierarchy h;
@@ -538,23 +593,55 @@ ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator&
     float* out = summed->typed_data();
     float* residual_out = new_residual->typed_data();
     // acc = x + residual before the residual is cleared (residual may alias new_residual).
-    JAXCOMM_RETURN_IF_ERROR(
-        CheckCuda(op, kc::AddVectors(x.typed_data(), residual.typed_data(), call.n, out, stream),
-                  "x + residual"));
+    if (feedback) {
+      JAXCOMM_RETURN_IF_ERROR(
+          CheckCuda(op, kc::AddVectors(x.typed_data(), residual.typed_data(), call.n, out, stream),
+                    "x + residual"));
+    } else {
+      JAXCOMM_RETURN_IF_ERROR(CopyFloats(op, out, x.typed_data(), call.n, stream));
+    }
     // Only the part this rank quantizes gets an error; the dense phases lose nothing.
     JAXCOMM_RETURN_IF_ERROR(
         CheckCuda(op, cudaMemsetAsync(residual_out, 0, sizeof(float) * call.n, stream),
                   "zeroing the residual"));
     JAXCOMM_RETURN_IF_ERROR(
         HierarchicalGpu(h, scratch, stream, &call.spec, leaders, out, call.n, residual_out));
+    if (!feedback) {
+      JAXCOMM_RETURN_IF_ERROR(
+          CheckCuda(op, cudaMemsetAsync(residual_out, 0, sizeof(float) * call.n, stream),
+                    "zeroing the residual"));
+    }
   }
   const std::string label = std::string("hierarchical_") + quantized::KindLabel(call.spec.kind) +
                             (leaders > 1 ? "" : "_leader");
   return FinishHierarchy(h, stream, label, call.n);
 }
 
+ffi::Error HierarchicalQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                     const Caller& caller, const HierarchyAttrs& hierarchy,
+                                     const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
+                                     ffi::Buffer<ffi::F32> residual,
+                                     ffi::ResultBuffer<ffi::F32> summed,
+                                     ffi::ResultBuffer<ffi::F32> new_residual) {
+  return RunHierarchicalCuda(stream, scratch, caller, hierarchy, quantizer, x, residual, nullptr,
+                             summed, new_residual);
+}
+
 JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_hierarchical_quantized", HierarchicalQuantizedCuda,
                               quantized::BindHierarchicalQuantizedData);
+
+ffi::Error HierarchicalBlockQuantCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
+                                      const Caller& caller, const HierarchyAttrs& hierarchy,
+                                      const QuantizerAttrs& quantizer, ffi::Buffer<ffi::F32> x,
+                                      ffi::Buffer<ffi::F32> residual, ffi::BufferR0<ffi::S32> step,
+                                      ffi::ResultBuffer<ffi::F32> summed,
+                                      ffi::ResultBuffer<ffi::F32> new_residual) {
+  return RunHierarchicalCuda(stream, scratch, caller, hierarchy, quantizer, x, residual,
+                             step.typed_data(), summed, new_residual);
+}
+
+JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_hierarchical_blockquant", HierarchicalBlockQuantCuda,
+                              quantized::BindSteppedHierarchicalData);
 
 }  // namespace
 }  // namespace jaxcomm::collectives::gpu

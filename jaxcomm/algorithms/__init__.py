@@ -1,7 +1,7 @@
 """The algorithm registry: one module per allreduce algorithm, and the lookups everything reads.
 
 Each public module here (``dense``, ``gtopk``, ``topk_allgather``, ``onebit``, ``threshold``,
-``adaptive``, ``psum``) defines ``ALGORITHM``, an :class:`Algorithm` record holding its spec
+``adaptive``, ``blockquant``, ``psum``) defines ``ALGORITHM``, an :class:`Algorithm` record holding its spec
 (the user-facing class, e.g. ``jaxcomm.GTopK``), its XLA FFI target names, its FFI attribute
 builder, its byte ledger and time model (which :mod:`jaxcomm.cost` sums up), its name in
 recipes, benchmarks and metrics, and whether ``algorithm="auto"`` may choose it. The
@@ -19,7 +19,7 @@ algorithm's FFI attribute builder imports NumPy when it is called.
 Example:
   >>> from jaxcomm import algorithms
   >>> algorithms.names()
-  ('psum', 'dense', 'topk_allgather', 'gtopk', 'adaptive', 'onebit', 'threshold')
+  ('psum', 'dense', 'topk_allgather', 'gtopk', 'adaptive', 'blockquant', 'onebit', 'threshold')
   >>> algorithms.get("gtopk").targets["flat"]
   'jaxcomm_gtopk'
 """
@@ -113,7 +113,7 @@ def planned() -> tuple[str, ...]:
 
     Example:
       >>> planned()[-3:]
-      ('hier_dense', 'hier_dense_leader', 'hier_adaptive')
+      ('hier_dense_leader', 'hier_adaptive', 'hier_blockquant')
     """
     return tuple(a.name for a in _REGISTRY.values() if a.planned)
 
@@ -184,11 +184,12 @@ def default_allowed() -> tuple[str, ...]:
 
 
 def quantizers() -> tuple[Algorithm, ...]:
-    """The quantizers of the quantized allreduce (``onebit``, ``threshold``, ``adaptive``).
+    """The quantizers of the quantized allreduce (``onebit``, ``threshold``, ``adaptive``,
+    ``blockquant``).
 
     Example:
       >>> sorted(q.name for q in quantizers())
-      ['adaptive', 'onebit', 'threshold']
+      ['adaptive', 'blockquant', 'onebit', 'threshold']
     """
     flat = (a for a in _REGISTRY.values() if a.in_recipes)
     return tuple(sorted((a for a in flat if a.quantizer_kind is not None), key=_kind))

@@ -107,6 +107,8 @@ class Algorithm:
       hierarchical_planned: the hierarchical schemes (``"multi_leader"``, ``"leader"``)
         ``jaxcomm plan`` and the benchmarks list by default.
       residual: it keeps an error-feedback residual.
+      stepped: its collective takes the training step as an operand (a counter-based
+        stochastic rounding: ``jaxcomm.compressed_allreduce(..., step=)``).
       uses_density: it is configured by a density (the sparse ones; warm-up schedules apply).
       quantizer_kind: kernels/quantized_slices.h ``QuantizerKind`` of a quantizer, else None.
       kernels: its own local kernels: name -> default seconds per element (the gamma of
@@ -140,6 +142,7 @@ class Algorithm:
     inter_time: InterTimeFn | None = None
     hierarchical_planned: tuple[str, ...] = ()
     residual: bool = False
+    stepped: bool = False
     uses_density: bool = False
     quantizer_kind: int | None = None
     kernels: Mapping[str, float] = dataclasses.field(default_factory=dict)

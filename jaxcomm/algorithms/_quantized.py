@@ -1,4 +1,4 @@
-"""The quantized allreduce that one-bit, threshold and adaptive quantization share.
+"""The quantized allreduce that one-bit, threshold, adaptive and block quantization share.
 
 C++: ffi/quantized_allreduce.cc (flat and hierarchical; CUDA in ffi/cuda/
 quantized_allreduce.cc), kernels/quantized_slices.h. Dryden et al. (2016, §3.4): the vector is
@@ -131,6 +131,7 @@ class Schedule:
             "residual": True,
             "attributes": lambda spec, n: quantizer_attributes(spec, fields["quantizer_kind"]),
         }
+        # A quantizer may bring its own targets (BlockQuant's take a step operand).
         return Algorithm(**{**shared, **fields})
 
 
@@ -140,7 +141,9 @@ def quantizer_attributes(spec: Any, kind: int) -> dict[str, Any]:
     One dictionary, decoded once into the handlers' ``QuantizerAttrs``
     (ffi/quantized_common.h), as kernels/quantized_slices.h ``QuantizerSpec`` holds it. A spec
     gives the fields it has (``column_size``, ``sample_size``, ``proportion``, ``tau``,
-    ``max_density``); the others take the neutral values the kernels ignore.
+    ``max_density``; ``bits``, ``block`` (as the column size), ``rounding``,
+    ``error_feedback`` and ``seed`` of ``BlockQuant``); the others take the neutral values the
+    kernels ignore.
 
     Args:
       spec: the quantizer.
@@ -161,10 +164,14 @@ def quantizer_attributes(spec: Any, kind: int) -> dict[str, Any]:
     return {
         "quantizer": _jax_compat.dict_attribute(
             kind=np.int64(kind),
-            column_size=np.int64(getattr(spec, "column_size", 1024)),
+            column_size=np.int64(getattr(spec, "column_size", getattr(spec, "block", 1024))),
             sample_size=np.int64(getattr(spec, "sample_size", 0)),
             proportion=np.float64(getattr(spec, "proportion", 1.0)),
             tau=np.float32(getattr(spec, "tau", 1.0)),
             max_density=np.float64(getattr(spec, "max_density", 1.0)),
+            bits=np.int64(getattr(spec, "bits", 8)),
+            stochastic=np.bool_(getattr(spec, "rounding", "nearest") == "stochastic"),
+            error_feedback=np.bool_(getattr(spec, "error_feedback", True)),
+            seed=np.int64(getattr(spec, "seed", 0)),
         )
     }

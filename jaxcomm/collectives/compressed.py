@@ -1,5 +1,6 @@
 """Compressed allreduce with error feedback (C++ in ffi/): TopK-allgather and gTop-k, and the
-quantized allreduce of one-bit, threshold and adaptive quantization (flat or hierarchical)."""
+quantized allreduce of one-bit, threshold, adaptive and block quantization (flat or
+hierarchical)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,18 @@ import numpy as np
 from jaxcomm import _validate, algorithms
 from jaxcomm.collectives import _attributes, _mesh
 from jaxcomm.collectives._call import collective_call
-from jaxcomm.compressors import Adaptive, GTopK, OneBit, Threshold, TopKAllgather
+from jaxcomm.compressors import Adaptive, BlockQuant, GTopK, OneBit, Threshold, TopKAllgather
 
 
 def compressed_allreduce(
     x: jax.Array,
     residual: jax.Array,
     axis_name: str | Sequence[str],
-    algorithm: TopKAllgather | GTopK | OneBit | Threshold | Adaptive,
+    algorithm: TopKAllgather | GTopK | OneBit | Threshold | Adaptive | BlockQuant,
     hierarchical: bool = False,
     hierarchical_scheme: str = "multi_leader",
     after: Any = None,
+    step: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Compressed allreduce of ``x + residual`` with error feedback.
 
@@ -42,6 +44,11 @@ def compressed_allreduce(
     ``axis_name=(node_axis, local_axis)`` the sum is reduced densely inside each node, only the
     inter-node allreduce is quantized, and the result is shared inside the node.
 
+    ``BlockQuant(bits, block)`` runs the same quantized allreduce with int8 or int4 codes and
+    a float32 scale per block; its stochastic rounding draws from ``(seed, step, rank,
+    element index)``, so pass the training step as ``step`` (``jaxcomm.optax`` does). With
+    ``BlockQuant(error_feedback=False)`` the residual is ignored and ``new_residual`` is zero.
+
     bfloat16 / float16 ``x``: encoded from float32 (``x`` is widened exactly), the residual
     stays float32, and ``summed`` comes back in ``x``'s dtype. The rounding of the float32
     sum to 16 bits is error-fed too: every rank adds 1/P of it to its residual, so the
@@ -54,12 +61,15 @@ def compressed_allreduce(
       axis_name: mesh axis name (or tuple) to reduce over, inside ``jax.shard_map``; with
         ``hierarchical=True``: ``(node_axis, local_axis)``.
       algorithm: ``jaxcomm.TopKAllgather(density)``, ``jaxcomm.GTopK(density)``,
-        ``jaxcomm.OneBit()``, ``jaxcomm.Threshold(tau)`` or ``jaxcomm.Adaptive(proportion)``.
+        ``jaxcomm.OneBit()``, ``jaxcomm.Threshold(tau)``, ``jaxcomm.Adaptive(proportion)`` or
+        ``jaxcomm.BlockQuant(bits, block)``.
       hierarchical: two-level allreduce over (node, local) axes (quantizers only).
       hierarchical_scheme: ``"multi_leader"`` (default) or ``"leader"``; see
         :func:`jaxcomm.allreduce`.
       after: arrays (any pytree) to compute while the collective is on the wire; see
         :func:`jaxcomm.allreduce`.
+      step: int32 scalar (or int), the training step of ``BlockQuant``'s stochastic rounding
+        (None: 0); the other algorithms ignore it.
 
     Returns:
       ``(summed, new_residual)``, both with x's shape; ``summed`` in x's dtype,
@@ -84,10 +94,12 @@ def compressed_allreduce(
     dtype = _validate.float_array(x, "x").dtype
     x, residual = _validate.residual_like(x, residual)
     summed, new_residual = _compressed_f32(
-        x, residual, axis_name, algorithm, record, hierarchical, hierarchical_scheme, after
+        x, residual, axis_name, algorithm, record, hierarchical, hierarchical_scheme, after, step
     )
     if dtype == jnp.float32:
         return summed, new_residual
+    if not getattr(algorithm, "error_feedback", True):
+        return summed.astype(dtype), new_residual  # nothing is fed back
     rounded = summed.astype(dtype)
     # Error feedback of the final rounding: the P ranks' residuals together keep what
     # rounding dropped from the (identical) sum.
@@ -105,6 +117,7 @@ def _compressed_f32(
     hierarchical: bool,
     hierarchical_scheme: str,
     after: Any,
+    step: jax.Array | int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The float32 collective call of :func:`compressed_allreduce` (arguments checked)."""
     api = "jaxcomm.compressed_allreduce"
@@ -114,11 +127,14 @@ def _compressed_f32(
         attrs.update(_attributes.hierarchical_attributes(axis_name, hierarchical_scheme, api))
     if x.size == 0:
         return x, residual
+    operands = [x, residual]
+    if record.stepped:  # the step operand of a counter-based stochastic rounding
+        operands.append(_validate.step_operand(step, api))
     summed, new_residual = collective_call(
         target,
         api,
         axis_name,
-        [x, residual],
+        operands,
         [(x.shape, jnp.float32), (x.shape, jnp.float32)],
         # residual -> new_residual, in place when the caller donates it; the handlers read
         # each residual element before writing it (kernels may alias).

@@ -130,6 +130,8 @@ class Options:
       element_bytes: bytes per element of the gradient: 4 (float32) or 2 (bfloat16, float16).
         The dense allreduce carries 16-bit gradients on its 16-bit wire, half the bytes; the
         compressors quantize from float32 whatever the input, so only dense reads it.
+      bits: bits per element of block quantization (``jaxcomm.BlockQuant``): 8 or 4.
+      block: elements per scale of block quantization.
 
     Example:
       >>> Options(density=0.01).k(1000)
@@ -144,6 +146,8 @@ class Options:
     threshold_fraction: float = 0.003
     selection_overlap: float = 0.0
     element_bytes: int = 4
+    bits: int = 8
+    block: int = 256
 
     def __post_init__(self) -> None:
         checks = {
@@ -155,13 +159,16 @@ class Options:
             "threshold_fraction": 0.0 <= self.threshold_fraction <= 1.0,
             "selection_overlap": 0.0 <= self.selection_overlap <= 1.0,
             "element_bytes": self.element_bytes in (2, 4),
+            "bits": self.bits in (4, 8),
+            "block": self.block >= 1,
         }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(
                     f"Options.{name}={getattr(self, name)!r} is out of range "
                     "(density, max_density and the fractions in [0, 1], proportion >= 1, "
-                    "column_size a positive multiple of 32, tau > 0, element_bytes 2 or 4)"
+                    "column_size a positive multiple of 32, tau > 0, element_bytes 2 or 4, "
+                    "bits 8 or 4, block >= 1)"
                 )
 
     def k(self, n: int) -> int:

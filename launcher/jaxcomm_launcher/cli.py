@@ -341,7 +341,7 @@ def _inter_process(recipe: Recipe) -> str:
 
 
 def _options(cost: types.ModuleType, recipe: Recipe) -> Any:
-    # The allreduce job reads density/proportion/tau from args (density default 0.001); the
+    # The allreduce job reads density/proportion/tau/bits/block from args (density default 0.001); the
     # training jobs read density from the jaxcomm settings.
     args = recipe.args
     density = args.get("density", 0.001) if recipe.job == "allreduce" else recipe.jaxcomm.density
@@ -349,6 +349,9 @@ def _options(cost: types.ModuleType, recipe: Recipe) -> Any:
     for name in ("proportion", "tau"):
         if name in args:
             fields[name] = float(args[name])
+    for name in ("bits", "block"):  # block quantization (jaxcomm.BlockQuant)
+        if name in args:
+            fields[name] = int(args[name])
     return cost.Options(**fields)
 
 

@@ -8,6 +8,9 @@ warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
 * ``topk_allgather``  — ``jaxcomm.compressed_allreduce`` with ``TopKAllgather(density)``
 * ``gtopk``           — ``jaxcomm.compressed_allreduce`` with ``GTopK(density)``
 * ``adaptive``/``onebit``/``threshold`` — quantized allreduce
+* ``<name>:<key>=<value>,...`` (a variant row): ``bits``/``block`` configure the
+  algorithm (``blockquant:bits=4``), ``dtype=bfloat16`` sends ``psum``/``dense`` in 16 bits
+  (``dense:dtype=bfloat16``: jaxcomm's 16-bit wire)
 * ``auto`` (only when listed) — what ``algorithm="auto"`` picks for the size from the cost
   model (``jaxcomm.cost``; ``args.allowed``, ``args.profile``), printed by rank 0
 * ``hier_dense``/``hier_dense_leader``/``hier_adaptive`` — hierarchical allreduce over a
@@ -54,17 +57,55 @@ KNOWN = [a.name for a in registry.registered()]
 HIERARCHICAL = ("node", "local")
 # Accepted in args.algorithms but not run by default: the cost model's choice per size.
 AUTO = registry.AUTO
+# What a variant row may set (``blockquant:bits=4``, ``dense:dtype=bfloat16``).
+VARIANT_KEYS = {"bits": int, "block": int, "dtype": str}
 
 
-def _step(algorithm: str, args: dict) -> Callable:
-    """The per-device function of `algorithm`."""
+def parse_variant(entry: str) -> tuple[str, dict]:
+    """``"name:key=value,..."`` -> (registered name, settings); a plain name has none.
+
+    Raises:
+        ValueError: an unknown name, key or dtype (the message lists the allowed ones).
+
+    Example:
+        >>> parse_variant("blockquant:bits=4,block=128")
+        ('blockquant', {'bits': 4, 'block': 128})
+    """
+    name, _, rest = entry.partition(":")
+    if name not in KNOWN and name != AUTO:
+        raise ValueError(f"args.algorithms: unknown {name!r}; allowed: {[*KNOWN, AUTO]}")
+    settings: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key not in VARIANT_KEYS or not value:
+            raise ValueError(
+                f"args.algorithms: {entry!r}: settings are key=value with keys "
+                f"{sorted(VARIANT_KEYS)}, e.g. 'blockquant:bits=4'"
+            )
+        settings[key] = VARIANT_KEYS[key](value)
+    if settings.get("dtype", "bfloat16") != "bfloat16" or (
+        "dtype" in settings and name not in ("psum", "dense")
+    ):
+        raise ValueError(f"args.algorithms: {entry!r}: only psum and dense take dtype=bfloat16")
+    return name, settings
+
+
+def _step(entry: str, args: dict) -> Callable:
+    """The per-device function of `entry` (a name or a variant, :func:`parse_variant`)."""
     import jaxcomm
 
+    algorithm, settings = parse_variant(entry)
+    args = {**args, **settings}
     options = cost.Options(
         density=float(args.get("density", 0.001)),
         proportion=float(args.get("proportion", 64)),
         tau=float(args.get("tau", 3.0)),
+        bits=int(args.get("bits", 8)),
+        block=int(args.get("block", 256)),
     )
+    if "dtype" in settings:  # the 16-bit wire: cast in, sum, widen back
+        base = _step(algorithm, args)
+        return lambda v, r: (base(v.astype(jax.numpy.bfloat16), r)[0].astype(v.dtype), r)
     if algorithm == AUTO:
         auto = cost.Auto(
             allowed=tuple(args.get("allowed", cost.DEFAULT_ALLOWED)),
@@ -132,9 +173,7 @@ def run(ctx: JobContext) -> None:
     if chain < 1:
         raise ValueError(f"args.chain must be an integer >= 1, got {chain}")
     algorithms = list(ctx.args.get("algorithms", ALL_ALGORITHMS))
-    unknown = sorted(set(algorithms) - set(KNOWN) - {AUTO})
-    if unknown:
-        raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {[*KNOWN, AUTO]}")
+    variants = {entry: parse_variant(entry) for entry in algorithms}  # raises on bad ones
     flat_mesh = data_parallel_mesh()
     # Nodes x local ranks: jax.devices() lists each process's devices together, in order.
     node_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), -1), HIERARCHICAL)
@@ -143,7 +182,8 @@ def run(ctx: JobContext) -> None:
         rng = np.random.default_rng(ctx.rank)
         local = rng.standard_normal((ctx.devices_per_process, size)).astype(np.float32)
         for algorithm in algorithms:
-            hierarchical = algorithm != AUTO and registry.get(algorithm).hierarchy is not None
+            name, settings = variants[algorithm]
+            hierarchical = name != AUTO and registry.get(name).hierarchy is not None
             if hierarchical:
                 mesh, spec = node_mesh, P(HIERARCHICAL)
                 sharding = NamedSharding(mesh, spec)
@@ -154,7 +194,7 @@ def run(ctx: JobContext) -> None:
                 x = shard_batch(local, mesh)
                 zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
             fn = _chained(_step(algorithm, ctx.args), chain, mesh.size)
-            if algorithm != AUTO and not registry.get(algorithm).residual:
+            if name != AUTO and not registry.get(name).residual:
                 # Nothing to carry: passing a donated residual through unchanged made XLA
                 # alias it to the sum and copy both (2 x 100 MB per call at 25M floats).
                 dense = jax.jit(
@@ -169,7 +209,7 @@ def run(ctx: JobContext) -> None:
                     donate_argnums=1,
                 )
             _, residual = jax.block_until_ready(compiled(x, zeros))  # compile + warm up
-            if algorithm == AUTO and ctx.is_main:
+            if name == AUTO and ctx.is_main:
                 from jaxcomm import cost
 
                 ctx.print(
@@ -182,8 +222,9 @@ def run(ctx: JobContext) -> None:
                 _, residual = jax.block_until_ready(compiled(x, residual))
                 dt = (time.perf_counter() - t0) / chain
                 times.append(dt)
-                if algorithm == "psum":
-                    sent = received = ring_allreduce_bytes(size * 4, mesh.size)
+                if name == "psum":
+                    element_bytes = 2 if "dtype" in settings else 4
+                    sent = received = ring_allreduce_bytes(size * element_bytes, mesh.size)
                 else:
                     totals = jaxcomm.metrics()["totals"]
                     ranks = max(1, len({t["world_rank"] for t in totals}))
