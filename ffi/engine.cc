@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 namespace jaxcomm::collectives {
@@ -279,10 +280,8 @@ ffi::Error RedeemHandle(int32_t handle, int64_t device_id, std::shared_ptr<Compl
               " was waited already (each handle is waited once), or it comes from another process "
               "(a checkpoint saved while its collective was in flight)");
     }
-    return ffi::Error::InvalidArgument(
-        "jaxcomm.wait: handle " + std::to_string(handle) +
-        " was never started in this process (a handle restored from a checkpoint saved while "
-        "its collective was in flight, or not a handle at all)");
+    return ffi::Error::InvalidArgument("jaxcomm.wait: handle " + std::to_string(handle) +
+                                       " was never started (not a handle)");
   }
   if (it->second.device_id != device_id) {
     return ffi::Error::InvalidArgument(
@@ -295,6 +294,15 @@ ffi::Error RedeemHandle(int32_t handle, int64_t device_id, std::shared_ptr<Compl
   State().open_by_stream.erase({it->second.device_id, it->second.stream});
   State().handles.erase(it);
   return ffi::Error::Success();
+}
+
+int32_t ProcessEpoch() {
+  static const int32_t epoch = [] {
+    std::random_device device;
+    std::uniform_int_distribution<int32_t> draw(1, std::numeric_limits<int32_t>::max());
+    return draw(device);
+  }();
+  return epoch;
 }
 
 std::vector<std::string> OpenHandles() {

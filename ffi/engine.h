@@ -138,6 +138,11 @@ ffi::Error IssueHandle(int64_t device_id, int64_t stream, std::shared_ptr<Comple
 ffi::Error RedeemHandle(int32_t handle, int64_t device_id, std::shared_ptr<Completion>* completion,
                         std::shared_ptr<Staging>* staging);
 
+// A random nonzero number drawn once per process. A program keeps it beside each handle, so a
+// handle restored from a checkpoint of another process is told apart from a live handle
+// that happens to have the same number.
+int32_t ProcessEpoch();
+
 // One line per handle issued and not yet waited ("handle 3 (device 0, stream 1)").
 std::vector<std::string> OpenHandles();
 

@@ -1,7 +1,8 @@
 // jaxcomm_handle_wait: the end of a detached collective (ffi/engine.h, Handles), in the same or
 // a later jitted call than its start.
 //
-// Operand: the handle (the start's token result, carried by the program). Results: the start's
+// Operand: the handle, two int32: this process's epoch (ProcessEpoch) and the start's token
+// result, both carried by the program. Results: the start's
 // data results (same sizes, in order), filled from the collective's staging memory once the
 // engine has finished it. The copy runs as a task on the device's engine, queued behind the
 // collective (each engine is first-in first-out), so the XLA thread never blocks; a stopped
@@ -31,10 +32,17 @@ struct WaitResult {
 
 ffi::Future HandleWaitImpl(int32_t device_id, ffi::Buffer<ffi::S32> handle,
                            ffi::RemainingRets rets) {
-  if (handle.element_count() != 1) {
+  if (handle.element_count() != 2) {
     return CompletedFuture(ffi::Error::InvalidArgument(
-        std::string(kWaitOp) + ": the handle must hold one int32 (one per rank), got " +
+        std::string(kWaitOp) + ": a handle is two int32 per rank (process epoch, number), got " +
         std::to_string(handle.element_count())));
+  }
+  if (handle.typed_data()[0] != ProcessEpoch()) {
+    return CompletedFuture(ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        std::string(kWaitOp) + ": handle " + std::to_string(handle.typed_data()[1]) +
+            " was started by another process (restored from a checkpoint saved while its "
+            "collective was in flight?): start it again in this process (DiLoCo.restart)"));
   }
   std::vector<WaitResult> results;
   for (size_t i = 0; i < rets.size(); ++i) {
@@ -45,7 +53,7 @@ ffi::Future HandleWaitImpl(int32_t device_id, ffi::Buffer<ffi::S32> handle,
   std::shared_ptr<Completion> completion;
   std::shared_ptr<Staging> staging;
   const ffi::Error redeemed =
-      RedeemHandle(handle.typed_data()[0], device_id, &completion, &staging);
+      RedeemHandle(handle.typed_data()[1], device_id, &completion, &staging);
   if (!redeemed.success()) return CompletedFuture(redeemed);
   if (staging->outputs.size() != results.size()) {
     return CompletedFuture(ffi::Error::InvalidArgument(
@@ -91,8 +99,11 @@ JAXCOMM_C_API int64_t jaxcomm_open_handles(char* buffer, int64_t capacity) {
   return static_cast<int64_t>(text.size());
 }
 
+// This process's epoch (the first int32 of every handle it issues).
+JAXCOMM_C_API int32_t jaxcomm_process_epoch() { return jaxcomm::collectives::ProcessEpoch(); }
+
 JAXCOMM_DEFINE_HANDLER("jaxcomm_handle_wait", jaxcomm::collectives::HandleWaitImpl,
                        xla::ffi::Ffi::Bind()
                            .Ctx<xla::ffi::DeviceOrdinal>()  // the device the handle must be on
-                           .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // handle (one int32)
+                           .Arg<xla::ffi::Buffer<xla::ffi::S32>>()  // handle: epoch, number
                            .RemainingRets());  // the start's data results, in order

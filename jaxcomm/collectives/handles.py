@@ -45,9 +45,10 @@ class Pending:
     """A started, not yet awaited detached allreduce (a pytree: carry it across jitted calls).
 
     Attributes:
-      handle: int32 array of shape ``(1,)`` inside ``shard_map`` (one handle per rank: place it
-        with ``P(axis_name)`` outside, like an error-feedback residual). Valid in this process
-        only, until :func:`wait` redeems it.
+      handle: int32 array of shape ``(1, 2)`` inside ``shard_map``: this process's epoch and
+        the handle's number, one row per rank (place it with ``P(axis_name)`` outside, like an
+        error-feedback residual). Valid in this process only (a wait in another process, e.g.
+        after restoring a checkpoint, fails and says so), until :func:`wait` redeems it.
       results: static: ``(shape, dtype name)`` of each result :func:`wait` returns.
     """
 
@@ -121,7 +122,8 @@ def start_allreduce(
     (handle,) = collective_call(target, api, axis_name, operands, results, detach=stream, **attrs)
     _report_open_handles_at_exit()
     static = tuple((tuple(shape), jnp.dtype(d).name) for shape, d in results)
-    return Pending(jnp.reshape(handle, (1,)), static)
+    epoch = jnp.full((), _ffi.library().jaxcomm_process_epoch(), jnp.int32)
+    return Pending(jnp.stack([epoch, handle]).reshape(1, 2), static)
 
 
 def wait(pending: Pending) -> Any:
@@ -138,9 +140,9 @@ def wait(pending: Pending) -> Any:
       returns them (the compressed sum in float32).
 
     Raises:
-      jax.errors.JaxRuntimeError (when the step runs): the handle was waited already, is
-        unknown to this process (restored from a checkpoint saved in flight), or belongs to
-        another device; or the collective itself failed (a lost peer).
+      jax.errors.JaxRuntimeError (when the step runs): the handle was waited already, was
+        started by another process (restored from a checkpoint saved in flight), or belongs
+        to another device; or the collective itself failed (a lost peer).
 
     Example:
       >>> total = jax.jit(jax.shard_map(jaxcomm.wait, mesh=mesh, in_specs=P("dp"),
