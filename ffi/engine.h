@@ -26,6 +26,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -112,16 +114,35 @@ ffi::Error RedeemTicket(int32_t ticket, const std::vector<const void*>& results,
 // to jaxcomm_handle_wait in a later jitted call, which copies the staged results into its own
 // once the engine has finished (ffi/handle_wait.cc). The handle is valid in this process only.
 //
-// Misuse fails with an error instead of a hang or a leak: a handle waited twice, or unknown to
-// this process (restored from a checkpoint saved while it was in flight), or waited on another
-// device; and a handle dropped without a wait is found when the next detached start on the
-// same stream (an id the caller picks, e.g. one per parameter fragment) comes, and at exit
-// (jaxcomm_open_handles, read by jaxcomm/collectives/handles.py).
+// Misuse fails with an error instead of a hang or a leak: a handle waited twice, or waited on
+// another device, or issued by another process (the program keeps ProcessEpoch() beside each
+// handle, so one restored from a checkpoint saved in flight is recognized); and a handle
+// dropped without a wait is found when the next detached start on the same stream (an id the
+// caller picks, e.g. one per parameter fragment) comes, and at exit (jaxcomm_open_handles,
+// read by jaxcomm/collectives/handles.py).
+
+// One staging buffer, 64-byte aligned like XLA's own (the kernels vectorize over it).
+class StagedBuffer {
+ public:
+  explicit StagedBuffer(size_t bytes)
+      : bytes_(bytes),
+        data_(static_cast<char*>(std::aligned_alloc(kAlignment, RoundUp(bytes))), &std::free) {}
+  char* data() const { return data_.get(); }
+  size_t size() const { return bytes_; }
+
+ private:
+  static constexpr size_t kAlignment = 64;
+  static size_t RoundUp(size_t bytes) {
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment + kAlignment * (bytes == 0);
+  }
+  size_t bytes_;
+  std::unique_ptr<char, decltype(&std::free)> data_;
+};
 
 // The memory a detached collective reads and writes instead of XLA's buffers.
 struct Staging {
-  std::vector<std::vector<char>> inputs;   // copies of the data operands
-  std::vector<std::vector<char>> outputs;  // the results, in the start's result order
+  std::vector<StagedBuffer> inputs;   // copies of the data operands
+  std::vector<StagedBuffer> outputs;  // the results, in the start's result order
 };
 
 // The error a detached start on `stream` of `device_id` gets before it queues anything: the
@@ -200,8 +221,9 @@ struct Kept<ffi::Buffer<dtype, rank>> {
   ffi::Buffer<dtype, rank> view() const { return ffi::Buffer<dtype, rank>(descriptor.get()); }
   // Detached start: copies the operand into staging and reads it from there.
   void Stage(Staging& staging) {
-    const char* data = static_cast<const char*>(descriptor.get()->data);
-    std::vector<char>& copy = staging.inputs.emplace_back(data, data + view().size_bytes());
+    const size_t bytes = view().size_bytes();
+    StagedBuffer& copy = staging.inputs.emplace_back(bytes);
+    std::memcpy(copy.data(), descriptor.get()->data, bytes);
     descriptor.Rebind(copy.data());
   }
   KeptDescriptor descriptor;
@@ -227,7 +249,7 @@ struct Kept<ffi::Result<ffi::Buffer<dtype, rank>>> {
   const void* written() const { return buffer.descriptor.get()->data; }
   // Detached start: the engine writes a staging result instead (XLA's is left unwritten).
   void Stage(Staging& staging) {
-    std::vector<char>& out = staging.outputs.emplace_back(buffer.view().size_bytes());
+    StagedBuffer& out = staging.outputs.emplace_back(buffer.view().size_bytes());
     buffer.descriptor.Rebind(out.data());
   }
   Kept<ffi::Buffer<dtype, rank>> buffer;
