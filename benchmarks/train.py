@@ -124,6 +124,30 @@ DEFAULT_ALGORITHMS = [
     or entry["algorithm"] in ALGORITHMS.default_allowed()
 ]
 BASELINES_16BIT = ("psum-bf16", "dense-bf16")
+# DiLoCo cells (issue 26; not in the default grid, --algorithms names them): AdamW inner steps,
+# an outer step every DILOCO_EVERY with dense fp32 (MaxText's), dense bf16 or any compressed
+# algorithm of the registry, and streaming (the compressed outer allreduce applied
+# DILOCO_DELAY steps later, overlapped with the inner steps). No step-time prediction.
+DILOCO_EVERY, DILOCO_DELAY = 20, 5
+VARIANTS.update(
+    {
+        "diloco-dense": {"algorithm": "dense", "diloco": {"every": DILOCO_EVERY}},
+        "diloco-dense-bf16": {
+            "algorithm": "dense",
+            "grad_dtype": "bfloat16",
+            "diloco": {"every": DILOCO_EVERY},
+        },
+        **{
+            f"diloco{kind}-{a.name}": {
+                "algorithm": a.name,
+                "diloco": {"every": DILOCO_EVERY, **({"delay": DILOCO_DELAY} if kind else {})},
+            }
+            for a in ALGORITHMS.registered()
+            if a.residual and a.in_recipes
+            for kind in ("", "-stream")
+        },
+    }
+)
 
 # network -> the recipe backend (None: local, one host).
 NETWORKS: dict[str, str | None] = {"100mbit": "100mbit", "1gbit": "1gbit", "host": None}
@@ -307,7 +331,7 @@ def predict_step(
     ``auto`` weighs too); XLA's bf16 ``lax.pmean`` was measured no faster than its fp32 one
     (README of issue 23), so it is predicted as fp32.
     """
-    if compute_s is None:
+    if compute_s is None or "diloco" in VARIANTS[label]:
         return None
     from jaxcomm import cost
     from jaxcomm.examples._loop import Reduction

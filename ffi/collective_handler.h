@@ -21,7 +21,9 @@ struct CollectiveAttrs {
   ffi::Span<const int64_t> world_devices;    // device ids in world-rank order
   ffi::Span<const int64_t> mesh_axis_sizes;  // sizes of the manual mesh axes
   ffi::Span<const int64_t> reduce_axes;      // 1 for each reduced axis
-  bool split;  // start only: jaxcomm_collective_done waits (CPU; ffi/engine.h, Tickets)
+  bool split;      // start only: jaxcomm_collective_done waits (CPU; ffi/engine.h, Tickets)
+  int64_t detach;  // > 0: detached start on this stream, jaxcomm_handle_wait waits (CPU;
+                   // ffi/engine.h, Handles); 0: not detached
 };
 
 // The mesh roles of a hierarchical allreduce (dense or quantized, CPU and GPU): one dictionary
@@ -39,7 +41,7 @@ XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("world_devices"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("mesh_axis_sizes"),
     ::xla::ffi::StructMember<::xla::ffi::Span<const int64_t>>("reduce_axes"),
-    ::xla::ffi::StructMember<bool>("split"));
+    ::xla::ffi::StructMember<bool>("split"), ::xla::ffi::StructMember<int64_t>("detach"));
 XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jaxcomm::collectives::HierarchyAttrs,
                                       ::xla::ffi::StructMember<int64_t>("node_axis"),
                                       ::xla::ffi::StructMember<int64_t>("local_axis"),
@@ -55,13 +57,15 @@ struct Kept<CollectiveAttrs> {
         world_devices(attrs.world_devices),
         mesh_axis_sizes(attrs.mesh_axis_sizes),
         reduce_axes(attrs.reduce_axes),
-        split(attrs.split) {}
+        split(attrs.split),
+        detach(attrs.detach) {}
   CollectiveAttrs view() const {
-    return {world, world_devices.view(), mesh_axis_sizes.view(), reduce_axes.view(), split};
+    return {world, world_devices.view(), mesh_axis_sizes.view(), reduce_axes.view(), split, detach};
   }
   int64_t world;
   Kept<ffi::Span<const int64_t>> world_devices, mesh_axis_sizes, reduce_axes;
   bool split;
+  int64_t detach;
 };
 
 // Who makes a collective call: its device, its mesh coordinates and the world and mesh layout
@@ -80,7 +84,8 @@ struct Caller {
 //                       const CollectiveAttrs&, Data..., token_out)
 // that runs Impl on the device's engine thread. Impl is written as a plain blocking algorithm;
 // only the engine ever runs it. The handler writes the token result itself: the next call's
-// ordering needs it at once, and a split call's token is its ticket.
+// ordering needs it at once, a split call's token is its ticket, and a detached call's token is
+// its handle (ffi/engine.h, Handles).
 template <auto Impl, typename Signature = decltype(Impl)>
 struct AsyncCollective;
 
@@ -93,6 +98,28 @@ struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, const Ca
     auto kept =
         std::make_shared<std::tuple<Kept<ffi::Buffer<ffi::S32, 1>>, Kept<CollectiveAttrs>,
                                     Kept<std::decay_t<Data>>...>>(coordinates, attrs, data...);
+    std::shared_ptr<Staging> staging;
+    if (attrs.detach != 0) {
+      if (attrs.split || attrs.detach < 0) {
+        return CompletedFuture(ffi::Error::InvalidArgument(
+            "a detached jaxcomm collective takes a stream id > 0 and cannot also be split"));
+      }
+      const ffi::Error free = CheckStreamFree(device_id, attrs.detach);
+      if (!free.success()) return CompletedFuture(free);
+      // Before the engine can see the collective: it must never touch XLA's buffers, which
+      // XLA frees or reuses once this jitted call returns.
+      staging = std::make_shared<Staging>();
+      std::apply(
+          [&](auto&... k) {
+            auto stage = [&](auto& one) {
+              if constexpr (StagedWhenDetached<std::decay_t<decltype(one)>>::value) {
+                one.Stage(*staging);
+              }
+            };
+            (stage(k), ...);
+          },
+          *kept);
+    }
     std::shared_ptr<Completion> completion =
         SubmitToEngine(device_id, [device_id, kept](const kernels::TaskRunner& run) {
           return std::apply(
@@ -102,6 +129,15 @@ struct AsyncCollective<Impl, ffi::Error (*)(const kernels::TaskRunner&, const Ca
               },
               *kept);
         });
+    if (staging != nullptr) {
+      int32_t handle = 0;
+      // A refused handle still has its collective queued (the peers run theirs): it ends on
+      // the engine and is dropped; this call fails with the reason.
+      const ffi::Error issued =
+          IssueHandle(device_id, attrs.detach, std::move(completion), std::move(staging), &handle);
+      token_out->typed_data()[0] = handle;
+      return CompletedFuture(issued);
+    }
     if (!attrs.split) {
       token_out->typed_data()[0] = token.typed_data()[0] + 1;
       return completion->Wait();

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <random>
 #include <thread>
 
 namespace jaxcomm::collectives {
@@ -89,13 +90,25 @@ struct Ticket {
   std::vector<const void*> results;
 };
 
-// Process-wide engine state: the device engines, the stop message and the open tickets.
+// A detached collective, between its start and its wait (engine.h, Handles).
+struct Handle {
+  int64_t device_id;
+  int64_t stream;
+  std::shared_ptr<Completion> completion;
+  std::shared_ptr<Staging> staging;
+};
+
+// Process-wide engine state: the device engines, the stop message, the open tickets and the
+// open handles.
 struct EngineState {
   std::mutex mu;
   std::map<int64_t, DeviceEngine*> devices;
   std::string stop_message;
   std::map<int32_t, Ticket> tickets;
   int32_t next_ticket = 0;
+  std::map<int32_t, Handle> handles;
+  std::map<std::pair<int64_t, int64_t>, int32_t> open_by_stream;  // (device, stream) -> handle
+  int32_t next_handle = 1;                                        // 0 and below are never handles
 };
 
 EngineState& State() {
@@ -165,6 +178,14 @@ void Completion::Finish(ffi::Error error) {
   if (!waiters.empty()) TheCompleter().Push(std::move(waiters), error);
 }
 
+ffi::Error Completion::Status() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!finished_) {
+    return ffi::Error::Internal("jaxcomm engine: a collective's status was read before it ended");
+  }
+  return error_;
+}
+
 std::shared_ptr<Completion> SubmitToEngine(int64_t device_id, EngineBody body) {
   auto completion = std::make_shared<Completion>();
   DeviceEngine* engine;
@@ -209,6 +230,89 @@ ffi::Error RedeemTicket(int32_t ticket, const std::vector<const void*>& results,
   *completion = std::move(it->second.completion);
   State().tickets.erase(it);
   return ffi::Error::Success();
+}
+
+namespace {
+// The error of a detached start on a stream whose last handle is open. Caller holds State().mu.
+ffi::Error StreamFreeLocked(int64_t device_id, int64_t stream) {
+  auto open = State().open_by_stream.find({device_id, stream});
+  if (open != State().open_by_stream.end()) {
+    return ffi::Error(
+        ffi::ErrorCode::kFailedPrecondition,
+        "jaxcomm detached collective: handle " + std::to_string(open->second) + " of stream " +
+            std::to_string(stream) + " on device " + std::to_string(device_id) +
+            " was never waited, and a new start on that stream came; wait every handle "
+            "(jaxcomm.wait) before starting the next one on its stream");
+  }
+  return ffi::Error::Success();
+}
+}  // namespace
+
+ffi::Error CheckStreamFree(int64_t device_id, int64_t stream) {
+  std::lock_guard<std::mutex> lock(State().mu);
+  return StreamFreeLocked(device_id, stream);
+}
+
+ffi::Error IssueHandle(int64_t device_id, int64_t stream, std::shared_ptr<Completion> completion,
+                       std::shared_ptr<Staging> staging, int32_t* handle) {
+  std::lock_guard<std::mutex> lock(State().mu);
+  const ffi::Error free = StreamFreeLocked(device_id, stream);
+  if (!free.success()) return free;
+  if (State().next_handle == std::numeric_limits<int32_t>::max()) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted,
+                      "jaxcomm detached collective: out of handles");
+  }
+  *handle = State().next_handle++;
+  State().handles[*handle] = Handle{device_id, stream, std::move(completion), std::move(staging)};
+  State().open_by_stream[{device_id, stream}] = *handle;
+  return ffi::Error::Success();
+}
+
+ffi::Error RedeemHandle(int32_t handle, int64_t device_id, std::shared_ptr<Completion>* completion,
+                        std::shared_ptr<Staging>* staging) {
+  std::lock_guard<std::mutex> lock(State().mu);
+  auto it = State().handles.find(handle);
+  if (it == State().handles.end()) {
+    if (handle >= 1 && handle < State().next_handle) {
+      return ffi::Error(
+          ffi::ErrorCode::kFailedPrecondition,
+          "jaxcomm.wait: handle " + std::to_string(handle) +
+              " was waited already (each handle is waited once), or it comes from another process "
+              "(a checkpoint saved while its collective was in flight)");
+    }
+    return ffi::Error::InvalidArgument("jaxcomm.wait: handle " + std::to_string(handle) +
+                                       " was never started (not a handle)");
+  }
+  if (it->second.device_id != device_id) {
+    return ffi::Error::InvalidArgument(
+        "jaxcomm.wait: handle " + std::to_string(handle) + " was started on device " +
+        std::to_string(it->second.device_id) + " and waited on device " +
+        std::to_string(device_id) + "; keep handles sharded like the data (one per rank)");
+  }
+  *completion = std::move(it->second.completion);
+  *staging = std::move(it->second.staging);
+  State().open_by_stream.erase({it->second.device_id, it->second.stream});
+  State().handles.erase(it);
+  return ffi::Error::Success();
+}
+
+int32_t ProcessEpoch() {
+  static const int32_t epoch = [] {
+    std::random_device device;
+    std::uniform_int_distribution<int32_t> draw(1, std::numeric_limits<int32_t>::max());
+    return draw(device);
+  }();
+  return epoch;
+}
+
+std::vector<std::string> OpenHandles() {
+  std::lock_guard<std::mutex> lock(State().mu);
+  std::vector<std::string> lines;
+  for (const auto& [handle, h] : State().handles) {
+    lines.push_back("handle " + std::to_string(handle) + " (device " + std::to_string(h.device_id) +
+                    ", stream " + std::to_string(h.stream) + ")");
+  }
+  return lines;
 }
 
 std::string StopEngine(const std::string& message) {

@@ -26,6 +26,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -59,6 +61,11 @@ class Completion {
 
   // Records the status and completes every waiting future. Called once, by the engine.
   void Finish(ffi::Error error);
+
+  // The recorded status; an Internal error while the engine has not finished it. A task queued
+  // on the same device engine after this collective reads it once the collective is done
+  // (each engine is first-in first-out).
+  ffi::Error Status();
 
  private:
   std::mutex mu_;
@@ -98,6 +105,68 @@ int32_t IssueTicket(std::shared_ptr<Completion> completion, std::vector<const vo
 ffi::Error RedeemTicket(int32_t ticket, const std::vector<const void*>& results,
                         std::shared_ptr<Completion>* completion);
 
+// ---- Handles: collectives detached from their jitted call ---------------------------------
+// A ticket lives within one jitted call: its done aliases the start's result buffers, which
+// XLA frees or reuses once the call returns. A *detached* start (CollectiveAttrs::detach, CPU)
+// instead copies its operands into staging memory that the collective owns and points the
+// engine at staging results, so nothing it reads or writes belongs to XLA. Its token result is
+// a handle, an int32 the program may carry out of the call (e.g. in a training state) and hand
+// to jaxcomm_handle_wait in a later jitted call, which copies the staged results into its own
+// once the engine has finished (ffi/handle_wait.cc). The handle is valid in this process only.
+//
+// Misuse fails with an error instead of a hang or a leak: a handle waited twice, or waited on
+// another device, or issued by another process (the program keeps ProcessEpoch() beside each
+// handle, so one restored from a checkpoint saved in flight is recognized); and a handle
+// dropped without a wait is found when the next detached start on the same stream (an id the
+// caller picks, e.g. one per parameter fragment) comes, and at exit (jaxcomm_open_handles,
+// read by jaxcomm/collectives/handles.py).
+
+// One staging buffer, 64-byte aligned like XLA's own (the kernels vectorize over it).
+class StagedBuffer {
+ public:
+  explicit StagedBuffer(size_t bytes)
+      : bytes_(bytes),
+        data_(static_cast<char*>(std::aligned_alloc(kAlignment, RoundUp(bytes))), &std::free) {}
+  char* data() const { return data_.get(); }
+  size_t size() const { return bytes_; }
+
+ private:
+  static constexpr size_t kAlignment = 64;
+  static size_t RoundUp(size_t bytes) {
+    return (bytes + kAlignment - 1) / kAlignment * kAlignment + kAlignment * (bytes == 0);
+  }
+  size_t bytes_;
+  std::unique_ptr<char, decltype(&std::free)> data_;
+};
+
+// The memory a detached collective reads and writes instead of XLA's buffers.
+struct Staging {
+  std::vector<StagedBuffer> inputs;   // copies of the data operands
+  std::vector<StagedBuffer> outputs;  // the results, in the start's result order
+};
+
+// The error a detached start on `stream` of `device_id` gets before it queues anything: the
+// stream's previous handle is still open (dropped without a wait). Success otherwise.
+ffi::Error CheckStreamFree(int64_t device_id, int64_t stream);
+
+// Registers a detached collective started on `device_id`'s engine on stream `stream` (> 0).
+// Fails (and registers nothing) when the stream still has an open handle on this device: that
+// handle was dropped without a wait. On success sets *handle (>= 1).
+ffi::Error IssueHandle(int64_t device_id, int64_t stream, std::shared_ptr<Completion> completion,
+                       std::shared_ptr<Staging> staging, int32_t* handle);
+
+// Takes back the detached collective of `handle` for a wait on `device_id` (once).
+ffi::Error RedeemHandle(int32_t handle, int64_t device_id, std::shared_ptr<Completion>* completion,
+                        std::shared_ptr<Staging>* staging);
+
+// A random nonzero number drawn once per process. A program keeps it beside each handle, so a
+// handle restored from a checkpoint of another process is told apart from a live handle
+// that happens to have the same number.
+int32_t ProcessEpoch();
+
+// One line per handle issued and not yet waited ("handle 3 (device 0, stream 1)").
+std::vector<std::string> OpenHandles();
+
 // ---- Keeping a call's arguments alive past the handler ------------------------------------
 // XLA's call frame (buffer descriptors, attribute storage) is only valid while the handler
 // runs. Kept<T> copies an argument into storage the queued body owns and gives the same typed
@@ -120,6 +189,10 @@ struct Kept<ffi::Span<const E>> {
 
 // A buffer descriptor that outlives the call frame (the data pointer is not copied from).
 class KeptDescriptor {
+ public:
+  // Points the descriptor at `data` (a detached start's staging copy).
+  void Rebind(void* data) { descriptor_.data = data; }
+
  public:
   template <typename Dims>
   KeptDescriptor(ffi::DataType dtype, void* data, const Dims& dims)
@@ -146,6 +219,13 @@ struct Kept<ffi::Buffer<dtype, rank>> {
   explicit Kept(const ffi::Buffer<dtype, rank>& buffer)
       : descriptor(dtype, buffer.untyped_data(), buffer.dimensions()) {}
   ffi::Buffer<dtype, rank> view() const { return ffi::Buffer<dtype, rank>(descriptor.get()); }
+  // Detached start: copies the operand into staging and reads it from there.
+  void Stage(Staging& staging) {
+    const size_t bytes = view().size_bytes();
+    StagedBuffer& copy = staging.inputs.emplace_back(bytes);
+    std::memcpy(copy.data(), descriptor.get()->data, bytes);
+    descriptor.Rebind(copy.data());
+  }
   KeptDescriptor descriptor;
 };
 
@@ -167,8 +247,21 @@ struct Kept<ffi::Result<ffi::Buffer<dtype, rank>>> {
   explicit Kept(ffi::Result<ffi::Buffer<dtype, rank>> result) : buffer(*result) {}
   ffi::Result<ffi::Buffer<dtype, rank>> view() const { return buffer.view(); }
   const void* written() const { return buffer.descriptor.get()->data; }
+  // Detached start: the engine writes a staging result instead (XLA's is left unwritten).
+  void Stage(Staging& staging) {
+    StagedBuffer& out = staging.outputs.emplace_back(buffer.view().size_bytes());
+    buffer.descriptor.Rebind(out.data());
+  }
   Kept<ffi::Buffer<dtype, rank>> buffer;
 };
+
+// Whether Kept<T> points at XLA memory a detached start must stage (has Stage()).
+template <typename K, typename = void>
+struct StagedWhenDetached : std::false_type {};
+template <typename K>
+struct StagedWhenDetached<K,
+                          std::void_t<decltype(std::declval<K&>().Stage(std::declval<Staging&>()))>>
+    : std::true_type {};
 
 // Whether Kept<T> is a result the engine writes (has written()).
 template <typename K, typename = void>

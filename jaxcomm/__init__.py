@@ -45,6 +45,9 @@ _jax_compat.after_jax_import(_size_launch_pool)
 _LAZY = {
     "allreduce": "jaxcomm.collectives",
     "compressed_allreduce": "jaxcomm.collectives",
+    "start_allreduce": "jaxcomm.collectives",
+    "wait": "jaxcomm.collectives",
+    "Pending": "jaxcomm.collectives",
     "metrics": "jaxcomm.metrics",
     "reset_metrics": "jaxcomm.metrics",
     "CollectiveError": "jaxcomm.pacing",
@@ -94,6 +97,7 @@ __all__ = [
     "GTopK",
     "OneBit",
     "Paced",
+    "Pending",
     "Threshold",
     "TopK",
     "TopKAllgather",
@@ -107,5 +111,7 @@ __all__ = [
     "optax",
     "paced",
     "reset_metrics",
+    "start_allreduce",
     "timeline",
+    "wait",
 ]

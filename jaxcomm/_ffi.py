@@ -72,6 +72,9 @@ C_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     "jaxcomm_metrics_reset": (None, []),
     "jaxcomm_marks_json": (_i64, [_str, _i64]),
     "jaxcomm_marks_reset": (None, []),
+    # ffi/handle_wait.cc: the open detached handles, one per line (int64 fn(char*, int64))
+    "jaxcomm_open_handles": (_i64, [_str, _i64]),
+    "jaxcomm_process_epoch": (_i32, []),
     # ffi/allreduce.h: the largest vector (bytes) of the small-vector dense schedules
     "jaxcomm_allreduce_small_bytes": (_i64, []),
     # ffi/world_api.cc: the UCX world

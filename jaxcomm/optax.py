@@ -365,10 +365,12 @@ def allreduce_gradients(
 
 
 def partition_specs(state: Any, axis_name: AxisName) -> Any:
-    """PartitionSpecs for an optimizer state that contains :class:`AllreduceGradientsState`.
+    """PartitionSpecs for an optimizer state that contains :class:`AllreduceGradientsState` or
+    :class:`DiLoCoState`.
 
-    Residual leaves are per rank and get ``P(axis_name)`` (each rank's residual stacked along
-    the first dimension); every other leaf is replicated, ``P()``.
+    Residual leaves, and DiLoCo's per-rank parameters, inner state and pending outer
+    gradients, are per rank and get ``P(axis_name)`` (each rank's value stacked along the
+    first dimension); every other leaf is replicated, ``P()``.
 
     Args:
       state: an optimizer state, or its ``jax.eval_shape``.
@@ -384,15 +386,25 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
       True
     """
 
+    def split(tree: Any) -> Any:
+        return jax.tree.map(lambda _: PartitionSpec(axis_name), tree)
+
     def visit(node: Any) -> Any:
         if isinstance(node, AllreduceGradientsState):
-            return AllreduceGradientsState(
+            return AllreduceGradientsState(count=PartitionSpec(), residuals=split(node.residuals))
+        if isinstance(node, DiLoCoState):
+            return DiLoCoState(
                 count=PartitionSpec(),
-                residuals=jax.tree.map(lambda _: PartitionSpec(axis_name), node.residuals),
+                local=split(node.local),
+                inner=split(node.inner),
+                outer=jax.tree.map(lambda _: PartitionSpec(), node.outer),
+                residuals=split(node.residuals),
+                pending=split(node.pending),
             )
         return PartitionSpec()
 
-    return jax.tree.map(visit, state, is_leaf=lambda x: isinstance(x, AllreduceGradientsState))
+    kinds = (AllreduceGradientsState, DiLoCoState)
+    return jax.tree.map(visit, state, is_leaf=lambda x: isinstance(x, kinds))
 
 
 def _checkpointer() -> Any:
@@ -485,3 +497,432 @@ def _key_name(key: Any) -> str:
         if hasattr(key, attr):
             return str(getattr(key, attr))
     return str(key)
+
+
+# ---- DiLoCo: H local steps, then an outer step on the averaged pseudo-gradient -----------------
+
+DILOCO_OUTER_LR = 0.7
+"""The outer learning rate of DiLoCo (Douillard et al. 2023), :func:`diloco`'s default."""
+DILOCO_OUTER_MOMENTUM = 0.9
+"""The outer Nesterov momentum of DiLoCo, :func:`diloco`'s default."""
+STREAMING_MIX = 0.5
+"""Streaming DiLoCo's alpha: how much of its own parameters a rank keeps when a delayed outer
+step lands (Douillard et al. 2025, §2.3)."""
+DILOCO_STREAM = 1 << 20
+"""Stream id of fragment 0's detached outer allreduce (fragment f: ``DILOCO_STREAM + f``)."""
+
+
+class DiLoCoState(NamedTuple):
+    """State of :func:`diloco`.
+
+    Per-rank fields hold one rank's values with a leading axis of length 1 inside
+    ``shard_map`` (so scalar leaves shard too): place them with ``P(axis_name)``, which
+    :func:`partition_specs` does; the others are replicated.
+
+    Attributes:
+      count: int32 scalar, inner steps taken.
+      local: per rank: this rank's parameters, the tree and dtypes of the params.
+      inner: per rank: the inner optimizer's state.
+      outer: per fragment, the outer optimizer's state over that fragment's float32 leaves.
+      residuals: per rank, per fragment: the float32 ``(1, n)`` error-feedback residual of the
+        pseudo-gradient; ``None`` for the dense algorithm.
+      pending: per rank, per fragment, the outer gradient between its start and its
+        application (``delay > 0``): ``(jaxcomm.Pending, Δ)`` (``overlap=True``; Δ, float32
+        ``(1, n)``, is kept so that ``restart`` can send it again after a restore) or the
+        float32 ``(1, n)`` average (``overlap=False``); ``None`` when ``delay == 0``.
+    """
+
+    count: jax.Array
+    local: Any
+    inner: Any
+    outer: tuple
+    residuals: tuple | None
+    pending: tuple | None
+
+
+class DiLoCo(NamedTuple):
+    """The functions of :func:`diloco`, each run inside the ``shard_map``.
+
+    Attributes:
+      init: ``params -> DiLoCoState`` (``params`` replicated).
+      step: ``(grads, state, params) -> (params, state)``: one inner step from this rank's
+        gradient at ``local_params(state)``, and the outer step when it is due; ``params``
+        in and out are the global parameters, bit-identical on every rank.
+      local_params: ``state -> this rank's parameters``, where the gradient is taken.
+      flush: ``(state, params) -> (params, state)``: applies every outer gradient in flight
+        now (``delay > 0``; e.g. after the last step, so no handle is left open).
+      restart: ``state -> state``: after restoring a checkpoint saved while outer
+        allreduces were in flight (``overlap=True``), starts them again in this process from
+        the Δ and residual the state kept; the run then continues bit for bit. Identity
+        otherwise.
+    """
+
+    init: Callable[[Any], DiLoCoState]
+    step: Callable[[Any, DiLoCoState, Any], tuple[Any, DiLoCoState]]
+    local_params: Callable[[DiLoCoState], Any]
+    flush: Callable[[DiLoCoState, Any], tuple[Any, DiLoCoState]]
+    restart: Callable[[DiLoCoState], DiLoCoState]
+
+
+def _fragments(sizes: Sequence[int], fragments: int) -> list[list[int]]:
+    """Splits leaves, in tree order, into ``fragments`` contiguous groups of near-equal size."""
+    total = max(1, sum(sizes))
+    groups: list[list[int]] = [[] for _ in range(fragments)]
+    before = 0
+    for i, n in enumerate(sizes):
+        # The fragment holding the leaf's middle element.
+        groups[min(fragments - 1, (2 * before + n) * fragments // (2 * total))].append(i)
+        before += n
+    empty = [f for f, g in enumerate(groups) if not g]
+    if empty:
+        raise ValueError(
+            f"diloco: fragments={fragments} leaves fragment(s) {empty} without parameters "
+            f"(the model has {len(sizes)} leaves of sizes {list(sizes)}); use fewer fragments"
+        )
+    return groups
+
+
+def _guarded(pred: jax.Array, fn: Callable[[Any], Any], operands: Any) -> Any:
+    """``fn(operands)`` where ``pred`` holds (the same on every rank), else ``operands``.
+
+    The ordering token is threaded through the ``lax.cond`` so that the branch's collectives
+    stay chained with the step's other jaxcomm calls (as in :func:`allreduce_gradients`).
+    """
+
+    def run(token: jax.Array, ops: Any) -> tuple:
+        _ordering.token_out(token)
+        out = fn(ops)
+        return _ordering.token_in(), out
+
+    def skip(token: jax.Array, ops: Any) -> tuple:
+        return token, ops
+
+    token, out = lax.cond(pred, run, skip, _ordering.token_in(), operands)
+    _ordering.token_out(token)
+    return out
+
+
+def diloco(
+    inner: optax.GradientTransformation,
+    outer: optax.GradientTransformation | None = None,
+    *,
+    every: int,
+    algorithm: Any = None,
+    axis_name: AxisName = "dp",
+    delay: int = 0,
+    overlap: bool = True,
+    fragments: int = 1,
+    mix: float = STREAMING_MIX,
+    dense_dtype: Any = jnp.float32,
+) -> DiLoCo:
+    """DiLoCo: ``every`` local steps of ``inner``, then an outer step on the averaged change.
+
+    Each rank applies ``inner`` (e.g. AdamW) to its own gradient at its own parameters, with
+    no communication. Every ``every`` steps the pseudo-gradient ``Δ = θ_global − θ_local`` is
+    averaged over ``axis_name`` by a jaxcomm allreduce (dense, or compressed with error
+    feedback on Δ: any registered algorithm with a residual, e.g. ``jaxcomm.GTopK(0.01)``,
+    ``jaxcomm.OneBit()``), ``outer`` (default: SGD, Nesterov momentum 0.9, lr 0.7, as in
+    DiLoCo) takes the average as its gradient and updates θ_global, and every rank restarts
+    from θ_global. Runs inside a jitted ``jax.shard_map`` (``check_vma=False``: the sums are
+    identical on every rank but typed as varying).
+
+    **Streaming** (``delay = τ > 0``, Streaming DiLoCo's overlapped outer step): the outer
+    allreduce of the Δ taken at step t is applied at step t + τ; with ``overlap=True`` it is a
+    detached collective (:func:`jaxcomm.start_allreduce`, CPU) that runs on jaxcomm's engine
+    while the τ inner steps, separate jitted calls, compute; its handle is carried in the
+    state. When it lands, each rank keeps ``mix`` of its own parameters and takes
+    ``1 − mix`` of the new θ_global. ``overlap=False`` reduces at t, blocking, and applies
+    the same average at t + τ: the same numbers, any platform. ``fragments = F`` syncs the
+    parameters in F contiguous fragments of near-equal size, fragment f at the steps
+    ``≡ f·every//F (mod every)``, which spreads the bytes over the period.
+
+    **Why not an Optax transformation:** ``optax.apply_updates`` adds updates to the
+    parameters, and ``θ_local + (θ_global − θ_local)`` is not ``θ_global`` in floating point
+    (nor in bf16), so the ranks would not restart from one bit-identical θ_global, and the
+    global parameters (what is evaluated and saved) are not any rank's parameters between
+    syncs. ``step`` therefore returns the parameters: θ_global, identical on every rank,
+    while each rank's own parameters live in the state (``local_params``).
+
+    The identity the tests check: with ``every=1``, the dense algorithm and
+    ``outer = optax.sgd(1.0)`` (no momentum), ``θ_{t+1} = θ_t − mean_r(θ_t − (θ_t + u_r)) =
+    θ_t + mean_r(u_r)`` (up to float rounding), where ``u_r`` is the update ``inner``
+    computes on rank r from its gradient at θ_t and *its own* inner state: DiLoCo then equals
+    averaging the inner updates every step. For a stateless inner optimizer (SGD without
+    momentum) that is averaging the gradients; for a stateful one (Adam, momentum) each rank's
+    moments follow its own gradients, which is not the inner optimizer applied to the averaged
+    gradient.
+
+    Args:
+      inner: the local optimizer, applied by every rank to its own gradient.
+      outer: the optimizer of θ_global, given the averaged Δ as its gradient (float32);
+        None: ``optax.sgd(0.7, momentum=0.9, nesterov=True)``.
+      every: H, inner steps between outer steps (>= 1).
+      algorithm: ``None`` for the dense allreduce (in ``dense_dtype``), or a compressed
+        algorithm's spec; error feedback on Δ is kept per rank in the state.
+      axis_name: the data-parallel mesh axis (or axes).
+      delay: τ, inner steps between an outer allreduce's start and its application
+        (0 <= τ < every; 0: applied at once).
+      overlap: with ``delay > 0``, run the outer allreduce detached on jaxcomm's engine
+        (CPU); False: reduce at once and apply τ steps later.
+      fragments: F, parameter fragments synced at staggered steps (1 <= F <= every).
+      mix: with ``delay > 0``, the share of its own parameters a rank keeps when the outer
+        step lands (0: restart from θ_global).
+      dense_dtype: the dense algorithm's wire dtype (``jnp.float32`` or ``jnp.bfloat16``).
+
+    Returns:
+      A :class:`DiLoCo` (``init``, ``step``, ``local_params``); its state's per-rank
+      leaves take ``P(axis_name)`` (:func:`partition_specs`).
+
+    Example:
+      >>> tx = jaxcomm.optax.diloco(optax.adamw(1e-3), every=50, algorithm=jaxcomm.GTopK(0.01))
+      >>> specs = jaxcomm.optax.partition_specs(jax.eval_shape(tx.init, params), "dp")
+      >>> state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs,
+      ...                               check_vma=False))(params)
+      >>> def train_step(params, state, x, y):
+      ...     grads = jax.grad(loss)(tx.local_params(state), x, y)
+      ...     return tx.step(grads, state, params)
+    """
+    from jaxcomm.collectives import handles
+
+    every, delay, fragments = int(every), int(delay), int(fragments)
+    if every < 1:
+        raise ValueError(f"diloco: every must be >= 1 inner step, got {every}")
+    if not 0 <= delay < every:
+        raise ValueError(f"diloco: delay must be in [0, every={every}), got {delay}")
+    if not 1 <= fragments <= every:
+        raise ValueError(f"diloco: fragments must be in [1, every={every}], got {fragments}")
+    if not 0.0 <= float(mix) <= 1.0:
+        raise ValueError(f"diloco: mix must be in [0, 1], got {mix}")
+    if jnp.dtype(dense_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"diloco: dense_dtype must be float32 or bfloat16, got {dense_dtype}")
+    if algorithm is not None:
+        from jaxcomm import algorithms
+
+        record = algorithms.of(algorithm)  # TypeError naming the known specs
+        if not record.residual:
+            raise TypeError(
+                f"diloco: {algorithm!r} keeps no error feedback; pass None for the dense "
+                "allreduce or a compressed algorithm"
+            )
+    if outer is None:
+        outer = optax.sgd(DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM, nesterov=True)
+    mix = float(mix)
+    offsets = [f * every // fragments for f in range(fragments)]
+    wire = jnp.dtype(dense_dtype) if algorithm is None else jnp.dtype(jnp.float32)
+
+    def layout(params: Any) -> list[list[int]]:
+        return _fragments([int(np.prod(jnp.shape(p))) for p in jax.tree.leaves(params)], fragments)
+
+    def flat(leaves: list) -> jax.Array:
+        return jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
+
+    def pending_results(n: int) -> tuple:
+        if algorithm is None:
+            return (((n,), wire.name),)
+        return (((n,), "float32"), ((n,), "float32"))
+
+    def init_fn(params: Any) -> DiLoCoState:
+        leaves = jax.tree.leaves(params)
+        groups = layout(params)
+        sizes = [sum(int(np.prod(jnp.shape(leaves[i]))) for i in g) for g in groups]
+        outer_states = tuple(
+            outer.init([jnp.asarray(leaves[i], jnp.float32) for i in g]) for g in groups
+        )
+        residuals = None
+        if algorithm is not None:
+            residuals = tuple(jnp.zeros((1, n), jnp.float32) for n in sizes)
+        pending = None
+        if delay > 0:
+            if overlap:
+                pending = tuple(
+                    (
+                        handles.Pending(jnp.zeros((1, 2), jnp.int32), pending_results(n)),
+                        jnp.zeros((1, n), jnp.float32),
+                    )
+                    for n in sizes
+                )
+            else:
+                pending = tuple(jnp.zeros((1, n), jnp.float32) for n in sizes)
+        return DiLoCoState(
+            count=jnp.zeros((), jnp.int32),
+            local=_per_rank(params),
+            inner=_per_rank(inner.init(params)),
+            outer=outer_states,
+            residuals=residuals,
+            pending=pending,
+        )
+
+    def reduce_now(delta: jax.Array, residual: jax.Array | None) -> tuple:
+        """The blocking average of Δ over the axis, and the new residual."""
+        size = _axis_size(axis_name)
+        if algorithm is None:
+            summed = allreduce(delta.astype(wire), axis_name).astype(jnp.float32)
+            return summed / size, None
+        summed, residual = compressed_allreduce(delta, residual[0], axis_name, algorithm)
+        return summed / size, residual[None]
+
+    def local_params(state: DiLoCoState) -> Any:
+        return _of_rank(state.local)
+
+    def apply_outer(avg: jax.Array, g_part: list, l_part: list, o_state: Any) -> tuple:
+        """θ_global += outer(mean Δ) on one fragment; each rank restarts from it (delayed:
+        keeps ``mix`` of its own parameters)."""
+        g32 = [x.astype(jnp.float32) for x in g_part]
+        pieces, offset = [], 0
+        for x in g32:
+            pieces.append(avg[offset : offset + x.size].reshape(x.shape))
+            offset += x.size
+        updates, o_state = outer.update(pieces, o_state, g32)
+        new_g = [(x + u).astype(x0.dtype) for x, u, x0 in zip(g32, updates, g_part, strict=True)]
+        if delay == 0 or mix == 0.0:
+            return new_g, list(new_g), o_state
+        new_l = [
+            (mix * lo.astype(jnp.float32) + (1.0 - mix) * ng.astype(jnp.float32)).astype(lo.dtype)
+            for lo, ng in zip(l_part, new_g, strict=True)
+        ]
+        return new_g, new_l, o_state
+
+    def sync(ops: tuple) -> tuple:
+        """delay == 0: average Δ now and apply it."""
+        g_p, l_p, o_state, res = ops
+        avg, res = reduce_now(flat(g_p) - flat(l_p), res)
+        new_g, new_l, o_state = apply_outer(avg, g_p, l_p, o_state)
+        return new_g, new_l, o_state, res
+
+    def land(ops: tuple) -> tuple:
+        """delay > 0: the outer gradient started `delay` steps ago is applied."""
+        g_p, l_p, o_state, res, pend = ops
+        if overlap:
+            out = handles.wait(pend[0])
+            summed, res = (out, res) if algorithm is None else (out[0], out[1][None])
+            avg = summed.astype(jnp.float32) / _axis_size(axis_name)
+        else:
+            avg = pend[0]
+        new_g, new_l, o_state = apply_outer(avg, g_p, l_p, o_state)
+        return new_g, new_l, o_state, res, pend
+
+    def send(delta: jax.Array, res: jax.Array | None, stream: int) -> Any:
+        """Starts the detached average of Δ; the pending entry keeps Δ for restart()."""
+        r = None if res is None else res[0]
+        started = handles.start_allreduce(
+            delta.astype(wire), axis_name, algorithm, r, stream=stream
+        )
+        return started, delta[None]
+
+    def begin(stream: int) -> Callable[[tuple], tuple]:
+        """delay > 0: start averaging Δ (detached) or average it now and keep it."""
+
+        def run(ops: tuple) -> tuple:
+            g_p, l_p, o_state, res, pend = ops
+            delta = flat(g_p) - flat(l_p)
+            if overlap:
+                pend = send(delta, res, stream)
+            else:
+                avg, res = reduce_now(delta, res)
+                pend = avg[None]
+            return g_p, l_p, o_state, res, pend
+
+        return run
+
+    def resend(stream: int) -> Callable[[tuple], tuple]:
+        """restart(): starts the kept Δ again in this process (the same residual as before)."""
+
+        def run(ops: tuple) -> tuple:
+            res, pend = ops
+            return res, send(pend[1][0], res, stream)
+
+        return run
+
+    def schedule(count: jax.Array, f: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(starts, lands, in flight after this step) of fragment f at inner step `count`.
+
+        Fragment f syncs at the steps ≡ offsets[f] (mod every), the first one at least one
+        step in (fragment 0: after `every` steps); a start lands `delay` steps later.
+        """
+        first = offsets[f] or every
+        phase = (count - offsets[f]) % every
+        starts = (count >= first) & (phase == 0)
+        lands = (count >= first + delay) & ((count - delay - offsets[f]) % every == 0)
+        return starts, lands, (count >= first) & (phase < delay)
+
+    def run_fragments(state: DiLoCoState, params: Any, local: Any, count: jax.Array, how: str):
+        """Applies each fragment's due work; returns (params, local, outer, residuals, pending).
+
+        how: "step" (land, then start, as scheduled), "flush" (land what is in flight).
+        """
+        g_leaves, treedef = jax.tree.flatten(params)
+        l_leaves = jax.tree.leaves(local)
+        outer_states = list(state.outer)
+        residuals = [None] * fragments if state.residuals is None else list(state.residuals)
+        pending = [None] * fragments if state.pending is None else list(state.pending)
+        for f, group in enumerate(layout(params)):
+            starts, lands, in_flight = schedule(count, f)
+            g_part = [g_leaves[i] for i in group]
+            l_part = [l_leaves[i] for i in group]
+            if delay == 0 and how == "step":
+                ops = (g_part, l_part, outer_states[f], residuals[f])
+                g_part, l_part, outer_states[f], residuals[f] = _guarded(starts, sync, ops)
+            elif delay > 0:
+                ops = (g_part, l_part, outer_states[f], residuals[f], pending[f])
+                if how == "flush":
+                    ops = _guarded(in_flight, land, ops)
+                else:
+                    # Landing first: with delay < every a step never lands and starts one
+                    # fragment, and a start always reads θ_global after the previous landing.
+                    ops = _guarded(lands, land, ops)
+                    ops = _guarded(starts, begin(DILOCO_STREAM + f), ops)
+                g_part, l_part, outer_states[f], residuals[f], pending[f] = ops
+            for j, i in enumerate(group):
+                g_leaves[i], l_leaves[i] = g_part[j], l_part[j]
+        return (
+            jax.tree.unflatten(treedef, g_leaves),
+            jax.tree.unflatten(treedef, l_leaves),
+            tuple(outer_states),
+            None if state.residuals is None else tuple(residuals),
+            None if state.pending is None else tuple(pending),
+        )
+
+    def step_fn(grads: Any, state: DiLoCoState, params: Any) -> tuple[Any, DiLoCoState]:
+        local = _of_rank(state.local)
+        updates, inner_state = inner.update(grads, _of_rank(state.inner), local)
+        local = optax.apply_updates(local, updates)
+        count = optax.safe_int32_increment(state.count)
+        params, local, outer_states, residuals, pending = run_fragments(
+            state, params, local, count, "step"
+        )
+        new_state = DiLoCoState(
+            count, _per_rank(local), _per_rank(inner_state), outer_states, residuals, pending
+        )
+        return params, new_state
+
+    def flush_fn(state: DiLoCoState, params: Any) -> tuple[Any, DiLoCoState]:
+        params, local, outer_states, residuals, pending = run_fragments(
+            state, params, _of_rank(state.local), state.count, "flush"
+        )
+        return params, state._replace(
+            local=_per_rank(local), outer=outer_states, residuals=residuals, pending=pending
+        )
+
+    def restart_fn(state: DiLoCoState) -> DiLoCoState:
+        if delay == 0 or not overlap:
+            return state
+        residuals = [None] * fragments if state.residuals is None else list(state.residuals)
+        pending = list(state.pending)
+        for f in range(fragments):
+            in_flight = schedule(state.count, f)[2]
+            residuals[f], pending[f] = _guarded(
+                in_flight, resend(DILOCO_STREAM + f), (residuals[f], pending[f])
+            )
+        return state._replace(pending=tuple(pending))
+
+    return DiLoCo(init_fn, step_fn, local_params, flush_fn, restart_fn)
+
+
+def _per_rank(tree: Any) -> Any:
+    """Adds the per-rank leading axis of length 1 to every leaf (see :class:`DiLoCoState`)."""
+    return jax.tree.map(lambda x: jnp.asarray(x)[None], tree)
+
+
+def _of_rank(tree: Any) -> Any:
+    """Removes the per-rank leading axis :func:`_per_rank` added."""
+    return jax.tree.map(lambda x: x[0], tree)

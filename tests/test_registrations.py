@@ -40,10 +40,17 @@ EXPECTED_TARGETS = {
     "jaxcomm_blockquant_allreduce",
     "jaxcomm_hierarchical_blockquant",
     "jaxcomm_collective_done",
+    "jaxcomm_handle_wait",
     "jaxcomm_mark",
 }
-# Targets without a CUDA handler: the 16-bit wire allreduces and the timeline mark.
-CPU_ONLY_TARGETS = {"jaxcomm_allreduce_bf16", "jaxcomm_allreduce_f16", "jaxcomm_mark"}
+# Targets without a CUDA handler: the 16-bit wire allreduces, the timeline mark and the wait of
+# a detached collective (detached collectives run on CPU).
+CPU_ONLY_TARGETS = {
+    "jaxcomm_allreduce_bf16",
+    "jaxcomm_allreduce_f16",
+    "jaxcomm_mark",
+    "jaxcomm_handle_wait",
+}
 
 # A handler definition: JAXCOMM_DEFINE_<kind>("target", impl, binding).
 _DEFINITION = re.compile(r'JAXCOMM_DEFINE_(\w+)\(\s*"(\w+)",')

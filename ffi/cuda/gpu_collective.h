@@ -182,6 +182,10 @@ struct GpuCollective<Impl, kSplittable,
                             ffi::Buffer<ffi::S32, 0> token, const CollectiveAttrs& attrs,
                             Data... data, ffi::ResultBuffer<ffi::S32, 0> token_out) {
     const Caller caller{device_ordinal, coordinates, attrs};
+    if (attrs.detach != 0) {
+      return ffi::Error::InvalidArgument(
+          "detached jaxcomm collectives (jaxcomm.start) run on CPU only (ffi/engine.h, Handles)");
+    }
     if (!attrs.split) {
       JAXCOMM_RETURN_IF_ERROR(Impl(stream, scratch, caller, data...));
       return ForwardToken(stream, token, token_out);

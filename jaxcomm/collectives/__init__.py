@@ -2,5 +2,6 @@
 
 from jaxcomm.collectives.allreduce import allreduce
 from jaxcomm.collectives.compressed import compressed_allreduce
+from jaxcomm.collectives.handles import Pending, start_allreduce, wait
 
-__all__ = ["allreduce", "compressed_allreduce"]
+__all__ = ["Pending", "allreduce", "compressed_allreduce", "start_allreduce", "wait"]

@@ -21,6 +21,7 @@ def collective_call(
     results: Sequence[tuple[tuple[int, ...], Any]],
     aliases: dict[int, int] | None = None,
     after: Any = None,
+    detach: int = 0,
     **attributes: Any,
 ) -> list[jax.Array]:
     """Emits one ordered collective custom call and returns its data results.
@@ -44,15 +45,23 @@ def collective_call(
         residual is then updated in place instead of allocating a new array).
       after: a pytree of arrays to compute before the results are awaited (``None``: one
         call that XLA awaits where it is). Ignored on GPU for targets that cannot split.
+      detach: a stream id > 0 detaches the call (ffi/engine.h, "Handles"; CPU only): it
+        stages its operands in memory the collective owns and returns, as its only result,
+        the handle (int32, shape ()) that :func:`jaxcomm.wait` redeems, in this jitted call or
+        a later one. ``aliases`` is then ignored. 0: an ordinary call.
       **attributes: extra FFI attributes.
 
     Returns:
-      The data results (the output token is consumed by the ordering chain).
+      The data results (the output token is consumed by the ordering chain); with ``detach``,
+      ``[handle]``.
     """
     data, token = threaded_call(
         _ordering.token_in(), target, api, axis_name, operands, results, aliases, after,
-        **attributes,
+        detach=detach, **attributes,
     )  # fmt: skip
+    if detach:
+        _ordering.token_out(token)
+        return [token]
     _ordering.token_out(token)
     return data
 
@@ -66,6 +75,7 @@ def threaded_call(
     results: Sequence[tuple[tuple[int, ...], Any]],
     aliases: dict[int, int] | None = None,
     after: Any = None,
+    detach: int = 0,
     **attributes: Any,
 ) -> tuple[list[jax.Array], jax.Array]:
     """:func:`collective_call` with the ordering token passed in and returned.
@@ -76,7 +86,7 @@ def threaded_call(
 
     Args:
       token: the ordering token the call consumes.
-      target, api, axis_name, operands, results, aliases, after, **attributes: as for
+      target, api, axis_name, operands, results, aliases, after, detach, **attributes: as for
         :func:`collective_call`.
 
     Returns:
@@ -91,7 +101,15 @@ def threaded_call(
             "devices (a manual shard_map over every mesh axis)"
         )
     like = operands[0]
-    split = after is not None and (layout.platform == "cpu" or target in _ffi.GPU_SPLIT_TARGETS)
+    if detach:
+        if layout.platform != "cpu" or after is not None:
+            raise ValueError(f"{api}: a detached collective runs on CPU, without `after`")
+        aliases = None  # its results are never read: the wait fills its own
+    split = (
+        not detach
+        and after is not None
+        and (layout.platform == "cpu" or target in _ffi.GPU_SPLIT_TARGETS)
+    )
     out_types = [_ffi.result_like(like, shape, dtype) for shape, dtype in results]
     out_types.append(_ffi.result_like(like, (), jnp.int32))
     # Data operands follow the two common operands (coordinates, token).
@@ -108,6 +126,7 @@ def threaded_call(
             world_devices=np.asarray(world.device_ids, np.int64),
             **layout.attributes(),
             split=np.bool_(split),
+            detach=np.int64(detach),
         ),
         **attributes,
     )

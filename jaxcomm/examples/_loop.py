@@ -61,6 +61,16 @@ class Reduction:
       steps_factor: ``auto``: steps each choice needs to reach the target relative to dense,
         e.g. measured on this model by ``benchmarks/train.py`` (None: each algorithm's
         default, :data:`jaxcomm.cost.DEFAULT_STEPS_FACTOR`).
+      diloco_every: > 0: train with DiLoCo (:func:`jaxcomm.optax.diloco`): the optimizer
+        runs this many local steps on every rank, then ``algorithm`` (``dense``, in
+        ``grad_dtype`` on the wire, or a compressed one, with error feedback) averages the
+        pseudo-gradient for the outer step; no gradient is reduced per step. 0: reduce the
+        gradient every step.
+      diloco_outer_lr, diloco_outer_momentum: the outer SGD's learning rate and Nesterov
+        momentum (DiLoCo: 0.7 and 0.9).
+      diloco_delay: inner steps between an outer allreduce's start and its application
+        (Streaming DiLoCo's overlap: it runs detached on jaxcomm's engine meanwhile).
+      diloco_fragments: parameter fragments synced at staggered steps.
     """
 
     algorithm: str = "dense"
@@ -74,12 +84,24 @@ class Reduction:
     profile: str | None = None
     compute_seconds: float | None = None
     steps_factor: dict[str, float] | None = None
+    diloco_every: int = 0
+    diloco_outer_lr: float = jc_optax.DILOCO_OUTER_LR
+    diloco_outer_momentum: float = jc_optax.DILOCO_OUTER_MOMENTUM
+    diloco_delay: int = 0
+    diloco_fragments: int = 1
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.grad_dtype not in GRAD_DTYPES:
             raise ValueError(f"grad_dtype must be one of {GRAD_DTYPES}, got {self.grad_dtype!r}")
+        if self.diloco_every < 0:
+            raise ValueError(f"diloco_every must be >= 0 (0: off), got {self.diloco_every}")
+        if self.diloco_every and self.algorithm in ("psum", algorithms.AUTO):
+            raise ValueError(
+                f"diloco_every needs a jaxcomm algorithm for the outer allreduce (dense or a "
+                f"compressed one), not {self.algorithm!r}"
+            )
 
     def reducer(self, warmup_phase_steps: int) -> optax.GradientTransformation | None:
         """The jaxcomm gradient transformation (None for the ``psum`` baseline).
@@ -156,6 +178,31 @@ class Reduction:
         """
         return [("psum", 1), ("psum", 1)] if self.algorithm == "psum" else [("dense", 2)]
 
+    def diloco(self, optimizer: optax.GradientTransformation) -> jc_optax.DiLoCo | None:
+        """The DiLoCo trainer with ``optimizer`` as its inner optimizer (None: per-step
+        reduction, ``diloco_every == 0``).
+
+        Example:
+          >>> Reduction("gtopk", diloco_every=20).diloco(optax.adamw(1e-3)) is not None
+          True
+        """
+        if not self.diloco_every:
+            return None
+        options = cost.Options(density=self.density, proportion=self.proportion, tau=self.tau)
+        outer = optax.sgd(
+            self.diloco_outer_lr, momentum=self.diloco_outer_momentum or None, nesterov=True
+        )
+        return jc_optax.diloco(
+            optimizer,
+            outer,
+            every=self.diloco_every,
+            algorithm=algorithms.build(self.algorithm, options),  # None: dense
+            axis_name=AXIS,
+            delay=self.diloco_delay,
+            fragments=self.diloco_fragments,
+            dense_dtype=jnp.dtype(self.grad_dtype),
+        )
+
     def uses_density(self) -> bool:
         """Whether :attr:`density` configures the algorithm (the sparse ones).
 
@@ -166,8 +213,17 @@ class Reduction:
         return self.algorithm != algorithms.AUTO and algorithms.get(self.algorithm).uses_density
 
     def label(self) -> str:
-        """Short name for files and tables, e.g. ``"gtopk"`` or ``"psum-bf16"``."""
-        return f"{self.algorithm}-bf16" if self.grad_dtype == "bfloat16" else self.algorithm
+        """Short name for files and tables, e.g. ``"gtopk"``, ``"psum-bf16"`` or
+        ``"diloco20-gtopk-delay2"``."""
+        name = f"{self.algorithm}-bf16" if self.grad_dtype == "bfloat16" else self.algorithm
+        if not self.diloco_every:
+            return name
+        name = f"diloco{self.diloco_every}-{name}"
+        if self.diloco_delay:
+            name += f"-delay{self.diloco_delay}"
+        if self.diloco_fragments > 1:
+            name += f"-frag{self.diloco_fragments}"
+        return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +270,24 @@ def stop_summary(loop: LoopResult, config: Stopping) -> dict[str, Any]:
         "target": config.target,
         "time_cap_s": config.time_cap_s,
         "time_to_target_s": loop.time_to_target_s,
+    }
+
+
+def diloco_summary(config: Reduction) -> dict[str, Any] | None:
+    """The DiLoCo settings of a run for its result JSON (None: per-step reduction).
+
+    Example:
+      >>> diloco_summary(Reduction("gtopk", diloco_every=20))["every"]
+      20
+    """
+    if not config.diloco_every:
+        return None
+    return {
+        "every": config.diloco_every,
+        "outer_lr": config.diloco_outer_lr,
+        "outer_momentum": config.diloco_outer_momentum,
+        "delay": config.diloco_delay,
+        "fragments": config.diloco_fragments,
     }
 
 
@@ -272,6 +346,12 @@ class Step:
     ) -> None:
         self.mesh = mesh
         self.traces = 0
+        self.diloco = reduction.diloco(optimizer)
+        self._batch_args = batch_args
+        self._compiled: Any = None
+        if self.diloco is not None:
+            self._init_diloco(loss_fn)
+            return
         reducer = reduction.reducer(warmup_phase_steps)
         # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
         widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
@@ -298,8 +378,49 @@ class Step:
             return params, state, mean[0], mean[1]
 
         self._local_step = local_step
-        self._batch_args = batch_args
-        self._compiled: Any = None
+
+    def _init_diloco(self, loss_fn: Callable[..., tuple[jax.Array, jax.Array]]) -> None:
+        """The step of a DiLoCo run: no per-step communication at all."""
+        tx = self.diloco
+        self.tx = optax.GradientTransformation(tx.init, None)  # what init() builds the state of
+
+        def local_step(params: Any, state: Any, *batch: jax.Array) -> tuple:
+            self.traces += 1  # runs at trace time only
+            grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+            (loss, metric), grads = grad_fn(tx.local_params(state), *batch)
+            params, state = tx.step(grads, state, params)
+            # This rank's own loss and metric: averaging them would be a collective per step,
+            # which DiLoCo exists to avoid (the evaluation uses the global parameters).
+            return params, state, loss, metric
+
+        self._local_step = local_step
+
+    def restart(self, state: Any) -> Any:
+        """A restored state, ready to continue (DiLoCo: re-sends the outer allreduces that
+        were in flight when it was saved; others: ``state``)."""
+        if self.diloco is None:
+            return state
+        return self._state_call(self.diloco.restart, (self._specs(state),))(state)
+
+    def finish(self, params: Any, state: Any) -> tuple[Any, Any]:
+        """After the last step: applies every outer gradient in flight (DiLoCo with a delay),
+        so that no detached collective is left open. ``(params, state)`` otherwise."""
+        if self.diloco is None:
+            return params, state
+        specs = self._specs(state)
+        flush = self._state_call(self.diloco.flush, (specs, P()), (P(), specs))
+        return flush(state, params)
+
+    def _specs(self, state: Any) -> Any:
+        return jc_optax.partition_specs(state, AXIS)
+
+    def _state_call(self, fn: Callable[..., Any], in_specs: Any, out_specs: Any = None) -> Any:
+        out_specs = in_specs[0] if out_specs is None else out_specs
+        return jax.jit(
+            jax.shard_map(
+                fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+            )
+        )
 
     def init(self, params: Any) -> tuple[Any, Any]:
         """Replicates `params` on the mesh and builds the optimizer state (residuals per rank).
@@ -309,9 +430,11 @@ class Step:
         """
         params = jax.device_put(params, NamedSharding(self.mesh, P()))
         specs = jc_optax.partition_specs(jax.eval_shape(self.tx.init, params), AXIS)
-        state = jax.jit(jax.shard_map(self.tx.init, mesh=self.mesh, in_specs=P(), out_specs=specs))(
-            params
-        )
+        state = jax.jit(
+            jax.shard_map(
+                self.tx.init, mesh=self.mesh, in_specs=P(), out_specs=specs, check_vma=False
+            )
+        )(params)
         return params, state
 
     def __call__(self, params: Any, state: Any, *batch: jax.Array) -> tuple:
@@ -483,6 +606,7 @@ def train_loop(
             (params, state), loop_state = checkpoints.restore(
                 checkpoint_dir, resumed, (params, state)
             )
+            state = step.restart(state)
             start = min(resumed, steps)
             history = list(loop_state.get("history", []))
             seconds_before = float(loop_state.get("seconds", 0.0))
@@ -550,6 +674,8 @@ def train_loop(
             {"seconds": seconds_before + seconds + (paused - clock), "history": history},
         ):
             clock += time.perf_counter() - paused
+    paced.wait()
+    jax.block_until_ready(step.finish(params, state))  # no detached collective left open
     return LoopResult(
         params,
         loss,

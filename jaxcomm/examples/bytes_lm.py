@@ -258,6 +258,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         "grad_dtype": cfg.grad_dtype,
         "density": cfg.density if cfg.uses_density() else None,
         "proportion": cfg.proportion if cfg.algorithm == "adaptive" else None,
+        "diloco": _loop.diloco_summary(cfg),
         **_loop.stop_summary(loop, cfg),
         "devices": n_dev,
         "parameters": n_params,

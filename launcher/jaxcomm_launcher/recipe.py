@@ -167,6 +167,35 @@ Algorithm = Literal[ALGORITHM_NAMES]  # type: ignore[valid-type]
 AutoChoice = Literal[_ALGORITHMS.auto_choices()]  # type: ignore[valid-type]
 
 
+class DiLoCoSettings(_Strict):
+    """DiLoCo (``jaxcomm.optax.diloco``): the optimizer runs ``every`` local steps on every
+    rank, then ``jaxcomm.algorithm`` (dense, in ``grad_dtype`` on the wire, or a compressed
+    one with error feedback) averages the change of the weights for the outer step."""
+
+    every: int = Field(..., ge=1, description="inner steps between outer steps (H)")
+    outer_lr: float = Field(0.7, gt=0.0, description="outer SGD learning rate")
+    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="outer Nesterov momentum")
+    delay: int = Field(
+        0,
+        ge=0,
+        description="inner steps between an outer allreduce's start and its application "
+        "(Streaming DiLoCo; it runs on jaxcomm's engine meanwhile); < every",
+    )
+    fragments: int = Field(1, ge=1, description="parameter fragments synced at staggered steps")
+
+    @model_validator(mode="after")
+    def _check(self) -> DiLoCoSettings:
+        if self.delay >= self.every or self.fragments > self.every:
+            raise ValueError("diloco: delay must be < every and fragments <= every")
+        return self
+
+    def label_suffix(self) -> str:
+        """``"-delay2"`` / ``"-frag4"`` parts of a label (empty for plain DiLoCo)."""
+        return (f"-delay{self.delay}" if self.delay else "") + (
+            f"-frag{self.fragments}" if self.fragments > 1 else ""
+        )
+
+
 class JaxcommSettings(_Strict):
     """How gradients are reduced; passed to the job (the training jobs use them)."""
 
@@ -193,6 +222,9 @@ class JaxcommSettings(_Strict):
         description="auto: steps each choice needs to reach the target relative to dense, "
         "e.g. measured on this model by benchmarks/train.py (default: each algorithm's own)",
     )
+    diloco: DiLoCoSettings | None = Field(
+        None, description="train with DiLoCo; `algorithm` is then its outer allreduce"
+    )
 
     def display_label(self) -> str:
         """Returns the name used for this setting in run directories, tables and plots.
@@ -213,6 +245,8 @@ class JaxcommSettings(_Strict):
             name += "-bf16"
         if self.hierarchical:
             name += "-hier"
+        if self.diloco is not None:
+            name = f"diloco{self.diloco.every}-{name}{self.diloco.label_suffix()}"
         return name
 
 
@@ -228,6 +262,7 @@ class JaxcommOverride(_Strict):
     profile: str | None = None
     compute_seconds: float | None = Field(None, ge=0.0)
     steps_factor: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = None
+    diloco: DiLoCoSettings | None = None
 
 
 class Train(_Strict):

@@ -37,6 +37,7 @@ JAXCOMM_FIELDS = (
     "profile",
     "compute_seconds",
     "steps_factor",
+    "diloco",
 )
 
 
@@ -68,6 +69,10 @@ def example_settings(
             out[name] = getattr(ctx.train, name)
     for name in jaxcomm_fields:
         value = getattr(ctx.jaxcomm, name)
+        if name == "diloco":  # the examples' flat diloco_* fields
+            if value is not None:
+                out.update({f"diloco_{k}": v for k, v in value.model_dump().items()})
+            continue
         if name in ("algorithm", "density") or value:
             out[name] = tuple(value) if isinstance(value, list) else value
     out.update(ctx.args or {})
