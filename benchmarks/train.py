@@ -112,6 +112,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # auto given the 16-bit gradients of the baseline it is measured against: its dense
     # buckets then go on jaxcomm's 16-bit wire, which it weighs against the compressors.
     f"{ALGORITHMS.AUTO}-bf16": {"algorithm": ALGORITHMS.AUTO, "grad_dtype": "bfloat16"},
+    # The same without the sparse algorithms' warm-up (the example's `args.warmup`, a
+    # training choice auto does not make): the warm-up's dense-ish first epoch is what a
+    # sparse pick pays most for on a slow link.
+    f"{ALGORITHMS.AUTO}-bf16-nowarmup": {
+        "algorithm": ALGORITHMS.AUTO,
+        "grad_dtype": "bfloat16",
+        "args": {"warmup": False},
+    },
 }
 AUTO_LABELS = tuple(v for v, entry in VARIANTS.items() if entry["algorithm"] == ALGORITHMS.AUTO)
 # What the grid runs by default: all but the algorithms whose bytes hang on a tuned setting
@@ -220,6 +228,8 @@ def cell_recipe(
     recipe = WORKLOADS[workload].load()
     recipe["name"] = f"{workload}-{network}-{label}-s{seed}"
     entry = dict(VARIANTS[label])
+    # A variant's example arguments (not jaxcomm settings) go to the recipe's args.
+    recipe["args"] = {**recipe.get("args", {}), **entry.pop("args", {})}
     if label in AUTO_LABELS and profile is not None:
         entry["profile"] = str(profile)
     if label in AUTO_LABELS and compute_s is not None:
@@ -420,7 +430,7 @@ def _factors(measured: dict[str, float] | None) -> dict[str, float] | None:
 
 
 def measured_steps_factor(
-    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool
+    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool, warmup: bool = True
 ) -> dict[str, float]:
     """Steps to the workload's target of each of auto's choices, relative to dense, from the
     cells of this workload already run (any network: the steps a reduction needs do not
@@ -430,6 +440,9 @@ def measured_steps_factor(
     else ``dense``. A run that stopped at its cap without reaching the target needed more
     steps than it ran: its factor is that lower bound, so auto weighs it at least as slow as
     it was measured. Algorithms with no cell keep the registry's default.
+
+    The sparse cells ran with the warm-up: without it (``warmup=False``) their step counts do
+    not apply, and the sparse choices keep the registry's default.
 
     Returns:
       ``{name: factor}`` for the choices measured (empty if dense itself has no cell).
@@ -454,7 +467,8 @@ def measured_steps_factor(
     from jaxcomm import cost
 
     for name in cost.AUTO_CHOICES:
-        got = steps(name) if name != "dense" else None
+        sparse = ALGORITHMS.get(name).uses_density
+        got = steps(name) if name != "dense" and (warmup or not sparse) else None
         if got is not None:
             factors[name] = round(max(got[0] / dense[0], 1e-3), 3)
     return factors
@@ -562,7 +576,9 @@ def run_cell(
     factors = None
     if label in AUTO_LABELS:
         half = VARIANTS[label].get("grad_dtype") == "bfloat16"
-        factors = measured_steps_factor(args.out, workload, args.nodes, seed, half) or None
+        warmup = VARIANTS[label].get("args", {}).get("warmup", True)
+        factors = measured_steps_factor(args.out, workload, args.nodes, seed, half, warmup)
+        factors = factors or None
     recipe = cell_recipe(
         workload, network, args.nodes, label, seed, cap, profile, args.set, compute_s, factors
     )
@@ -839,7 +855,9 @@ def draw_pays(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
             cell = [r for r in rows if r["workload"] == w and r["network"] == n]
             jc = [r for r in cell if r["label"] not in ("psum", "psum-bf16") and r["speedup"]]
             autos = [r for r in cell if r["label"] in AUTO_LABELS]
-            auto = next((r for r in autos if r["label"] != ALGORITHMS.AUTO), None) or next(
+            # The grid's auto (16-bit gradients, the workload's warm-up), else another.
+            preferred = f"{ALGORITHMS.AUTO}-bf16"
+            auto = next((r for r in autos if r["label"] == preferred), None) or next(
                 iter(autos), None
             )
             if not jc:

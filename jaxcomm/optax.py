@@ -300,11 +300,16 @@ def allreduce_gradients(
             if chosen is None:
                 summed = allreduce(x, axis_name, after=after, **extra)
             else:
-                x = x.astype(jnp.float32)  # compressors quantize float32, as their residuals
-                # The update count is the step of a stochastic rounding (BlockQuant).
+                # Compressors quantize float32, as their residuals; the sum comes back in the
+                # bucket's dtype, so every phase of a density schedule (auto may send a bucket
+                # dense on the 16-bit wire in one phase and compressed in another) returns the
+                # same dtypes, as lax.switch requires. The update count is the step of a
+                # stochastic rounding (BlockQuant).
+                wire = x.dtype
                 summed, r = compressed_allreduce(
-                    x, r, axis_name, chosen, after=after, step=count, **extra
+                    x.astype(jnp.float32), r, axis_name, chosen, after=after, step=count, **extra
                 )
+                summed = summed.astype(wire)
             offset = 0
             for i in group:
                 n = xs[i].size

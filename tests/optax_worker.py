@@ -122,6 +122,32 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         {d["element_bytes"] for d in jaxcomm.cost.auto_decisions()}
     )
 
+    # 1c. "auto" over bf16 gradients with a density schedule, on a slow link: the dense phase
+    # keeps the 16-bit wire, the sparse phase sends gTop-k in float32; the switch over phases
+    # needs both to return bf16.
+    link = jaxcomm.cost.Link(1e-6, 8e-8)  # 100 Mbit/s, a microsecond per message
+    slow = jaxcomm.cost.Profile(
+        links={c: link for c in jaxcomm.cost.LINK_CLASSES},
+        gamma={k: 0.0 for k in jaxcomm.cost.KERNELS},
+        psum=link,
+    )
+    seen = len(jaxcomm.cost.auto_decisions())
+    auto = jaxcomm.cost.Auto(allowed=("dense", "gtopk"), profile=slow)
+    tx = allreduce_gradients("dp", auto, density_schedule={0: 0.9, 2: 0.0001}, bucket_size=1000)
+    specs, state = init(tx)
+    f = bf16_step(tx, specs)
+    dtypes = set()
+    for step in range(4):  # two steps in each phase, one trace
+        updates, state = f(params, state, batch(step))
+        dtypes |= {str(u.dtype) for u in jax.tree.leaves(updates)}
+        finite = all(bool(np.isfinite(np.asarray(u, np.float32)).all()) for u in updates.values())
+        info[f"bf16_schedule/{step}/finite"] = finite
+    info["bf16_schedule/dtypes"] = sorted(dtypes)
+    info["bf16_schedule/choices"] = sorted(
+        {d["choice"] for d in jaxcomm.cost.auto_decisions()[seen:]}
+    )
+    info["bf16_schedule/count"] = int(np.asarray(state.count))
+
     # 2. Compressed: residual structure, conservation, no retracing.
     for name, algo in (
         ("gtopk", jaxcomm.GTopK(0.05)),

@@ -46,6 +46,15 @@ def test_auto_keeps_bf16_gradients_on_the_16_bit_wire(worker):
     assert info["bf16/auto_decision_bytes"] == [2]
 
 
+def test_auto_bf16_density_schedule_mixes_the_16_bit_wire_and_compressors(worker):
+    # The phases chose differently (the premise), and the switch returned bf16 in both.
+    _, info = worker("unit")
+    assert info["bf16_schedule/choices"] == ["dense", "gtopk"]
+    assert info["bf16_schedule/dtypes"] == ["bfloat16"]
+    assert all(info[f"bf16_schedule/{step}/finite"] for step in range(4))
+    assert info["bf16_schedule/count"] == 4
+
+
 @pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather"])
 def test_residuals_have_the_gradient_structure_and_no_retracing(worker, algorithm):
     _, info = worker("unit")
