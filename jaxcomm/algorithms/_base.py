@@ -125,6 +125,13 @@ class Algorithm:
         or None.
       hierarchy: ``(base name, scheme)`` of a hierarchical form (``("dense", "leader")`` for
         ``hier_dense_leader``); None for a flat algorithm.
+      leafwise: the module of :mod:`jaxcomm.collectives` that reduces a whole gradient tree,
+        for an algorithm that works on the leaves' shapes rather than on flat buckets
+        (PowerSGD's per-matrix factors). ``jaxcomm.optax.allreduce_gradients`` calls its
+        ``init(leaves, spec, names)`` and ``reduce(...)`` (see
+        :mod:`jaxcomm.collectives.powersgd`) instead of bucketing, and keeps its state in
+        ``residuals`` (per rank) and ``shared`` (identical on every rank). None: a flat
+        compressor (``targets["flat"]``).
     """
 
     name: str
@@ -153,6 +160,7 @@ class Algorithm:
     in_recipes: bool = True
     ops: str | None = None
     hierarchy: tuple[str, str] | None = None
+    leafwise: str | None = None
 
     @property
     def hierarchical(self) -> bool:

@@ -1,0 +1,305 @@
+"""``powersgd``: PowerSGD low-rank gradient compression (Vogels et al., NeurIPS 2019), with the
+semantics of PyTorch DDP's ``powerSGD_hook``.
+
+PowerSGD is *leaf-shaped*: it compresses each 2-D (or reshaped to 2-D) gradient leaf M into two
+thin factors, P = M Q (rows × rank) and Q = Mᵀ P (columns × rank), so it cannot run on the flat
+float32 buckets the other algorithms reduce. Its record names a gradient-tree implementation
+(``Algorithm.leafwise``: :mod:`jaxcomm.collectives.powersgd`) that
+``jaxcomm.optax.allreduce_gradients`` calls instead of bucketing. Its collectives are three
+dense ``jaxcomm.allreduce`` calls per step: every compressed leaf's P in one, every Q in one,
+and the leaves not worth compressing (1-D ones, and those whose factors would not be
+``min_compression_rate`` times smaller) in one.
+
+The cost model's interface is one call on ``n`` elements, which knows no shape: it models the
+``n`` elements as one near-square matrix (:func:`matrix_of`), the shape whose factors are
+smallest for its size. :func:`tree_bytes` counts the exact bytes of a model's leaf shapes, as
+``jaxcomm.metrics()`` reports them (tests/test_powersgd.py checks both).
+
+Standard library only (the launcher loads the registry without JAX).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _checks
+from ._base import Algorithm
+from .dense import dense_bytes, dense_time
+
+START_STEP = 1000
+"""Default dense warm-up steps: PyTorch's ``start_powerSGD_iter`` default."""
+
+MIN_COMPRESSION_RATE = 2.0
+"""Default least compression a leaf must gain to be compressed (PyTorch's default)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerSGD:
+    """PowerSGD (Vogels et al. 2019) as PyTorch DDP's ``powerSGD_hook`` runs it, for
+    ``jaxcomm.optax.allreduce_gradients``.
+
+    Each gradient leaf of two or more dimensions is viewed as a matrix M of
+    ``(shape[0], prod(shape[1:]))`` and, with this rank's error added (error feedback),
+    sent as two low-rank factors: P = M Q (all leaves' P in one allreduce), P orthogonalized
+    (Gram-Schmidt, per leaf), Q = Mᵀ P (all leaves' Q in one allreduce, then divided by the
+    number of ranks), and the average is approximated by P Qᵀ. Each rank keeps
+    ``M - P Qᵀ`` as its error for the next step; Q is kept too and reused (warm start,
+    orthogonalized before each use). The first Q is drawn from a normal distribution seeded by
+    ``seed``, the same on every rank. 1-D leaves, and leaves whose factors would not be at
+    least ``min_compression_rate`` times smaller than the leaf, are averaged densely, all in
+    one allreduce. For the first ``start_step`` steps every leaf is averaged densely and no
+    error accumulates (the hook's ``start_powerSGD_iter``).
+
+    Differences from the hook: the factors and errors are float32 whatever the gradient's
+    dtype; the leaves sent dense keep no error (the hook keeps ``M - mean(M)`` for them too,
+    whose mean over ranks is zero, so the average it sends is the same up to rounding); a
+    column of P or Q that is all zero stays zero instead of becoming NaN.
+
+    Args:
+      rank: the approximation rank r (PyTorch's ``matrix_approximation_rank``), an integer
+        >= 1; a leaf of R x C uses ``min(R, C, rank)``.
+      start_step: steps of dense allreduce before compression starts, >= 0 (PyTorch's
+        ``start_powerSGD_iter``, default 1000).
+      min_compression_rate: a leaf is compressed only if ``R * C`` exceeds
+        ``min_compression_rate * (R + C) * rank``; >= 1 (default 2, as PyTorch's).
+      seed: seed of the first Q (the same on every rank).
+
+    Example:
+      >>> import jaxcomm
+      >>> spec = jaxcomm.PowerSGD(rank=4, start_step=100)
+      >>> spec.plan((4096, 4096))  # (rows, columns, rank) of a compressed leaf
+      (4096, 4096, 4)
+      >>> spec.plan((4096,)) is None  # 1-D: dense
+      True
+    """
+
+    rank: int
+    start_step: int = START_STEP
+    min_compression_rate: float = MIN_COMPRESSION_RATE
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            rank = _checks.positive_int(self.rank, "rank")
+        except (TypeError, ValueError) as e:
+            raise type(e)(
+                f"PowerSGD: {e}; pass the approximation rank, e.g. PowerSGD(rank=4)"
+            ) from None
+        try:
+            start = _checks.positive_int(self.start_step, "start_step", low=0)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"PowerSGD: {e}; 0 compresses from the first step") from None
+        rate = _checks.finite_float(self.min_compression_rate, "min_compression_rate")
+        if rate < 1.0:
+            raise ValueError(
+                f"PowerSGD: min_compression_rate must be >= 1 (a leaf is compressed only when "
+                f"its factors are that many times smaller), got {rate}; the default is "
+                f"{MIN_COMPRESSION_RATE:g}"
+            )
+        seed = _checks.positive_int(self.seed, "seed", low=0)
+        object.__setattr__(self, "rank", rank)
+        object.__setattr__(self, "start_step", start)
+        object.__setattr__(self, "min_compression_rate", rate)
+        object.__setattr__(self, "seed", seed)
+
+    def plan(self, shape: Sequence[int]) -> tuple[int, int, int] | None:
+        """How a leaf of ``shape`` is sent.
+
+        Args:
+          shape: the leaf's shape (at least one dimension).
+
+        Returns:
+          ``(rows, columns, rank)`` of its factors when it is compressed, None when it goes
+          dense (1-D, or not ``min_compression_rate`` times smaller).
+
+        Raises:
+          ValueError: a 0-d shape.
+
+        Example:
+          >>> PowerSGD(rank=2).plan((3, 4, 5))
+          (3, 20, 2)
+        """
+        return leaf_plan(shape, self.rank, self.min_compression_rate)
+
+
+def leaf_plan(
+    shape: Sequence[int], rank: int, min_compression_rate: float
+) -> tuple[int, int, int] | None:
+    """``(rows, columns, rank)`` of a compressed leaf, or None for a dense one.
+
+    The hook's ``_should_compress``: a leaf of two or more dimensions is the matrix
+    ``(shape[0], prod(shape[1:]))`` and is compressed when ``rows * columns`` exceeds
+    ``min_compression_rate * (rows + columns) * r``, with ``r = min(rows, columns, rank)``.
+
+    Args:
+      shape: the leaf's shape.
+      rank: the approximation rank.
+      min_compression_rate: the least gain.
+
+    Returns:
+      ``(rows, columns, r)`` or None.
+
+    Raises:
+      ValueError: a 0-d shape (PowerSGD has no matrix for it).
+
+    Example:
+      >>> leaf_plan((8, 8), 4, 2.0) is None  # 64 elements against 2 * 64 of factors
+      True
+      >>> leaf_plan((64, 64), 4, 2.0)
+      (64, 64, 4)
+    """
+    shape = tuple(int(d) for d in shape)
+    if not shape:
+        raise ValueError(
+            "PowerSGD needs leaves of at least one dimension, got a 0-d (scalar) leaf; give "
+            "that parameter shape (1,)"
+        )
+    if len(shape) == 1:
+        return None
+    rows, columns = shape[0], math.prod(shape[1:])
+    r = min(rows, columns, rank)
+    if rows * columns > min_compression_rate * (rows + columns) * r and r > 0:
+        return rows, columns, r
+    return None
+
+
+def matrix_of(n: int) -> tuple[int, int]:
+    """The near-square matrix the cost model assumes for ``n`` elements: ``(rows, columns)``
+    with ``rows = floor(sqrt(n))`` and ``columns = ceil(n / rows)``.
+
+    Example:
+      >>> matrix_of(1000)
+      (31, 33)
+    """
+    rows = max(1, math.isqrt(n))
+    return rows, -(-n // rows)
+
+
+def _rank(options: Any) -> int:
+    return int(options.rank)
+
+
+def _flat_plan(n: int, options: Any) -> tuple[int, int, int] | None:
+    rows, columns = matrix_of(n)
+    return leaf_plan((rows, columns), _rank(options), options.min_compression_rate)
+
+
+def tree_sizes(
+    shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float
+) -> tuple[int, int, int]:
+    """Elements of the three allreduces of one compressed step over leaves of ``shapes``.
+
+    Args:
+      shapes: the gradient leaves' shapes.
+      rank: the approximation rank.
+      min_compression_rate: the least gain.
+
+    Returns:
+      ``(p, q, dense)``: elements of the P allreduce, of the Q allreduce and of the dense one.
+
+    Example:
+      >>> tree_sizes([(64, 4096), (4096,), (4096, 10)], 4, 2.0)
+      (256, 16384, 45056)
+    """
+    p = q = dense = 0
+    for shape in shapes:
+        plan = leaf_plan(shape, rank, min_compression_rate)
+        if plan is None:
+            dense += math.prod(shape)
+        else:
+            rows, columns, r = plan
+            p, q = p + rows * r, q + columns * r
+    return p, q, dense
+
+
+def tree_bytes(
+    shapes: Sequence[Sequence[int]],
+    rank: int,
+    min_compression_rate: float,
+    world: Any,
+    world_rank: int,
+) -> int:
+    """Bytes world rank ``world_rank`` sends in one compressed step over leaves of ``shapes``.
+
+    Three dense allreduces (float32 P and Q; the dense leaves as float32 too), with the
+    schedule ``jaxcomm.allreduce`` picks for each size (:func:`jaxcomm.cost.dense_bytes`).
+
+    Args:
+      shapes: the gradient leaves' shapes.
+      rank: the approximation rank.
+      min_compression_rate: the least gain.
+      world: a ``jaxcomm.cost.World`` (a flat group over all its ranks).
+      world_rank: the rank.
+
+    Returns:
+      Bytes sent.
+
+    Example:
+      >>> from jaxcomm import cost
+      >>> tree_bytes([(64, 4096)], 4, 2.0, cost.World(2, 1, "across_hosts"), 0)
+      69632
+    """
+    shared = world.flat_link() != "across_hosts"
+    return sum(
+        dense_bytes(m, world.ranks, world_rank, shared) if m else 0
+        for m in tree_sizes(shapes, rank, min_compression_rate)
+    )
+
+
+def _bytes(n: int, world: Any, options: Any, rank: int) -> int:
+    plan = _flat_plan(n, options)
+    shared = world.flat_link() != "across_hosts"
+    if plan is None:
+        return dense_bytes(n, world.ranks, rank, shared)
+    rows, columns, r = plan
+    return dense_bytes(rows * r, world.ranks, rank, shared) + dense_bytes(
+        columns * r, world.ranks, rank, shared
+    )
+
+
+def _time(t: Any, n: int, world: Any, options: Any) -> None:
+    plan = _flat_plan(n, options)
+    link = world.flat_link()
+    if plan is None:
+        t.kernel("sum", n)
+        dense_time(t, n, world.ranks, link)
+        return
+    rows, columns, r = plan
+    # M = g + error, M - P Qᵀ, and the output: three passes over the leaf.
+    t.kernel("sum", 3 * n)
+    # P = M Q, Q = Mᵀ P and P Qᵀ: rows × columns × r multiply-adds each, plus the two
+    # Gram-Schmidt passes (about 2 (rows + columns) r² multiply-adds).
+    t.kernel("matmul", 3 * rows * columns * r + 2 * (rows + columns) * r * r)
+    # The P allreduce, then (it depends on P) the Q allreduce, in sequence.
+    for m in (rows * r, columns * r):
+        t.kernel("sum", m)
+        dense_time(t, m, world.ranks, link)
+
+
+ALGORITHM = Algorithm(
+    name="powersgd",
+    summary="PowerSGD: rank-r factors P, Q of each 2-D gradient leaf, error feedback "
+    "(allreduce_gradients only)",
+    order=70,
+    spec=PowerSGD,
+    build=lambda options: PowerSGD(
+        rank=options.rank,
+        start_step=options.start_step,
+        min_compression_rate=options.min_compression_rate,
+    ),
+    bytes_sent=_bytes,
+    time=_time,
+    residual=True,
+    leafwise="powersgd",
+    # One multiply-add of the thin products (an (R x C) by (C x 1) matmul, per element of M),
+    # seconds; measured like _base.SHARED_KERNELS (jax.numpy matmul, 2-core development
+    # machine, 2026-11-24; `jaxcomm probe` measures it as gamma.matmul).
+    kernels={"matmul": 1.0e-9},
+    # Not measured by the end-to-end grid yet: 1.0 from the paper, where rank 2 reaches the
+    # accuracy of SGD in the same epochs (ResNet-18 / CIFAR-10, Vogels et al. 2019, Table 3).
+    # auto never chooses it (it is not a per-bucket compressor); `jaxcomm plan` lists it.
+    steps_factor=1.0,
+)
