@@ -71,6 +71,10 @@ class Reduction:
       diloco_delay: inner steps between an outer allreduce's start and its application
         (Streaming DiLoCo's overlap: it runs detached on jaxcomm's engine meanwhile).
       diloco_fragments: parameter fragments synced at staggered steps.
+      rank: ``powersgd``: the approximation rank (:class:`jaxcomm.PowerSGD`).
+      min_compression_rate: ``powersgd``: the least gain for which a leaf is compressed.
+      start_step: ``powersgd``: steps of dense allreduce first; None: one warm-up phase
+        (``warmup_phase_steps``, an epoch) when ``warmup`` is on, else 0.
     """
 
     algorithm: str = "dense"
@@ -89,6 +93,9 @@ class Reduction:
     diloco_outer_momentum: float = jc_optax.DILOCO_OUTER_MOMENTUM
     diloco_delay: int = 0
     diloco_fragments: int = 1
+    rank: int = 4
+    min_compression_rate: float = 2.0
+    start_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -102,6 +109,32 @@ class Reduction:
                 f"diloco_every needs a jaxcomm algorithm for the outer allreduce (dense or a "
                 f"compressed one), not {self.algorithm!r}"
             )
+
+    def options(self, warmup_phase_steps: int) -> cost.Options:
+        """The algorithm settings of this reduction, for :func:`jaxcomm.algorithms.build`.
+
+        Args:
+          warmup_phase_steps: steps per warm-up density; PowerSGD's dense warm-up
+            (``start_step`` None) lasts one such phase when :attr:`warmup` is on.
+
+        Returns:
+          The :class:`jaxcomm.cost.Options`.
+
+        Example:
+          >>> Reduction("powersgd", rank=2).options(100).start_step
+          100
+        """
+        start_step = self.start_step
+        if start_step is None:  # PowerSGD's dense warm-up: one phase of the sparse warm-up
+            start_step = warmup_phase_steps if self.warmup else 0
+        return cost.Options(
+            density=self.density,
+            proportion=self.proportion,
+            tau=self.tau,
+            rank=self.rank,
+            start_step=start_step,
+            min_compression_rate=self.min_compression_rate,
+        )
 
     def reducer(self, warmup_phase_steps: int) -> optax.GradientTransformation | None:
         """The jaxcomm gradient transformation (None for the ``psum`` baseline).
@@ -121,7 +154,7 @@ class Reduction:
         a = self.algorithm
         if a == "psum":
             return None
-        options = cost.Options(density=self.density, proportion=self.proportion, tau=self.tau)
+        options = self.options(warmup_phase_steps)
         schedule = None
         if a == algorithms.AUTO:
             allowed = self.allowed or cost.DEFAULT_ALLOWED
@@ -188,7 +221,7 @@ class Reduction:
         """
         if not self.diloco_every:
             return None
-        options = cost.Options(density=self.density, proportion=self.proportion, tau=self.tau)
+        options = self.options(0)
         outer = optax.sgd(
             self.diloco_outer_lr, momentum=self.diloco_outer_momentum or None, nesterov=True
         )
