@@ -229,6 +229,11 @@ def allreduce_gradients(
         ``jaxcomm.TopKAllgather(0.01)`` (error feedback is kept in the state), or ``"auto"``
         / ``jaxcomm.cost.Auto(allowed=("dense", "gtopk"), profile="profile.json")``: each
         bucket's algorithm is chosen at trace time by the cost model (:mod:`jaxcomm.cost`).
+        A leaf-shaped algorithm, ``jaxcomm.PowerSGD(rank=4, start_step=100)``, works on the
+        leaves' shapes instead of buckets: three allreduce calls per step (every leaf's P,
+        every leaf's Q, the leaves sent dense), its errors in ``residuals`` and its
+        warm-start Qs in ``shared``; ``bucket_size``, ``first_bucket_size`` and
+        ``overlap`` do not apply to it.
       hierarchical: reduce within a node first, then across nodes (``axis_name`` must then
         be a ("node", "local") pair of mesh axes; see ``jaxcomm.allreduce``).
       mean: divide the sum by the number of ranks (else return the sum).
@@ -257,6 +262,13 @@ def allreduce_gradients(
       >>> specs = jaxcomm.optax.partition_specs(jax.eval_shape(tx.init, params), "dp")
       >>> state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(),
       ...                               out_specs=specs))(params)
+
+      PowerSGD (the 8 x 4 weight as rank-1 factors, its Q 4 x 1; the bias goes dense):
+
+      >>> tx = jaxcomm.optax.allreduce_gradients("dp", jaxcomm.PowerSGD(rank=1, start_step=10))
+      >>> state = tx.init(params)
+      >>> state.shared["layer0"]["w"].shape, state.shared["layer0"]["b"].shape
+      ((4, 1), (1,))
     """
     algorithm = _deprecated_compressor(algorithm, compressor)
     leafwise = _leafwise(algorithm)

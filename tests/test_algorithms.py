@@ -32,6 +32,7 @@ def test_names_are_the_ones_recipes_benchmarks_and_cost_use():
         "blockquant",
         "onebit",
         "threshold",
+        "powersgd",
     )
     assert cost.ALGORITHMS == algorithms.planned()
     assert set(algorithms.planned()) <= {a.name for a in algorithms.registered()}

@@ -119,8 +119,8 @@ class PowerSGD:
           ValueError: a 0-d shape.
 
         Example:
-          >>> PowerSGD(rank=2).plan((3, 4, 5))
-          (3, 20, 2)
+          >>> PowerSGD(rank=2).plan((16, 4, 5))  # viewed as 16 x 20
+          (16, 20, 2)
         """
         return leaf_plan(shape, self.rank, self.min_compression_rate)
 
@@ -202,7 +202,7 @@ def tree_sizes(
 
     Example:
       >>> tree_sizes([(64, 4096), (4096,), (4096, 10)], 4, 2.0)
-      (256, 16384, 45056)
+      (16640, 16424, 4096)
     """
     p = q = dense = 0
     for shape in shapes:
@@ -240,7 +240,7 @@ def tree_bytes(
     Example:
       >>> from jaxcomm import cost
       >>> tree_bytes([(64, 4096)], 4, 2.0, cost.World(2, 1, "across_hosts"), 0)
-      69632
+      66560
     """
     shared = world.flat_link() != "across_hosts"
     return sum(
@@ -283,7 +283,7 @@ ALGORITHM = Algorithm(
     name="powersgd",
     summary="PowerSGD: rank-r factors P, Q of each 2-D gradient leaf, error feedback "
     "(allreduce_gradients only)",
-    order=70,
+    order=62,
     spec=PowerSGD,
     build=lambda options: PowerSGD(
         rank=options.rank,

@@ -236,8 +236,17 @@ def reduce(
       ValueError: a 0-d leaf (naming it).
 
     Example:
-      >>> outs, errors, qs = reduce(grads, errors, qs, count, "dp", jaxcomm.PowerSGD(rank=4),
-      ...                           names=names)  # doctest: +SKIP
+      A rank-1 gradient goes through rank-1 factors exactly:
+
+      >>> spec = jaxcomm.PowerSGD(rank=1, start_step=0)
+      >>> grads = [jnp.ones((16, 16))]
+      >>> errors, qs = init(grads, spec, ["w"])
+      >>> step = jax.jit(jax.shard_map(
+      ...     lambda g, e, q: reduce(g, e, q, jnp.int32(0), "dp", spec, names=["w"]),
+      ...     mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
+      >>> outs, errors, qs = step(grads, errors, qs)
+      >>> bool(jnp.allclose(outs[0], 1.0, atol=1e-5)), bool(jnp.abs(errors[0]).max() < 1e-5)
+      (True, True)
     """
     leaves, errors, qs = list(leaves), list(errors), list(qs)
     plans = [_plan(jnp.shape(g), spec, n) for g, n in zip(leaves, names, strict=True)]
