@@ -261,3 +261,38 @@ def test_examples_reduction_and_recipes_build_it():
     from jaxcomm_launcher.recipe import JaxcommSettings
 
     assert JaxcommSettings(algorithm="powersgd").display_label() == "powersgd"
+
+
+def test_hierarchical_reaches_all_three_calls():
+    # hierarchical=True: the P, Q and dense allreduces are each one hierarchical call over
+    # (node, local) (lowered on a one-device mesh, not run).
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    axes = ("node", "local")
+    mesh = jax.make_mesh((1, 1), axes)
+    params = {"w": jnp.ones((64, 32), jnp.float32), "b": jnp.ones((8,), jnp.float32)}
+    texts = {}
+    for hierarchical in (False, True):
+        tx = jaxcomm.optax.allreduce_gradients(
+            axes, jaxcomm.PowerSGD(rank=2, start_step=0), hierarchical=hierarchical
+        )
+        shapes = jax.eval_shape(tx.init, params)
+        specs = jaxcomm.optax.partition_specs(shapes, axes)
+        state = jax.tree.map(
+            lambda s, spec: jax.ShapeDtypeStruct(
+                s.shape, s.dtype, sharding=NamedSharding(mesh, spec)
+            ),
+            shapes,
+            specs,
+            is_leaf=lambda x: isinstance(x, P),
+        )
+        step = jax.shard_map(
+            tx.update, mesh=mesh, in_specs=(P(), specs), out_specs=(P(), specs), check_vma=False
+        )
+        texts[hierarchical] = jax.jit(step).lower(params, state).as_text()
+    assert texts[True].count("@jaxcomm_hierarchical_allreduce(") == 3
+    assert texts[False].count("@jaxcomm_allreduce(") == 3
+    assert "hierarchical" not in texts[False]
