@@ -7,7 +7,8 @@ that holds every leaf:
 - while ``step < start_step``: the vanilla allreduce (the sum divided by the world size), no
   error kept;
 - then per rank: M = g + e for the whole bucket (e zero the first time); each leaf of two or
-  more dimensions viewed as ``(shape[0], -1)`` is compressed when ``_should_compress`` says
+  more dimensions viewed as ``(-1, shape[-1])`` (jaxcomm's default ``layout="jax"``: the
+  hook's ``(shape[0], -1)`` of PyTorch's layout) is compressed when ``_should_compress`` says
   so (``rows * cols > min_rate * (rows + cols) * r``, r = min(rows, cols, rank)); the others
   are summed and divided by the world size; Q orthogonalized (Gram-Schmidt), P = M Q, P summed
   over ranks and orthogonalized, Q = Mᵀ P summed over ranks and divided by the world size
@@ -38,7 +39,7 @@ def orthogonalize(m: np.ndarray) -> np.ndarray:
 def plan(shape: tuple[int, ...], rank: int, min_rate: float):
     if len(shape) < 2:
         return None
-    rows, cols = shape[0], int(np.prod(shape[1:]))
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
     r = min(rows, cols, rank)
     return (rows, cols, r) if rows * cols > min_rate * (rows + cols) * r else None
 

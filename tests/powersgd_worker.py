@@ -19,7 +19,7 @@ import sys
 
 # Leaves of every kind: compressed 2-D and 4-D ones, a 1-D one and a 2-D one too small to gain
 # (both dense), in an order that interleaves them.
-SHAPES = {"w1": (40, 30), "b1": (30,), "w2": (30, 7), "conv": (8, 3, 3, 4), "small": (6, 5)}
+SHAPES = {"w1": (40, 30), "b1": (30,), "w2": (30, 7), "conv": (3, 3, 8, 16), "small": (6, 5)}
 RANK, START, STEPS = 2, 2, 6
 
 
@@ -118,10 +118,10 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
     world = cost.World(1, devices)
     info["bytes_measured"] = {str(r): b for r, b in sorted(sent.items())}
     info["bytes_model"] = {
-        str(r): powersgd.tree_bytes(list(SHAPES.values()), RANK, 2.0, world, r)
+        str(r): powersgd.tree_bytes(list(SHAPES.values()), jaxcomm.PowerSGD(RANK), world, r)
         for r in range(devices)
     }
-    info["sizes"] = list(powersgd.tree_sizes(list(SHAPES.values()), RANK, 2.0))
+    info["sizes"] = list(powersgd.tree_sizes(list(SHAPES.values()), jaxcomm.PowerSGD(RANK)))
 
     # 4. mean=False: the sum, devices times the average.
     spec = jaxcomm.PowerSGD(rank=RANK, start_step=1)

@@ -21,7 +21,7 @@ from jaxcomm.algorithms import powersgd
 WORKER = pathlib.Path(__file__).with_name("powersgd_worker.py")
 DEVICES = 4
 # The worker's settings (tests/powersgd_worker.py).
-SHAPES = {"w1": (40, 30), "b1": (30,), "w2": (30, 7), "conv": (8, 3, 3, 4), "small": (6, 5)}
+SHAPES = {"w1": (40, 30), "b1": (30,), "w2": (30, 7), "conv": (3, 3, 8, 16), "small": (6, 5)}
 RANK, START, STEPS = 2, 2, 6
 
 
@@ -127,8 +127,8 @@ def test_p_and_q_of_all_leaves_travel_in_one_call_each(worker):
 def test_bytes_are_the_models(worker):
     _, info = worker("unit")
     assert info["bytes_measured"] == info["bytes_model"]
-    # P: w1 40x2 + w2 30x2 + conv 8x2; Q: 30x2 + 7x2 + 36x2; dense: b1 30 + small 30.
-    assert info["sizes"] == [156, 146, 60]
+    # P: w1 40x2 + w2 30x2 + conv 72x2; Q: 30x2 + 7x2 + 16x2; dense: b1 30 + small 30.
+    assert info["sizes"] == [284, 106, 60]
 
 
 def test_sum_instead_of_mean(worker):
@@ -175,6 +175,7 @@ def test_digits_mlp_with_rank_4_is_close_to_dense(worker):
         ({"rank": 2, "start_step": -1}, ValueError, "start_step.*0 compresses from the first"),
         ({"rank": 2, "min_compression_rate": 0.5}, ValueError, "min_compression_rate must be >= 1"),
         ({"rank": 2, "min_compression_rate": float("nan")}, ValueError, "finite"),
+        ({"rank": 2, "layout": "flax"}, ValueError, "layout must be one of"),
     ],
 )
 def test_bad_arguments_name_the_fix(kwargs, error, match):
@@ -209,7 +210,7 @@ def test_state_shapes_and_partition_specs():
     params = {k: jnp.zeros(s) for k, s in SHAPES.items()}
     state = tx.init(params)
     assert state.residuals["w1"].shape == (40, 30) and state.residuals["b1"].shape == (1,)
-    assert state.shared["w1"].shape == (30, 3) and state.shared["conv"].shape == (36, 3)
+    assert state.shared["w1"].shape == (30, 3) and state.shared["conv"].shape == (16, 3)
     assert state.shared["small"].shape == (1,)
     # The first Q is seeded: the same for the same seed, another for another.
     again = tx.init(params)
@@ -227,7 +228,13 @@ def test_leaf_plan_is_the_hooks_should_compress():
     assert spec.plan((8, 8)) is None  # 64 elements, 2 * 16 * 4 of factors
     assert spec.plan((3, 40)) is None  # r = min(3, 40, 4) = 3: 120 <= 2 * 43 * 3
     assert jaxcomm.PowerSGD(rank=2).plan((5, 400)) == (5, 400, 2)  # 2000 > 2 * 405 * 2
-    assert spec.plan((16, 3, 4, 5)) == (16, 60, 4)  # viewed as (shape[0], -1)
+    # Three or more dimensions: output features last (Flax's (H, W, in, out)), or first as
+    # the hook views PyTorch's (out, in, H, W).
+    assert spec.plan((3, 3, 8, 16)) == (72, 16, 4)
+    assert spec.plan((3, 3, 1, 32)) is None  # 9 x 32: 288 <= 2 * 41 * 4
+    torch = jaxcomm.PowerSGD(rank=4, layout="torch")
+    assert torch.plan((16, 8, 3, 3)) == (16, 72, 4) and torch.plan((3, 3, 8, 16)) is None
+    assert torch.plan((40, 30)) == spec.plan((40, 30))
     assert jaxcomm.PowerSGD(rank=4, min_compression_rate=1.0).plan((8, 9)) == (8, 9, 4)
     with pytest.raises(ValueError, match="0-d"):
         spec.plan(())
@@ -296,3 +303,32 @@ def test_hierarchical_reaches_all_three_calls():
     assert texts[True].count("@jaxcomm_hierarchical_allreduce(") == 3
     assert texts[False].count("@jaxcomm_allreduce(") == 3
     assert "hierarchical" not in texts[False]
+
+
+@pytest.mark.parametrize("layout", ["jax", "torch"])
+def test_layout_picks_the_matrix(layout):
+    # A gradient of rank 1 in the layout's matrix view goes through rank-1 factors exactly
+    # (one device; warm-up off).
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    rng = np.random.default_rng(3)
+    if layout == "torch":  # PyTorch's conv weight (out, in, H, W), viewed as (out, in*H*W)
+        shape, u, v = (16, 8, 3, 3), rng.standard_normal(16), rng.standard_normal(72)
+    else:  # Flax's conv kernel (H, W, in, out), viewed as (H*W*in, out)
+        shape, u, v = (3, 3, 8, 16), rng.standard_normal(72), rng.standard_normal(16)
+    grad = {"k": jnp.asarray(np.outer(u, v).reshape(shape), jnp.float32)}
+    mesh = jax.make_mesh((1,), ("dp",))
+    for view in ("jax", "torch"):
+        spec = jaxcomm.PowerSGD(rank=1, start_step=0, layout=view)
+        if spec.plan(shape) is None:
+            continue
+        tx = jaxcomm.optax.allreduce_gradients("dp", spec)
+        state = tx.init(grad)
+        step = jax.jit(
+            jax.shard_map(tx.update, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+        )
+        out, _ = step(grad, state)
+        exact = np.allclose(out["k"], grad["k"], rtol=1e-4, atol=1e-5)
+        assert exact == (view == layout), (layout, view)

@@ -29,6 +29,9 @@ from .. import _checks
 from ._base import Algorithm
 from .dense import dense_bytes, dense_time
 
+LAYOUTS = ("jax", "torch")
+"""How :class:`PowerSGD` views a leaf of three or more dimensions as a matrix."""
+
 START_STEP = 1000
 """Default dense warm-up steps: PyTorch's ``start_powerSGD_iter`` default."""
 
@@ -41,8 +44,8 @@ class PowerSGD:
     """PowerSGD (Vogels et al. 2019) as PyTorch DDP's ``powerSGD_hook`` runs it, for
     ``jaxcomm.optax.allreduce_gradients``.
 
-    Each gradient leaf of two or more dimensions is viewed as a matrix M of
-    ``(shape[0], prod(shape[1:]))`` and, with this rank's error added (error feedback),
+    Each gradient leaf of two or more dimensions is viewed as a matrix M (its output
+    features as the columns, see ``layout``) and, with this rank's error added (error feedback),
     sent as two low-rank factors: P = M Q (all leaves' P in one allreduce), P orthogonalized
     (Gram-Schmidt, per leaf), Q = Mᵀ P (all leaves' Q in one allreduce, then divided by the
     number of ranks), and the average is approximated by P Qᵀ. Each rank keeps
@@ -66,6 +69,11 @@ class PowerSGD:
       min_compression_rate: a leaf is compressed only if ``R * C`` exceeds
         ``min_compression_rate * (R + C) * rank``; >= 1 (default 2, as PyTorch's).
       seed: seed of the first Q (the same on every rank).
+      layout: how a leaf of three or more dimensions becomes a matrix. ``"jax"`` (default):
+        ``(prod(shape[:-1]), shape[-1])``, the output features last as Flax and Haiku store
+        kernels (Dense ``(in, out)``, Conv ``(H, W, in, out)``); ``"torch"``: the hook's
+        ``(shape[0], prod(shape[1:]))``, for PyTorch's ``(out, in, H, W)``. Both are the same
+        matrix of a model, transposed; 2-D leaves are ``shape`` either way.
 
     Example:
       >>> import jaxcomm
@@ -80,6 +88,7 @@ class PowerSGD:
     start_step: int = START_STEP
     min_compression_rate: float = MIN_COMPRESSION_RATE
     seed: int = 0
+    layout: str = "jax"
 
     def __post_init__(self) -> None:
         try:
@@ -100,6 +109,11 @@ class PowerSGD:
                 f"{MIN_COMPRESSION_RATE:g}"
             )
         seed = _checks.positive_int(self.seed, "seed", low=0)
+        if self.layout not in LAYOUTS:
+            raise ValueError(
+                f'PowerSGD: layout must be one of {LAYOUTS}, got {self.layout!r} ("jax": '
+                'output features on the last axis, "torch": on the first)'
+            )
         object.__setattr__(self, "rank", rank)
         object.__setattr__(self, "start_step", start)
         object.__setattr__(self, "min_compression_rate", rate)
@@ -122,22 +136,24 @@ class PowerSGD:
           >>> PowerSGD(rank=2).plan((16, 4, 5))  # viewed as 16 x 20
           (16, 20, 2)
         """
-        return leaf_plan(shape, self.rank, self.min_compression_rate)
+        return leaf_plan(shape, self.rank, self.min_compression_rate, self.layout)
 
 
 def leaf_plan(
-    shape: Sequence[int], rank: int, min_compression_rate: float
+    shape: Sequence[int], rank: int, min_compression_rate: float, layout: str = "jax"
 ) -> tuple[int, int, int] | None:
     """``(rows, columns, rank)`` of a compressed leaf, or None for a dense one.
 
-    The hook's ``_should_compress``: a leaf of two or more dimensions is the matrix
-    ``(shape[0], prod(shape[1:]))`` and is compressed when ``rows * columns`` exceeds
+    The hook's ``_should_compress``: a leaf of two or more dimensions is a matrix
+    (``layout="jax"``: ``(prod(shape[:-1]), shape[-1])``; ``"torch"``: the hook's
+    ``(shape[0], prod(shape[1:]))``) and is compressed when ``rows * columns`` exceeds
     ``min_compression_rate * (rows + columns) * r``, with ``r = min(rows, columns, rank)``.
 
     Args:
       shape: the leaf's shape.
       rank: the approximation rank.
       min_compression_rate: the least gain.
+      layout: ``"jax"`` or ``"torch"`` (:class:`PowerSGD`).
 
     Returns:
       ``(rows, columns, r)`` or None.
@@ -159,7 +175,10 @@ def leaf_plan(
         )
     if len(shape) == 1:
         return None
-    rows, columns = shape[0], math.prod(shape[1:])
+    if layout == "torch":
+        rows, columns = shape[0], math.prod(shape[1:])
+    else:
+        rows, columns = math.prod(shape[:-1]), shape[-1]
     r = min(rows, columns, rank)
     if rows * columns > min_compression_rate * (rows + columns) * r and r > 0:
         return rows, columns, r
@@ -187,26 +206,23 @@ def _flat_plan(n: int, options: Any) -> tuple[int, int, int] | None:
     return leaf_plan((rows, columns), _rank(options), options.min_compression_rate)
 
 
-def tree_sizes(
-    shapes: Sequence[Sequence[int]], rank: int, min_compression_rate: float
-) -> tuple[int, int, int]:
+def tree_sizes(shapes: Sequence[Sequence[int]], spec: PowerSGD) -> tuple[int, int, int]:
     """Elements of the three allreduces of one compressed step over leaves of ``shapes``.
 
     Args:
       shapes: the gradient leaves' shapes.
-      rank: the approximation rank.
-      min_compression_rate: the least gain.
+      spec: the PowerSGD settings.
 
     Returns:
       ``(p, q, dense)``: elements of the P allreduce, of the Q allreduce and of the dense one.
 
     Example:
-      >>> tree_sizes([(64, 4096), (4096,), (4096, 10)], 4, 2.0)
+      >>> tree_sizes([(64, 4096), (4096,), (4096, 10)], PowerSGD(rank=4))
       (16640, 16424, 4096)
     """
     p = q = dense = 0
     for shape in shapes:
-        plan = leaf_plan(shape, rank, min_compression_rate)
+        plan = spec.plan(shape)
         if plan is None:
             dense += math.prod(shape)
         else:
@@ -215,13 +231,7 @@ def tree_sizes(
     return p, q, dense
 
 
-def tree_bytes(
-    shapes: Sequence[Sequence[int]],
-    rank: int,
-    min_compression_rate: float,
-    world: Any,
-    world_rank: int,
-) -> int:
+def tree_bytes(shapes: Sequence[Sequence[int]], spec: PowerSGD, world: Any, world_rank: int) -> int:
     """Bytes world rank ``world_rank`` sends in one compressed step over leaves of ``shapes``.
 
     Three dense allreduces (float32 P and Q; the dense leaves as float32 too), with the
@@ -229,8 +239,7 @@ def tree_bytes(
 
     Args:
       shapes: the gradient leaves' shapes.
-      rank: the approximation rank.
-      min_compression_rate: the least gain.
+      spec: the PowerSGD settings.
       world: a ``jaxcomm.cost.World`` (a flat group over all its ranks).
       world_rank: the rank.
 
@@ -239,13 +248,13 @@ def tree_bytes(
 
     Example:
       >>> from jaxcomm import cost
-      >>> tree_bytes([(64, 4096)], 4, 2.0, cost.World(2, 1, "across_hosts"), 0)
+      >>> tree_bytes([(64, 4096)], PowerSGD(rank=4), cost.World(2, 1, "across_hosts"), 0)
       66560
     """
     shared = world.flat_link() != "across_hosts"
     return sum(
         dense_bytes(m, world.ranks, world_rank, shared) if m else 0
-        for m in tree_sizes(shapes, rank, min_compression_rate)
+        for m in tree_sizes(shapes, spec)
     )
 
 

@@ -37,7 +37,7 @@ _PLACEHOLDER = (1,)  # the state of a leaf sent dense: one zero, never read
 
 def _plan(shape: Sequence[int], spec: PowerSGD, name: str) -> tuple[int, int, int] | None:
     try:
-        return leaf_plan(shape, spec.rank, spec.min_compression_rate)
+        return leaf_plan(shape, spec.rank, spec.min_compression_rate, spec.layout)
     except ValueError as e:
         raise ValueError(f"jaxcomm.optax.allreduce_gradients: leaf {name}: {e}") from None
 
