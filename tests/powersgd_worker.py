@@ -118,7 +118,7 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
     world = cost.World(1, devices)
     info["bytes_measured"] = {str(r): b for r, b in sorted(sent.items())}
     info["bytes_model"] = {
-        str(r): powersgd.tree_bytes(list(SHAPES.values()), jaxcomm.PowerSGD(RANK), world, r)
+        str(r): powersgd.tree_bytes(list(SHAPES.values()), world, cost.Options(rank=RANK), r)
         for r in range(devices)
     }
     info["sizes"] = list(powersgd.tree_sizes(list(SHAPES.values()), jaxcomm.PowerSGD(RANK)))

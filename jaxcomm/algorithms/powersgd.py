@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _checks
+from . import dense
 from ._base import Algorithm
-from .dense import dense_bytes, dense_time
 
 LAYOUTS = ("jax", "torch")
 """How :class:`PowerSGD` views a leaf of three or more dimensions as a matrix."""
@@ -197,15 +197,6 @@ def matrix_of(n: int) -> tuple[int, int]:
     return rows, -(-n // rows)
 
 
-def _rank(options: Any) -> int:
-    return int(options.rank)
-
-
-def _flat_plan(n: int, options: Any) -> tuple[int, int, int] | None:
-    rows, columns = matrix_of(n)
-    return leaf_plan((rows, columns), _rank(options), options.min_compression_rate)
-
-
 def tree_sizes(shapes: Sequence[Sequence[int]], spec: PowerSGD) -> tuple[int, int, int]:
     """Elements of the three allreduces of one compressed step over leaves of ``shapes``.
 
@@ -231,16 +222,33 @@ def tree_sizes(shapes: Sequence[Sequence[int]], spec: PowerSGD) -> tuple[int, in
     return p, q, dense
 
 
-def tree_bytes(shapes: Sequence[Sequence[int]], spec: PowerSGD, world: Any, world_rank: int) -> int:
+def _calls(sizes: tuple[int, int, int], options: Any) -> list[tuple[int, Any]]:
+    """``(elements, options)`` of the three dense allreduces of a compressed step: P and Q in
+    float32, the dense leaves on the gradient's own wire (``options.element_bytes``)."""
+    p, q, dense = sizes
+    f32 = dataclasses.replace(options, element_bytes=4)
+    return [(m, o) for m, o in ((dense, options), (p, f32), (q, f32)) if m]
+
+
+def _charge_leaf(t: Any, rows: int, columns: int, r: int) -> None:
+    # M = g + error, M - P Qᵀ, and the output: three passes over the leaf.
+    t.kernel("sum", 3 * rows * columns)
+    # P = M Q, Q = Mᵀ P and P Qᵀ: rows × columns × r multiply-adds each, plus the two
+    # Gram-Schmidt passes (about 2 (rows + columns) r² multiply-adds).
+    t.kernel("matmul", 3 * rows * columns * r + 2 * (rows + columns) * r * r)
+
+
+def tree_bytes(shapes: Sequence[Sequence[int]], world: Any, options: Any, world_rank: int) -> int:
     """Bytes world rank ``world_rank`` sends in one compressed step over leaves of ``shapes``.
 
-    Three dense allreduces (float32 P and Q; the dense leaves as float32 too), with the
-    schedule ``jaxcomm.allreduce`` picks for each size (:func:`jaxcomm.cost.dense_bytes`).
+    Three dense allreduces (float32 P and Q; the dense leaves on their own wire, 16-bit for
+    16-bit gradients: ``options.element_bytes``), each with the schedule ``jaxcomm.allreduce``
+    picks for its size (the ``dense`` record's byte ledger). The record's ``tree_bytes``.
 
     Args:
       shapes: the gradient leaves' shapes.
-      spec: the PowerSGD settings.
       world: a ``jaxcomm.cost.World`` (a flat group over all its ranks).
+      options: a ``jaxcomm.cost.Options`` (rank, min_compression_rate, element_bytes).
       world_rank: the rank.
 
     Returns:
@@ -248,44 +256,68 @@ def tree_bytes(shapes: Sequence[Sequence[int]], spec: PowerSGD, world: Any, worl
 
     Example:
       >>> from jaxcomm import cost
-      >>> tree_bytes([(64, 4096)], PowerSGD(rank=4), cost.World(2, 1, "across_hosts"), 0)
+      >>> tree_bytes([(64, 4096)], cost.World(2, 1, "across_hosts"), cost.Options(rank=4), 0)
       66560
     """
-    shared = world.flat_link() != "across_hosts"
+    if world.ranks == 1:
+        return 0
+    sizes = tree_sizes(shapes, _spec(options))
     return sum(
-        dense_bytes(m, world.ranks, world_rank, shared) if m else 0
-        for m in tree_sizes(shapes, spec)
+        dense.ALGORITHM.bytes_sent(m, world, o, world_rank) for m, o in _calls(sizes, options)
+    )
+
+
+def tree_time(t: Any, shapes: Sequence[Sequence[int]], world: Any, options: Any) -> None:
+    """Adds one compressed step over leaves of ``shapes`` to the cost model's tally: each
+    compressed leaf's passes and thin products, then the dense, P and Q allreduces (one call
+    each, in sequence: Q depends on P, each with the profile's per-call overhead). The
+    record's ``tree_time``.
+
+    Args:
+      t: a ``jaxcomm.cost.Tally``.
+      shapes: the gradient leaves' shapes.
+      world: a ``jaxcomm.cost.World``.
+      options: a ``jaxcomm.cost.Options``.
+
+    Example:
+      >>> from jaxcomm import cost
+      >>> t = cost.Tally(cost.DEFAULT_PROFILE)
+      >>> tree_time(t, [(64, 4096), (4096,)], cost.World(2), cost.Options())
+      >>> t.compute > 0 and t.comm > 0
+      True
+    """
+    calls = _tree_time(t, shapes, world, options)
+    t.compute += t.profile.call * calls
+
+
+def _tree_time(t: Any, shapes: Sequence[Sequence[int]], world: Any, options: Any) -> int:
+    spec = _spec(options)
+    for shape in shapes:
+        plan = spec.plan(shape)
+        if plan is not None:
+            _charge_leaf(t, *plan)
+    calls = _calls(tree_sizes(shapes, spec), options)
+    for m, o in calls:
+        dense.ALGORITHM.time(t, m, world, o)
+    return len(calls)
+
+
+def _spec(options: Any) -> PowerSGD:
+    return PowerSGD(
+        rank=options.rank,
+        start_step=options.start_step,
+        min_compression_rate=options.min_compression_rate,
     )
 
 
 def _bytes(n: int, world: Any, options: Any, rank: int) -> int:
-    plan = _flat_plan(n, options)
-    shared = world.flat_link() != "across_hosts"
-    if plan is None:
-        return dense_bytes(n, world.ranks, rank, shared)
-    rows, columns, r = plan
-    return dense_bytes(rows * r, world.ranks, rank, shared) + dense_bytes(
-        columns * r, world.ranks, rank, shared
-    )
+    # One call of n elements: a near-square matrix (matrix_of), or dense when it does not gain.
+    return tree_bytes([matrix_of(n)], world, options, rank)
 
 
 def _time(t: Any, n: int, world: Any, options: Any) -> None:
-    plan = _flat_plan(n, options)
-    link = world.flat_link()
-    if plan is None:
-        t.kernel("sum", n)
-        dense_time(t, n, world.ranks, link)
-        return
-    rows, columns, r = plan
-    # M = g + error, M - P Qᵀ, and the output: three passes over the leaf.
-    t.kernel("sum", 3 * n)
-    # P = M Q, Q = Mᵀ P and P Qᵀ: rows × columns × r multiply-adds each, plus the two
-    # Gram-Schmidt passes (about 2 (rows + columns) r² multiply-adds).
-    t.kernel("matmul", 3 * rows * columns * r + 2 * (rows + columns) * r * r)
-    # The P allreduce, then (it depends on P) the Q allreduce, in sequence.
-    for m in (rows * r, columns * r):
-        t.kernel("sum", m)
-        dense_time(t, m, world.ranks, link)
+    # cost.predict charges one call's overhead itself.
+    _tree_time(t, [matrix_of(n)], world, options)
 
 
 ALGORITHM = Algorithm(
@@ -294,13 +326,11 @@ ALGORITHM = Algorithm(
     "(allreduce_gradients only)",
     order=62,
     spec=PowerSGD,
-    build=lambda options: PowerSGD(
-        rank=options.rank,
-        start_step=options.start_step,
-        min_compression_rate=options.min_compression_rate,
-    ),
+    build=_spec,
     bytes_sent=_bytes,
     time=_time,
+    tree_bytes=tree_bytes,
+    tree_time=tree_time,
     residual=True,
     leafwise="powersgd",
     # Seconds per multiply-add of the thin products ((R x C) by (C x 4), XLA:CPU matmul):

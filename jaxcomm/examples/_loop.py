@@ -109,6 +109,12 @@ class Reduction:
                 f"diloco_every needs a jaxcomm algorithm for the outer allreduce (dense or a "
                 f"compressed one), not {self.algorithm!r}"
             )
+        if self.diloco_every and algorithms.get(self.algorithm).leafwise is not None:
+            raise ValueError(
+                f"diloco_every: DiLoCo's outer allreduce is one flat vector, and "
+                f"{self.algorithm!r} compresses gradient leaves by shape; use dense or a flat "
+                "compressor (e.g. blockquant)"
+            )
 
     def options(self, warmup_phase_steps: int) -> cost.Options:
         """The algorithm settings of this reduction, for :func:`jaxcomm.algorithms.build`.
@@ -182,7 +188,9 @@ class Reduction:
 
         jaxcomm's reductions: the buckets of ``jaxcomm.optax.allreduce_gradients`` (last leaf
         first, at most :attr:`bucket_size` elements each, a larger leaf alone). ``psum``: XLA
-        reduces the tree itself; the same buckets stand in for what it sends.
+        reduces the tree itself; the same buckets stand in for what it sends. A leaf-shaped
+        algorithm (``powersgd``) has no buckets: it sends by leaf shape
+        (:func:`jaxcomm.cost.predict_tree`).
 
         Args:
           leaf_sizes: elements of each gradient leaf, in the pytree's order.
