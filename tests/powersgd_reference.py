@@ -1,8 +1,8 @@
 """A NumPy reference of PyTorch DDP's ``powerSGD_hook`` over all ranks at once.
 
 Written from the hook's documented steps (torch/distributed/algorithms/ddp_comm_hooks/
-powerSGD_hook.py, with ``use_error_feedback=True`` and ``warm_start=True``), for one bucket
-that holds every leaf:
+powerSGD_hook.py; ``use_error_feedback``, ``warm_start`` and ``orthogonalization_epsilon`` as
+the arguments of :class:`Hook` say), for one bucket that holds every leaf:
 
 - while ``step < start_step``: the vanilla allreduce (the sum divided by the world size), no
   error kept;
@@ -17,7 +17,8 @@ that holds every leaf:
   dense; jaxcomm keeps no error for them, ``hook_dense_error=False``).
 
 The first Q of each leaf is an input (the hook draws it from torch's generator; jaxcomm from
-JAX's), so the reference starts from jaxcomm's initial state.
+JAX's), so the reference starts from jaxcomm's initial state; without warm start, so are the
+Qs drawn at each step.
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ from __future__ import annotations
 import numpy as np
 
 
-def orthogonalize(m: np.ndarray) -> np.ndarray:
-    """The hook's Gram-Schmidt, column by column (a zero column stays zero)."""
+def orthogonalize(m: np.ndarray, epsilon: float = 0.0) -> np.ndarray:
+    """The hook's Gram-Schmidt, column by column: divided by the norm plus ``epsilon`` (with
+    ``epsilon`` 0, a zero column stays zero)."""
     m = m.astype(np.float32).copy()
     for i in range(m.shape[1]):
         norm = np.float32(np.sqrt(np.sum(m[:, i] * m[:, i])))
-        m[:, i] = m[:, i] / norm if norm > 0 else 0.0
+        if epsilon:
+            m[:, i] = m[:, i] / (norm + np.float32(epsilon))
+        else:
+            m[:, i] = m[:, i] / norm if norm > 0 else 0.0
         for j in range(i + 1, m.shape[1]):
             m[:, j] -= np.sum(m[:, i] * m[:, j]) * m[:, i]
     return m
@@ -55,6 +60,10 @@ class Hook:
       hook_dense_error: keep the hook's error of the leaves sent dense.
       out_dtype: the gradients' dtype (outputs are rounded to it, as the hook writes them
         into the bucket).
+      error_feedback: the hook's ``use_error_feedback``.
+      epsilon: the hook's ``orthogonalization_epsilon``.
+      fresh_qs: without warm start (the hook's ``warm_start=False``), ``step -> {leaf index:
+        Q}`` drawn at each compressed step; None: warm start.
     """
 
     def __init__(
@@ -67,6 +76,9 @@ class Hook:
         initial_qs,
         hook_dense_error=True,
         out_dtype=np.float32,
+        error_feedback=True,
+        epsilon=0.0,
+        fresh_qs=None,
     ):
         self.shapes = [tuple(s) for s in shapes]
         self.world = world
@@ -76,6 +88,9 @@ class Hook:
         self.errors = [[np.zeros(s, np.float32) for s in self.shapes] for _ in range(world)]
         self.hook_dense_error = hook_dense_error
         self.out_dtype = out_dtype
+        self.error_feedback = error_feedback
+        self.epsilon = epsilon
+        self.fresh_qs = fresh_qs
         self.step = 0
 
     def __call__(self, grads):
@@ -88,6 +103,8 @@ class Hook:
                 (sum(grads[r][i].astype(np.float32) for r in range(w)) / w).astype(self.out_dtype)
                 for i in range(len(self.shapes))
             ]
+        if not self.error_feedback:  # the hook adds no error and keeps none
+            self.errors = [[np.float32(0.0) for _ in self.shapes] for _ in range(w)]
         ms = [
             [grads[r][i].astype(np.float32) + self.errors[r][i] for i in range(len(self.shapes))]
             for r in range(w)
@@ -98,8 +115,11 @@ class Hook:
                 out[i] = (sum(ms[r][i] for r in range(w)) / w).astype(self.out_dtype)
         comp = [i for i, p in enumerate(self.plans) if p is not None]
         mats = {(r, i): ms[r][i].reshape(self.plans[i][:2]) for r in range(w) for i in comp}
-        qs = {i: orthogonalize(self.qs[i]) for i in comp}
-        ps = {i: orthogonalize(sum(mats[r, i] @ qs[i] for r in range(w))) for i in comp}
+        starts = self.qs if self.fresh_qs is None else self.fresh_qs(self.step)
+        qs = {i: orthogonalize(starts[i], self.epsilon) for i in comp}
+        ps = {
+            i: orthogonalize(sum(mats[r, i] @ qs[i] for r in range(w)), self.epsilon) for i in comp
+        }
         for i in comp:
             q = sum(mats[r, i].T @ ps[i] for r in range(w)) / np.float32(w)
             self.qs[i] = q.astype(np.float32)
@@ -108,6 +128,7 @@ class Hook:
             for i in range(len(self.shapes)):
                 if self.plans[i] is None and not self.hook_dense_error:
                     continue
-                self.errors[r][i] = ms[r][i] - out[i].astype(np.float32)
+                if self.error_feedback:
+                    self.errors[r][i] = ms[r][i] - out[i].astype(np.float32)
         self.step += 1
         return out

@@ -21,6 +21,7 @@ import sys
 # (both dense), in an order that interleaves them.
 SHAPES = {"w1": (40, 30), "b1": (30,), "w2": (30, 7), "conv": (3, 3, 8, 16), "small": (6, 5)}
 RANK, START, STEPS = 2, 2, 6
+EPSILON = 0.5  # large enough to change the result visibly
 
 
 def unit(devices: int, out: str) -> tuple[dict, dict]:
@@ -97,6 +98,31 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         info[f"{label}_count"] = int(state.count)
         for k in SHAPES:
             arrays[f"{label}_error_{k}"] = np.asarray(state.residuals[k])  # stacked per rank
+
+    # 1b. The hook's other settings, float32: no error feedback, no warm start (and the Qs
+    # drawn at each step, which the reference takes as inputs), an orthogonalization epsilon.
+    from jaxcomm.collectives.powersgd import random_q
+
+    variants = {
+        "noef": {"error_feedback": False},
+        "nows": {"warm_start": False},
+        "eps": {"orthogonalization_epsilon": EPSILON},
+    }
+    for label, options in variants.items():
+        spec = jaxcomm.PowerSGD(rank=RANK, start_step=START, **options)
+        init, step, _, _ = runner(allreduce_gradients("dp", spec))
+        state = init(zeros)
+        for i, k in enumerate(SHAPES):
+            arrays[f"{label}_q0_{k}"] = np.asarray(state.shared[k])
+            arrays[f"{label}_errorshape_{k}"] = np.asarray(state.residuals[k].shape)
+            plan = spec.plan(SHAPES[k])
+            for t in range(STEPS if plan else 0):
+                q = random_q(spec, i, plan[1], plan[2], jnp.int32(t))
+                arrays[f"{label}_fq{t}_{k}"] = np.asarray(q)
+        for t in range(STEPS):
+            u, state = step(place(grads_of(t)), state)
+            for k in SHAPES:
+                arrays[f"{label}_out{t}_{k}"] = np.asarray(u[k])[0]
 
     # 2. The collectives of the compiled step: jaxcomm allreduce calls, with and without the
     # warm-up branch.

@@ -23,6 +23,7 @@ DEVICES = 4
 # The worker's settings (tests/powersgd_worker.py).
 SHAPES = {"w1": (40, 30), "b1": (30,), "w2": (30, 7), "conv": (3, 3, 8, 16), "small": (6, 5)}
 RANK, START, STEPS = 2, 2, 6
+EPSILON = 0.5
 
 
 @pytest.fixture(scope="session")
@@ -31,11 +32,13 @@ def worker(tmp_path_factory):
     return lambda mode, *args: get(mode, "--mode", mode, "--devices", DEVICES, *args, name=mode)
 
 
-def _reference(arrays: dict, label: str, hook_dense_error: bool, out_dtype=np.float32):
+def _reference(arrays: dict, label: str, hook_dense_error: bool, out_dtype=np.float32, **settings):
     names = list(SHAPES)
     # The compressed leaves' first Q, from jaxcomm's initial state ((1,) for dense leaves).
     initial = {i: arrays[f"{label}_q0_{k}"] for i, k in enumerate(names)}
     initial = {i: q for i, q in initial.items() if q.ndim == 2}
+    if settings.pop("fresh_qs", False):  # the Qs jaxcomm drew at each step
+        settings["fresh_qs"] = lambda t: {i: arrays[f"{label}_fq{t}_{names[i]}"] for i in initial}
     hook = Hook(
         [SHAPES[k] for k in names],
         DEVICES,
@@ -45,11 +48,13 @@ def _reference(arrays: dict, label: str, hook_dense_error: bool, out_dtype=np.fl
         initial,
         hook_dense_error=hook_dense_error,
         out_dtype=out_dtype,
+        **settings,
     )
     outs = []
+    source = "bf16" if label == "bf16" else "f32"  # the other settings reuse f32's gradients
     for t in range(STEPS):
         grads = [
-            [arrays[f"{label}_g{t}_{k}"][r].astype(out_dtype) for k in names]
+            [arrays[f"{source}_g{t}_{k}"][r].astype(out_dtype) for k in names]
             for r in range(DEVICES)
         ]
         outs.append(dict(zip(names, hook(grads), strict=True)))
@@ -87,6 +92,31 @@ def test_matches_the_hooks_algorithm_over_several_steps(worker, hook_dense_error
                 rtol=1e-4,
                 atol=2e-5,
             )
+
+
+@pytest.mark.parametrize(
+    "label, settings",
+    [
+        ("noef", {"error_feedback": False}),
+        ("nows", {"fresh_qs": True}),
+        ("eps", {"epsilon": EPSILON}),
+    ],
+)
+def test_the_hooks_other_settings_match_it(worker, label, settings):
+    # use_error_feedback=False, warm_start=False (a new Q each step, the same on every rank)
+    # and orthogonalization_epsilon, each against the reference run with the same setting, and
+    # each different from the default settings' result.
+    arrays, _ = worker("unit")
+    _, outs = _reference(arrays, label, False, **settings)
+    _, default = _reference(arrays, "f32", False)
+    for t in range(STEPS):
+        for k in SHAPES:
+            got = arrays[f"{label}_out{t}_{k}"]
+            np.testing.assert_allclose(got, outs[t][k], rtol=1e-4, atol=2e-5, err_msg=f"{t} {k}")
+    last = arrays[f"{label}_out{STEPS - 1}_w1"]
+    assert not np.allclose(last, default[STEPS - 1]["w1"], rtol=1e-3, atol=1e-4)
+    if label == "noef":  # no error state: a (1,) placeholder per rank for every leaf
+        assert all(tuple(arrays[f"noef_errorshape_{k}"]) == (DEVICES,) for k in SHAPES)
 
 
 def test_warm_up_is_the_plain_average(worker):
@@ -176,6 +206,9 @@ def test_digits_mlp_with_rank_4_is_close_to_dense(worker):
         ({"rank": 2, "min_compression_rate": 0.5}, ValueError, "min_compression_rate must be >= 1"),
         ({"rank": 2, "min_compression_rate": float("nan")}, ValueError, "finite"),
         ({"rank": 2, "layout": "flax"}, ValueError, "layout must be one of"),
+        ({"rank": 2, "error_feedback": 1}, TypeError, "error_feedback must be True or False"),
+        ({"rank": 2, "warm_start": "yes"}, TypeError, "warm_start must be True or False"),
+        ({"rank": 2, "orthogonalization_epsilon": -1e-8}, ValueError, "epsilon must be >= 0"),
     ],
 )
 def test_bad_arguments_name_the_fix(kwargs, error, match):

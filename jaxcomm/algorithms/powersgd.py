@@ -49,9 +49,9 @@ class PowerSGD:
     sent as two low-rank factors: P = M Q (all leaves' P in one allreduce), P orthogonalized
     (Gram-Schmidt, per leaf), Q = Mᵀ P (all leaves' Q in one allreduce, then divided by the
     number of ranks), and the average is approximated by P Qᵀ. Each rank keeps
-    ``M - P Qᵀ`` as its error for the next step; Q is kept too and reused (warm start,
-    orthogonalized before each use). The first Q is drawn from a normal distribution seeded by
-    ``seed``, the same on every rank. 1-D leaves, and leaves whose factors would not be at
+    ``M - P Qᵀ`` as its error for the next step (``error_feedback``); Q is kept too and reused
+    (``warm_start``, orthogonalized before each use). The first Q is drawn from a normal
+    distribution seeded by ``seed``, the same on every rank. 1-D leaves, and leaves whose factors would not be at
     least ``min_compression_rate`` times smaller than the leaf, are averaged densely, all in
     one allreduce. For the first ``start_step`` steps every leaf is averaged densely and no
     error accumulates (the hook's ``start_powerSGD_iter``).
@@ -59,7 +59,10 @@ class PowerSGD:
     Differences from the hook: the factors and errors are float32 whatever the gradient's
     dtype; the leaves sent dense keep no error (the hook keeps ``M - mean(M)`` for them too,
     whose mean over ranks is zero, so the average it sends is the same up to rounding); a
-    column of P or Q that is all zero stays zero instead of becoming NaN.
+    column of P or Q that is all zero stays zero instead of becoming NaN; orthogonalization is
+    always Gram-Schmidt (recent hooks switch to QR above rank 2 in float32, which differs in
+    the columns' signs only, and those cancel in P Qᵀ); the random Qs come from JAX's
+    generator, not torch's.
 
     Args:
       rank: the approximation rank r (PyTorch's ``matrix_approximation_rank``), an integer
@@ -69,6 +72,15 @@ class PowerSGD:
       min_compression_rate: a leaf is compressed only if ``R * C`` exceeds
         ``min_compression_rate * (R + C) * rank``; >= 1 (default 2, as PyTorch's).
       seed: seed of the first Q (the same on every rank).
+      error_feedback: add each rank's error of the last step to its gradient before
+        compressing (PyTorch's ``use_error_feedback``, default True). False keeps no error
+        state (the residuals are ``(1,)`` placeholders).
+      warm_start: start each step's power iteration from the last step's Q (PyTorch's
+        ``warm_start``, default True). False draws a new Q every compressed step, from
+        ``seed`` and the step count (the same on every rank).
+      orthogonalization_epsilon: added to each column's norm before dividing by it in the
+        Gram-Schmidt (PyTorch's ``orthogonalization_epsilon``, default 0: a zero column
+        stays zero).
       layout: how a leaf of three or more dimensions becomes a matrix. ``"jax"`` (default):
         ``(prod(shape[:-1]), shape[-1])``, the output features last as Flax and Haiku store
         kernels (Dense ``(in, out)``, Conv ``(H, W, in, out)``); ``"torch"``: the hook's
@@ -89,6 +101,9 @@ class PowerSGD:
     min_compression_rate: float = MIN_COMPRESSION_RATE
     seed: int = 0
     layout: str = "jax"
+    error_feedback: bool = True
+    warm_start: bool = True
+    orthogonalization_epsilon: float = 0.0
 
     def __post_init__(self) -> None:
         try:
@@ -114,6 +129,19 @@ class PowerSGD:
                 f'PowerSGD: layout must be one of {LAYOUTS}, got {self.layout!r} ("jax": '
                 'output features on the last axis, "torch": on the first)'
             )
+        for name in ("error_feedback", "warm_start"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"PowerSGD: {name} must be True or False, got {getattr(self, name)!r}"
+                )
+        epsilon = _checks.finite_float(self.orthogonalization_epsilon, "orthogonalization_epsilon")
+        if epsilon < 0.0:
+            raise ValueError(
+                f"PowerSGD: orthogonalization_epsilon must be >= 0, got {epsilon}; PyTorch's "
+                "default is 0 (a small positive value such as 1e-8 avoids dividing by a zero "
+                "norm in half precision)"
+            )
+        object.__setattr__(self, "orthogonalization_epsilon", epsilon)
         object.__setattr__(self, "rank", rank)
         object.__setattr__(self, "start_step", start)
         object.__setattr__(self, "min_compression_rate", rate)

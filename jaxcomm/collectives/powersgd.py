@@ -54,9 +54,9 @@ def init(
 
     Returns:
       ``(errors, qs)``, one entry per leaf: a compressed leaf's error (float32, the leaf's
-      shape, zero; different on every rank once training runs) and its first Q (float32,
-      ``(columns, r)``, normal with ``spec.seed``, the same on every rank); a leaf sent dense
-      gets a ``(1,)`` zero for both.
+      shape, zero; different on every rank once training runs; a ``(1,)`` zero without
+      ``spec.error_feedback``) and its first Q (float32, ``(columns, r)``, :func:`random_q`,
+      the same on every rank); a leaf sent dense gets a ``(1,)`` zero for both.
 
     Raises:
       ValueError: a 0-d leaf (naming it).
@@ -67,7 +67,6 @@ def init(
       [(64, 2), (1,)]
     """
     errors, qs = [], []
-    key = jax.random.key(spec.seed)
     for i, (leaf, name) in enumerate(zip(leaves, names, strict=True)):
         plan = _plan(jnp.shape(leaf), spec, name)
         if plan is None:
@@ -75,20 +74,50 @@ def init(
             qs.append(jnp.zeros(_PLACEHOLDER, jnp.float32))
             continue
         _, columns, r = plan
-        errors.append(jnp.zeros(jnp.shape(leaf), jnp.float32))
-        qs.append(jax.random.normal(jax.random.fold_in(key, i), (columns, r), jnp.float32))
+        shape = jnp.shape(leaf) if spec.error_feedback else _PLACEHOLDER
+        errors.append(jnp.zeros(shape, jnp.float32))
+        qs.append(random_q(spec, i, columns, r))
     return errors, qs
 
 
-def orthogonalize(matrix: jax.Array) -> jax.Array:
+def random_q(
+    spec: PowerSGD, index: int, columns: int, r: int, count: jax.Array | None = None
+) -> jax.Array:
+    """A Q drawn from the standard normal distribution, the same on every rank.
+
+    The first Q of leaf ``index`` (``count`` None) comes from ``spec.seed`` and the index; the
+    new Q of a compressed step without ``warm_start`` also from the step count (identical on
+    every rank), so each step draws another one, as the hook does.
+
+    Args:
+      spec: the settings (its ``seed``).
+      index: the leaf's position in the tree.
+      columns, r: the shape of Q.
+      count: int32 scalar, the updates applied so far, or None for the first Q.
+
+    Returns:
+      float32 ``(columns, r)``.
+
+    Example:
+      >>> random_q(PowerSGD(rank=2), 0, 5, 2).shape
+      (5, 2)
+    """
+    key = jax.random.fold_in(jax.random.key(spec.seed), index)
+    if count is not None:
+        key = jax.random.fold_in(key, count)
+    return jax.random.normal(key, (columns, r), jnp.float32)
+
+
+def orthogonalize(matrix: jax.Array, epsilon: float = 0.0) -> jax.Array:
     """Gram-Schmidt on the columns of a thin matrix, as the hook's ``_orthogonalize``.
 
-    Each column in turn is divided by its norm and its projection removed from the columns
-    after it (modified Gram-Schmidt). A column of norm zero becomes zero (the hook's division
-    would make it NaN).
+    Each column in turn is divided by its norm (plus ``epsilon``) and its projection removed
+    from the columns after it (modified Gram-Schmidt). With ``epsilon`` 0, a column of norm
+    zero becomes zero (the hook's division would make it NaN).
 
     Args:
       matrix: float32 ``(rows, r)`` with a small static ``r``.
+      epsilon: added to each norm (the hook's ``orthogonalization_epsilon``).
 
     Returns:
       The orthonormalized matrix, same shape.
@@ -101,7 +130,10 @@ def orthogonalize(matrix: jax.Array) -> jax.Array:
     columns = [matrix[:, j] for j in range(matrix.shape[1])]
     for i, col in enumerate(columns):
         norm = jnp.sqrt(jnp.sum(col * col))
-        col = jnp.where(norm > 0, col / jnp.where(norm > 0, norm, 1.0), 0.0)
+        if epsilon:
+            col = col / (norm + epsilon)
+        else:
+            col = jnp.where(norm > 0, col / jnp.where(norm > 0, norm, 1.0), 0.0)
         columns[i] = col
         for j in range(i + 1, len(columns)):
             columns[j] = columns[j] - jnp.sum(col * columns[j]) * col
@@ -152,6 +184,8 @@ def _compressed_step(
     errors: list[jax.Array],
     qs: list[jax.Array],
     plans: list[tuple[int, int, int] | None],
+    spec: PowerSGD,
+    count: jax.Array,
     axis_name: AxisName,
     size: int,
     mean: bool,
@@ -171,16 +205,23 @@ def _compressed_step(
         outs[i] = out
     if not compressed:
         return outs, new_errors, new_qs
+    eps = spec.orthogonalization_epsilon
     # Error feedback: M = g + e, viewed as (rows, columns).
     ms = {}
     for i in compressed:
         rows, columns, _ = plans[i]
-        ms[i] = (leaves[i].astype(jnp.float32) + errors[i]).reshape(rows, columns)
-    # P = M Q with the warm-started Q orthogonalized first; all Ps in one allreduce (summed:
-    # they are orthogonalized next, so the scale does not matter).
-    ps = [jnp.matmul(ms[i], orthogonalize(qs[i]), precision=_PRECISION) for i in compressed]
+        m = leaves[i].astype(jnp.float32)
+        ms[i] = (m + errors[i] if spec.error_feedback else m).reshape(rows, columns)
+    # P = M Q with the warm-started (or freshly drawn) Q orthogonalized first; all Ps in one
+    # allreduce (summed: they are orthogonalized next, so the scale does not matter).
+    starts = {i: qs[i] for i in compressed}
+    if not spec.warm_start:
+        starts = {i: random_q(spec, i, *plans[i][1:], count) for i in compressed}
+    ps = [
+        jnp.matmul(ms[i], orthogonalize(starts[i], eps), precision=_PRECISION) for i in compressed
+    ]
     ps = _allreduce_all(ps, jnp.float32, axis_name, hierarchical)
-    ps = [orthogonalize(p) for p in ps]
+    ps = [orthogonalize(p, eps) for p in ps]
     # Q = Mᵀ P; all Qs in one allreduce, averaged: the warm start of the next step.
     qs_local = [
         jnp.matmul(ms[i].T, p, precision=_PRECISION) for i, p in zip(compressed, ps, strict=True)
@@ -192,7 +233,8 @@ def _compressed_step(
         shape, dtype = jnp.shape(leaves[i]), leaves[i].dtype
         average = approx.reshape(shape).astype(dtype)
         # What this rank did not get across, including the rounding to the gradient's dtype.
-        new_errors[i] = ms[i].reshape(shape) - average.astype(jnp.float32)
+        if spec.error_feedback:
+            new_errors[i] = ms[i].reshape(shape) - average.astype(jnp.float32)
         new_qs[i] = q
         outs[i] = average if mean else (approx * size).reshape(shape).astype(dtype)
     return outs, new_errors, new_qs
@@ -254,11 +296,15 @@ def reduce(
 
     def compressed(token: jax.Array, leaves: list, errors: list, qs: list) -> tuple:
         _ordering.token_out(token)
-        out = _compressed_step(leaves, errors, qs, plans, axis_name, size, mean, hierarchical)
+        out = _compressed_step(
+            leaves, errors, qs, plans, spec, count, axis_name, size, mean, hierarchical
+        )
         return _ordering.token_in(), out
 
     if spec.start_step == 0:
-        return _compressed_step(leaves, errors, qs, plans, axis_name, size, mean, hierarchical)
+        return _compressed_step(
+            leaves, errors, qs, plans, spec, count, axis_name, size, mean, hierarchical
+        )
 
     def warmup(token: jax.Array, leaves: list, errors: list, qs: list) -> tuple:
         # The hook's vanilla allreduce: no error is accumulated before compression starts.
