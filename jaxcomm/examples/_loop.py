@@ -71,6 +71,8 @@ class Reduction:
       diloco_delay: inner steps between an outer allreduce's start and its application
         (Streaming DiLoCo's overlap: it runs detached on jaxcomm's engine meanwhile).
       diloco_fragments: parameter fragments synced at staggered steps.
+      bits, block: ``blockquant``: bits per element (8 or 4) and elements per scale
+        (:class:`jaxcomm.BlockQuant`).
       rank: ``powersgd``: the approximation rank (:class:`jaxcomm.PowerSGD`).
       min_compression_rate: ``powersgd``: the least gain for which a leaf is compressed.
       start_step: ``powersgd``: steps of dense allreduce first; None: one warm-up phase
@@ -93,8 +95,11 @@ class Reduction:
     diloco_outer_momentum: float = jc_optax.DILOCO_OUTER_MOMENTUM
     diloco_delay: int = 0
     diloco_fragments: int = 1
-    rank: int = 4
-    min_compression_rate: float = 2.0
+    # Defaults declared once, in cost.Options.
+    bits: int = cost.Options.bits
+    block: int = cost.Options.block
+    rank: int = cost.Options.rank
+    min_compression_rate: float = cost.Options.min_compression_rate
     start_step: int | None = None
 
     def __post_init__(self) -> None:
@@ -129,6 +134,8 @@ class Reduction:
         Example:
           >>> Reduction("powersgd", rank=2).options(100).start_step
           100
+          >>> Reduction("blockquant", bits=4).options(100).bits
+          4
         """
         start_step = self.start_step
         if start_step is None:  # PowerSGD's dense warm-up: one phase of the sparse warm-up
@@ -137,6 +144,8 @@ class Reduction:
             density=self.density,
             proportion=self.proportion,
             tau=self.tau,
+            bits=self.bits,
+            block=self.block,
             rank=self.rank,
             start_step=start_step,
             min_compression_rate=self.min_compression_rate,
