@@ -291,7 +291,11 @@ def test_registry_cost_model_and_recipes_know_it():
     fast = cost.predict("powersgd", n, world).seconds
     assert fast < cost.predict("dense", n, world).seconds
     assert cost.bytes_sent("powersgd", 16, world) == cost.bytes_sent("dense", 16, world)
-    assert "powersgd" in {p["algorithm"] for p in cost.plan([n], world)["predictions"]}
+    planned = cost.plan([n], world)
+    assert "powersgd" in {p["algorithm"] for p in planned["predictions"]}
+    # Listed, but picked only when allowed: its row models n as a near-square matrix.
+    assert planned["pick"]["algorithm"] != "powersgd"
+    assert cost.plan([n], world, allowed=["powersgd"])["pick"]["algorithm"] == "powersgd"
 
 
 def test_examples_reduction_and_recipes_build_it():

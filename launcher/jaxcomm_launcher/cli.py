@@ -369,7 +369,8 @@ def recipe_plan(
         recipe: The recipe.
         profile_path: A profile from ``jaxcomm probe`` (None: the built-in default).
         elements: Explicit gradient sizes.
-        allowed: Algorithms the pick may be (None: all).
+        allowed: Algorithms the pick may be (None: all but the leaf-shaped powersgd, see
+            jaxcomm.cost.plan).
         overlap_seconds: Overlap on: communication hides behind this much compute per call
             (None: overlap off).
 
