@@ -108,11 +108,16 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         "nows": {"warm_start": False},
         "eps": {"orthogonalization_epsilon": EPSILON},
     }
+    tree_paths = jax.tree_util.tree_flatten_with_path(zeros)[0]
     for label, options in variants.items():
         spec = jaxcomm.PowerSGD(rank=RANK, start_step=START, **options)
         init, step, _, _ = runner(allreduce_gradients("dp", spec))
         state = init(zeros)
-        for i, k in enumerate(SHAPES):
+        # Leaf indices in the tree's flattening order (a dict's: sorted keys), as jaxcomm
+        # numbers the leaves.
+        leaf_index = {path[0].key: i for i, (path, _) in enumerate(tree_paths)}
+        for k in SHAPES:
+            i = leaf_index[k]
             arrays[f"{label}_q0_{k}"] = np.asarray(state.shared[k])
             arrays[f"{label}_errorshape_{k}"] = np.asarray(state.residuals[k].shape)
             plan = spec.plan(SHAPES[k])

@@ -161,8 +161,10 @@ class PowerSGD:
           ValueError: a 0-d shape.
 
         Example:
-          >>> PowerSGD(rank=2).plan((16, 4, 5))  # viewed as 16 x 20
-          (16, 20, 2)
+          >>> PowerSGD(rank=2).plan((3, 3, 8, 16))  # Flax conv (H, W, in, out): 72 x 16
+          (72, 16, 2)
+          >>> PowerSGD(rank=2, layout="torch").plan((16, 8, 3, 3))  # (out, in, H, W)
+          (16, 72, 2)
         """
         return leaf_plan(shape, self.rank, self.min_compression_rate, self.layout)
 
