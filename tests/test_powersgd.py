@@ -34,6 +34,14 @@ def worker(tmp_path_factory):
     return lambda mode, *args: get(mode, "--mode", mode, "--devices", DEVICES, *args, name=mode)
 
 
+@pytest.fixture(scope="session")
+def unit(worker):
+    """The unit worker's results, run during setup: pytest-timeout bounds test bodies only
+    (timeout_func_only), so a slow run under load meets the worker's own bound, not the
+    per-test one, and one failure is reported once for every test that needs it."""
+    return worker("unit")
+
+
 def _reference(arrays: dict, label: str, hook_dense_error: bool, out_dtype=np.float32, **settings):
     names = list(SHAPES)
     # The compressed leaves' first Q, from jaxcomm's initial state ((1,) for dense leaves).
@@ -64,11 +72,11 @@ def _reference(arrays: dict, label: str, hook_dense_error: bool, out_dtype=np.fl
 
 
 @pytest.mark.parametrize("hook_dense_error", [True, False], ids=["hook", "no-dense-error"])
-def test_matches_the_hooks_algorithm_over_several_steps(worker, hook_dense_error):
+def test_matches_the_hooks_algorithm_over_several_steps(unit, hook_dense_error):
     # Warm-up, then compression with warm-started Q and error feedback: every step's average
     # equals the reference's within float32 rounding (another summation order), whether or not
     # the reference keeps the hook's error of the leaves sent dense (its mean over ranks is 0).
-    arrays, info = worker("unit")
+    arrays, info = unit
     assert info["f32_identical"] and info["f32_compilations"] == 1 and info["f32_count"] == STEPS
     hook, outs = _reference(arrays, "f32", hook_dense_error)
     assert [p is not None for p in hook.plans] == [True, False, True, True, False]
@@ -104,11 +112,11 @@ def test_matches_the_hooks_algorithm_over_several_steps(worker, hook_dense_error
         ("eps", {"epsilon": EPSILON}),
     ],
 )
-def test_the_hooks_other_settings_match_it(worker, label, settings):
+def test_the_hooks_other_settings_match_it(unit, label, settings):
     # use_error_feedback=False, warm_start=False (a new Q each step, the same on every rank)
     # and orthogonalization_epsilon, each against the reference run with the same setting, and
     # each different from the default settings' result.
-    arrays, _ = worker("unit")
+    arrays, _ = unit
     _, outs = _reference(arrays, label, False, **settings)
     _, default = _reference(arrays, "f32", False)
     for t in range(STEPS):
@@ -121,8 +129,8 @@ def test_the_hooks_other_settings_match_it(worker, label, settings):
         assert all(tuple(arrays[f"noef_errorshape_{k}"]) == (DEVICES,) for k in SHAPES)
 
 
-def test_warm_up_is_the_plain_average(worker):
-    arrays, _ = worker("unit")
+def test_warm_up_is_the_plain_average(unit):
+    arrays, _ = unit
     for t in range(START):
         for k in SHAPES:
             mean = arrays[f"f32_g{t}_{k}"].mean(axis=0)
@@ -131,9 +139,9 @@ def test_warm_up_is_the_plain_average(worker):
     assert not np.allclose(arrays[f"f32_out{START}_w1"], arrays[f"f32_g{START}_w1"].mean(0))
 
 
-def test_bf16_gradients_match_the_reference_in_bf16(worker):
+def test_bf16_gradients_match_the_reference_in_bf16(unit):
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    arrays, info = worker("unit")
+    arrays, info = unit
     assert info["bf16_identical"] and info["bf16_compilations"] == 1
     _, outs = _reference(arrays, "bf16", False, out_dtype=ml_dtypes.bfloat16)
     for t in range(STEPS):
@@ -146,30 +154,30 @@ def test_bf16_gradients_match_the_reference_in_bf16(worker):
             assert np.mean(got == want) > 0.9, (t, k)
 
 
-def test_p_and_q_of_all_leaves_travel_in_one_call_each(worker):
+def test_p_and_q_of_all_leaves_travel_in_one_call_each(unit):
     # Compressed phase: one allreduce of every P, one of every Q, one of the dense leaves; the
     # warm-up branch adds its one dense call (both branches are in the compiled step).
-    _, info = worker("unit")
+    _, info = unit
     assert info["allreduce_calls_start0"] == 3
     assert info["allreduce_calls_start2"] == 4
     # ... and no other collective.
     assert info["all_custom_calls_start0"] == 3 and info["all_custom_calls_start2"] == 4
 
 
-def test_bytes_are_the_models(worker):
-    _, info = worker("unit")
+def test_bytes_are_the_models(unit):
+    _, info = unit
     assert info["bytes_measured"] == info["bytes_model"]
     # P: w1 40x2 + w2 30x2 + conv 72x2; Q: 30x2 + 7x2 + 16x2; dense: b1 30 + small 30.
     assert info["sizes"] == [284, 106, 60]
 
 
-def test_sum_instead_of_mean(worker):
-    _, info = worker("unit")
+def test_sum_instead_of_mean(unit):
+    _, info = unit
     assert info["sum_is_devices_times_mean"]
 
 
-def test_orbax_checkpoint_resumes_bit_identically(worker):
-    _, info = worker("unit")
+def test_orbax_checkpoint_resumes_bit_identically(unit):
+    _, info = unit
     assert info["restored_count"] == 3
     assert info["restored_error_nonzero"]  # the errors were really restored
     assert info["resume_bit_identical"]  # outputs, errors, Qs and count, three steps on
@@ -177,14 +185,15 @@ def test_orbax_checkpoint_resumes_bit_identically(worker):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_training_with_powersgd_lowers_the_loss(worker, optimizer, dtype):
-    _, info = worker("unit")
+def test_training_with_powersgd_lowers_the_loss(unit, optimizer, dtype):
+    _, info = unit
     losses = info[f"{optimizer}_{dtype}_losses"]
     assert all(np.isfinite(losses))
     assert losses[-1] < 0.35 * losses[0], losses
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # 20 epochs of two trainings in the test body
 def test_digits_mlp_with_rank_4_is_close_to_dense(worker):
     _, info = worker("train", "--epochs", 20)
     dense, psgd = info["dense"], info["powersgd"]
