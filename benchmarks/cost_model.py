@@ -49,8 +49,9 @@ from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS
 
 from jaxcomm import algorithms, cost
 
-# The registry's default listing (jaxcomm/algorithms/), flat and hierarchical.
-FLAT = [a for a in algorithms.planned() if algorithms.get(a).hierarchy is None]
+# The registry's default listing (jaxcomm/algorithms/), flat and hierarchical; the allreduce job
+# times flat vectors, so not the leaf-shaped algorithms (PowerSGD).
+FLAT = [a for a in ALL_ALGORITHMS if algorithms.get(a).hierarchy is None]
 HIER = [a for a in algorithms.planned() if algorithms.get(a).hierarchy is not None]
 MULTI_LEADER = [a for a in HIER if algorithms.get(a).hierarchy[1] == "multi_leader"]
 

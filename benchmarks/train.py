@@ -164,7 +164,8 @@ VARIANTS.update(
                 },
             }
             for a in ALGORITHMS.registered()
-            if a.residual and a.in_recipes
+            # DiLoCo's outer allreduce is one flat vector: not the leaf-shaped ones (PowerSGD)
+            if a.residual and a.in_recipes and a.leafwise is None
             for kind in ("", "-stream")
         },
     }
@@ -280,22 +281,27 @@ def launch(
 def leaf_sizes(workload: str, recipe: dict[str, Any]) -> list[int]:
     """Element counts of the workload's parameters in tree order (the optimizer's buckets are
     built from them), from the example's model without running it."""
+    return [math.prod(s) for s in leaf_shapes(workload, recipe)]
+
+
+def leaf_shapes(workload: str, recipe: dict[str, Any]) -> list[tuple[int, ...]]:
+    """Shapes of the workload's parameters in tree order (a leaf-shaped algorithm, PowerSGD,
+    sends by shape), from the example's model without running it."""
     args = recipe.get("args", {})
     if workload == "bytes-lm":
         fields = ("width", "layers", "heads", "seq_len")
         model = tuple((k, args[k]) for k in fields if k in args)
     else:
         model = (("hidden", recipe["train"]["hidden"]), ("layers", args.get("layers", 1)))
-    return list(_leaf_sizes(workload, model))
+    return list(_leaf_shapes(workload, model))
 
 
 @functools.cache
-def _leaf_sizes(workload: str, model: tuple[tuple[str, Any], ...]) -> tuple[int, ...]:
+def _leaf_shapes(workload: str, model: tuple[tuple[str, Any], ...]) -> tuple[tuple[int, ...], ...]:
     # Tracing a model's init costs seconds; the report asks for every cell's, and the cells of a
     # workload share their model.
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     fields = dict(model)
     if workload == "bytes-lm":
@@ -311,7 +317,7 @@ def _leaf_sizes(workload: str, model: tuple[tuple[str, Any], ...]) -> tuple[int,
 
         mlp = MLP(fields["hidden"], fields["layers"])
         shapes = jax.eval_shape(mlp.init, jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
-    return tuple(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+    return tuple(tuple(int(d) for d in x.shape) for x in jax.tree.leaves(shapes))
 
 
 @functools.cache
@@ -359,7 +365,6 @@ def predict_step(
     from jaxcomm import cost
     from jaxcomm.examples._loop import Reduction
 
-    buckets = Reduction(VARIANTS[label]["algorithm"]).gradient_buckets(leaf_sizes(workload, recipe))
     inter = "same_host" if NETWORKS[network] is None else "across_hosts"
     world = cost.World(processes=nodes, devices_per_process=1, inter_process=inter)
     profile = _profile(profile_path) if profile_path and profile_path.exists() else None
@@ -368,9 +373,14 @@ def predict_step(
     density = entry.get("density", jc.get("density", cost.Options().density))
     algorithm = entry.get("algorithm", VARIANTS[label]["algorithm"])
     half = entry.get("grad_dtype", jc.get("grad_dtype")) == "bfloat16"
-    elements = buckets
     auto = algorithm == "auto"
     width = 2 if half else 4
+    if not auto and ALGORITHMS.get(algorithm).leafwise is not None:
+        return _predict_leafwise(
+            workload, recipe, algorithm, world, profile, compute_s, width, nodes, steps
+        )
+    buckets = Reduction(VARIANTS[label]["algorithm"]).gradient_buckets(leaf_sizes(workload, recipe))
+    elements = buckets
 
     def seconds(d: float) -> tuple[float, str]:
         """The step's reductions at density d, and the algorithm (auto's pick)."""
@@ -426,6 +436,53 @@ def predict_step(
         "step_s": compute_s + comm + scalars,
         "algorithm": algorithm,
         "buckets": buckets,
+    }
+
+
+def _predict_leafwise(
+    workload: str,
+    recipe: dict[str, Any],
+    algorithm: str,
+    world: Any,
+    profile: Any,
+    compute_s: float,
+    width: int,
+    nodes: int,
+    steps: int | None,
+) -> dict[str, Any]:
+    """predict_step of a leaf-shaped algorithm (PowerSGD): it sends by leaf shape, not by the
+    optax buckets. Its settings come from the recipe's args as the run's Reduction resolves
+    them (rank, min_compression_rate, start_step: a warm-up phase by default); before
+    start_step every leaf goes in one dense call, then ``jaxcomm.cost.predict_tree``."""
+    from jaxcomm import cost
+    from jaxcomm.examples._loop import Reduction
+
+    args = recipe.get("args", {})
+    names = {f.name for f in dataclasses.fields(Reduction)} - {"algorithm"}
+    reduction = Reduction(algorithm, **{k: v for k, v in args.items() if k in names})
+    options = dataclasses.replace(
+        reduction.options(warmup_phase(workload, recipe)), element_bytes=width
+    )
+    shapes = leaf_shapes(workload, recipe)
+    total = sum(math.prod(s) for s in shapes)
+    warm = cost.predict("dense", total, world, profile, options).seconds
+    compressed = cost.predict_tree(algorithm, shapes, world, profile, options).seconds
+    timed = range(1, steps) if steps and steps > 1 else [options.start_step]
+    share = sum(1 for i in timed if i < options.start_step) / len(timed)
+    comm = share * warm + (1 - share) * compressed
+    scalars = 0.0
+    if nodes > 1:
+        scalars = sum(
+            cost.predict(name, n, world, profile).seconds
+            for name, n in reduction.metric_collectives()
+        )
+    return {
+        "compute_s": compute_s,
+        "comm_s": comm,
+        "scalar_pmeans_s": scalars,
+        "step_s": compute_s + comm + scalars,
+        "algorithm": algorithm,
+        "buckets": None,  # no optax buckets: it sends by leaf shape
     }
 
 

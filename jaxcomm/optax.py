@@ -39,6 +39,7 @@ Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``)
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 import os
 import warnings
@@ -52,7 +53,7 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from jaxcomm import _ordering, cost
+from jaxcomm import _ordering, algorithms, cost
 from jaxcomm.collectives import allreduce, compressed_allreduce
 
 AxisName = str | tuple[str, ...]
@@ -66,13 +67,19 @@ class AllreduceGradientsState(NamedTuple):
     """State of :func:`allreduce_gradients`.
 
     Attributes:
-      count: int32 scalar, the number of updates applied (selects the scheduled density).
+      count: int32 scalar, the number of updates applied (selects the scheduled density, and
+        ends PowerSGD's dense warm-up).
       residuals: error-feedback residuals, a float32 tree of the gradient's structure and
         shapes (``(1,)`` for scalar leaves), different on every rank; ``None`` when dense.
+        PowerSGD: each compressed leaf's error (a leaf sent dense has a ``(1,)`` zero).
+      shared: state that is identical on every rank, a tree of the gradient's structure, or
+        ``None``. PowerSGD: each compressed leaf's warm-start Q, float32 ``(columns, rank)``
+        (a leaf sent dense has a ``(1,)`` zero).
     """
 
     count: jax.Array
     residuals: Any
+    shared: Any = None
 
 
 def _axis_size(axis_name: AxisName) -> int:
@@ -222,6 +229,11 @@ def allreduce_gradients(
         ``jaxcomm.TopKAllgather(0.01)`` (error feedback is kept in the state), or ``"auto"``
         / ``jaxcomm.cost.Auto(allowed=("dense", "gtopk"), profile="profile.json")``: each
         bucket's algorithm is chosen at trace time by the cost model (:mod:`jaxcomm.cost`).
+        A leaf-shaped algorithm, ``jaxcomm.PowerSGD(rank=4, start_step=100)``, works on the
+        leaves' shapes instead of buckets: three allreduce calls per step (every leaf's P,
+        every leaf's Q, the leaves sent dense), its errors in ``residuals`` and its
+        warm-start Qs in ``shared``; ``bucket_size``, ``first_bucket_size`` and
+        ``overlap`` do not apply to it.
       hierarchical: reduce within a node first, then across nodes (``axis_name`` must then
         be a ("node", "local") pair of mesh axes; see ``jaxcomm.allreduce``).
       mean: divide the sum by the number of ranks (else return the sum).
@@ -250,8 +262,23 @@ def allreduce_gradients(
       >>> specs = jaxcomm.optax.partition_specs(jax.eval_shape(tx.init, params), "dp")
       >>> state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(),
       ...                               out_specs=specs))(params)
+
+      PowerSGD (the 8 x 4 weight as rank-1 factors, its Q 4 x 1; the bias goes dense):
+
+      >>> tx = jaxcomm.optax.allreduce_gradients("dp", jaxcomm.PowerSGD(rank=1, start_step=10))
+      >>> state = tx.init(params)
+      >>> state.shared["layer0"]["w"].shape, state.shared["layer0"]["b"].shape
+      ((4, 1), (1,))
     """
     algorithm = _deprecated_compressor(algorithm, compressor)
+    leafwise = _leafwise(algorithm)
+    if leafwise is not None:
+        if density_schedule is not None:
+            raise ValueError(
+                f"density_schedule needs an algorithm with a density; {algorithm!r} has none "
+                "(PowerSGD's dense warm-up is PowerSGD(start_step=...))"
+            )
+        return _leafwise_transformation(leafwise, algorithm, axis_name, mean, hierarchical)
     if int(bucket_size) < 1:
         raise ValueError(f"bucket_size must be >= 1 element, got {bucket_size}")
     bucket_size = int(bucket_size)
@@ -369,13 +396,76 @@ def allreduce_gradients(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+def _leafwise(algorithm: Any) -> Any:
+    """The module of jaxcomm.collectives that runs a leaf-shaped algorithm (PowerSGD), else None.
+
+    Everything else (None, "auto", a flat compressor, or a wrong type, which the bucket path
+    rejects with its own message) goes through the buckets.
+    """
+    if algorithm is None or isinstance(algorithm, (str, cost.Auto)):
+        return None
+    try:
+        record = algorithms.of(algorithm)
+    except TypeError:
+        return None
+    if record.leafwise is None:
+        return None
+    return importlib.import_module(f"jaxcomm.collectives.{record.leafwise}")
+
+
+def _leafwise_transformation(
+    module: Any, spec: Any, axis_name: AxisName, mean: bool, hierarchical: bool
+) -> optax.GradientTransformation:
+    """``allreduce_gradients`` for a leaf-shaped algorithm: ``module.init`` and
+    ``module.reduce`` see the whole tree, leaf by leaf, instead of flat buckets."""
+
+    def flatten(tree: Any) -> tuple[list, list[str], Any]:
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
+        names = [jax.tree_util.keystr(path) for path, _ in pairs]
+        return [leaf for _, leaf in pairs], names, treedef
+
+    def init_fn(params: Any) -> AllreduceGradientsState:
+        leaves, names, treedef = flatten(params)
+        residuals, shared = module.init(leaves, spec, names)
+        return AllreduceGradientsState(
+            count=jnp.zeros((), jnp.int32),
+            residuals=treedef.unflatten(residuals),
+            shared=treedef.unflatten(shared),
+        )
+
+    def update_fn(
+        updates: Any, state: AllreduceGradientsState, params: Any = None
+    ) -> tuple[Any, AllreduceGradientsState]:
+        del params
+        leaves, names, treedef = flatten(updates)
+        outs, residuals, shared = module.reduce(
+            leaves,
+            treedef.flatten_up_to(state.residuals),
+            treedef.flatten_up_to(state.shared),
+            state.count,
+            axis_name,
+            spec,
+            names=names,
+            mean=mean,
+            hierarchical=hierarchical,
+        )
+        count = optax.safe_int32_increment(state.count)
+        new_state = AllreduceGradientsState(
+            count, treedef.unflatten(residuals), treedef.unflatten(shared)
+        )
+        return treedef.unflatten(outs), new_state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
 def partition_specs(state: Any, axis_name: AxisName) -> Any:
     """PartitionSpecs for an optimizer state that contains :class:`AllreduceGradientsState` or
     :class:`DiLoCoState`.
 
     Residual leaves, and DiLoCo's per-rank parameters, inner state and pending outer
     gradients, are per rank and get ``P(axis_name)`` (each rank's value stacked along the
-    first dimension); every other leaf is replicated, ``P()``.
+    first dimension); every other leaf (the ``shared`` state included: PowerSGD's Q) is
+    replicated, ``P()``.
 
     Args:
       state: an optimizer state, or its ``jax.eval_shape``.
@@ -396,7 +486,11 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
 
     def visit(node: Any) -> Any:
         if isinstance(node, AllreduceGradientsState):
-            return AllreduceGradientsState(count=PartitionSpec(), residuals=split(node.residuals))
+            return AllreduceGradientsState(
+                count=PartitionSpec(),
+                residuals=split(node.residuals),
+                shared=jax.tree.map(lambda _: PartitionSpec(), node.shared),
+            )
         if isinstance(node, DiLoCoState):
             return DiLoCoState(
                 count=PartitionSpec(),
@@ -708,6 +802,12 @@ def diloco(
             raise TypeError(
                 f"diloco: {algorithm!r} keeps no error feedback; pass None for the dense "
                 "allreduce or a compressed algorithm"
+            )
+        if record.leafwise is not None:
+            raise TypeError(
+                f"diloco: {algorithm!r} compresses gradient leaves by their shapes, and the "
+                "outer allreduce is one flat vector; pass None for the dense allreduce or a "
+                "flat compressor (e.g. jaxcomm.BlockQuant(8))"
             )
     if outer is None:
         outer = optax.sgd(DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM, nesterov=True)

@@ -1,6 +1,6 @@
 """Subprocess side of tests/test_diloco.py: jaxcomm.optax.diloco and the detached collectives.
 
-One process of a (processes x devices) CPU world (tests/collectives_harness.run_world).
+One process of a (processes x devices) CPU world (run_world of tests/collectives_harness.py).
 Every step is its own jitted shard_map call, dispatched without waiting, as a training loop
 does. Gradients are fed per rank (a (ranks, ...) array sharded over dp), the same on every
 process, so the test can recompute every reference from them. Modes:

@@ -32,6 +32,7 @@ def test_names_are_the_ones_recipes_benchmarks_and_cost_use():
         "blockquant",
         "onebit",
         "threshold",
+        "powersgd",
     )
     assert cost.ALGORITHMS == algorithms.planned()
     assert set(algorithms.planned()) <= {a.name for a in algorithms.registered()}
@@ -86,7 +87,7 @@ def test_specs_build_from_options_and_map_back():
 def test_hierarchical_forms_follow_their_base():
     forms = {a.name: a for a in algorithms.registered() if a.hierarchy is not None}
     bases = [a for a in algorithms.registered() if a.hierarchical]
-    assert {a.name for a in bases} == {"dense", "onebit", "threshold", "adaptive"}
+    assert {a.name for a in bases} == {"dense", "onebit", "threshold", "adaptive", "blockquant"}
     assert len(forms) == 2 * len(bases)
     leader = forms["hier_adaptive_leader"]
     assert leader.hierarchy == ("adaptive", "leader")

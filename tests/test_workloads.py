@@ -200,3 +200,33 @@ def test_train_benchmark_grid_resumes_and_reports(tmp_path):
     again = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert {c.name: c.stat().st_mtime_ns for c in cells} == first  # nothing ran again
+
+
+def test_predict_step_of_powersgd_reads_its_leaf_shapes():
+    """PowerSGD sends by leaf shape, not by optax bucket: benchmarks/train.py predicts its
+    cells with jaxcomm.cost.predict_tree over the model's shapes, and its dense warm-up
+    (start_step: a warm-up phase by default, as the run's Reduction resolves it) as one dense
+    call of every leaf."""
+    from jaxcomm import cost
+
+    train = _train_script()
+    assert "powersgd" in train.VARIANTS
+    assert not [v for v in train.VARIANTS if v.startswith("diloco") and "powersgd" in v]
+    recipe = train.cell_recipe("digits-small", "1gbit", 2, "powersgd", 0, None, None, [])
+    world = cost.World(processes=2, devices_per_process=1, inter_process="across_hosts")
+    shapes = train.leaf_shapes("digits-small", recipe)
+    assert any(len(s) == 2 for s in shapes)
+    compressed = cost.predict_tree("powersgd", shapes, world).seconds
+    total = sum(train.leaf_sizes("digits-small", recipe))
+    dense = cost.predict("dense", total, world).seconds
+    after = train.predict_step("digits-small", recipe, "powersgd", "1gbit", 2, 0.01, None)
+    assert after["comm_s"] == pytest.approx(compressed) and after["algorithm"] == "powersgd"
+    assert after["buckets"] is None
+    # Timed steps 1 .. 2W-1 of a run with a warm-up phase of W steps: W-1 dense, W compressed.
+    phase = train.warmup_phase("digits-small", recipe)
+    run = train.predict_step(
+        "digits-small", recipe, "powersgd", "1gbit", 2, 0.01, None, steps=2 * phase
+    )
+    want = ((phase - 1) * dense + phase * compressed) / (2 * phase - 1)
+    assert run["comm_s"] == pytest.approx(want)
+    assert run["step_s"] == pytest.approx(0.01 + run["comm_s"] + run["scalar_pmeans_s"])

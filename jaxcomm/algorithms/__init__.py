@@ -1,12 +1,15 @@
 """The algorithm registry: one module per allreduce algorithm, and the lookups everything reads.
 
 Each public module here (``dense``, ``gtopk``, ``topk_allgather``, ``onebit``, ``threshold``,
-``adaptive``, ``blockquant``, ``psum``) defines ``ALGORITHM``, an :class:`Algorithm` record holding its spec
-(the user-facing class, e.g. ``jaxcomm.GTopK``), its XLA FFI target names, its FFI attribute
-builder, its byte ledger and time model (which :mod:`jaxcomm.cost` sums up), its name in
-recipes, benchmarks and metrics, and whether ``algorithm="auto"`` may choose it. The
-hierarchical forms (``hier_dense``, ``hier_adaptive_leader``, ...) are derived from the
-algorithms that have one.
+``adaptive``, ``blockquant``, ``powersgd``, ``psum``) defines ``ALGORITHM``, an
+:class:`Algorithm` record holding its spec (the user-facing class, e.g. ``jaxcomm.GTopK``),
+its XLA FFI target names, its FFI attribute builder, its byte ledger and time model (which
+:mod:`jaxcomm.cost` sums up), its name in recipes, benchmarks and metrics, and whether
+``algorithm="auto"`` may choose it. The hierarchical forms (``hier_dense``,
+``hier_adaptive_leader``, ...) are derived from the algorithms that have one. A leaf-shaped
+algorithm (``powersgd``: factors of each 2-D gradient leaf) names the module of
+:mod:`jaxcomm.collectives` that reduces a gradient tree (``Algorithm.leafwise``), which
+``jaxcomm.optax.allreduce_gradients`` runs instead of its buckets.
 
 The rest of jaxcomm reads this registry: ``jaxcomm.compressed_allreduce`` (targets and
 attributes), ``jaxcomm.cost`` (bytes, time, auto's candidates), the examples, the launcher's
@@ -19,7 +22,8 @@ algorithm's FFI attribute builder imports NumPy when it is called.
 Example:
   >>> from jaxcomm import algorithms
   >>> algorithms.names()
-  ('psum', 'dense', 'topk_allgather', 'gtopk', 'adaptive', 'blockquant', 'onebit', 'threshold')
+  ('psum', 'dense', 'topk_allgather', 'gtopk', 'adaptive', 'blockquant', 'onebit', 'threshold',
+   'powersgd')
   >>> algorithms.get("gtopk").targets["flat"]
   'jaxcomm_gtopk'
 """

@@ -74,6 +74,14 @@ BytesFn = Callable[[int, Any, Any, int], int]
 TimeFn = Callable[[Any, int, Any, Any], None]
 """``(tally, n, world, options)``: adds one call's critical path to the cost model's tally."""
 
+TreeBytesFn = Callable[[Any, Any, Any, int], int]
+"""``(shapes, world, options, rank) -> bytes`` that world rank ``rank`` sends in one step of a
+leaf-shaped algorithm over gradient leaves of ``shapes``."""
+
+TreeTimeFn = Callable[[Any, Any, Any, Any], None]
+"""``(tally, shapes, world, options)``: adds one step of a leaf-shaped algorithm over leaves of
+``shapes`` to the cost model's tally."""
+
 InterBytesFn = Callable[[int, int, int, Any, Any], int]
 """``(m, parts, rank, world, options) -> bytes`` of the inter-node step of a hierarchical call."""
 
@@ -125,6 +133,17 @@ class Algorithm:
         or None.
       hierarchy: ``(base name, scheme)`` of a hierarchical form (``("dense", "leader")`` for
         ``hier_dense_leader``); None for a flat algorithm.
+      leafwise: the module of :mod:`jaxcomm.collectives` that reduces a whole gradient tree,
+        for an algorithm that works on the leaves' shapes rather than on flat buckets
+        (PowerSGD's per-matrix factors). ``jaxcomm.optax.allreduce_gradients`` calls its
+        ``init(leaves, spec, names)`` and ``reduce(...)`` (see
+        :mod:`jaxcomm.collectives.powersgd`) instead of bucketing, and keeps its state in
+        ``residuals`` (per rank) and ``shared`` (identical on every rank). None: a flat
+        compressor (``targets["flat"]``).
+      tree_bytes: a leaf-shaped algorithm's byte ledger of one step over a gradient's leaf
+        shapes (:data:`TreeBytesFn`; ``bytes_sent`` and ``time`` then model one call of n
+        elements as one leaf of some shape).
+      tree_time: likewise for the time model (:data:`TreeTimeFn`).
     """
 
     name: str
@@ -153,6 +172,9 @@ class Algorithm:
     in_recipes: bool = True
     ops: str | None = None
     hierarchy: tuple[str, str] | None = None
+    leafwise: str | None = None
+    tree_bytes: TreeBytesFn | None = None
+    tree_time: TreeTimeFn | None = None
 
     @property
     def hierarchical(self) -> bool:

@@ -76,7 +76,8 @@ def compressed_allreduce(
       ``new_residual`` float32.
 
     Raises:
-      TypeError: an unknown algorithm.
+      TypeError: an unknown algorithm, or a leaf-shaped one (``jaxcomm.PowerSGD``: it runs in
+        ``jaxcomm.optax.allreduce_gradients``).
       ValueError: bad shapes, an axis the mesh does not have, or ``hierarchical=True`` with
         other than two axes or with a sparse algorithm.
 
@@ -86,6 +87,11 @@ def compressed_allreduce(
       ...     mesh=mesh, in_specs=(P("dp"), P("dp")), out_specs=(P("dp"), P("dp")))
     """
     record = algorithms.of(algorithm)  # TypeError naming the known specs
+    if record.leafwise is not None:
+        raise TypeError(
+            f"{algorithm!r} compresses each gradient leaf by its shape, not a flat vector: use "
+            f"jaxcomm.optax.allreduce_gradients(axis_name, {type(algorithm).__name__}(...))"
+        )
     if not record.residual or "flat" not in record.targets:
         raise TypeError(f"algorithm {algorithm!r} is not a compressed allreduce")
     if hierarchical and "hierarchical" not in record.targets:

@@ -81,7 +81,7 @@ from .model import (
     World,
     steps_factor_of,
 )
-from .timemodel import Tally, dense_path, fit_line, predict, ring_path
+from .timemodel import Tally, dense_path, fit_line, predict, predict_tree, ring_path
 
 __all__ = [
     "ALGORITHMS",
@@ -112,6 +112,7 @@ __all__ = [
     "oneshot_bytes",
     "plan",
     "predict",
+    "predict_tree",
     "quantized_bytes",
     "resolve_auto",
     "ring_bytes",

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import algorithms
+from ..algorithms import get as _record
 from ..algorithms._hierarchical import name_of as hierarchical_name
 from .model import (
     ALGORITHMS,
@@ -50,7 +51,9 @@ def plan(
       profile: alpha/beta/gamma (default :data:`DEFAULT_PROFILE`).
       options: compressor settings.
       algorithms: algorithms to predict (default: all of :data:`ALGORITHMS`).
-      allowed: algorithms the pick may be (default: all predicted ones).
+      allowed: algorithms the pick may be (default: all predicted ones but the leaf-shaped
+        ``powersgd``, whose row models each size as one near-square matrix, a bound for the
+        shapes it would really see, not a bucket it could reduce).
       overlap: see :func:`predict`.
       hidden_seconds: see :func:`predict` (per call).
       steps_factor: steps relative to dense (default :data:`DEFAULT_STEPS_FACTOR`).
@@ -73,7 +76,9 @@ def plan(
     if not sizes:
         raise ValueError("plan needs at least one gradient size")
     algorithms = list(algorithms)
-    candidates = [a for a in algorithms if allowed is None or a in set(allowed)]
+    if allowed is None:
+        allowed = [a for a in algorithms if _record(a).leafwise is None]
+    candidates = [a for a in algorithms if a in set(allowed)]
     if not candidates:
         raise ValueError(f"allowed={allowed!r} names none of the algorithms {algorithms}")
     predictions = []

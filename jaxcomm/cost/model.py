@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import algorithms
+from ..algorithms import powersgd
 
 LINK_CLASSES = ("same_process", "same_host", "across_hosts")
 """Link classes, fastest first."""
@@ -132,6 +133,9 @@ class Options:
         compressors quantize from float32 whatever the input, so only dense reads it.
       bits: bits per element of block quantization (``jaxcomm.BlockQuant``): 8 or 4.
       block: elements per scale of block quantization.
+      rank: PowerSGD's approximation rank (``jaxcomm.PowerSGD.rank``; not a process rank).
+      start_step: PowerSGD's dense warm-up steps (only used to build the spec).
+      min_compression_rate: the least gain for which PowerSGD compresses a leaf.
 
     Example:
       >>> Options(density=0.01).k(1000)
@@ -148,6 +152,9 @@ class Options:
     element_bytes: int = 4
     bits: int = 8
     block: int = 256
+    rank: int = 4
+    start_step: int = powersgd.START_STEP
+    min_compression_rate: float = powersgd.MIN_COMPRESSION_RATE
 
     def __post_init__(self) -> None:
         checks = {
@@ -161,6 +168,9 @@ class Options:
             "element_bytes": self.element_bytes in (2, 4),
             "bits": self.bits in (4, 8),
             "block": self.block >= 1,
+            "rank": self.rank >= 1,
+            "start_step": self.start_step >= 0,
+            "min_compression_rate": self.min_compression_rate >= 1.0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -168,7 +178,8 @@ class Options:
                     f"Options.{name}={getattr(self, name)!r} is out of range "
                     "(density, max_density and the fractions in [0, 1], proportion >= 1, "
                     "column_size a positive multiple of 32, tau > 0, element_bytes 2 or 4, "
-                    "bits 8 or 4, block >= 1)"
+                    "bits 8 or 4, block >= 1, rank >= 1, start_step >= 0, "
+                    "min_compression_rate >= 1)"
                 )
 
     def k(self, n: int) -> int:

@@ -8,6 +8,7 @@ Each algorithm adds its critical path to a :class:`Tally` (its ``time`` function
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .. import algorithms
@@ -15,7 +16,7 @@ from ..algorithms.dense import dense_path, ring_path
 from .ledger import bytes_sent, check_elements
 from .model import DEFAULT_PROFILE, Options, Prediction, Profile, World
 
-__all__ = ["Tally", "dense_path", "fit_line", "predict", "ring_path"]
+__all__ = ["Tally", "dense_path", "fit_line", "predict", "predict_tree", "ring_path"]
 
 
 class Tally:
@@ -97,6 +98,62 @@ def predict(
         bytes_sent_per_rank=bytes_sent(algorithm, n, world, options),
         seconds=exposed + t.compute,
         communication_seconds=comm,
+        compute_seconds=t.compute,
+        messages=t.messages,
+    )
+
+
+def predict_tree(
+    algorithm: str,
+    shapes: Sequence[Sequence[int]],
+    world: World,
+    profile: Profile | None = None,
+    options: Options | None = None,
+) -> Prediction:
+    """Predicts bytes and seconds of one step of a leaf-shaped algorithm (``powersgd``) over
+    gradient leaves of ``shapes``: it sends per leaf shape, not per bucket of n elements, so
+    its calls come from the shapes (the record's ``tree_bytes`` and ``tree_time``).
+
+    Args:
+      algorithm: a registered leaf-shaped name (``Algorithm.leafwise`` set).
+      shapes: the gradient leaves' shapes, in tree order.
+      world: the ranks.
+      profile: alpha/beta/gamma (default :data:`DEFAULT_PROFILE`).
+      options: its settings (default :class:`Options`; ``element_bytes`` 2 for 16-bit
+        gradients, whose dense leaves go on the 16-bit wire).
+
+    Returns:
+      A :class:`Prediction`; ``elements`` is the leaves' total.
+
+    Raises:
+      ValueError: an algorithm that is not leaf-shaped (it is predicted per bucket,
+        :func:`predict`).
+
+    Example:
+      >>> p = predict_tree("powersgd", [(4096, 4096), (4096,)], World(processes=4))
+      >>> p.bytes_sent_per_rank < predict("dense", 4096 * 4097, World(processes=4)).bytes_sent_per_rank
+      True
+    """
+    profile = profile or DEFAULT_PROFILE
+    options = options or Options()
+    record = algorithms.get(algorithm)
+    if record.tree_time is None or record.tree_bytes is None:
+        raise ValueError(
+            f"{algorithm!r} reduces flat buckets, not leaves by shape: predict each bucket "
+            "with jaxcomm.cost.predict"
+        )
+    shapes = [tuple(int(d) for d in s) for s in shapes]
+    t = Tally(profile)
+    record.tree_time(t, shapes, world, options)  # its calls' overheads included
+    nbytes = [record.tree_bytes(shapes, world, options, r) for r in range(world.ranks)]
+    return Prediction(
+        algorithm=algorithm,
+        elements=sum(math.prod(s) for s in shapes),
+        processes=world.processes,
+        devices_per_process=world.devices_per_process,
+        bytes_sent_per_rank=sum(nbytes) / world.ranks,
+        seconds=t.comm + t.compute,
+        communication_seconds=t.comm,
         compute_seconds=t.compute,
         messages=t.messages,
     )

@@ -71,6 +71,12 @@ class Reduction:
       diloco_delay: inner steps between an outer allreduce's start and its application
         (Streaming DiLoCo's overlap: it runs detached on jaxcomm's engine meanwhile).
       diloco_fragments: parameter fragments synced at staggered steps.
+      bits, block: ``blockquant``: bits per element (8 or 4) and elements per scale
+        (:class:`jaxcomm.BlockQuant`).
+      rank: ``powersgd``: the approximation rank (:class:`jaxcomm.PowerSGD`).
+      min_compression_rate: ``powersgd``: the least gain for which a leaf is compressed.
+      start_step: ``powersgd``: steps of dense allreduce first; None: one warm-up phase
+        (``warmup_phase_steps``, an epoch) when ``warmup`` is on, else 0.
     """
 
     algorithm: str = "dense"
@@ -89,6 +95,12 @@ class Reduction:
     diloco_outer_momentum: float = jc_optax.DILOCO_OUTER_MOMENTUM
     diloco_delay: int = 0
     diloco_fragments: int = 1
+    # Defaults declared once, in cost.Options.
+    bits: int = cost.Options.bits
+    block: int = cost.Options.block
+    rank: int = cost.Options.rank
+    min_compression_rate: float = cost.Options.min_compression_rate
+    start_step: int | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -102,6 +114,42 @@ class Reduction:
                 f"diloco_every needs a jaxcomm algorithm for the outer allreduce (dense or a "
                 f"compressed one), not {self.algorithm!r}"
             )
+        if self.diloco_every and algorithms.get(self.algorithm).leafwise is not None:
+            raise ValueError(
+                f"diloco_every: DiLoCo's outer allreduce is one flat vector, and "
+                f"{self.algorithm!r} compresses gradient leaves by shape; use dense or a flat "
+                "compressor (e.g. blockquant)"
+            )
+
+    def options(self, warmup_phase_steps: int) -> cost.Options:
+        """The algorithm settings of this reduction, for :func:`jaxcomm.algorithms.build`.
+
+        Args:
+          warmup_phase_steps: steps per warm-up density; PowerSGD's dense warm-up
+            (``start_step`` None) lasts one such phase when :attr:`warmup` is on.
+
+        Returns:
+          The :class:`jaxcomm.cost.Options`.
+
+        Example:
+          >>> Reduction("powersgd", rank=2).options(100).start_step
+          100
+          >>> Reduction("blockquant", bits=4).options(100).bits
+          4
+        """
+        start_step = self.start_step
+        if start_step is None:  # PowerSGD's dense warm-up: one phase of the sparse warm-up
+            start_step = warmup_phase_steps if self.warmup else 0
+        return cost.Options(
+            density=self.density,
+            proportion=self.proportion,
+            tau=self.tau,
+            bits=self.bits,
+            block=self.block,
+            rank=self.rank,
+            start_step=start_step,
+            min_compression_rate=self.min_compression_rate,
+        )
 
     def reducer(self, warmup_phase_steps: int) -> optax.GradientTransformation | None:
         """The jaxcomm gradient transformation (None for the ``psum`` baseline).
@@ -121,7 +169,7 @@ class Reduction:
         a = self.algorithm
         if a == "psum":
             return None
-        options = cost.Options(density=self.density, proportion=self.proportion, tau=self.tau)
+        options = self.options(warmup_phase_steps)
         schedule = None
         if a == algorithms.AUTO:
             allowed = self.allowed or cost.DEFAULT_ALLOWED
@@ -149,7 +197,9 @@ class Reduction:
 
         jaxcomm's reductions: the buckets of ``jaxcomm.optax.allreduce_gradients`` (last leaf
         first, at most :attr:`bucket_size` elements each, a larger leaf alone). ``psum``: XLA
-        reduces the tree itself; the same buckets stand in for what it sends.
+        reduces the tree itself; the same buckets stand in for what it sends. A leaf-shaped
+        algorithm (``powersgd``) has no buckets: it sends by leaf shape
+        (:func:`jaxcomm.cost.predict_tree`).
 
         Args:
           leaf_sizes: elements of each gradient leaf, in the pytree's order.
@@ -188,7 +238,7 @@ class Reduction:
         """
         if not self.diloco_every:
             return None
-        options = cost.Options(density=self.density, proportion=self.proportion, tau=self.tau)
+        options = self.options(0)
         outer = optax.sgd(
             self.diloco_outer_lr, momentum=self.diloco_outer_momentum or None, nesterov=True
         )

@@ -346,10 +346,11 @@ def _options(cost: types.ModuleType, recipe: Recipe) -> Any:
     args = recipe.args
     density = args.get("density", 0.001) if recipe.job == "allreduce" else recipe.jaxcomm.density
     fields = {"density": float(density)}
-    for name in ("proportion", "tau"):
+    for name in ("proportion", "tau", "min_compression_rate"):
         if name in args:
             fields[name] = float(args[name])
-    for name in ("bits", "block"):  # block quantization (jaxcomm.BlockQuant)
+    # Block quantization (jaxcomm.BlockQuant) and PowerSGD's approximation rank.
+    for name in ("bits", "block", "rank"):
         if name in args:
             fields[name] = int(args[name])
     return cost.Options(**fields)
@@ -368,7 +369,8 @@ def recipe_plan(
         recipe: The recipe.
         profile_path: A profile from ``jaxcomm probe`` (None: the built-in default).
         elements: Explicit gradient sizes.
-        allowed: Algorithms the pick may be (None: all).
+        allowed: Algorithms the pick may be (None: all but the leaf-shaped powersgd, see
+            jaxcomm.cost.plan).
         overlap_seconds: Overlap on: communication hides behind this much compute per call
             (None: overlap off).
 

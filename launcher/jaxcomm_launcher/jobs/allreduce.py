@@ -52,8 +52,10 @@ from jaxcomm_launcher.jobs._common import (
 DEFAULT_SIZES = [1 << 20, 1 << 22, 25_000_000]
 # The algorithms run by default, from the registry (jaxcomm/algorithms/); every registered name
 # (e.g. hier_onebit) is accepted in args.algorithms.
-ALL_ALGORITHMS = list(registry.planned())
-KNOWN = [a.name for a in registry.registered()]
+# A leaf-shaped algorithm (PowerSGD: factors of each gradient matrix) has no flat-vector
+# allreduce to time: it runs in training (allreduce_gradients), not here.
+ALL_ALGORITHMS = [a for a in registry.planned() if registry.get(a).leafwise is None]
+KNOWN = [a.name for a in registry.registered() if a.leafwise is None]
 HIERARCHICAL = ("node", "local")
 # Accepted in args.algorithms but not run by default: the cost model's choice per size.
 AUTO = registry.AUTO

@@ -63,6 +63,7 @@ DEFAULT_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22]
 LATENCY_ELEMENTS = 2  # the latency test's allreduce: one 8-byte message per round
 WIDE_DENSITY = 0.25  # top-k at the warm-up's first density, for gamma["topk.entry"]
 DEFAULT_KERNEL_ELEMENTS = 1 << 22
+MATMUL_RANK = 4  # PowerSGD's thin products are timed at this rank (a typical one)
 LOCAL = ("proc", "local")
 
 
@@ -124,6 +125,7 @@ def run(ctx: JobContext) -> None:
     """
     import jaxcomm
     from jaxcomm import algorithms, cost
+    from jaxcomm.algorithms.powersgd import matrix_of
 
     sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
     kernel_n = int(ctx.args.get("kernel_elements", DEFAULT_KERNEL_ELEMENTS))
@@ -182,6 +184,15 @@ def run(ctx: JobContext) -> None:
     # sum: in place (the accumulator donated and fed back), as the C++ reductions add into
     # their buffer; a fresh output per call would time page faults instead.
     rounds.add("gamma.sum", per_device(lambda a, b: a + b, zeros, x, donate=(0,)))
+    # matmul: PowerSGD's thin products (jaxcomm/algorithms/powersgd.py), a near-square matrix
+    # of the kernel's elements times a (columns x 4) one, per multiply-add.
+    _, mm_columns = matrix_of(kernel_n)
+    mm_rows = kernel_n // mm_columns
+    thin = rng.standard_normal((local, mm_columns, MATMUL_RANK)).astype(np.float32)
+    rounds.add(
+        "gamma.matmul",
+        per_device(lambda a, q: a[: mm_rows * mm_columns].reshape(mm_rows, -1) @ q, x, thin),
+    )
     topk = jaxcomm.TopK(0.001)
     rounds.add("gamma.topk", per_device(lambda a, r: jaxcomm.ops.compress(a, r, topk), x, zeros))
     # The same at the gTop-k warm-up's first density: what each selected entry adds.
@@ -272,11 +283,14 @@ def run(ctx: JobContext) -> None:
     # Kernels this probe has no measurement for (an algorithm's own new kernel) keep the
     # registry's default: Profile.from_json fills them in and `measured` does not list them.
     gamma = {
-        k: t[f"gamma.{k}"] / kernel_n for k in cost.KERNELS if k != "merge" and f"gamma.{k}" in t
+        k: t[f"gamma.{k}"] / kernel_n
+        for k in cost.KERNELS
+        if k not in ("merge", "matmul") and f"gamma.{k}" in t
     }
     extra = jaxcomm.TopK(WIDE_DENSITY).k(kernel_n) - topk.k(kernel_n)
     gamma["topk.entry"] = max(0.0, t["topk.wide"] - t["gamma.topk"]) / extra
     gamma["merge"] = t["gamma.merge"] / (2 * k)
+    gamma["matmul"] = t["gamma.matmul"] / (mm_rows * mm_columns * MATMUL_RANK)
     measured += [f"gamma.{name}" for name in gamma]
     links: dict[str, dict[str, float]] = {}
     for name, (parts, ns) in rings.items():
