@@ -237,7 +237,10 @@ def analyze(entry: dict[str, dict[str, Any]], thunks: list[dict[str, Any]]) -> l
     A thunk's data ancestors are the HLO operands, transitively (through bitcasts and tuple
     elements, which have no thunk). ``waits_unrelated`` is every thunk it waits for in the
     thunk graph, transitively, that is not a data ancestor: work XLA ordered before it
-    through buffer reuse. ``backward_thunks_unrelated`` counts the compute among them.
+    through buffer reuse. ``backward_thunks_unrelated`` is the compute among them that
+    itself needs a computed value (the rest, e.g. copies of the optimizer state, needs only
+    the step's inputs and runs at the top of the step, before any gradient exists, so
+    waiting for it costs nothing): the backward work a start cannot overlap with.
 
     Args:
       entry: :func:`parse_entry` of the step's HLO.
@@ -254,6 +257,7 @@ def analyze(entry: dict[str, dict[str, Any]], thunks: list[dict[str, Any]]) -> l
     graph_edges = {t["name"]: t["deps"] for t in thunks}
     kind = {t["name"]: t["kind"] for t in thunks}
     order = {t["name"]: t["id"] for t in thunks}
+    thunk_names = set(order)
     rows = []
     starts = 0
     for t in thunks:
@@ -264,7 +268,11 @@ def analyze(entry: dict[str, dict[str, Any]], thunks: list[dict[str, Any]]) -> l
         data = _closure(t["name"], data_edges)
         waits = _closure(t["name"], graph_edges)
         unrelated = sorted(waits - data, key=lambda n: order.get(n, -1))
-        compute = [n for n in unrelated if kind.get(n, "").startswith(COMPUTE_KINDS)]
+        compute = [
+            n
+            for n in unrelated
+            if kind.get(n, "").startswith(COMPUTE_KINDS) and _closure(n, data_edges) & thunk_names
+        ]
         collectives = [
             n for n in unrelated if (entry.get(n, {}).get("target") or "").startswith("jaxcomm_")
         ]
@@ -377,7 +385,7 @@ def report(result: dict[str, Any]) -> None:
         label = f"bucket {r['bucket']} start" if r["role"] == "start" else "done"
         print(
             f"  thunk {r['thunk']:4d} {label:15s} {r['name']:14s} waits for "
-            f"{len(r['backward_thunks_unrelated'])} unrelated compute thunk(s)"
+            f"{len(r['backward_thunks_unrelated'])} unrelated backward thunk(s)"
             + (f" {r['backward_thunks_unrelated']}" if r["backward_thunks_unrelated"] else "")
             + (
                 f" and collective(s) {r['collectives_unrelated']}"
