@@ -78,7 +78,7 @@ def each(results: pathlib.Path, pattern: str, render: Callable[[dict[str, Any], 
 
     Example:
       >>> each(RESULTS, "kernels-*.json", lambda data, file: file).splitlines()[0]
-      'kernels-gpu.json'
+      'kernels-1core.json'
     """
     paths = sorted(results.glob(pattern), key=lambda p: p.stem)
     return "\n\n".join(render(load(results, p.stem), p.name) for p in paths)

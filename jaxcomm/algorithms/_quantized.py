@@ -155,7 +155,7 @@ def quantizer_attributes(spec: Any, kind: int) -> dict[str, Any]:
     Example:
       >>> from jaxcomm.compressors import OneBit
       >>> sorted(quantizer_attributes(OneBit(column_size=64), 0)["quantizer"])[:3]
-      ['column_size', 'kind', 'max_density']
+      ['bits', 'column_size', 'error_feedback']
     """
     import numpy as np  # the JAX side only
 
