@@ -323,21 +323,24 @@ def allreduce_gradients(
                 )
                 # The engine reads the bucket and the step; r is aliased to the new residual.
                 results, kept = [summed, r], [x, step]
-            started.append((group, wire, kept, results, _ordering.token_in() if split else None))
+            # A bucket sent dense keeps its (zero) residual r; a compressor returns a new one.
+            ticket = _ordering.token_in() if split else None
+            started.append((group, wire, kept, results, r, ticket))
         if split:
             anchor = ([xs[i] for i in groups[-1]], _ordering.token_in())
             if len(defer.splits) != len(started):
                 raise AssertionError("allreduce_gradients: a bucket's collective was not issued")
-        for b, (group, wire, kept, results, ticket) in enumerate(started):
+        for b, (group, wire, kept, results, r, ticket) in enumerate(started):
             if split and defer.splits[b]:
                 results = _call.emit_done(ticket, results, kept, anchor)
             summed = results[0].astype(wire)  # a no-op but for a compressed 16-bit bucket
+            r = results[1] if len(results) > 1 else r
             offset = 0
             for i in group:
                 n = xs[i].size
                 sums[i] = summed[offset : offset + n]
                 if algo is not None:
-                    new_rs[i] = results[1][offset : offset + n]
+                    new_rs[i] = r[offset : offset + n]
                 offset += n
         return sums, new_rs
 
