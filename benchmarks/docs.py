@@ -502,8 +502,8 @@ def overlap_schedule(results: pathlib.Path) -> str:
         ]
         out.append(
             f"`{data['algorithm']}`, {data['layers']} layers of {data['width']}, bucket "
-            f"{data['bucket_size']:,} elements: {data['thunks']} thunks "
-            f"(`benchmarks/results/{path.name}`):\n\n"
+            f"{data['bucket_size']:,} elements: {data['thunks']} thunks, "
+            f"`{data['command']}`:\n\n"
             + table(
                 [
                     "bucket",

@@ -365,6 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "width": args.width,
         "batch": args.batch,
         "algorithm": args.algorithm,
+        "density": args.density if args.algorithm != "dense" else None,
         "bucket_size": args.bucket_size,
         "first_bucket_size": args.first_bucket_size,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -411,6 +412,7 @@ def main() -> None:
         _child(args)
         return
     result = run(args)
+    result["command"] = " ".join(["python", "benchmarks/overlap_schedule.py", *sys.argv[1:]])
     report(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
