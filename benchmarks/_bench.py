@@ -72,7 +72,8 @@ def recipe_backend(args: argparse.Namespace) -> dict | str:
 
     The emulated cluster (docs/DESIGN.md §5, root needed) gets ``--bandwidth`` links with a
     128 KiB tbf burst (smaller bursts make the CPU the bottleneck), an IPC namespace per node and
-    UCX over TCP, so that ranks on different "nodes" cannot use shared memory.
+    UCX over TCP, so that ranks on different "nodes" cannot use shared memory; with
+    ``args.cpus_per_node``, each node pinned to that many cores of its own.
 
     Args:
       args: the script's arguments, with ``backend`` and (emulated) ``bandwidth``.
@@ -86,13 +87,16 @@ def recipe_backend(args: argparse.Namespace) -> dict | str:
     """
     if args.backend != "emulated":
         return "local"
-    return {
+    backend = {
         "kind": "emulated",
         "bandwidth": args.bandwidth,
         "burst": "128kb",
         "ipc_isolation": True,
         "ucx_tls": "tcp",
     }
+    if getattr(args, "cpus_per_node", None):  # faithful nodes: each pinned to its own cores
+        backend["cpus_per_node"] = args.cpus_per_node
+    return backend
 
 
 def jaxcomm_cli(*argv: str) -> list[str]:

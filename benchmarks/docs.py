@@ -78,7 +78,7 @@ def each(results: pathlib.Path, pattern: str, render: Callable[[dict[str, Any], 
 
     Example:
       >>> each(RESULTS, "kernels-*.json", lambda data, file: file).splitlines()[0]
-      'kernels-gpu.json'
+      'kernels-1core.json'
     """
     paths = sorted(results.glob(pattern), key=lambda p: p.stem)
     return "\n\n".join(render(load(results, p.stem), p.name) for p in paths)
@@ -388,17 +388,141 @@ def _overlap(data: dict[str, Any], file: str) -> str:
     )
 
 
+def _overlap_runs(results: pathlib.Path, faithful: bool) -> list[pathlib.Path]:
+    """The ``benchmarks/overlap.py`` results: the runs before faithful nodes (no
+    ``cpus_per_node``: ranks shared the cores) in name order, or those on faithful nodes (each
+    node pinned to cores of its own) by bandwidth.
+
+    Example:
+      >>> [p.name for p in _overlap_runs(RESULTS, faithful=False)][:1]
+      ['overlap-emulated-1gbit-4x1.json']
+    """
+    runs = []
+    for path in sorted(results.glob("overlap-*.json"), key=lambda p: p.stem):
+        data = json.loads(path.read_text())
+        # overlap.py writes cpus_per_node always (None: not pinned); older runs lack it.
+        if "rows" in data and bool(data.get("cpus_per_node")) == faithful:
+            runs.append((_bits_per_s(data.get("bandwidth")), path))
+    return [path for _, path in (sorted(runs) if faithful else runs)]
+
+
+def _bits_per_s(rate: str | None) -> float:
+    """A tc rate (``1gbit``, ``500mbit``) in bit/s; 0 for none (one host).
+
+    Example:
+      >>> _bits_per_s("500mbit"), _bits_per_s(None)
+      (500000000.0, 0.0)
+    """
+    for suffix, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if rate and rate.endswith(suffix):
+            return float(rate[: -len(suffix)]) * scale
+    return 0.0
+
+
 @section("docs/benchmarks.md", "overlap")
 def overlap(results: pathlib.Path) -> str:
     """``benchmarks/overlap.py``: how much communication the start/done split hides."""
-    return each(results, "overlap-*.json", _overlap)
+    return "\n\n".join(
+        _overlap(load(results, p.stem), p.name) for p in _overlap_runs(results, faithful=False)
+    )
+
+
+def _check(ok: bool | None) -> str:
+    return "–" if ok is None else ("yes" if ok else "**no**")
+
+
+@section("docs/overlap.md", "overlap-faithful")
+def overlap_faithful(results: pathlib.Path) -> str:
+    """``benchmarks/overlap.py`` on 2 faithful nodes: hidden fraction and the no-regression
+    checks, per bandwidth, algorithm and bucket size."""
+    out = []
+    for path in _overlap_runs(results, faithful=True):
+        data = load(results, path.stem)
+        rows = []
+        for r in data["rows"]:
+            bound = r.get("step_over_comm_plus_forward")
+            rows.append(
+                [
+                    f"`{r['algorithm']}`",
+                    r["bucket"],
+                    f"{r['comm_over_compute']:.2f}",
+                    ms(r["t_comm_s"]),
+                    ms(r["t_step_s"]),
+                    ms(r.get("t_step_no_overlap_s")),
+                    pct(r["hidden_fraction"]),
+                    "–" if bound is None else f"{bound:.2f}",
+                    _check(r.get("not_slower_than_no_overlap")),
+                ]
+            )
+        out.append(
+            f"{run_of(data)}, {data.get('cpus_per_node')} core per node: {data['layers']} layers "
+            f"of {data['width']} ({data['elements']:,} gradient elements), "
+            f"{data['batch_per_device']} rows per rank, T_compute {ms(data['t_compute_s'])}, "
+            f"T_forward {ms(data.get('t_forward_s'))}, median of {data['repeats']} "
+            f"(`benchmarks/results/{path.name}`):\n\n"
+            + table(
+                [
+                    "algorithm",
+                    "bucket",
+                    "T_comm / T_compute",
+                    "T_comm",
+                    "T_step",
+                    "T_step, overlap=False",
+                    "hidden",
+                    "T_step / (T_comm + T_forward)",
+                    "overlap ≤ no overlap",
+                ],
+                rows,
+            )
+        )
+    # Not measured yet: say so, with the command, rather than leave the region empty.
+    return "\n\n".join(out) or (
+        "No run on faithful nodes yet: `benchmarks/overlap.py --backend emulated --processes 2 "
+        "--cpus-per-node 1 --bandwidth RATE` writes one."
+    )
+
+
+@section("docs/overlap.md", "overlap-schedule")
+def overlap_schedule(results: pathlib.Path) -> str:
+    """``benchmarks/overlap_schedule.py``: what each bucket's start waits for in XLA's thunk
+    graph beyond its own data."""
+    out = []
+    for path in sorted(results.glob("overlap-schedule-*.json"), key=lambda p: p.stem):
+        data = load(results, path.stem)
+        rows = [
+            [
+                r["bucket"],
+                r["thunk"],
+                len(r["backward_thunks_unrelated"]),
+                ", ".join(f"`{n}`" for n in r["backward_thunks_unrelated"]) or "–",
+                ", ".join(f"`{n}`" for n in r["collectives_unrelated"]) or "–",
+            ]
+            for r in data["collectives"]
+            if r["role"] == "start"
+        ]
+        out.append(
+            f"`{data['algorithm']}`, {data['layers']} layers of {data['width']}, bucket "
+            f"{data['bucket_size']:,} elements: {data['thunks']} thunks, "
+            f"`{data['command']}`:\n\n"
+            + table(
+                [
+                    "bucket",
+                    "start thunk",
+                    "unrelated backward thunks",
+                    "which",
+                    "collectives it waits for",
+                ],
+                rows,
+            )
+        )
+    return "\n\n".join(out)
 
 
 @section("docs/benchmarks.md", "overlap-paced")
 def overlap_paced(results: pathlib.Path) -> str:
     """Step time against the number of steps in flight (``jaxcomm.paced``)."""
     rows = []
-    for path in sorted(results.glob("overlap-*.json")):
+    for path in _overlap_runs(results, faithful=False):
         data = json.loads(path.read_text())
         steps: dict[str, dict[int, float]] = {}
         for r in data.get("paced", []):

@@ -68,6 +68,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "max_in_flight": args.max_in_flight,
             "in_flight_bucket": args.in_flight_bucket,
             "first_bucket_size": args.first_bucket_size,
+            "no_overlap_baseline": not args.no_baseline,
             "repeats": args.repeats,
         },
     )
@@ -91,6 +92,8 @@ def summarize(records: list[dict]) -> dict:
         elif r.get("kind") == "timeline":
             timelines.append(r)
     t_compute = statistics.median(times[("compute", None, None, None)])
+    forward = times.get(("forward", None, None, None))
+    t_forward = statistics.median(forward) if forward else None
     rows = []
     for (what, algorithm, bucket, _), ts in times.items():
         if what != "step":
@@ -98,19 +101,30 @@ def summarize(records: list[dict]) -> dict:
         t_comm = statistics.median(times[("comm", algorithm, bucket, 0)])
         t_step = statistics.median(ts)
         hidden = (t_compute + t_comm - t_step) / min(t_compute, t_comm)
-        rows.append(
-            {
-                "algorithm": algorithm,
-                "bucket_size": bucket,
-                "bucket": bucket_label(bucket),
-                "t_compute_s": t_compute,
-                "t_comm_s": t_comm,
-                "t_step_s": t_step,
-                "hidden_fraction": hidden,
-                "comm_times_s": times[("comm", algorithm, bucket, 0)],
-                "step_times_s": ts,
-            }
-        )
+        serial = times.get(("step_no_overlap", algorithm, bucket, 0))
+        t_serial = statistics.median(serial) if serial else None
+        row = {
+            "algorithm": algorithm,
+            "bucket_size": bucket,
+            "bucket": bucket_label(bucket),
+            "t_compute_s": t_compute,
+            "t_comm_s": t_comm,
+            "t_step_s": t_step,
+            "comm_over_compute": t_comm / t_compute,
+            "hidden_fraction": hidden,
+            "comm_times_s": times[("comm", algorithm, bucket, 0)],
+            "step_times_s": ts,
+            "t_step_no_overlap_s": t_serial,
+            "step_no_overlap_times_s": serial,
+            # overlap=True must never be slower than overlap=False (medians).
+            "not_slower_than_no_overlap": None if t_serial is None else t_step <= t_serial,
+        }
+        if t_forward is not None:
+            # Where nothing can hide (T_comm >> T_compute): the step may cost only the forward
+            # pass, which no bucket can overlap, on top of the communication.
+            row["comm_plus_forward_s"] = t_comm + t_forward
+            row["step_over_comm_plus_forward"] = t_step / (t_comm + t_forward)
+        rows.append(row)
     # Baseline without overlap: one bucket, whose collective needs the whole backward first.
     single = {r["algorithm"]: r for r in rows if r["bucket_size"] == 0}
     for r in rows:
@@ -132,6 +146,7 @@ def summarize(records: list[dict]) -> dict:
     ]
     return {
         "t_compute_s": t_compute,
+        "t_forward_s": t_forward,
         "compute_times_s": times[("compute", None, None, None)],
         "rows": rows,
         "paced": paced,
@@ -145,15 +160,21 @@ def print_table(tag: str, args: argparse.Namespace, result: dict) -> None:
         f"{result['elements']} gradient elements, batch {args.batch} rows/device, "
         f"median of {args.repeats}; load average at start {result['loadavg_start'][0]:.1f}"
     )
+    if result.get("t_forward_s") is not None:
+        print(f"T_forward (loss alone) {result['t_forward_s'] * 1e3:.0f} ms")
     print(
-        f"{'algorithm':10s} {'bucket':>8s} {'T_compute':>10s} {'T_comm':>9s} {'T_step':>9s} "
-        f"{'sum':>9s} {'hidden':>7s} {'saved vs single':>16s}"
+        f"{'algorithm':10s} {'bucket':>8s} {'T_compute':>10s} {'T_comm':>9s} {'ratio':>6s} "
+        f"{'T_step':>9s} {'no ovl':>9s} {'sum':>9s} {'hidden':>7s} {'saved vs single':>16s}"
     )
     for r in result["rows"]:
+        serial = r.get("t_step_no_overlap_s")
         print(
             f"{r['algorithm']:10s} {r['bucket']:>8s} {r['t_compute_s'] * 1e3:8.0f}ms "
-            f"{r['t_comm_s'] * 1e3:7.0f}ms {r['t_step_s'] * 1e3:7.0f}ms "
-            f"{(r['t_compute_s'] + r['t_comm_s']) * 1e3:7.0f}ms {r['hidden_fraction'] * 100:6.0f}%"
+            f"{r['t_comm_s'] * 1e3:7.0f}ms {r['comm_over_compute']:6.2f} "
+            f"{r['t_step_s'] * 1e3:7.0f}ms "
+            + (f"{serial * 1e3:7.0f}ms " if serial is not None else f"{'-':>9s} ")
+            + f"{(r['t_compute_s'] + r['t_comm_s']) * 1e3:7.0f}ms "
+            f"{r['hidden_fraction'] * 100:6.0f}%"
             + (
                 f" {r['saved_vs_single_bucket'] * 100:15.0f}%"
                 if r["saved_vs_single_bucket"] is not None
@@ -202,6 +223,8 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
             ax.plot(grads, [1] * len(grads), "|", color="tab:blue", markersize=14)
         span = tl["step_time_s"] * 1e3
         for i, c in enumerate(sorted(device["collectives"], key=lambda c: c["seq"])):
+            if "queued" in c:  # when XLA issued the start (the handler queued it)
+                ax.plot([c["queued"] * 1e3], [0.5], "v", color=f"C{1 + i % 8}", markersize=7)
             ax.barh(
                 0,
                 (c["finished"] - c["started"]) * 1e3,
@@ -234,7 +257,8 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
         if tl["what"] != "compute":
             label += f", bucket {bucket_label(tl['bucket_size'])}"
         ax.set_title(
-            f"{label}: {tl['step_time_s'] * 1e3:.0f} ms (triangle: program starts; dashed: done)",
+            f"{label}: {tl['step_time_s'] * 1e3:.0f} ms (>: program starts; v: start issued; "
+            "dashed: done)",
             fontsize=10,
         )
         ax.grid(True, axis="x", alpha=0.3)
@@ -300,6 +324,14 @@ def main() -> None:
         default=None,
         help="elements of the first (last layers') bucket; default: the bucket size",
     )
+    parser.add_argument(
+        "--cpus-per-node",
+        type=int,
+        default=None,
+        help="emulated: pin each node to this many cores of its own (faithful nodes: 1)",
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="skip the overlap=False steps")
+    parser.add_argument("--tag", default="", help="suffix of the result files' names")
     add_repeats_argument(parser, 5, minimum=3)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
@@ -316,7 +348,7 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"overlap-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
-    tag += f"-{args.processes}x{args.devices_per_process}"
+    tag += f"-{args.processes}x{args.devices_per_process}" + (f"-{args.tag}" if args.tag else "")
     loadavg_start = os.getloadavg()
     records, wall = run_recipe(lambda path: write_recipe(args, path))
     result = {
@@ -334,6 +366,8 @@ def main() -> None:
         "cpu_count": os.cpu_count(),
         "wall_s": wall,
         "target_hidden_fraction": TARGET,
+        "cpus_per_node": args.cpus_per_node,
+        "bucket_sizes": args.bucket_sizes,
     }
     result.update(summarize(records))
     print_table(tag, args, result)

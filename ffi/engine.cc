@@ -1,5 +1,6 @@
 #include "ffi/engine.h"
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <limits>
@@ -14,7 +15,15 @@ namespace {
 struct Task {
   EngineBody body;
   std::shared_ptr<Completion> completion;
+  double queued;  // steady clock seconds when the handler queued it
 };
+
+double SteadySeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The queue time of the task this engine thread runs (QueuedSecondsOfCurrentCollective).
+thread_local double t_current_queued = 0.0;
 
 // Completes futures off the engine threads. XLA resumes a call's dependents on the thread that
 // completes its future; on an engine thread they would delay that device's next collective.
@@ -141,7 +150,9 @@ void DeviceEngine::Loop() {
       task.completion->Finish(ffi::Error::Internal(stopped));
       continue;
     }
+    t_current_queued = task.queued;
     task.completion->Finish(task.body(RunnerForThisProcess()));
+    t_current_queued = 0.0;
   }
 }
 
@@ -199,9 +210,11 @@ std::shared_ptr<Completion> SubmitToEngine(int64_t device_id, EngineBody body) {
     if (slot == nullptr) slot = new DeviceEngine();  // never destroyed, see DeviceEngine
     engine = slot;
   }
-  engine->Push(Task{std::move(body), completion});
+  engine->Push(Task{std::move(body), completion, SteadySeconds()});
   return completion;
 }
+
+double QueuedSecondsOfCurrentCollective() { return t_current_queued; }
 
 int32_t IssueTicket(std::shared_ptr<Completion> completion, std::vector<const void*> results) {
   std::lock_guard<std::mutex> lock(State().mu);

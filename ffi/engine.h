@@ -80,6 +80,12 @@ ffi::Future CompletedFuture(const ffi::Error& error);
 // Queues `body` on the engine thread of `device_id`; the returned completion tells its end.
 std::shared_ptr<Completion> SubmitToEngine(int64_t device_id, EngineBody body);
 
+// When the collective the calling engine thread now runs was queued (steady clock, seconds,
+// = Python's time.monotonic()): when XLA ran its handler. Metrics report it as "queued", so a
+// timeline tells XLA's late issue (queued long after the operands existed) from the engine's
+// backlog (started long after queued). 0 outside an engine body (e.g. on the GPU).
+double QueuedSecondsOfCurrentCollective();
+
 // Records a transport failure: every later collective of this process fails with `message`.
 // The first failure wins; later ones are ignored. Returns the message that now stops the engine.
 std::string StopEngine(const std::string& message);

@@ -312,10 +312,13 @@ void Group::MarkPhase(const char* name) {
 void Group::Finish(const char* algorithm, int64_t elements) {
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - start_).count();
+  // Off the engine (GPU handlers) the call starts where it is queued.
+  const double queued_on_engine = QueuedSecondsOfCurrentCollective();
+  const double queued = queued_on_engine > 0.0 ? queued_on_engine : MonotonicSeconds(start_);
   const uint64_t dense =
       metrics_.has_dense_equivalent ? metrics_.dense_bytes_sent : metrics_.bytes_sent;
   RecordMetrics({self_world_rank_, name_, algorithm, seq_, size(), elements, metrics_.bytes_sent,
-                 metrics_.bytes_received, dense, seconds, MonotonicSeconds(start_),
+                 metrics_.bytes_received, dense, seconds, queued, MonotonicSeconds(start_),
                  MonotonicSeconds(now), metrics_.wait_seconds, metrics_.reduce_seconds,
                  metrics_.copy_seconds, ThreadCpuSeconds() - start_cpu_, metrics_.phases});
 }

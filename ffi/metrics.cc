@@ -62,10 +62,10 @@ std::string MetricsJson() {
         << ", \"group_size\": " << r.group_size << ", \"elements\": " << r.elements
         << ", \"bytes_sent\": " << r.bytes_sent << ", \"bytes_received\": " << r.bytes_received
         << ", \"dense_bytes_sent\": " << r.dense_bytes_sent << ", \"seconds\": " << r.seconds
-        << ", \"started\": " << r.started << ", \"finished\": " << r.finished
-        << ", \"wait_seconds\": " << r.wait_seconds << ", \"reduce_seconds\": " << r.reduce_seconds
-        << ", \"copy_seconds\": " << r.copy_seconds << ", \"cpu_seconds\": " << r.cpu_seconds
-        << ", \"phases\": {";
+        << ", \"queued\": " << r.queued << ", \"started\": " << r.started
+        << ", \"finished\": " << r.finished << ", \"wait_seconds\": " << r.wait_seconds
+        << ", \"reduce_seconds\": " << r.reduce_seconds << ", \"copy_seconds\": " << r.copy_seconds
+        << ", \"cpu_seconds\": " << r.cpu_seconds << ", \"phases\": {";
     for (size_t i = 0; i < r.phases.size(); ++i) {
       out << (i ? ", " : "") << "\"" << r.phases[i].first << "\": " << r.phases[i].second;
     }

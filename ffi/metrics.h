@@ -22,7 +22,8 @@ struct MetricsRecord {
   uint64_t bytes_received;
   uint64_t dense_bytes_sent;  // what a dense float32 schedule would have sent
   double seconds;
-  double started;   // steady clock, seconds (= Python's time.monotonic())
+  double queued;    // steady clock, seconds (= Python's time.monotonic()): handler ran
+  double started;   // engine started it (queued <= started; queued = started off the engine)
   double finished;  // likewise
   double wait_seconds, reduce_seconds, copy_seconds;
   double cpu_seconds;  // CPU time of the thread that ran it (the engine's, waiting included)

@@ -142,7 +142,8 @@ def step_operand(step: Any, api: str) -> jnp.ndarray:
             f"{api}: step must be an integer scalar (the training step), got "
             f"{step.dtype}{list(step.shape)}; e.g. step=state.count"
         )
-    return step.astype(jnp.int32)
+    # An int32 step is returned as is: a caller that keeps it alive keeps the operand alive.
+    return step if step.dtype == jnp.int32 else step.astype(jnp.int32)
 
 
 def compress_inputs(x: Any, residual: Any, compressor: Any) -> tuple[jnp.ndarray, jnp.ndarray, int]:

@@ -29,8 +29,9 @@ def metrics() -> dict[str, Any]:
       ``seconds``, ``dense_bytes_sent`` (what a dense float32 schedule would have sent; equal
       to ``bytes_sent`` for dense collectives) and ``compression_ratio``
       (``dense_bytes_sent / bytes_sent``, 1.0 when nothing was sent). ``recent`` lists the
-      last 4096 calls individually (with ``seq``, and ``started``/``finished``: when the
-      engine started and finished the call, in seconds of ``time.monotonic()``'s clock).
+      last 4096 calls individually (with ``seq``; ``queued``: when XLA ran the call's handler,
+      which queued it on the engine; ``started``/``finished``: when the engine started and
+      finished it; all in seconds of ``time.monotonic()``'s clock).
 
     Example:
       >>> import jaxcomm

@@ -20,8 +20,10 @@ Design choices (measured on 2 CPU cores, 4 devices, see ``tests/test_optax.py``)
   and those ops wait for the call. So each collective is split (``after`` of
   :func:`jaxcomm.allreduce`): the start queues it on jaxcomm's engine and returns, and the done
   that returns the sum takes the last bucket's gradients as an operand, which puts it after
-  backward. The engine runs the buckets, last layer first, while backward computes the earlier
-  layers (measured in ``benchmarks/overlap.py``; docs/usage.md, "Overlap with the backward pass").
+  backward. Every start is issued before any done (a done between two starts let XLA hold
+  the later start until the earlier bucket had finished on the wire). The engine runs the
+  buckets, last layer first, while backward computes the earlier layers (docs/overlap.md;
+  ``benchmarks/overlap_schedule.py`` shows what each start waits for).
 - **Residuals per leaf.** The error-feedback residuals are stored with the gradient's tree
   structure and shapes (float32), and concatenated into bucket order around each call. The
   copy costs O(n) memory traffic, far below the collective itself, and in exchange the state
@@ -53,8 +55,8 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec
 
-from jaxcomm import _ordering, algorithms, cost
-from jaxcomm.collectives import allreduce, compressed_allreduce
+from jaxcomm import _ordering, _validate, algorithms, cost
+from jaxcomm.collectives import _call, allreduce, compressed_allreduce
 
 AxisName = str | tuple[str, ...]
 DEFAULT_BUCKET_SIZE = 1 << 24  # elements (64 MiB of float32; docs/benchmarks.md)
@@ -310,33 +312,56 @@ def allreduce_gradients(
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
         groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
         total = max(1, sum(x.size for x in xs))
-        # Every bucket but the last is awaited only after the last bucket's gradients exist
-        # (the first layers', which backward produces last): its collective runs while
-        # backward computes them (``after``, see jaxcomm.allreduce).
-        anchor = [xs[i] for i in groups[-1]] if overlap and len(groups) > 1 else None
-        for b, group in enumerate(groups):
+        split = overlap and len(groups) > 1
+        # Overlap: every bucket's collective is split (``DeferDone``), and all the dones come
+        # after the last start, each also waiting for the last bucket's gradients (the first
+        # layers', which backward produces last): the collectives run while backward computes
+        # the earlier layers. A done placed between two starts would let XLA schedule the later
+        # start after it, and buffer reuse would then hold that start until the earlier
+        # bucket had finished on the wire (docs/overlap.md).
+        defer = _call.DeferDone() if split else None
+        # A deferred done must keep alive every operand the engine reads (emit_done's `kept`):
+        # the bucket and, for a compressor, the step operand, made here so it is the one passed.
+        step = _validate.step_operand(count, "jaxcomm.optax.allreduce_gradients")
+        started = []
+        for group in groups:
             x = jnp.concatenate([xs[i] for i in group]) if len(group) > 1 else xs[group[0]]
+            r = None
             if algo is not None:
                 r = jnp.concatenate([rs[i] for i in group]) if len(group) > 1 else rs[group[0]]
-            after = anchor if b + 1 < len(groups) else None
             # "auto" picks per bucket from the cost model (static: the same on every rank);
             # a bucket it sends dense keeps its (zero) residual.
             chosen = cost.auto_algorithm(
                 algo, x.size, axis_name, hierarchical, x.size / total, x.dtype.itemsize
             )
+            wire = x.dtype
             if chosen is None:
-                summed = allreduce(x, axis_name, after=after, **extra)
+                summed = allreduce(x, axis_name, after=defer, **extra)
+                results, kept = [summed], [x]
             else:
                 # Compressors quantize float32, as their residuals; the sum comes back in the
-                # bucket's dtype, so every phase of a density schedule (auto may send a bucket
-                # dense on the 16-bit wire in one phase and compressed in another) returns the
-                # same dtypes, as lax.switch requires. The update count is the step of a
-                # stochastic rounding (BlockQuant).
-                wire = x.dtype
+                # bucket's dtype (below, after the done), so every phase of a density schedule
+                # (auto may send a bucket dense on the 16-bit wire in one phase and compressed
+                # in another) returns the same dtypes, as lax.switch requires. The update count
+                # is the step of a stochastic rounding (BlockQuant).
+                x = x.astype(jnp.float32)
                 summed, r = compressed_allreduce(
-                    x.astype(jnp.float32), r, axis_name, chosen, after=after, step=count, **extra
+                    x, r, axis_name, chosen, after=defer, step=step, **extra
                 )
-                summed = summed.astype(wire)
+                # The engine reads the bucket and the step; r is aliased to the new residual.
+                results, kept = [summed, r], [x, step]
+            # A bucket sent dense keeps its (zero) residual r; a compressor returns a new one.
+            ticket = _ordering.token_in() if split else None
+            started.append((group, wire, kept, results, r, ticket))
+        if split:
+            anchor = ([xs[i] for i in groups[-1]], _ordering.token_in())
+            if len(defer.splits) != len(started):
+                raise AssertionError("allreduce_gradients: a bucket's collective was not issued")
+        for b, (group, wire, kept, results, r, ticket) in enumerate(started):
+            if split and defer.splits[b]:
+                results = _call.emit_done(ticket, results, kept, anchor)
+            summed = results[0].astype(wire)  # a no-op but for a compressed 16-bit bucket
+            r = results[1] if len(results) > 1 else r
             offset = 0
             for i in group:
                 n = xs[i].size

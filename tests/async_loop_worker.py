@@ -9,8 +9,8 @@ One process of a (processes x devices) CPU world. Modes:
   raw    The same step for one reducer (dense), dispatched without any synchronization or
          helper. Writes <out>/raw<i>.json: whether it finished, and the exception text if not.
   overlap A 4-layer MLP step whose gradient buckets are one layer each: writes
-         <out>/overlap<i>.json with, per measured step, each device's first collective start
-         and end, and when the first layer's gradient (computed last by backward) existed.
+         <out>/overlap<i>.json with, per measured step, each device's collectives (when
+         each was queued, started and finished) and when each layer's gradient existed.
          With several processes, every process but 0 calls the step LATE_S seconds late, so
          process 0's collectives cannot finish before that: if its backward still finishes
          first, backward ran while they were on the wire.
@@ -227,8 +227,8 @@ def overlap(args, out: pathlib.Path) -> None:
 
     def local(p, s, x):
         g = jax.grad(loss)(p, x)
-        # Backward produces l0's gradient last: record when it exists.
-        g["l0"] = jaxcomm.timeline.mark(g["l0"], "grad/l0")
+        # When each layer's gradient exists (backward produces l3's first, l0's last).
+        g = {k: jaxcomm.timeline.mark(v, f"grad/{k}") for k, v in g.items()}
         u, s = tx.update(g, s)
         return optax.apply_updates(p, u), s
 
@@ -259,15 +259,25 @@ def overlap(args, out: pathlib.Path) -> None:
             device = device_of_rank[r["world_rank"]]
             if device not in first or r["started"] < first[device]["started"]:
                 first[device] = r
-        grad_l0 = {m["device_id"]: m["time"] for m in jaxcomm.timeline.marks()}
+        grads: dict = {}  # device -> {layer: when its gradient existed}
+        for m in jaxcomm.timeline.marks():
+            grads.setdefault(m["device_id"], {})[m["label"].split("/")[1]] = m["time"]
+        collectives: dict = {}  # device -> its collectives in issue order (bucket order)
+        for r in sorted(jaxcomm.metrics()["recent"], key=lambda r: r["seq"]):
+            keys = ("seq", "elements", "queued", "started", "finished")
+            collectives.setdefault(device_of_rank[r["world_rank"]], []).append(
+                {k: r[k] for k in keys}
+            )
         steps.append(
             {
                 str(d): {
                     "first_collective_started": first[d]["started"],
                     "first_collective_finished": first[d]["finished"],
-                    "grad_l0": grad_l0[d],
+                    "grad_l0": grads[d]["l0"],
+                    "grads": grads[d],
+                    "collectives": collectives[d],
                 }
-                for d in grad_l0
+                for d in grads
             }
         )
     (out / f"overlap{args.process_id}.json").write_text(json.dumps(steps))

@@ -117,3 +117,33 @@ def test_backward_runs_while_first_bucket_is_on_the_wire(tmp_path):
         assert times["grad_l0"] < times["first_collective_finished"], (device, steps)
         # The bucket finished because process 1 joined, about LATE_S after it started.
         assert times["first_collective_finished"] - times["first_collective_started"] > 0.5
+
+
+@pytest.mark.timeout(200)
+def test_bucket_starts_wait_for_neither_the_wire_nor_unrelated_backward(tmp_path):
+    """Each bucket's start is issued as soon as its gradient exists (2 processes x 1 device).
+
+    Event order, per step of process 0 (process 1 is LATE_S late, so process 0's first bucket
+    stays on the wire until it joins): every bucket's start is queued before that first bucket
+    finishes (no start waits for an earlier bucket's collective, as the last start did when
+    XLA placed it after the earlier dones), and the start of the bucket of layer i is queued
+    before the gradient of layer i - 2 exists (no start waits for backward work beyond the
+    next layer's, which XLA:CPU's buffer reuse may put first: docs/overlap.md).
+    """
+    result = run(2, 1, tmp_path, "overlap", 150, JAXCOMM_TIMEOUT_S="60")
+    assert result.returncodes == [0, 0], outputs(result)
+    steps = json.loads((tmp_path / "overlap0.json").read_text())
+    for step in steps:
+        ((device, times),) = step.items()
+        buckets = times["collectives"]  # issue order: l3, l2, l1, l0 (one layer per bucket)
+        grads = times["grads"]
+        assert len(buckets) == 4 and sorted(grads) == ["l0", "l1", "l2", "l3"], times
+        first_finished = buckets[0]["finished"]
+        for b, c in enumerate(buckets):
+            assert c["queued"] <= c["started"], (b, times)
+            assert c["queued"] < first_finished, (
+                f"bucket {b} issued after bucket 0 finished",
+                times,
+            )
+        for b, layer in ((0, "l1"), (1, "l0")):  # bucket b holds layer 3 - b
+            assert buckets[b]["queued"] < grads[layer], (f"bucket {b} issued after {layer}", times)

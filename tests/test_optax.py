@@ -263,7 +263,7 @@ def test_digits_config_from_a_recipe_entry():
             profile=None,
             compute_seconds=0.25,
             steps_factor={"gtopk": 2.5},
-            diloco=None,
+            diloco=None,  # every jaxcomm field of the recipe is read (example_settings)
         ),
         args={"model": "cnn"},
     )

@@ -13,6 +13,50 @@ from jaxcomm import _ffi, _jax_compat, _ordering, _world
 from jaxcomm.collectives import _mesh
 
 
+class _Splits:
+    """Whether each call made with one :class:`DeferDone` was split (in call order)."""
+
+    def __init__(self) -> None:
+        self.splits: list[bool] = []
+
+
+@jax.tree_util.register_pytree_node_class
+class DeferDone:
+    """An ``after`` that splits a collective but leaves its done to the caller.
+
+    A collective called with ``after=DeferDone()`` queues its work (the start) and returns its
+    results *unwritten* with its ticket as the ordering chain's head (``_ordering.token_in()``
+    right after the call); the caller must hand them to :func:`emit_done` before reading
+    them, with every data operand the engine reads as ``kept`` (all it passed the collective,
+    a step operand included, but a residual that aliases its result). ``allreduce_gradients`` issues every bucket's start first and emits the dones after
+    the last start: a done emitted in between lets XLA schedule the next start after it, and
+    buffer reuse then makes that start wait until the earlier bucket has finished on the wire
+    (docs/overlap.md). ``splits`` records, per call, whether it was split (False: its
+    results are already final, as for the GPU targets that do not split). A pytree without
+    leaves, so it passes through ``custom_vjp``/``custom_vmap`` like any ``after``.
+
+    Example:
+      >>> defer = DeferDone()
+      >>> jax.tree.leaves(defer), defer.splits
+      ([], [])
+    """
+
+    def __init__(self, record: _Splits | None = None) -> None:
+        self.record = record if record is not None else _Splits()
+
+    @property
+    def splits(self) -> list[bool]:
+        return self.record.splits
+
+    def tree_flatten(self) -> tuple[tuple, _Splits]:
+        return (), self.record
+
+    @classmethod
+    def tree_unflatten(cls, record: _Splits, children: tuple) -> DeferDone:
+        del children
+        return cls(record)
+
+
 def collective_call(
     target: str,
     api: str,
@@ -44,7 +88,8 @@ def collective_call(
       aliases: data operand index -> data result index that may reuse its buffer (a donated
         residual is then updated in place instead of allocating a new array).
       after: a pytree of arrays to compute before the results are awaited (``None``: one
-        call that XLA awaits where it is). Ignored on GPU for targets that cannot split.
+        call that XLA awaits where it is), or a :class:`DeferDone` (the caller emits the
+        done). Ignored on GPU for targets that cannot split.
       detach: a stream id > 0 detaches the call (ffi/engine.h, "Handles"; CPU only): it
         stages its operands in memory the collective owns and returns, as its only result,
         the handle (int32, shape ()) that :func:`jaxcomm.wait` redeems, in this jitted call or
@@ -92,6 +137,7 @@ def threaded_call(
     Returns:
       ``(data results, output token)``.
     """
+    defer = isinstance(after, DeferDone)
     layout = _mesh.resolve(axis_name, api)
     world = _world.world(layout.platform)
     if int(np.prod(layout.axis_sizes)) != world.world_size:
@@ -131,16 +177,38 @@ def threaded_call(
         **attributes,
     )
     data = list(outputs[:-1])
-    if not split:
+    if defer:
+        after.splits.append(split)
+    if not split or defer:
         return data, outputs[-1]
-    # A donated operand shares its result's buffer, which done already takes.
-    kept = [x for i, x in enumerate(operands) if i not in (aliases or {})]
-    done = list(
+    return emit_done(outputs[-1], data, kept_operands(operands, aliases), after), outputs[-1]
+
+
+def kept_operands(operands: Sequence[jax.Array], aliases: dict[int, int] | None) -> list:
+    """The data operands a split call's done keeps alive: all but the donated ones (a donated
+    operand shares its result's buffer, which done already takes)."""
+    return [x for i, x in enumerate(operands) if i not in (aliases or {})]
+
+
+def emit_done(
+    ticket: jax.Array, data: Sequence[jax.Array], kept: Sequence[jax.Array], after: Any
+) -> list[jax.Array]:
+    """The ``jaxcomm_collective_done`` of a split call: its results, once the engine wrote them.
+
+    Args:
+      ticket: the start's token result (its ticket).
+      data: the start's data results (returned aliased, now written).
+      kept: the start's data operands to keep alive (:func:`kept_operands`).
+      after: a pytree of arrays that must exist before the done is scheduled.
+
+    Returns:
+      The data results.
+    """
+    return list(
         jax.ffi.ffi_call(
             "jaxcomm_collective_done",
             [_ffi.result_like(r, r.shape, r.dtype) for r in data],
             has_side_effect=True,  # never dropped: the engine writes its buffers
             input_output_aliases={1 + i: i for i in range(len(data))},
-        )(outputs[-1], *data, *kept, *jax.tree.leaves(after))
+        )(ticket, *data, *kept, *jax.tree.leaves(after))
     )
-    return done, outputs[-1]

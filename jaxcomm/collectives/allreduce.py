@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxcomm import _ordering, _validate
 from jaxcomm.algorithms import dense
 from jaxcomm.collectives import _attributes, _mesh
-from jaxcomm.collectives._call import threaded_call
+from jaxcomm.collectives._call import DeferDone, threaded_call
 
 # The dense algorithm's targets (jaxcomm/algorithms/dense.py); its 16-bit wire
 # (ffi/allreduce_half.cc) is CPU only: GPU meshes widen to float32 and use NCCL.
@@ -160,6 +160,9 @@ def _emit(
     api = "jaxcomm.allreduce"
     if x.dtype != jnp.float32:
         if hierarchical or _mesh.resolve(axis_name, api).platform != "cpu":
+            if isinstance(after, DeferDone):  # the cast back reads the sum: not deferrable
+                after.splits.append(False)
+                after = None
             wide, token = _emit(
                 x.astype(jnp.float32), axis_name, hierarchical, scheme, after, token
             )

@@ -13,7 +13,7 @@ import numpy as np
 
 from jaxcomm import _validate, algorithms
 from jaxcomm.collectives import _attributes, _mesh
-from jaxcomm.collectives._call import collective_call
+from jaxcomm.collectives._call import DeferDone, collective_call
 from jaxcomm.compressors import Adaptive, BlockQuant, GTopK, OneBit, Threshold, TopKAllgather
 
 
@@ -99,6 +99,9 @@ def compressed_allreduce(
         raise ValueError(f"hierarchical=True supports {', '.join(with_form)}, not {algorithm!r}")
     dtype = _validate.float_array(x, "x").dtype
     x, residual = _validate.residual_like(x, residual)
+    if dtype != jnp.float32 and isinstance(after, DeferDone):
+        after.splits.append(False)  # the rounding below reads the sum: not deferrable
+        after = None
     summed, new_residual = _compressed_f32(
         x, residual, axis_name, algorithm, record, hierarchical, hierarchical_scheme, after, step
     )

@@ -2,7 +2,7 @@
 
 In every rank, a jitted data-parallel training step of an MLP (``layers`` square layers of
 ``width``, tanh, MSE loss; 25 x 1000 x 1000 + biases = 25.0M float32 gradient elements by
-default) on a fixed per-device batch of ``batch`` rows, measured three ways, each median of
+default) on a fixed per-device batch of ``batch`` rows, measured these ways, each median of
 ``repeats`` timed steps after one warm-up step, every timed step started together on all ranks
 (a 1-element jaxcomm allreduce as barrier):
 
@@ -11,7 +11,10 @@ default) on a fixed per-device batch of ``batch`` rows, measured three ways, eac
 * ``comm``: ``jaxcomm.optax.allreduce_gradients(...).update`` alone, on fixed gradients
   (this rank's real gradient, computed once);
 * ``step``: the real step, gradient -> ``allreduce_gradients`` -> SGD, for every bucket size
-  in ``bucket_sizes`` (0 = one bucket holding the whole model: no overlap is possible).
+  in ``bucket_sizes`` (0 = one bucket holding the whole model: no overlap is possible);
+* ``step_no_overlap``: the same step with ``allreduce_gradients(overlap=False)`` (every
+  bucketed size, unless ``no_overlap_baseline`` is false);
+* ``forward``: the loss alone (T_forward: what cannot overlap inside one step).
 
 ``comm`` and ``step`` are measured per algorithm (``dense``: ``algorithm=None``, the UCX
 ring; ``gtopk``: ``jaxcomm.GTopK(density)``) and per bucket size, waiting for every step.
@@ -27,7 +30,7 @@ each device program began), and so is one ``comm`` call (collectives only).
 Recipe ``args``: layers, width, batch (rows per device), algorithms (``dense``, ``gtopk``),
 density, bucket_sizes (elements; 0 = single bucket), first_bucket_size (elements of the first
 bucket of every bucketed step; default: bucket size), max_in_flight, in_flight_bucket,
-repeats (>= 3), lr. Metrics lines: ``kind="time"`` (what, algorithm, bucket_size,
+no_overlap_baseline (default true), repeats (>= 3), lr. Metrics lines: ``kind="time"`` (what, algorithm, bucket_size,
 max_in_flight, step_time_s) and ``kind="timeline"`` (algorithm, bucket_size, timeline).
 ``benchmarks/overlap.py`` runs this job and computes the hidden fraction.
 """
@@ -103,7 +106,9 @@ def mlp_loss(params: dict, x: jax.Array, y: jax.Array) -> jax.Array:
     return jnp.mean((h - y) ** 2)
 
 
-def _reducer(algorithm: str, density: float, bucket_size: int, first: int | None = None) -> Any:
+def _reducer(
+    algorithm: str, density: float, bucket_size: int, first: int | None = None, overlap: bool = True
+) -> Any:
     from jaxcomm import algorithms, cost
     from jaxcomm.optax import allreduce_gradients
 
@@ -112,7 +117,7 @@ def _reducer(algorithm: str, density: float, bucket_size: int, first: int | None
     sizes = {"bucket_size": bucket_size, "first_bucket_size": first}
     # The spec from the registry (None: the dense allreduce).
     spec = algorithms.build(algorithm, cost.Options(density=density))
-    return allreduce_gradients(AXIS, spec, **sizes)
+    return allreduce_gradients(AXIS, spec, overlap=overlap, **sizes)
 
 
 def _sgd(params: Any, updates: Any, lr: float) -> Any:
@@ -239,6 +244,7 @@ class _Bench:
                     "algorithm": r["algorithm"],
                     "elements": r["elements"],
                     "bytes_sent": r["bytes_sent"],
+                    "queued": r["queued"] - t0,
                     "started": r["started"] - t0,
                     "finished": r["finished"] - t0,
                     "cpu_seconds": r["cpu_seconds"],
@@ -279,6 +285,7 @@ def run(ctx: JobContext) -> None:
     bucket_sizes = [int(s) for s in a.get("bucket_sizes", DEFAULT_BUCKET_SIZES)]
     in_flight = [int(m) for m in a.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)]
     in_flight_bucket = int(a.get("in_flight_bucket", DEFAULT_BUCKET_SIZE))
+    serial = bool(a.get("no_overlap_baseline", True))  # also time overlap=False steps
     first = a.get("first_bucket_size")  # None: every bucket of bucket_size
     first = None if first is None else int(first)
     if in_flight_bucket not in bucket_sizes:
@@ -310,6 +317,12 @@ def run(ctx: JobContext) -> None:
 
     times = b.time_calls(call_compute, "compute")
     say(f"  compute                 {_median_ms(times):9.1f} ms")
+    # T_forward: the loss alone (what no overlap inside a step can hide: the first bucket
+    # exists only after the forward pass and the last layer's backward).
+    forward = b.shard_map(lambda p, x, y: mlp_loss(p, x, y)[None], specs_c, P(AXIS))
+    fwd_params = b.params()
+    times = b.time_calls(lambda: forward(fwd_params, b.x, b.y), "forward")
+    say(f"  forward                 {_median_ms(times):9.1f} ms")
     marked = b.shard_map(
         lambda p, x, y: compute_local(p, x, y, marked=True), specs_c, P(), donate=(0,)
     )
@@ -372,6 +385,22 @@ def run(ctx: JobContext) -> None:
                 f"  {algorithm:6s} bucket {bucket:>9d}: comm {_median_ms(t_comm):9.1f} ms, "
                 f"step {_median_ms(t_step):9.1f} ms"
             )
+            if bucket > 0 and serial:
+                # The same step with overlap=False (each bucket awaited where it is issued):
+                # overlap=True must never be slower.
+                tx_serial = _reducer(algorithm, b.density, size, first, overlap=False)
+                serial_step = b.shard_map(
+                    lambda p, s, x, y, t=tx_serial: step_local(p, s, x, y, tx=t),
+                    specs_s,
+                    (P(), specs),
+                    donate=(0, 1),
+                )
+                t_serial = b.time_calls(
+                    lambda f=serial_step: call_step(f), "step_no_overlap", max_in_flight=0, **fields
+                )
+                say(
+                    f"  {algorithm:6s} bucket {bucket:>9d}: overlap=False {_median_ms(t_serial):9.1f} ms"
+                )
             if bucket != in_flight_bucket:
                 train.clear()  # 4 ranks share this machine's memory: free before the next
                 continue

@@ -1,0 +1,113 @@
+"""Minimal reproducer (no jaxcomm): XLA:CPU makes a custom call wait for unrelated compute.
+
+The backward pass of an L-layer tanh MLP hands each layer's gradients (weight and bias,
+concatenated) to a host callback (``jax.pure_callback``, a custom call), the way a
+communication library hands each gradient bucket to its collective. The callback of layer i
+needs only layer i's gradients. XLA:CPU's thunk executor makes it wait for more: for the
+next layer's backward work too (the matmul that carries the error to layer i - 1, and the
+elementwise op after it). The sequential schedule puts the concatenation after that work,
+buffer assignment gives the concatenation memory that the work's inputs occupied, and the
+executor turns the reuse into an execution edge (write-after-read).
+
+Runs itself in a child process with the thunk executor's log on
+(``TF_CPP_VMODULE=thunk_executor=6``) and XLA's HLO dumped, then prints, for every callback,
+the thunks it waits for (transitively) that are not producers of its operands. Needs only
+jax (seen with jax/jaxlib 0.10.2 on x86-64 Linux).
+
+  python docs/xla_cpu_war_edges.py
+
+See docs/overlap.md ("XLA:CPU: buffer reuse orders a start after unrelated work").
+"""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+LAYERS, WIDTH, ROWS = 6, 512, 256
+
+
+def child() -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def loss(params: list, x: jax.Array) -> jax.Array:
+        for w, b in params:
+            x = jnp.tanh(x @ w + b)
+        return jnp.mean(x**2)
+
+    def step(params: list, x: jax.Array) -> list:
+        grads = jax.grad(loss)(params, x)
+        sent = []
+        for gw, gb in reversed(grads):  # in the order backward produces them
+            bucket = jnp.concatenate([gw.ravel(), gb])
+            out = jax.ShapeDtypeStruct(bucket.shape, bucket.dtype)
+            sent.append(jax.pure_callback(lambda v: v, out, bucket))
+        return sent
+
+    rng = np.random.default_rng(0)
+    scale = np.float32(1 / np.sqrt(WIDTH))
+    params = [
+        (rng.standard_normal((WIDTH, WIDTH), np.float32) * scale, np.zeros(WIDTH, np.float32))
+        for _ in range(LAYERS)
+    ]
+    x = rng.standard_normal((ROWS, WIDTH), np.float32)
+    jax.block_until_ready(jax.jit(step)(params, x))
+    print("jax", jax.__version__)
+
+
+def closure(name: str, edges: dict[str, list[str]]) -> set[str]:
+    seen, stack = set(), list(edges.get(name, []))
+    while stack:
+        n = stack.pop()
+        if n not in seen:
+            seen.add(n)
+            stack.extend(edges.get(n, []))
+    return seen
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--child"]:
+        child()
+        return
+    with tempfile.TemporaryDirectory() as dump:
+        env = dict(
+            os.environ,
+            TF_CPP_MIN_LOG_LEVEL="0",
+            TF_CPP_VMODULE="thunk_executor=6",
+            XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
+        )
+        run = subprocess.run(
+            [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True
+        )
+        if run.returncode:
+            sys.exit(run.stderr[-3000:])
+        (hlo,) = glob.glob(f"{dump}/*jit_step*after_optimizations.txt")
+        entry = open(hlo).read().split("\nENTRY ")[1]
+    operands = {}  # instruction -> its operands (the data it needs)
+    for m in re.finditer(r"^\s*(?:ROOT )?%([\w.\-]+) = .*? [\w\-]+\((.*?)\)[,\s]", entry, re.M):
+        operands[m.group(1)] = re.findall(r"%([\w.\-]+)", m.group(2))
+    graphs = re.findall(r"ThunkExecutor: #thunks=\d+.*?(?=\n\S|\Z)", run.stderr, re.S)
+    graph = max(graphs, key=len)
+    deps, kinds = {}, {}
+    for m in re.finditer(r"op_name=([^,]+), kind=([^,]+), dependencies=\[([^\]]*)\]", graph):
+        deps[m.group(1)] = [d.strip() for d in m.group(3).split(",") if d.strip()]
+        kinds[m.group(1)] = m.group(2)
+    print(run.stdout.strip(), f"- {len(deps)} thunks")
+    for name, kind in kinds.items():
+        if kind != "custom-call":
+            continue
+        data = closure(name, operands)
+        # Its own edges to work outside its data, and what that work waits for in turn
+        # (not counting what it inherits through an earlier callback it is ordered after).
+        direct = [d for d in deps[name] if d not in data and kinds.get(d) != "custom-call"]
+        inherited = set().union(*(closure(d, deps) | {d} for d in direct)) if direct else set()
+        unrelated = sorted(n for n in inherited - data if kinds.get(n) != "custom-call")
+        print(f"{name}: waits for {len(unrelated)} compute thunk(s) outside its data {unrelated}")
+
+
+if __name__ == "__main__":
+    main()
