@@ -17,7 +17,8 @@ any world size), so it runs anywhere in seconds.
 Usage:
   nice -n 19 python benchmarks/overlap_schedule.py                     # the benchmark's MLP
   nice -n 19 python benchmarks/overlap_schedule.py --layers 6 --width 512 --bucket-size 262656
-  nice -n 19 python benchmarks/overlap_schedule.py --json benchmarks/results/overlap-schedule.json
+  nice -n 19 python benchmarks/overlap_schedule.py --algorithm dense \
+    --json benchmarks/results/overlap-schedule-dense-25x1000-4m.json
 """
 
 from __future__ import annotations
