@@ -13,8 +13,12 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import BlockQuant
+from jaxcomm.ops import _kernels
+
+
+def _attrs(compressor: BlockQuant) -> dict[str, np.int64]:
+    return {"bits": np.int64(compressor.bits), "block": np.int64(compressor.block)}
 
 
 def compress(
@@ -45,18 +49,17 @@ def compress(
       >>> packed.tolist()[0], hex(packed.tolist()[2])  # words; codes 127, -64, 32, 0
       (3, '0x20c07f')
     """
-    _validate.compressor_of(compressor, BlockQuant)
-    x, residual, words = _validate.compress_inputs(x, residual, compressor)
-    return _ffi.compress_call(
-        "jaxcomm_blockquant_compress",
-        x,
-        residual,
-        words,
-        bits=np.int64(compressor.bits),
-        block=np.int64(compressor.block),
-        stochastic=np.bool_(compressor.rounding == "stochastic"),
-        seed=np.int64(compressor.seed),
-        step=np.int64(int(step) % 2**32),
+
+    def attributes(c: BlockQuant) -> dict[str, np.generic]:
+        return {
+            **_attrs(c),
+            "stochastic": np.bool_(c.rounding == "stochastic"),
+            "seed": np.int64(c.seed),
+            "step": np.int64(int(step) % 2**32),
+        }
+
+    return _kernels.compress(
+        "jaxcomm_blockquant_compress", BlockQuant, x, residual, compressor, attributes
     )
 
 
@@ -82,11 +85,6 @@ def decompress(packed: jax.Array, compressor: BlockQuant, shape: Sequence[int]) 
       >>> blockquant.decompress(packed, c, (2,)).tolist()
       [7.0, -3.0]
     """
-    _validate.compressor_of(compressor, BlockQuant)
-    return _ffi.decompress_call(
-        "jaxcomm_blockquant_decompress",
-        packed,
-        shape,
-        bits=np.int64(compressor.bits),
-        block=np.int64(compressor.block),
+    return _kernels.decompress(
+        "jaxcomm_blockquant_decompress", BlockQuant, packed, compressor, shape, _attrs
     )

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import OneBit
+from jaxcomm.ops import _kernels
 
 
 def _attrs(compressor: OneBit) -> dict[str, np.int64]:
@@ -50,9 +50,7 @@ def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax
       >>> r.tolist()
       [-1.0, 1.0, 1.0, -1.0]
     """
-    _validate.compressor_of(compressor, OneBit)
-    x, residual, words = _validate.compress_inputs(x, residual, compressor)
-    return _ffi.compress_call("jaxcomm_onebit_compress", x, residual, words, **_attrs(compressor))
+    return _kernels.compress("jaxcomm_onebit_compress", OneBit, x, residual, compressor, _attrs)
 
 
 def decompress(packed: jax.Array, compressor: OneBit, shape: Sequence[int]) -> jax.Array:
@@ -79,5 +77,6 @@ def decompress(packed: jax.Array, compressor: OneBit, shape: Sequence[int]) -> j
       >>> onebit.decompress(packed, c, (4,)).tolist()
       [2.0, -3.0, 2.0, -3.0]
     """
-    _validate.compressor_of(compressor, OneBit)
-    return _ffi.decompress_call("jaxcomm_onebit_decompress", packed, shape, **_attrs(compressor))
+    return _kernels.decompress(
+        "jaxcomm_onebit_decompress", OneBit, packed, compressor, shape, _attrs
+    )

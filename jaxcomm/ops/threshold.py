@@ -12,8 +12,12 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Threshold
+from jaxcomm.ops import _kernels
+
+
+def _attrs(compressor: Threshold) -> dict[str, np.float32]:
+    return {"tau": np.float32(compressor.tau)}
 
 
 def compress(
@@ -45,10 +49,8 @@ def compress(
       >>> r.tolist()
       [0.5, 1.0, -2.0, 1.0]
     """
-    _validate.compressor_of(compressor, Threshold)
-    x, residual, words = _validate.compress_inputs(x, residual, compressor)
-    return _ffi.compress_call(
-        "jaxcomm_threshold_compress", x, residual, words, tau=np.float32(compressor.tau)
+    return _kernels.compress(
+        "jaxcomm_threshold_compress", Threshold, x, residual, compressor, _attrs
     )
 
 
@@ -76,7 +78,6 @@ def decompress(packed: jax.Array, compressor: Threshold, shape: Sequence[int]) -
       >>> threshold.decompress(packed, c, (4,)).tolist()
       [0.0, 1.0, -1.0, 0.0]
     """
-    _validate.compressor_of(compressor, Threshold)
-    return _ffi.decompress_call(
-        "jaxcomm_threshold_decompress", packed, shape, tau=np.float32(compressor.tau)
+    return _kernels.decompress(
+        "jaxcomm_threshold_decompress", Threshold, packed, compressor, shape, _attrs
     )
