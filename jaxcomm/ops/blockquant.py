@@ -69,9 +69,9 @@ def decompress(packed: jax.Array, compressor: BlockQuant, shape: Sequence[int]) 
     Usually reached through :func:`jaxcomm.ops.decompress`.
 
     Args:
-      packed: uint32 vector of ``compressor.packed_words(prod(shape))`` words from
-        :func:`compress`.
-      compressor: the :class:`jaxcomm.BlockQuant` spec that produced it.
+      packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:
+        ``used``, one float32 scale per block, then the ``bits``-bit codes.
+      compressor: the :class:`jaxcomm.BlockQuant` spec that produced it (``bits``, ``block``).
       shape: shape of the original ``x``.
 
     Returns:

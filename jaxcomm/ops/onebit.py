@@ -59,9 +59,9 @@ def decompress(packed: jax.Array, compressor: OneBit, shape: Sequence[int]) -> j
     Usually reached through :func:`jaxcomm.ops.decompress`.
 
     Args:
-      packed: uint32 vector of ``compressor.packed_words(prod(shape))`` words from
-        :func:`compress`.
-      compressor: the :class:`jaxcomm.OneBit` spec that produced it.
+      packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:
+        ``used``, each column's two means, then one sign bit per element.
+      compressor: the :class:`jaxcomm.OneBit` spec that produced it (its ``column_size``).
       shape: shape of the original ``x``.
 
     Returns:

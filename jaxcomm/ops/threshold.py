@@ -60,10 +60,10 @@ def decompress(packed: jax.Array, compressor: Threshold, shape: Sequence[int]) -
     Usually reached through :func:`jaxcomm.ops.decompress`.
 
     Args:
-      packed: uint32 vector of ``compressor.packed_words(prod(shape))`` words from
-        :func:`compress`.
-      compressor: the :class:`jaxcomm.Threshold` spec that produced it.
-      shape: shape of the original ``x``.
+      packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:
+        ``used``, then one ``sign << 31 | index`` entry per sent element, zeros after.
+      compressor: the :class:`jaxcomm.Threshold` spec that produced it (its ``tau``).
+      shape: shape of the original ``x`` (every index is below its size).
 
     Returns:
       float32 array of ``shape``. A header out of range, or an entry whose index is out of
