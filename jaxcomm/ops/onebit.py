@@ -36,9 +36,11 @@ def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax
       compressor: the :class:`jaxcomm.OneBit` spec.
 
     Returns:
-      ``(packed, new_residual)``: ``packed`` is uint32 of ``compressor.packed_words(x.size)``
-      words; ``new_residual = (x + residual) - decompress(packed)``, of ``x``'s shape. The
-      call fails at run time, naming the flat index, if ``x + residual`` is not finite.
+      ``(packed, new_residual)``: ``packed``, the ``compressor.packed_words(x.size)`` uint32
+      words of the column means and sign bits; ``new_residual``, of ``x``'s shape, is each
+      element's distance to its column's mean of its sign, ``(x + residual) -
+      decompress(packed)``. A non-finite ``x + residual`` fails at run time, naming its flat
+      index.
 
     Example:
       >>> import jax.numpy as jnp, jaxcomm

@@ -35,9 +35,10 @@ def compress(
       compressor: the :class:`jaxcomm.Threshold` spec (``tau`` is used as float32).
 
     Returns:
-      ``(packed, new_residual)``: ``packed`` is uint32 of ``compressor.packed_words(x.size)``
-      words; ``new_residual = (x + residual) - decompress(packed)``, of ``x``'s shape. The
-      call fails at run time, naming the flat index, if ``x + residual`` is not finite.
+      ``(packed, new_residual)``: ``packed``, the ``compressor.packed_words(x.size)`` uint32
+      words of the sent entries; ``new_residual``, of ``x``'s shape, is ``x + residual`` less
+      ``±tau`` where an entry was sent, ``(x + residual) - decompress(packed)``. A non-finite
+      ``x + residual`` fails at run time, naming its flat index.
 
     Example:
       >>> import jax.numpy as jnp, jaxcomm
