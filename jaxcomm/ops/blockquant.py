@@ -3,7 +3,8 @@ behind XLA FFI, kernels/blockquant.cc).
 
 Each block of ``block`` elements of ``acc = x + residual`` becomes ``bits``-bit integers and
 one float32 scale (its largest magnitude over 127 or 7). See :mod:`jaxcomm.compressors` for
-the packed layout.
+the packed layout. :func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch
+here for ``BlockQuant``.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def compress(
 ) -> tuple[jax.Array, jax.Array]:
     """Quantizes ``x + residual`` to ``bits``-bit codes plus one float32 scale per block.
 
-    Usually reached through :func:`jaxcomm.ops.compress`. The residual is always updated here
-    (``error_feedback=False`` only changes what ``jaxcomm.compressed_allreduce`` returns).
+    The residual is always updated here (``error_feedback=False`` only changes what
+    ``jaxcomm.compressed_allreduce`` returns).
 
     Args:
       x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any
@@ -65,8 +66,6 @@ def compress(
 
 def decompress(packed: jax.Array, compressor: BlockQuant, shape: Sequence[int]) -> jax.Array:
     """Decodes a BlockQuant packed buffer: each element becomes ``code * scale``.
-
-    Usually reached through :func:`jaxcomm.ops.decompress`.
 
     Args:
       packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:

@@ -3,6 +3,7 @@
 Seide et al.'s scheme as described by Dryden et al. (2016, §3.1): every element of
 ``acc = x + residual`` becomes one bit (``acc >= 0``), decoded to the mean of its column's
 non-negative or negative values. See :mod:`jaxcomm.compressors` for the packed layout.
+:func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch here for ``OneBit``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ def _attrs(compressor: OneBit) -> dict[str, np.int64]:
 def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax.Array, jax.Array]:
     """Quantizes ``x + residual`` to one bit per element plus two means per column.
 
-    Usually reached through :func:`jaxcomm.ops.compress`. Column means are exact
-    (``sample_size=0``) or estimated from ``sample_size`` deterministic samples per column; a
-    sign with no values in the column (or its sample) has mean 0.0.
+    Column means are exact (``sample_size=0``) or estimated from ``sample_size`` deterministic
+    samples per column; a sign with no values in the column (or its sample) has mean 0.0.
 
     Args:
       x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape, 1 to 2**31 - 1 elements.
@@ -57,8 +57,6 @@ def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax
 
 def decompress(packed: jax.Array, compressor: OneBit, shape: Sequence[int]) -> jax.Array:
     """Decodes a OneBit packed buffer: each element becomes its column's mean of its sign.
-
-    Usually reached through :func:`jaxcomm.ops.decompress`.
 
     Args:
       packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:

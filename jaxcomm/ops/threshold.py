@@ -3,6 +3,8 @@
 As described by Dryden et al. (2016, §3.2): entries of ``acc = x + residual`` above ``tau``
 are sent as ``+tau``, below ``-tau`` as ``-tau``, each as one 32-bit word (sign bit + 31-bit
 index); the rest stay in the residual. See :mod:`jaxcomm.compressors` for the packed layout.
+:func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch here for
+``Threshold``.
 """
 
 from __future__ import annotations
@@ -25,9 +27,8 @@ def compress(
 ) -> tuple[jax.Array, jax.Array]:
     """Sends the entries of ``x + residual`` beyond ``±tau`` as ``±tau``.
 
-    Usually reached through :func:`jaxcomm.ops.compress`. At most
-    ``compressor.capacity(x.size)`` entries are sent; when more pass, the lowest indices win
-    and the others stay whole in the residual.
+    At most ``compressor.capacity(x.size)`` entries are sent; when more pass, the lowest
+    indices win and the others stay whole in the residual.
 
     Args:
       x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape, 1 to 2**31 - 1 elements.
@@ -57,8 +58,6 @@ def compress(
 
 def decompress(packed: jax.Array, compressor: Threshold, shape: Sequence[int]) -> jax.Array:
     """Decodes a Threshold packed buffer: ``±tau`` at the sent indices, 0 elsewhere.
-
-    Usually reached through :func:`jaxcomm.ops.decompress`.
 
     Args:
       packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:
