@@ -269,14 +269,6 @@ def write_result(out: pathlib.Path, tag: str, result: dict[str, Any]) -> pathlib
     return path
 
 
-# The axes of a time-per-allreduce plot over message sizes (write_result_and_plot's labels).
-TIME_PER_ALLREDUCE_AXES: dict[str, Any] = {
-    "xlabel": "float32 elements per rank",
-    "ylabel": "median time per allreduce (ms)",
-    "log": True,
-}
-
-
 def write_result_and_plot(
     out: pathlib.Path,
     tag: str,
@@ -310,3 +302,47 @@ def write_result_and_plot(
     draw(ax)
     png = save_plot(fig, ax, out / f"{tag}.png", **labels)
     print(f"\nwrote {json_path} and {png}")
+
+
+def write_time_per_allreduce(
+    out: pathlib.Path,
+    tag: str,
+    result: dict[str, Any],
+    curves: dict[str, list[dict[str, Any]]],
+    *,
+    figsize: tuple[float, float],
+    title: str,
+) -> None:
+    """:func:`write_result_and_plot` of a time-per-allreduce figure over message sizes (log
+    axes): one curve per label, each row's median time in ms at its element count.
+
+    Args:
+      out, tag, result: as for :func:`write_result`.
+      curves: label -> that curve's rows (``elements``, ``median_s``) in size order; a label
+        without rows draws nothing.
+      figsize: the figure's size in inches.
+      title: the figure's title.
+
+    Example:
+      >>> rows = [{"elements": 1024, "median_s": 0.002}]
+      >>> write_time_per_allreduce(out, "t", {"rows": rows}, {"psum": rows},
+      ...                          figsize=(7, 4.5), title="t")  # doctest: +SKIP
+    """
+
+    def draw(ax: Any) -> None:
+        for label, rows in curves.items():
+            if rows:
+                ms = [r["median_s"] * 1e3 for r in rows]
+                ax.plot([r["elements"] for r in rows], ms, marker="o", label=label)
+
+    write_result_and_plot(
+        out,
+        tag,
+        result,
+        draw,
+        figsize=figsize,
+        title=title,
+        xlabel="float32 elements per rank",
+        ylabel="median time per allreduce (ms)",
+        log=True,
+    )

@@ -25,16 +25,14 @@ import collections
 import os
 import pathlib
 import statistics
-from typing import Any
 
 from _bench import (
-    TIME_PER_ALLREDUCE_AXES,
     add_repeats_argument,
     add_world_arguments,
     run_recipe,
     setup_fields,
     write_job_recipe,
-    write_result_and_plot,
+    write_time_per_allreduce,
 )
 from jaxcomm_launcher.jobs.allreduce import ALL_ALGORITHMS, parse_variant
 
@@ -145,22 +143,17 @@ def main() -> None:
         "rows": rows,
     }
 
-    def draw(ax: Any) -> None:
-        for algorithm in sorted({r["algorithm"] for r in rows}, key=order):
-            pts = [
-                (r["elements"], r["median_s"] * 1e3) for r in rows if r["algorithm"] == algorithm
-            ]
-            if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=algorithm)
-
-    write_result_and_plot(
+    curves = {
+        algorithm: [r for r in rows if r["algorithm"] == algorithm]
+        for algorithm in sorted({r["algorithm"] for r in rows}, key=order)
+    }
+    write_time_per_allreduce(
         args.out,
         tag,
         result,
-        draw,
+        curves,
         figsize=(7, 4.5),
         title=f"{tag}, P = {args.processes}, density {args.density}",
-        **TIME_PER_ALLREDUCE_AXES,
     )
 
 

@@ -84,18 +84,21 @@ def each(results: pathlib.Path, pattern: str, render: Callable[[dict[str, Any], 
     return "\n\n".join(render(load(results, p.stem), p.name) for p in paths)
 
 
-def table(header: list[str], rows: list[list[Any]]) -> str:
-    """A Markdown table; numbers must already be formatted.
+def table(header: list[str], rows: list[list[Any]], caption: str | None = None) -> str:
+    """A Markdown table; numbers must already be formatted. A caption (where the numbers come
+    from) is the paragraph above it.
 
     Example:
-      >>> print(table(["a", "b"], [[1, "x"]]))
+      >>> print(table(["a", "b"], [[1, "x"]], caption="From `t.json`:"))
+      From `t.json`:
+      <BLANKLINE>
       | a | b |
       |---|---|
       | 1 | x |
     """
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return ("" if caption is None else caption + "\n\n") + "\n".join(lines)
 
 
 def ms(seconds: float | None, digits: int | None = None) -> str:
@@ -208,11 +211,13 @@ def allreduce_25m(results: pathlib.Path) -> str:
         )
     header = ["algorithm", "1 Gbit/s links", "vs psum", "one host", "vs psum", "sent / rank"]
     n = elements(net["rows"][0]["elements"])
-    return (
-        f"P = {net['processes']} processes, {n} float32 per rank, density {net['density']}, "
-        f"median of {net['repeats']} (`benchmarks/results/allreduce-emulated-1gbit.json`, "
-        "`benchmarks/results/allreduce-local.json`):"
-        "\n\n" + table(header, rows)
+    return table(
+        header,
+        rows,
+        caption=f"P = {net['processes']} processes, {n} float32 per rank, density "
+        f"{net['density']}, median of {net['repeats']} "
+        "(`benchmarks/results/allreduce-emulated-1gbit.json`, "
+        "`benchmarks/results/allreduce-local.json`):",
     )
 
 
@@ -250,10 +255,11 @@ def _kernels(data: dict[str, Any], file: str) -> str:
         samples += f" samples of {data['calls_per_sample']} back-to-back calls"
     cores = data["machine"].get("cores_used")
     pinned = f", pinned to {cores} of them" if cores and cores < data["machine"]["cpus"] else ""
-    return (
-        f"n = {data['n']:,} float32 on `{data['device']}` ({data['machine']['cpus']} CPUs"
-        f"{pinned}, jax {data['jax']}), {samples} (`benchmarks/results/{file}`):\n\n"
-        + table(["kernel", "median", "GB/s of x", "vs baseline"], rows)
+    return table(
+        ["kernel", "median", "GB/s of x", "vs baseline"],
+        rows,
+        caption=f"n = {data['n']:,} float32 on `{data['device']}` ({data['machine']['cpus']} "
+        f"CPUs{pinned}, jax {data['jax']}), {samples} (`benchmarks/results/{file}`):",
     )
 
 
@@ -268,10 +274,11 @@ def _allreduce_table(data: dict[str, Any], file: str) -> str:
         ]
         for r in data["rows"]
     ]
-    return (
-        f"{run_of(data)}, density {data['density']}, median of {data['repeats']} "
-        f"(`benchmarks/results/{file}`):\n\n"
-        + table(["algorithm", "elements", "median", "vs psum", "sent / rank"], rows)
+    return table(
+        ["algorithm", "elements", "median", "vs psum", "sent / rank"],
+        rows,
+        caption=f"{run_of(data)}, density {data['density']}, median of {data['repeats']} "
+        f"(`benchmarks/results/{file}`):",
     )
 
 
@@ -314,10 +321,12 @@ def peers(results: pathlib.Path) -> str:
         "`jaxcomm.allreduce`",
     ]
     header += ["vs OpenMPI", "vs mpi4jax", "vs psum"]
-    return (
-        f"{data['calls']} calls per sample, median of {data['repeats'] * data['rounds']} samples, "
-        f"{data['host_cores']} cores (`benchmarks/results/peers-local.json`):\n\n"
-        + table(header, rows)
+    return table(
+        header,
+        rows,
+        caption=f"{data['calls']} calls per sample, median of "
+        f"{data['repeats'] * data['rounds']} samples, {data['host_cores']} cores "
+        "(`benchmarks/results/peers-local.json`):",
     )
 
 
@@ -345,9 +354,7 @@ def small_allreduce(results: pathlib.Path) -> str:
             )
         cross = ", ".join(f"{k} {v:,} B" for k, v in sorted(data["crossover_bytes"].items()))
         out.append(
-            f"{run_of(data)}, median of {data['repeats']} (`benchmarks/results/{path.name}`; "
-            f"largest size where the small schedule wins: {cross or 'none'}):\n\n"
-            + table(
+            table(
                 [
                     "path",
                     "elements",
@@ -357,6 +364,9 @@ def small_allreduce(results: pathlib.Path) -> str:
                     "small vs large",
                 ],
                 rows,
+                caption=f"{run_of(data)}, median of {data['repeats']} "
+                f"(`benchmarks/results/{path.name}`; "
+                f"largest size where the small schedule wins: {cross or 'none'}):",
             )
         )
     return "\n\n".join(out)
@@ -380,11 +390,13 @@ def _overlap(data: dict[str, Any], file: str) -> str:
             ]
         )
     load_start = ", ".join(f"{v:.1f}" for v in data["loadavg_start"])
-    return (
-        f"{run_of(data)}: {data['layers']} layers of {data['width']}, {data['elements']:,} gradient "
-        f"elements, T_compute {ms(data['t_compute_s'])}, median of {data['repeats']}, load average "
-        f"at the start {load_start} (`benchmarks/results/{file}`):\n\n"
-        + table(["algorithm", "bucket", "T_comm", "T_step", "hidden", "vs one bucket"], rows)
+    return table(
+        ["algorithm", "bucket", "T_comm", "T_step", "hidden", "vs one bucket"],
+        rows,
+        caption=f"{run_of(data)}: {data['layers']} layers of {data['width']}, "
+        f"{data['elements']:,} gradient elements, T_compute {ms(data['t_compute_s'])}, median of "
+        f"{data['repeats']}, load average at the start {load_start} "
+        f"(`benchmarks/results/{file}`):",
     )
 
 
@@ -559,10 +571,11 @@ def _train(data: dict[str, Any], file: str) -> str:
         "MB sent/step/rank",
     ]
     command = data["command"].split("benchmarks/train.py", 1)[-1].split(" --out ")[0]
-    return (
-        f"`{data['workload']}` ({params:,} parameters), {run_of(data)}, {steps} steps: "
-        f"`python benchmarks/train.py{command}` (`benchmarks/results/{file}`):\n\n"
-        + table(header, rows)
+    return table(
+        header,
+        rows,
+        caption=f"`{data['workload']}` ({params:,} parameters), {run_of(data)}, {steps} steps: "
+        f"`python benchmarks/train.py{command}` (`benchmarks/results/{file}`):",
     )
 
 
@@ -663,7 +676,7 @@ def e2e(results: pathlib.Path) -> str:
     """The end-to-end grid: one table per workload and network (``results/e2e/e2e.json``)."""
     data = load(results / "e2e", "e2e")
     parts = [
-        f"**{title}**\n\n" + table(E2E_HEADER, [e2e_columns(r) for r in rows])
+        table(E2E_HEADER, [e2e_columns(r) for r in rows], caption=f"**{title}**")
         for title, rows in e2e_cells(data["rows"])
     ]
     return "From `benchmarks/results/e2e/e2e.json` ({} runs).\n\n".format(data["cells"]) + (
@@ -739,7 +752,7 @@ def cost_summary(results: pathlib.Path) -> str:
         "the job's own auto run within 10 %",
         "bytes exact",
     ]
-    return f"From {', '.join(files)}:\n\n" + table(header, rows)
+    return table(header, rows, caption=f"From {', '.join(files)}:")
 
 
 @section("docs/cost-model.md", "validation-emulated-1gbit")
@@ -768,10 +781,12 @@ def cost_rows(results: pathlib.Path) -> str:
         "bytes measured",
         "bytes predicted",
     ]
-    return (
-        f"`python benchmarks/cost_model.py --backend {a['backend']} --bandwidth {a['bandwidth']} "
-        f"--worlds {' '.join(a['worlds'])} --repeats {a['repeats']}` "
-        "(`benchmarks/results/cost-model-emulated-1gbit.json`):\n\n" + table(header, rows)
+    return table(
+        header,
+        rows,
+        caption=f"`python benchmarks/cost_model.py --backend {a['backend']} --bandwidth "
+        f"{a['bandwidth']} --worlds {' '.join(a['worlds'])} --repeats {a['repeats']}` "
+        "(`benchmarks/results/cost-model-emulated-1gbit.json`):",
     )
 
 
@@ -784,11 +799,12 @@ def cost_extrapolation(results: pathlib.Path) -> str:
     for r in data["rows"]:
         cells = [f"{r['seconds'][a] * 1e3:.0f}" if a in r["seconds"] else "" for a in algos]
         rows.append([f"{r['gbit']:g} Gbit/s", r["ranks"], r["layout"], *cells, f"`{r['pick']}`"])
-    return (
-        f"{elements(data['elements'])} float32, density {data['density']}, α = "
+    return table(
+        ["network", "P", "layout", *algos, "pick"],
+        rows,
+        caption=f"{elements(data['elements'])} float32, density {data['density']}, α = "
         f"{data['alpha_s'] * 1e6:g} µs between processes, kernels of {data['profile']}; ms per "
-        "call (`benchmarks/results/cost-model-extrapolation.json`):\n\n"
-        + table(["network", "P", "layout", *algos, "pick"], rows)
+        "call (`benchmarks/results/cost-model-extrapolation.json`):",
     )
 
 
@@ -889,10 +905,11 @@ def fault_cells(row: dict[str, Any]) -> list[str]:
 def fault_table(data: dict[str, Any], file: str) -> str:
     """The fault table of one ``benchmarks/faults.py`` result, with its command and source."""
     free = data["fault_free"]
-    return (
-        f"`{data['command']}` (`benchmarks/results/{file}`); fault-free run: test accuracy "
-        f"{free['test_accuracy']:.4f}, {free['wall_s']:.1f} s.\n\n"
-        + table(FAULT_HEADER, [fault_cells(r) for r in data["rows"]])
+    return table(
+        FAULT_HEADER,
+        [fault_cells(r) for r in data["rows"]],
+        caption=f"`{data['command']}` (`benchmarks/results/{file}`); fault-free run: test "
+        f"accuracy {free['test_accuracy']:.4f}, {free['wall_s']:.1f} s.",
     )
 
 

@@ -33,13 +33,12 @@ import statistics
 from typing import Any
 
 from _bench import (
-    TIME_PER_ALLREDUCE_AXES,
     add_repeats_argument,
     add_world_arguments,
     run_recipe,
     setup_fields,
     write_job_recipe,
-    write_result_and_plot,
+    write_time_per_allreduce,
 )
 
 PATHS = {"shared": {}, "transport": {"JAXCOMM_SHARED_MEMORY": "0"}}
@@ -167,25 +166,15 @@ def main() -> None:
         "rows": rows,
     }
 
-    def draw(ax: Any) -> None:
-        for path in args.paths:
-            for schedule in ("psum", *SCHEDULES):
-                pts = [
-                    (r["elements"], r["median_s"] * 1e3)
-                    for r in rows
-                    if r["path"] == path and r["schedule"] == schedule
-                ]
-                label = LABELS.get((path, schedule), "psum")
-                ax.plot(*zip(*pts, strict=True), marker="o", label=f"{path}: {label}")
-
-    write_result_and_plot(
-        args.out,
-        tag,
-        result,
-        draw,
-        figsize=(7.5, 4.8),
-        title=f"{tag}: small vs large schedules",
-        **TIME_PER_ALLREDUCE_AXES,
+    curves = {
+        f"{path}: {LABELS.get((path, schedule), 'psum')}": [
+            r for r in rows if r["path"] == path and r["schedule"] == schedule
+        ]
+        for path in args.paths
+        for schedule in ("psum", *SCHEDULES)
+    }
+    write_time_per_allreduce(
+        args.out, tag, result, curves, figsize=(7.5, 4.8), title=f"{tag}: small vs large schedules"
     )
 
 

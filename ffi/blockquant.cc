@@ -18,36 +18,28 @@ namespace {
 using ffi_common::InvalidArgument;
 using ffi_common::NumElements;
 
-ffi::Error CompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                        ffi::Buffer<ffi::F32> residual, int64_t bits, int64_t block,
-                        bool stochastic, int64_t seed, int64_t step,
-                        ffi::ResultBuffer<ffi::U32> packed,
-                        ffi::ResultBuffer<ffi::F32> new_residual) {
-  const int64_t n = NumElements(x);
-  kernels::BlockQuantParams p;
-  JAXCOMM_RETURN_IF_ERROR(
-      ReadParams(kCompressOp, n, bits, block, stochastic, seed, step, NumElements(*packed), &p));
-  if (NumElements(residual) != n || NumElements(*new_residual) != n) {
-    return InvalidArgument(kCompressOp, "residual must have x's shape");
-  }
+// Compress's kernel call on XLA's intra-op threads.
+ffi::Error CompressOnPool(ffi::ThreadPool pool, const float* x, const float* residual, int64_t n,
+                          const kernels::BlockQuantParams& p, uint32_t* packed,
+                          float* new_residual) {
   // XLA hands out fresh output memory: huge pages make its first touch cheap (reduce.h).
-  kernels::AdviseHugePages(packed->typed_data(), sizeof(uint32_t) * NumElements(*packed));
-  const kernels::QuantizeStatus status =
-      kernels::BlockQuantCompress(x.typed_data(), residual.typed_data(), n, p, packed->typed_data(),
-                                  new_residual->typed_data(), ffi_common::PoolRunner(&pool));
+  kernels::AdviseHugePages(packed,
+                           sizeof(uint32_t) * kernels::BlockQuantPackedWords(n, p.block, p.bits));
+  const kernels::QuantizeStatus status = kernels::BlockQuantCompress(
+      x, residual, n, p, packed, new_residual, ffi_common::PoolRunner(&pool));
   if (!status.ok()) return ffi_common::NonFinite(kCompressOp, status.nonfinite_index);
   return ffi::Error::Success();
 }
 
-JAXCOMM_DEFINE_HANDLER("jaxcomm_blockquant_compress", CompressImpl,
+JAXCOMM_DEFINE_HANDLER("jaxcomm_blockquant_compress", (Compress<&CompressOnPool, ffi::ThreadPool>),
                        BindCompress(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()));
 
 ffi::Error DecompressImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> packed, int64_t bits,
                           int64_t block, ffi::ResultBuffer<ffi::F32> x_hat) {
+  kernels::BlockQuantParams p;
+  JAXCOMM_RETURN_IF_ERROR(CheckDecompress(packed, bits, block, x_hat, &p));
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  kernels::BlockQuantParams p;
-  JAXCOMM_RETURN_IF_ERROR(ReadParams(kDecompressOp, n, bits, block, false, 0, 0, words, &p));
   kernels::AdviseHugePages(x_hat->typed_data(), sizeof(float) * n);
   const std::string bad =
       kernels::BlockQuantDecompress(packed.typed_data(), words, n, p, x_hat->typed_data(),

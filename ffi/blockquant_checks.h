@@ -40,6 +40,33 @@ inline ffi::Error ReadParams(const char* op, int64_t n, int64_t bits, int64_t bl
   return ffi::Error::Success();
 }
 
+// The compress handler of either platform: the checks (the parameters and packed's length,
+// ReadParams; a residual and new residual of x's size), then `launch`, the platform's kernel
+// call over the checked buffers: launch(ctx, x, residual, n, params, packed, new_residual). Ctx
+// is the context the platform binds first (CPU: ffi::ThreadPool; CUDA: its stream).
+template <auto launch, typename Ctx>
+ffi::Error Compress(Ctx ctx, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> residual, int64_t bits,
+                    int64_t block, bool stochastic, int64_t seed, int64_t step,
+                    ffi::ResultBuffer<ffi::U32> packed, ffi::ResultBuffer<ffi::F32> new_residual) {
+  const int64_t n = ffi_common::NumElements(x);
+  kernels::BlockQuantParams p;
+  JAXCOMM_RETURN_IF_ERROR(ReadParams(kCompressOp, n, bits, block, stochastic, seed, step,
+                                     ffi_common::NumElements(*packed), &p));
+  if (ffi_common::NumElements(residual) != n || ffi_common::NumElements(*new_residual) != n) {
+    return ffi_common::InvalidArgument(kCompressOp, "residual must have x's shape");
+  }
+  return launch(ctx, x.typed_data(), residual.typed_data(), n, p, packed->typed_data(),
+                new_residual->typed_data());
+}
+
+// decompress's opening checks (CPU and CUDA): the parameters and packed's length for x_hat's
+// size (ReadParams; no rounding).
+inline ffi::Error CheckDecompress(const ffi::Buffer<ffi::U32>& packed, int64_t bits, int64_t block,
+                                  ffi::ResultBuffer<ffi::F32> x_hat, kernels::BlockQuantParams* p) {
+  return ReadParams(kDecompressOp, ffi_common::NumElements(*x_hat), bits, block, false, 0, 0,
+                    ffi_common::NumElements(packed), p);
+}
+
 // compress: x and residual in, the attributes, packed and the new residual out.
 template <typename Binding>
 auto BindCompress(Binding binding) {

@@ -218,7 +218,7 @@ ffi::Error BlockQuantAllreduceImpl(const kernels::TaskRunner& run, const Caller&
 }
 
 JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_blockquant_allreduce", BlockQuantAllreduceImpl,
-                          quantized::BindSteppedQuantizedData);
+                          quantized::BindQuantizedData</*stepped=*/true>);
 
 // ---- hierarchical ------------------------------------------------------------------------
 
@@ -463,7 +463,7 @@ ffi::Error HierarchicalBlockQuantImpl(const kernels::TaskRunner& run, const Call
 }
 
 JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_hierarchical_blockquant", HierarchicalBlockQuantImpl,
-                          quantized::BindSteppedHierarchicalData);
+                          quantized::BindHierarchicalQuantizedData</*stepped=*/true>);
 
 }  // namespace
 }  // namespace jaxcomm::collectives

@@ -114,23 +114,8 @@ inline ffi::Error CheckQuantizedCall(const char* op, const ffi::Buffer<ffi::F32>
   return ReadSpec(op, quantizer, &call->spec);
 }
 
-// What the quantized allreduce binds after the common operands (CPU and GPU): its quantizer,
-// then the compressed data.
-template <typename Binding>
-auto BindQuantizedData(Binding binding) {
-  return BindCompressedData(std::move(binding).template Attr<QuantizerAttrs>("quantizer"));
-}
-
-// The same for the hierarchical quantized allreduce: the mesh roles first.
-template <typename Binding>
-auto BindHierarchicalQuantizedData(Binding binding) {
-  return BindCompressedData(std::move(binding)
-                                .template Attr<HierarchyAttrs>("hierarchy")
-                                .template Attr<QuantizerAttrs>("quantizer"));
-}
-
-// x, residual and the step in; the sum, the new residual and the token out: the quantized
-// allreduce of a quantizer whose stochastic rounding counts steps (BlockQuant).
+// x, residual and the step in; the sum, the new residual and the token out: the data of a
+// quantizer whose stochastic rounding counts steps (BlockQuant).
 template <typename Binding>
 auto BindSteppedData(Binding binding) {
   return std::move(binding)
@@ -142,18 +127,22 @@ auto BindSteppedData(Binding binding) {
       .template Ret<ffi::BufferR0<ffi::S32>>();  // token out
 }
 
-// BindQuantizedData with a step operand (jaxcomm_blockquant_allreduce).
-template <typename Binding>
-auto BindSteppedQuantizedData(Binding binding) {
-  return BindSteppedData(std::move(binding).template Attr<QuantizerAttrs>("quantizer"));
+// What the quantized allreduce binds after the common operands (CPU and GPU): its quantizer,
+// then the compressed data; kStepped adds the step operand (jaxcomm_blockquant_allreduce and
+// jaxcomm_hierarchical_blockquant: BindSteppedData).
+template <bool kStepped = false, typename Binding>
+auto BindQuantizedData(Binding binding) {
+  if constexpr (kStepped) {
+    return BindSteppedData(std::move(binding).template Attr<QuantizerAttrs>("quantizer"));
+  } else {
+    return BindCompressedData(std::move(binding).template Attr<QuantizerAttrs>("quantizer"));
+  }
 }
 
-// BindHierarchicalQuantizedData with a step operand (jaxcomm_hierarchical_blockquant).
-template <typename Binding>
-auto BindSteppedHierarchicalData(Binding binding) {
-  return BindSteppedData(std::move(binding)
-                             .template Attr<HierarchyAttrs>("hierarchy")
-                             .template Attr<QuantizerAttrs>("quantizer"));
+// The same for the hierarchical quantized allreduce: the mesh roles first.
+template <bool kStepped = false, typename Binding>
+auto BindHierarchicalQuantizedData(Binding binding) {
+  return BindQuantizedData<kStepped>(std::move(binding).template Attr<HierarchyAttrs>("hierarchy"));
 }
 
 // The dense hierarchical allreduce: the mesh roles, then the dense data.

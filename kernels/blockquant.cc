@@ -251,14 +251,7 @@ QuantizeStatus BlockQuantCompress(const float* x, const float* residual_in, int6
       }
     }
   });
-  QuantizeStatus status;
-  for (int64_t bad : first_bad) {
-    if (bad >= 0) {
-      status.nonfinite_index = bad;  // tasks cover ascending ranges: the first hit is the least
-      break;
-    }
-  }
-  return status;
+  return FirstNonFiniteOfTasks(first_bad);
 }
 
 std::string BlockQuantDecompress(const uint32_t* packed, int64_t words, int64_t n,

@@ -321,14 +321,7 @@ QuantizeStatus OneBitCompress(const float* x, const float* residual_in, int64_t 
   ForColumnRanges(n, params.column_size, run, [&](int task, int64_t first, int64_t last) {
     first_bad[task] = CompressColumns(x, residual_in, n, params, first, last, packed, residual_out);
   });
-  QuantizeStatus status;
-  for (int64_t bad : first_bad) {
-    if (bad >= 0) {
-      status.nonfinite_index = bad;  // tasks cover ascending ranges: the first hit is the least
-      break;
-    }
-  }
-  return status;
+  return FirstNonFiniteOfTasks(first_bad);
 }
 
 void OneBitDecompress(const uint32_t* packed, int64_t n, const OneBitParams& params, float* x_hat,

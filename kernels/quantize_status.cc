@@ -18,6 +18,17 @@ bool CpuHasAvx2() {
 
 }  // namespace
 
+QuantizeStatus FirstNonFiniteOfTasks(const std::vector<int64_t>& first_bad) {
+  QuantizeStatus status;
+  for (int64_t bad : first_bad) {
+    if (bad >= 0) {
+      status.nonfinite_index = bad;
+      break;
+    }
+  }
+  return status;
+}
+
 bool QuantizersUseAvx2() { return CpuHasAvx2() && !force_portable.load(std::memory_order_relaxed); }
 
 void ForcePortableQuantizersForTesting(bool portable) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 // 1 where the quantizers' AVX2 loops are compiled (x86-64 with GCC or Clang); whether they run is
 // QuantizersUseAvx2().
@@ -21,6 +22,10 @@ struct QuantizeStatus {
 
   bool ok() const { return nonfinite_index < 0; }
 };
+
+// The status of a compress run as tasks over ascending index ranges, from each task's first
+// non-finite index (-1 when it found none): the first task's hit is the least index.
+QuantizeStatus FirstNonFiniteOfTasks(const std::vector<int64_t>& first_bad);
 
 // Bits of |v| compare like |v| for finite floats; every non-finite value has a key at or
 // above kNonFiniteKey (Inf exactly, NaN above), so one integer max detects both.

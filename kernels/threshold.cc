@@ -156,13 +156,8 @@ QuantizeStatus ThresholdCompress(const float* x, const float* residual_in, int64
     first_bad[task] = CountRange(x, residual_in, range.begin, range.end, tau_key, residual_out,
                                  block_counts.data(), &totals[task]);
   });
-  QuantizeStatus status;
-  for (int64_t bad : first_bad) {
-    if (bad >= 0) {
-      status.nonfinite_index = bad;  // ranges ascend: the first hit is the least
-      return status;
-    }
-  }
+  const QuantizeStatus status = FirstNonFiniteOfTasks(first_bad);
+  if (!status.ok()) return status;
   // Ranges write at prefix offsets, so the entries come out in ascending index order and the
   // lowest indices win when more than capacity pass.
   std::vector<int64_t> offsets(num_tasks + 1, 0);

@@ -27,7 +27,7 @@ import pathlib
 import signal
 import time
 
-from collectives_harness import parse_worker_args
+from collectives_harness import start_worker
 
 STEPS = int(os.environ.get("JAXCOMM_TEST_STEPS", "300"))
 DIE_AT = 5  # killed mode: process 1 kills itself before dispatching this step
@@ -35,13 +35,9 @@ LATE_S = 1.0
 
 
 def main() -> None:
-    args = parse_worker_args(["paced", "raw", "killed", "overlap"])
+    args = start_worker(["paced", "raw", "killed", "overlap"])
 
     import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    if args.processes > 1:
-        jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
     import jax.numpy as jnp
     import numpy as np
     import optax

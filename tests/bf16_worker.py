@@ -11,6 +11,8 @@ import json
 import os
 import sys
 
+from collectives_harness import make_inputs
+
 # (name, class, parameters): one of each compressor family; small columns so that every rank
 # owns a few columns of the test sizes.
 ALGORITHMS = {
@@ -23,13 +25,6 @@ ALGORITHMS = {
 DENSE_SIZES = (1, 3, 7, 1000, 65537)
 COMPRESSED_SIZES = (7, 1000)
 DTYPES = ("bfloat16", "float16")
-
-
-def inputs(world: int, n: int, seed: int, scale: float = 1.0):
-    import numpy as np
-
-    rows = [np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)]
-    return np.stack(rows).astype(np.float32)
 
 
 def main() -> None:
@@ -70,7 +65,7 @@ def main() -> None:
     for dtype_name in DTYPES:
         dtype = jnp.dtype(dtype_name)
         for n in DENSE_SIZES:
-            x = jax.device_put(jnp.asarray(inputs(world, n, n)).astype(dtype), rows)
+            x = jax.device_put(jnp.asarray(make_inputs(world, n, n)).astype(dtype), rows)
             mine = smap(lambda v: jaxcomm.allreduce(v[0], "dp")[None], 1, 1)
             psum = smap(lambda v: lax.psum(v[0], "dp")[None], 1, 1)
             jaxcomm.reset_metrics()
@@ -88,8 +83,10 @@ def main() -> None:
         for name, (cls, params) in ALGORITHMS.items():
             algorithm = getattr(jaxcomm, cls)(**params)
             for n in COMPRESSED_SIZES:
-                x = jax.device_put(jnp.asarray(inputs(world, n, 3 * n + 1)).astype(dtype), rows)
-                r = jax.device_put(inputs(world, n, 3 * n + 2, scale=0.1), rows)
+                x = jax.device_put(
+                    jnp.asarray(make_inputs(world, n, 3 * n + 1)).astype(dtype), rows
+                )
+                r = jax.device_put(make_inputs(world, n, 3 * n + 2, scale=0.1), rows)
                 f = smap(
                     lambda v, res, a=algorithm: tuple(
                         o[None] for o in jaxcomm.compressed_allreduce(v[0], res[0], "dp", a)
@@ -109,15 +106,15 @@ def main() -> None:
         for name in ("onebit", "threshold", "adaptive"):
             cls, params = ALGORITHMS[name]
             c = getattr(jaxcomm, cls)(**params)
-            x16 = jnp.asarray(inputs(1, 1000, 99)[0]).astype(dtype)
-            r = jnp.asarray(inputs(1, 1000, 98, scale=0.1)[0])
+            x16 = jnp.asarray(make_inputs(1, 1000, 99)[0]).astype(dtype)
+            r = jnp.asarray(make_inputs(1, 1000, 98, scale=0.1)[0])
             p16, r16 = jaxcomm.ops.compress(x16, r, c)
             p32, r32 = jaxcomm.ops.compress(x16.astype(jnp.float32), r, c)
             results[f"ops/{name}/{dtype_name}/same"] = np.asarray(
                 bool(jnp.array_equal(p16, p32)) and bool(jnp.array_equal(r16, r32))
             )
         c = jaxcomm.TopK(0.05)
-        x16 = jnp.asarray(inputs(1, 1000, 97)[0]).astype(dtype)
+        x16 = jnp.asarray(make_inputs(1, 1000, 97)[0]).astype(dtype)
         p16, r16 = jaxcomm.ops.compress(x16, jnp.zeros(1000, jnp.float32), c)
         p32, r32 = jaxcomm.ops.compress(x16.astype(jnp.float32), jnp.zeros(1000, jnp.float32), c)
         results[f"ops/topk/{dtype_name}/same"] = np.asarray(
@@ -132,7 +129,8 @@ def main() -> None:
     }
     grads = {
         key: jax.device_put(
-            jnp.asarray(inputs(world, int(np.prod(v.shape)) or 1, 50 + i)).astype(v.dtype), rows
+            jnp.asarray(make_inputs(world, int(np.prod(v.shape)) or 1, 50 + i)).astype(v.dtype),
+            rows,
         )
         for i, (key, v) in enumerate(params.items())
     }

@@ -17,9 +17,7 @@ devices' results to ``<out>/process<i>.npz`` keyed "<case>/<world rank>/<output>
 
 from __future__ import annotations
 
-import os
-
-from collectives_harness import parse_worker_args
+from collectives_harness import RankResults, make_inputs, start_worker
 
 # name -> BlockQuant keyword arguments (tests/test_blockquant.py mirrors them).
 FLAT_CASES = {
@@ -36,13 +34,9 @@ STEP = 11
 
 
 def main() -> None:
-    args = parse_worker_args(["blockquant"])
+    args = start_worker(["blockquant"])
 
     import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    if args.processes > 1:
-        jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
     import jax.numpy as jnp
     import numpy as np
     import optax
@@ -54,23 +48,16 @@ def main() -> None:
 
     world = jax.device_count()
     mesh = jax.make_mesh((world,), ("dp",))
-    rank_of = {d.id: i for i, d in enumerate(mesh.devices.flat)}
-    results: dict[str, np.ndarray] = {}
+    results = RankResults(mesh)
+    save = results.save
 
     def inputs(n: int, seed: int, scale: float = 1.0) -> np.ndarray:
-        rows = [
-            np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)
-        ]
-        return np.stack(rows).astype(np.float32)
+        return make_inputs(world, n, seed, scale)
 
     def put(rows: np.ndarray, m: jax.sharding.Mesh, spec: P) -> jax.Array:
         return jax.make_array_from_callback(
             rows.shape, NamedSharding(m, spec), lambda idx: rows[idx]
         )
-
-    def save(case: str, name: str, value: jax.Array) -> None:
-        for s in value.addressable_shards:
-            results[f"{case}/{rank_of[s.device.id]}/{name}"] = np.asarray(s.data)[0]
 
     step = jnp.int32(STEP)
 
@@ -116,7 +103,7 @@ def main() -> None:
     mesh2 = jax.sharding.Mesh(devices, ("node", "local"))
     both = ("node", "local")
     spec2 = P(both)
-    assert [rank_of[d.id] for d in devices.flat] == list(range(world))
+    assert [results.rank_of[d.id] for d in devices.flat] == list(range(world))
     for scheme in ("multi_leader", "leader"):
         for name in HIER_CASES:
             algo = jaxcomm.BlockQuant(**FLAT_CASES[name])
@@ -209,8 +196,7 @@ def main() -> None:
     _, _, seen = step_fn(params, state, x)
     save("adamw", "params", seen["w"])
 
-    np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
-    print("WORKER DONE", flush=True)
+    results.write(args)
 
 
 if __name__ == "__main__":

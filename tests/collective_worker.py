@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from collectives_harness import parse_worker_args
+from collectives_harness import RankResults, make_inputs, start_worker
 
 UNSTAGED_SIZE = (16 << 20) // 4 + 1  # float32 elements just past the shared staging area
 HALF_UNSTAGED_SIZE = (16 << 20) // 2 + 1  # 16-bit elements just past it
@@ -23,15 +23,9 @@ HALF_DTYPES = ("bfloat16", "float16")
 
 
 def main() -> None:
-    args = parse_worker_args(
-        ["cases", "die", "mismatch", "steps", "quantized", "half", "hier_spanning"]
-    )
+    args = start_worker(["cases", "die", "mismatch", "steps", "quantized", "half", "hier_spanning"])
 
     import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    if args.processes > 1:
-        jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import NamedSharding
@@ -41,8 +35,8 @@ def main() -> None:
 
     world = jax.device_count()
     mesh = jax.make_mesh((world,), ("dp",))
-    rank_of = {d.id: i for i, d in enumerate(mesh.devices.flat)}
-    results: dict[str, np.ndarray] = {}
+    results = RankResults(mesh)
+    save = results.save
 
     def shard(global_rows: np.ndarray) -> jax.Array:
         """Rows of a [world, ...] array become each device's (1, ...) shard."""
@@ -50,10 +44,6 @@ def main() -> None:
         return jax.make_array_from_callback(
             global_rows.shape, sharding, lambda idx: global_rows[idx]
         )
-
-    def save(case: str, name: str, value: jax.Array) -> None:
-        for s in value.addressable_shards:
-            results[f"{case}/{rank_of[s.device.id]}/{name}"] = np.asarray(s.data)[0]
 
     def smap(fn, n_in: int, n_out: int):
         spec = P("dp")
@@ -67,10 +57,7 @@ def main() -> None:
         )
 
     def inputs(n: int, seed: int, scale: float = 1.0) -> np.ndarray:
-        rows = [
-            np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)
-        ]
-        return np.stack(rows).astype(np.float32)
+        return make_inputs(world, n, seed, scale)
 
     if args.mode == "die":
         # Rank-process 1 dies right before the collective; the others must fail, not hang.
@@ -103,8 +90,7 @@ def main() -> None:
     other_modes = {"quantized": quantized_cases, "half": half_cases, "hier_spanning": hier_spanning}
     if args.mode in other_modes:
         other_modes[args.mode](args, mesh, shard, save, smap, inputs, results)
-        np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
-        print("WORKER DONE", flush=True)
+        results.write(args)
         return
 
     # 786437: several pipelined segments (of 2^17 floats) per ring chunk on up to 6 ranks.
@@ -176,8 +162,7 @@ def main() -> None:
     totals = jaxcomm.metrics()["totals"]
     results["metrics/calls"] = np.asarray(sum(t["calls"] for t in totals))
     results["metrics/bytes_sent"] = np.asarray(sum(t["bytes_sent"] for t in totals))
-    np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **results)
-    print("WORKER DONE", flush=True)
+    results.write(args)
 
 
 # Quantizers of the quantized-allreduce cases (tests/test_quantized_allreduce.py mirrors them):
@@ -238,8 +223,7 @@ def quantized_cases(args, mesh, shard, save, smap, inputs, results) -> None:
             assert all(d.process_index == row for d in node_devices), devices
     mesh2 = jax.sharding.Mesh(devices, ("node", "local"))
     spec = P(("node", "local"))
-    rank_of = {d.id: i for i, d in enumerate(mesh.devices.flat)}
-    assert [rank_of[d.id] for d in devices.flat] == list(range(devices.size))
+    assert [results.rank_of[d.id] for d in devices.flat] == list(range(devices.size))
 
     def shard2(rows):
         return jax.make_array_from_callback(

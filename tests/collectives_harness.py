@@ -31,6 +31,45 @@ def parse_worker_args(modes: list[str]) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def start_worker(modes: list[str]) -> argparse.Namespace:
+    """A worker's start: its command line (:func:`parse_worker_args`), then JAX as run_world
+    asked, before anything else uses it: ``args.devices`` CPU devices and, with several
+    processes, the distributed runtime joined at the coordinator."""
+    args = parse_worker_args(modes)
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices)
+    if args.processes > 1:
+        jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
+    return args
+
+
+def make_inputs(world: int, n: int, seed: int, scale: float = 1.0) -> np.ndarray:
+    """The global inputs of a case, float32 [world, n]: row r is rank r's, the same in every
+    process (seeded by ``seed`` and r)."""
+    rows = [np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)]
+    return np.stack(rows).astype(np.float32)
+
+
+class RankResults(dict):
+    """A worker's results, keyed "<case>/<world rank>/<output>" (:meth:`WorldRun.rank_values`)."""
+
+    def __init__(self, mesh) -> None:
+        super().__init__()
+        # World rank of each device: its place in the ("dp",) mesh.
+        self.rank_of = {d.id: i for i, d in enumerate(mesh.devices.flat)}
+
+    def save(self, case: str, name: str, value) -> None:
+        """Keeps each of this process's shards of `value` (one row per device) under its rank."""
+        for s in value.addressable_shards:
+            self[f"{case}/{self.rank_of[s.device.id]}/{name}"] = np.asarray(s.data)[0]
+
+    def write(self, args: argparse.Namespace) -> None:
+        """Writes ``<out>/process<i>.npz`` (run_world merges them) and says the worker is done."""
+        np.savez(os.path.join(args.out, f"process{args.process_id}.npz"), **self)
+        print("WORKER DONE", flush=True)
+
+
 @dataclasses.dataclass
 class WorldRun:
     returncodes: list[int]

@@ -58,11 +58,3 @@ def world_run(tmp_path_factory):
         return run
 
     return get
-
-
-def make_inputs(world: int, n: int, seed: int, scale: float = 1.0):
-    """The worker's inputs: one float32 row per world rank."""
-    import numpy as np
-
-    rows = [np.random.default_rng(seed * 1000 + r).standard_normal(n) * scale for r in range(world)]
-    return np.stack(rows).astype(np.float32)

@@ -18,7 +18,7 @@ import json
 import pathlib
 import tempfile
 
-from collectives_harness import parse_worker_args
+from collectives_harness import start_worker
 
 SHAPES = {"w": (5, 3), "b": (3,), "s": ()}  # a scalar leaf too
 
@@ -42,13 +42,7 @@ def initial_params() -> dict:
 
 
 def main() -> None:
-    args = parse_worker_args(["cases", "core", "misuse"])
-
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    if args.processes > 1:
-        jax.distributed.initialize(args.coordinator, args.processes, args.process_id)
+    args = start_worker(["cases", "core", "misuse"])
     out = pathlib.Path(args.out)
     if args.mode == "misuse":
         misuse(args, out)

@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 from collective_worker import UNSTAGED_SIZE
-from conftest import UCX_ONLY, WORLD_CONFIGS, make_inputs
+from collectives_harness import make_inputs
+from conftest import UCX_ONLY, WORLD_CONFIGS
 
 
 def check_against_psum(run, world: int, sizes) -> None:

@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference
-from bf16_worker import ALGORITHMS, COMPRESSED_SIZES, DENSE_SIZES, DTYPES, inputs
+from bf16_worker import ALGORITHMS, COMPRESSED_SIZES, DENSE_SIZES, DTYPES
 from collective_worker import half_sizes
-from collectives_harness import worker_results
-from conftest import UCX_ONLY, make_inputs
+from collectives_harness import make_inputs, worker_results
+from conftest import UCX_ONLY
 
 import jaxcomm
 from jaxcomm import cost
@@ -42,7 +42,7 @@ def test_dense_is_float32_sum_rounded_once(run, devices, dtype, n):
     case = f"dense/{dtype}/{n}"
     summed = arrays[f"{case}/summed"]
     assert arrays[f"{case}/dtype_ok"]
-    xs = rounded(inputs(devices, n, n), dtype)  # what each rank passed, widened
+    xs = rounded(make_inputs(devices, n, n), dtype)  # what each rank passed, widened
     expected = rounded(xs.sum(axis=0, dtype=np.float32), dtype)
     for rank in range(devices):
         np.testing.assert_array_equal(summed[rank], expected)
@@ -110,8 +110,8 @@ def test_compressed_matches_reference_and_conserves(run, devices, dtype, name, n
     case = f"compressed/{name}/{dtype}/{n}"
     assert arrays[f"{case}/dtype_ok"]
     summed, residuals = arrays[f"{case}/summed"], arrays[f"{case}/residual"]
-    xs = rounded(inputs(devices, n, 3 * n + 1), dtype)
-    rs = inputs(devices, n, 3 * n + 2, scale=0.1)
+    xs = rounded(make_inputs(devices, n, 3 * n + 1), dtype)
+    rs = make_inputs(devices, n, 3 * n + 2, scale=0.1)
     cls, params = ALGORITHMS[name]
     algorithm = getattr(jaxcomm, cls)(**params)
     if name in ("topk_allgather", "gtopk"):

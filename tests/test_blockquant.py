@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import reference
 from blockquant_worker import FLAT_CASES, FLAT_SIZES, HIER_CASES, HIER_SIZES, STEP
-from conftest import make_inputs
+from collectives_harness import make_inputs
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import reference
-from conftest import WORLD_CONFIGS, make_inputs
+from collectives_harness import make_inputs
+from conftest import WORLD_CONFIGS
 
 import jaxcomm
 

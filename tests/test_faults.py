@@ -28,6 +28,13 @@ EMULATED = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
     reason="the emulated backend needs root and iproute2",
 )
+# The emulated cluster of the fault runs: two nodes on 1 Gbit/s links.
+EMULATED_1GBIT = {"kind": "emulated", "bandwidth": "1gbit"}
+
+
+def _emulated_run(test):
+    """Marks a launch on the emulated cluster: slow, up to 15 minutes, root and iproute2."""
+    return pytest.mark.slow(pytest.mark.timeout(900)(EMULATED(test)))
 
 
 def _has_netem() -> bool:
@@ -343,19 +350,24 @@ def _left_behind(run_dir: pathlib.Path) -> list[str]:
     return [line for line in (names + links).splitlines() if run_id in line]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@EMULATED
-def test_emulated_three_second_link_drop_is_ridden_out(tmp_path):
+def _emulated_recipe(tmp_path: pathlib.Path, **fields) -> pathlib.Path:
+    """``<tmp_path>/r.yaml``: the smoke job on the emulated cluster, with `fields`."""
+    return write_recipe(tmp_path / "r.yaml", backend=EMULATED_1GBIT, **fields)
+
+
+def _ride_out(tmp_path: pathlib.Path, fault: dict) -> pathlib.Path:
+    """Trains digits (dense) on the emulated cluster through `fault`, which the run must ride
+    out (exit 0); returns the run directory."""
     pytest.importorskip("sklearn")
-    recipe = _digits_recipe(
-        tmp_path / "r.yaml",
-        "dense",
-        backend={"kind": "emulated", "bandwidth": "1gbit"},
-        faults=[{"kind": "link_down", "node": 1, "at_step": 50, "seconds": 3}],
-    )
+    recipe = _digits_recipe(tmp_path / "r.yaml", "dense", backend=EMULATED_1GBIT, faults=[fault])
     out = tmp_path / "run"
     _launch(recipe, out)
+    return out
+
+
+@_emulated_run
+def test_emulated_three_second_link_drop_is_ridden_out(tmp_path):
+    out = _ride_out(tmp_path, {"kind": "link_down", "node": 1, "at_step": 50, "seconds": 3})
     events = _timeline(out)
     names = [e["event"] for e in events]
     assert names.count("attempt_start") == 1 and "attempt_failed" not in names
@@ -365,13 +377,10 @@ def test_emulated_three_second_link_drop_is_ridden_out(tmp_path):
     assert not _left_behind(out)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@EMULATED
+@_emulated_run
 def test_emulated_partition_fails_every_rank_with_one_short_error(tmp_path):
-    recipe = write_recipe(
-        tmp_path / "r.yaml",
-        backend={"kind": "emulated", "bandwidth": "1gbit"},
+    recipe = _emulated_recipe(
+        tmp_path,
         train={"steps": 1000000},
         env={"JAXCOMM_TIMEOUT_S": "5"},
         faults=[{"kind": "partition", "groups": [[0], [1]], "at_step": 20, "seconds": 600}],
@@ -392,19 +401,10 @@ def test_emulated_partition_fails_every_rank_with_one_short_error(tmp_path):
     assert not worker_pids(str(out))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@EMULATED
+@_emulated_run
 @pytest.mark.skipif(not _has_netem(), reason="this kernel has no netem qdisc (sch_netem)")
 def test_emulated_one_percent_loss_is_ridden_out(tmp_path):
-    pytest.importorskip("sklearn")
-    recipe = _digits_recipe(
-        tmp_path / "r.yaml",
-        "dense",
-        backend={"kind": "emulated", "bandwidth": "1gbit"},
-        faults=[{"kind": "loss", "node": 1, "at_step": 50, "seconds": 5, "percent": 1}],
-    )
-    _launch(recipe, tmp_path / "run")
+    _ride_out(tmp_path, {"kind": "loss", "node": 1, "at_step": 50, "seconds": 5, "percent": 1})
 
 
 @EMULATED
@@ -456,13 +456,10 @@ def test_a_failed_rank_is_restarted(tmp_path, backend):
     assert not worker_pids(str(out))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-@EMULATED
+@_emulated_run
 def test_emulated_bandwidth_and_straggler_are_applied_and_reverted(tmp_path):
-    recipe = write_recipe(
-        tmp_path / "r.yaml",
-        backend={"kind": "emulated", "bandwidth": "1gbit"},
+    recipe = _emulated_recipe(
+        tmp_path,
         train={"steps": 400},
         args={"sleep_s": 0.01},
         faults=[

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import reference
 from collective_worker import HIER_SPANNING_SIZES, QUANTIZED_CASES, QUANTIZED_SIZES
-from conftest import UCX_ONLY, make_inputs
+from collectives_harness import make_inputs
+from conftest import UCX_ONLY
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import reference
 from collective_worker import ADAPTIVE_BYTES_N, QUANTIZED_CASES, QUANTIZED_SIZES
-from conftest import make_inputs
+from collectives_harness import make_inputs
 from jax.sharding import PartitionSpec as P
 
 import jaxcomm

@@ -24,36 +24,28 @@ ffi::Error Launched(const char* op, cudaError_t error) {
                               ": CUDA launch failed: " + cudaGetErrorString(error));
 }
 
-ffi::Error CompressCuda(cudaStream_t stream, ffi::Buffer<ffi::F32> x,
-                        ffi::Buffer<ffi::F32> residual, int64_t bits, int64_t block,
-                        bool stochastic, int64_t seed, int64_t step,
-                        ffi::ResultBuffer<ffi::U32> packed,
-                        ffi::ResultBuffer<ffi::F32> new_residual) {
-  const int64_t n = NumElements(x);
-  kernels::BlockQuantParams p;
-  JAXCOMM_RETURN_IF_ERROR(
-      ReadParams(kCompressOp, n, bits, block, stochastic, seed, step, NumElements(*packed), &p));
-  if (NumElements(residual) != n || NumElements(*new_residual) != n) {
-    return ffi_common::InvalidArgument(kCompressOp, "residual must have x's shape");
-  }
-  // The step is an attribute here (a host value): no device pointer.
-  return Launched(kCompressOp, gpu::BlockQuantCompress(x.typed_data(), residual.typed_data(), n,
-                                                       block, bits, stochastic, p.seed, p.step,
-                                                       /*device_step=*/nullptr, /*stream_id=*/0,
-                                                       /*first_index=*/0, packed->typed_data(),
-                                                       new_residual->typed_data(), stream));
+// Compress's kernel launch on XLA's stream. The step is an attribute here (a host value): no
+// device pointer.
+ffi::Error CompressOnStream(cudaStream_t stream, const float* x, const float* residual, int64_t n,
+                            const kernels::BlockQuantParams& p, uint32_t* packed,
+                            float* new_residual) {
+  return Launched(kCompressOp, gpu::BlockQuantCompress(
+                                   x, residual, n, p.block, p.bits, p.stochastic, p.seed, p.step,
+                                   /*device_step=*/nullptr, /*stream_id=*/0,
+                                   /*first_index=*/0, packed, new_residual, stream));
 }
 
-JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_blockquant_compress", CompressCuda,
+JAXCOMM_DEFINE_CUDA_HANDLER("jaxcomm_blockquant_compress",
+                            (Compress<&CompressOnStream, cudaStream_t>),
                             BindCompress(ffi::Ffi::Bind().Ctx<Stream>()));
 
 ffi::Error DecompressCuda(cudaStream_t stream, ffi::ScratchAllocator scratch,
                           ffi::Buffer<ffi::U32> packed, int64_t bits, int64_t block,
                           ffi::ResultBuffer<ffi::F32> x_hat) {
+  kernels::BlockQuantParams p;
+  JAXCOMM_RETURN_IF_ERROR(CheckDecompress(packed, bits, block, x_hat, &p));
   const int64_t n = NumElements(*x_hat);
   const int64_t words = NumElements(packed);
-  kernels::BlockQuantParams p;
-  JAXCOMM_RETURN_IF_ERROR(ReadParams(kDecompressOp, n, bits, block, false, 0, 0, words, &p));
   void* work = nullptr;
   JAXCOMM_RETURN_IF_ERROR(ffi_common::AllocateScratch(
       scratch, kDecompressOp, gpu::BlockQuantDecompressScratchBytes(), &work));

@@ -363,7 +363,7 @@ ffi::Error BlockQuantAllreduceCuda(cudaStream_t stream, ffi::ScratchAllocator& s
 }
 
 JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_blockquant_allreduce", BlockQuantAllreduceCuda,
-                              quantized::BindSteppedQuantizedData);
+                              quantized::BindQuantizedData</*stepped=*/true>);
 
 // ---- hierarchical ------------------------------------------------------------------------
 
@@ -641,7 +641,7 @@ ffi::Error HierarchicalBlockQuantCuda(cudaStream_t stream, ffi::ScratchAllocator
 }
 
 JAXCOMM_DEFINE_GPU_COLLECTIVE("jaxcomm_hierarchical_blockquant", HierarchicalBlockQuantCuda,
-                              quantized::BindSteppedHierarchicalData);
+                              quantized::BindHierarchicalQuantizedData</*stepped=*/true>);
 
 }  // namespace
 }  // namespace jaxcomm::collectives::gpu

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Adaptive
+from jaxcomm.ops import _kernels
 
 
 def _layout_attrs(compressor: Adaptive) -> dict[str, np.generic]:
@@ -59,15 +59,13 @@ def compress(
       >>> int(packed[0]), r.tolist()
       (8, [0.0, -1.0, -1.0, 0.0, -1.5, 1.0, 1.0, 1.5])
     """
-    _validate.compressor_of(compressor, Adaptive)
-    x, residual, words = _validate.compress_inputs(x, residual, compressor)
-    return _ffi.compress_call(
+    return _kernels.compress(
         "jaxcomm_adaptive_compress",
+        Adaptive,
         x,
         residual,
-        words,
-        sample_size=np.int64(compressor.sample_size),
-        **_layout_attrs(compressor),
+        compressor,
+        lambda c: {"sample_size": np.int64(c.sample_size), **_layout_attrs(c)},
     )
 
 
@@ -96,8 +94,12 @@ def decompress(packed: jax.Array, compressor: Adaptive, shape: int | Sequence[in
       >>> jaxcomm.ops.adaptive.decompress(packed, c, 8).tolist()
       [3.0, 0.0, 3.0, 0.0, -3.5, 3.0, 0.0, -3.5]
     """
-    _validate.compressor_of(compressor, Adaptive)
-    packed, shape = _validate.packed_input(packed, compressor, shape)
-    return _ffi.decompress_call(
-        "jaxcomm_adaptive_decompress", packed, shape, **_layout_attrs(compressor)
+    return _kernels.decompress(
+        "jaxcomm_adaptive_decompress",
+        Adaptive,
+        packed,
+        compressor,
+        shape,
+        _layout_attrs,
+        checked=True,
     )

@@ -3,7 +3,8 @@ behind XLA FFI, kernels/blockquant.cc).
 
 Each block of ``block`` elements of ``acc = x + residual`` becomes ``bits``-bit integers and
 one float32 scale (its largest magnitude over 127 or 7). See :mod:`jaxcomm.compressors` for
-the packed layout.
+the packed layout. :func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch
+here for ``BlockQuant``.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import BlockQuant
+from jaxcomm.ops import _kernels
+
+
+def _attrs(compressor: BlockQuant) -> dict[str, np.int64]:
+    return {"bits": np.int64(compressor.bits), "block": np.int64(compressor.block)}
 
 
 def compress(
@@ -22,8 +27,8 @@ def compress(
 ) -> tuple[jax.Array, jax.Array]:
     """Quantizes ``x + residual`` to ``bits``-bit codes plus one float32 scale per block.
 
-    Usually reached through :func:`jaxcomm.ops.compress`. The residual is always updated here
-    (``error_feedback=False`` only changes what ``jaxcomm.compressed_allreduce`` returns).
+    The residual is always updated here (``error_feedback=False`` only changes what
+    ``jaxcomm.compressed_allreduce`` returns).
 
     Args:
       x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any
@@ -45,30 +50,27 @@ def compress(
       >>> packed.tolist()[0], hex(packed.tolist()[2])  # words; codes 127, -64, 32, 0
       (3, '0x20c07f')
     """
-    _validate.compressor_of(compressor, BlockQuant)
-    x, residual, words = _validate.compress_inputs(x, residual, compressor)
-    return _ffi.compress_call(
-        "jaxcomm_blockquant_compress",
-        x,
-        residual,
-        words,
-        bits=np.int64(compressor.bits),
-        block=np.int64(compressor.block),
-        stochastic=np.bool_(compressor.rounding == "stochastic"),
-        seed=np.int64(compressor.seed),
-        step=np.int64(int(step) % 2**32),
+
+    def attributes(c: BlockQuant) -> dict[str, np.generic]:
+        return {
+            **_attrs(c),
+            "stochastic": np.bool_(c.rounding == "stochastic"),
+            "seed": np.int64(c.seed),
+            "step": np.int64(int(step) % 2**32),
+        }
+
+    return _kernels.compress(
+        "jaxcomm_blockquant_compress", BlockQuant, x, residual, compressor, attributes
     )
 
 
 def decompress(packed: jax.Array, compressor: BlockQuant, shape: Sequence[int]) -> jax.Array:
     """Decodes a BlockQuant packed buffer: each element becomes ``code * scale``.
 
-    Usually reached through :func:`jaxcomm.ops.decompress`.
-
     Args:
-      packed: uint32 vector of ``compressor.packed_words(prod(shape))`` words from
-        :func:`compress`.
-      compressor: the :class:`jaxcomm.BlockQuant` spec that produced it.
+      packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:
+        ``used``, one float32 scale per block, then the ``bits``-bit codes.
+      compressor: the :class:`jaxcomm.BlockQuant` spec that produced it (``bits``, ``block``).
       shape: shape of the original ``x``.
 
     Returns:
@@ -82,11 +84,6 @@ def decompress(packed: jax.Array, compressor: BlockQuant, shape: Sequence[int]) 
       >>> blockquant.decompress(packed, c, (2,)).tolist()
       [7.0, -3.0]
     """
-    _validate.compressor_of(compressor, BlockQuant)
-    return _ffi.decompress_call(
-        "jaxcomm_blockquant_decompress",
-        packed,
-        shape,
-        bits=np.int64(compressor.bits),
-        block=np.int64(compressor.block),
+    return _kernels.decompress(
+        "jaxcomm_blockquant_decompress", BlockQuant, packed, compressor, shape, _attrs
     )

@@ -3,6 +3,7 @@
 Seide et al.'s scheme as described by Dryden et al. (2016, §3.1): every element of
 ``acc = x + residual`` becomes one bit (``acc >= 0``), decoded to the mean of its column's
 non-negative or negative values. See :mod:`jaxcomm.compressors` for the packed layout.
+:func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch here for ``OneBit``.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import OneBit
+from jaxcomm.ops import _kernels
 
 
 def _attrs(compressor: OneBit) -> dict[str, np.int64]:
@@ -26,9 +27,8 @@ def _attrs(compressor: OneBit) -> dict[str, np.int64]:
 def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax.Array, jax.Array]:
     """Quantizes ``x + residual`` to one bit per element plus two means per column.
 
-    Usually reached through :func:`jaxcomm.ops.compress`. Column means are exact
-    (``sample_size=0``) or estimated from ``sample_size`` deterministic samples per column; a
-    sign with no values in the column (or its sample) has mean 0.0.
+    Column means are exact (``sample_size=0``) or estimated from ``sample_size`` deterministic
+    samples per column; a sign with no values in the column (or its sample) has mean 0.0.
 
     Args:
       x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape, 1 to 2**31 - 1 elements.
@@ -36,9 +36,11 @@ def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax
       compressor: the :class:`jaxcomm.OneBit` spec.
 
     Returns:
-      ``(packed, new_residual)``: ``packed`` is uint32 of ``compressor.packed_words(x.size)``
-      words; ``new_residual = (x + residual) - decompress(packed)``, of ``x``'s shape. The
-      call fails at run time, naming the flat index, if ``x + residual`` is not finite.
+      ``(packed, new_residual)``: ``packed``, the ``compressor.packed_words(x.size)`` uint32
+      words of the column means and sign bits; ``new_residual``, of ``x``'s shape, is each
+      element's distance to its column's mean of its sign, ``(x + residual) -
+      decompress(packed)``. A non-finite ``x + residual`` fails at run time, naming its flat
+      index.
 
     Example:
       >>> import jax.numpy as jnp, jaxcomm
@@ -50,20 +52,16 @@ def compress(x: jax.Array, residual: jax.Array, compressor: OneBit) -> tuple[jax
       >>> r.tolist()
       [-1.0, 1.0, 1.0, -1.0]
     """
-    _validate.compressor_of(compressor, OneBit)
-    x, residual, words = _validate.compress_inputs(x, residual, compressor)
-    return _ffi.compress_call("jaxcomm_onebit_compress", x, residual, words, **_attrs(compressor))
+    return _kernels.compress("jaxcomm_onebit_compress", OneBit, x, residual, compressor, _attrs)
 
 
 def decompress(packed: jax.Array, compressor: OneBit, shape: Sequence[int]) -> jax.Array:
     """Decodes a OneBit packed buffer: each element becomes its column's mean of its sign.
 
-    Usually reached through :func:`jaxcomm.ops.decompress`.
-
     Args:
-      packed: uint32 vector of ``compressor.packed_words(prod(shape))`` words from
-        :func:`compress`.
-      compressor: the :class:`jaxcomm.OneBit` spec that produced it.
+      packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:
+        ``used``, each column's two means, then one sign bit per element.
+      compressor: the :class:`jaxcomm.OneBit` spec that produced it (its ``column_size``).
       shape: shape of the original ``x``.
 
     Returns:
@@ -79,5 +77,6 @@ def decompress(packed: jax.Array, compressor: OneBit, shape: Sequence[int]) -> j
       >>> onebit.decompress(packed, c, (4,)).tolist()
       [2.0, -3.0, 2.0, -3.0]
     """
-    _validate.compressor_of(compressor, OneBit)
-    return _ffi.decompress_call("jaxcomm_onebit_decompress", packed, shape, **_attrs(compressor))
+    return _kernels.decompress(
+        "jaxcomm_onebit_decompress", OneBit, packed, compressor, shape, _attrs
+    )

@@ -3,6 +3,8 @@
 As described by Dryden et al. (2016, §3.2): entries of ``acc = x + residual`` above ``tau``
 are sent as ``+tau``, below ``-tau`` as ``-tau``, each as one 32-bit word (sign bit + 31-bit
 index); the rest stay in the residual. See :mod:`jaxcomm.compressors` for the packed layout.
+:func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch here for
+``Threshold``.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm import _ffi, _validate
 from jaxcomm.compressors import Threshold
+from jaxcomm.ops import _kernels
+
+
+def _attrs(compressor: Threshold) -> dict[str, np.float32]:
+    return {"tau": np.float32(compressor.tau)}
 
 
 def compress(
@@ -21,9 +27,8 @@ def compress(
 ) -> tuple[jax.Array, jax.Array]:
     """Sends the entries of ``x + residual`` beyond ``±tau`` as ``±tau``.
 
-    Usually reached through :func:`jaxcomm.ops.compress`. At most
-    ``compressor.capacity(x.size)`` entries are sent; when more pass, the lowest indices win
-    and the others stay whole in the residual.
+    At most ``compressor.capacity(x.size)`` entries are sent; when more pass, the lowest
+    indices win and the others stay whole in the residual.
 
     Args:
       x: float32, bfloat16 or float16 array (encoded from its exact float32 value) of any shape, 1 to 2**31 - 1 elements.
@@ -31,9 +36,10 @@ def compress(
       compressor: the :class:`jaxcomm.Threshold` spec (``tau`` is used as float32).
 
     Returns:
-      ``(packed, new_residual)``: ``packed`` is uint32 of ``compressor.packed_words(x.size)``
-      words; ``new_residual = (x + residual) - decompress(packed)``, of ``x``'s shape. The
-      call fails at run time, naming the flat index, if ``x + residual`` is not finite.
+      ``(packed, new_residual)``: ``packed``, the ``compressor.packed_words(x.size)`` uint32
+      words of the sent entries; ``new_residual``, of ``x``'s shape, is ``x + residual`` less
+      ``±tau`` where an entry was sent, ``(x + residual) - decompress(packed)``. A non-finite
+      ``x + residual`` fails at run time, naming its flat index.
 
     Example:
       >>> import jax.numpy as jnp, jaxcomm
@@ -45,23 +51,19 @@ def compress(
       >>> r.tolist()
       [0.5, 1.0, -2.0, 1.0]
     """
-    _validate.compressor_of(compressor, Threshold)
-    x, residual, words = _validate.compress_inputs(x, residual, compressor)
-    return _ffi.compress_call(
-        "jaxcomm_threshold_compress", x, residual, words, tau=np.float32(compressor.tau)
+    return _kernels.compress(
+        "jaxcomm_threshold_compress", Threshold, x, residual, compressor, _attrs
     )
 
 
 def decompress(packed: jax.Array, compressor: Threshold, shape: Sequence[int]) -> jax.Array:
     """Decodes a Threshold packed buffer: ``±tau`` at the sent indices, 0 elsewhere.
 
-    Usually reached through :func:`jaxcomm.ops.decompress`.
-
     Args:
-      packed: uint32 vector of ``compressor.packed_words(prod(shape))`` words from
-        :func:`compress`.
-      compressor: the :class:`jaxcomm.Threshold` spec that produced it.
-      shape: shape of the original ``x``.
+      packed: the ``compressor.packed_words(prod(shape))`` uint32 words of :func:`compress`:
+        ``used``, then one ``sign << 31 | index`` entry per sent element, zeros after.
+      compressor: the :class:`jaxcomm.Threshold` spec that produced it (its ``tau``).
+      shape: shape of the original ``x`` (every index is below its size).
 
     Returns:
       float32 array of ``shape``. A header out of range, or an entry whose index is out of
@@ -76,7 +78,6 @@ def decompress(packed: jax.Array, compressor: Threshold, shape: Sequence[int]) -
       >>> threshold.decompress(packed, c, (4,)).tolist()
       [0.0, 1.0, -1.0, 0.0]
     """
-    _validate.compressor_of(compressor, Threshold)
-    return _ffi.decompress_call(
-        "jaxcomm_threshold_decompress", packed, shape, tau=np.float32(compressor.tau)
+    return _kernels.decompress(
+        "jaxcomm_threshold_decompress", Threshold, packed, compressor, shape, _attrs
     )
