@@ -421,20 +421,34 @@ def predict_step(
             comm += share * phase_s
     if auto:
         algorithm = seconds(schedule[starts[-1]])[1]  # the pick after the warm-up
-    # Every step also averages its loss and metric, which the one-rank compute step does not
-    # pay (Reduction.metric_collectives).
+    return _step_prediction(compute_s, comm, Reduction(algorithm), world, profile, buckets)
+
+
+def _step_prediction(
+    compute_s: float,
+    comm: float,
+    reduction: Any,
+    world: Any,
+    profile: Any,
+    buckets: list[int] | None,
+) -> dict[str, Any]:
+    """A predicted step: the compute step, the gradient's reduction (``comm``) and the average
+    of loss and metric (``reduction.metric_collectives()``), which every step also pays and the
+    one-rank compute step does not."""
+    from jaxcomm import cost
+
     scalars = 0.0
-    if nodes > 1:
+    if world.ranks > 1:
         scalars = sum(
             cost.predict(name, n, world, profile).seconds
-            for name, n in Reduction(algorithm).metric_collectives()
+            for name, n in reduction.metric_collectives()
         )
     return {
         "compute_s": compute_s,
         "comm_s": comm,
         "scalar_pmeans_s": scalars,
         "step_s": compute_s + comm + scalars,
-        "algorithm": algorithm,
+        "algorithm": reduction.algorithm,
         "buckets": buckets,
     }
 
@@ -470,20 +484,7 @@ def _predict_leafwise(
     timed = range(1, steps) if steps and steps > 1 else [options.start_step]
     share = sum(1 for i in timed if i < options.start_step) / len(timed)
     comm = share * warm + (1 - share) * compressed
-    scalars = 0.0
-    if nodes > 1:
-        scalars = sum(
-            cost.predict(name, n, world, profile).seconds
-            for name, n in reduction.metric_collectives()
-        )
-    return {
-        "compute_s": compute_s,
-        "comm_s": comm,
-        "scalar_pmeans_s": scalars,
-        "step_s": compute_s + comm + scalars,
-        "algorithm": algorithm,
-        "buckets": None,  # no optax buckets: it sends by leaf shape
-    }
+    return _step_prediction(compute_s, comm, reduction, world, profile, None)  # by leaf shape
 
 
 def _factors(measured: dict[str, float] | None) -> dict[str, float] | None:

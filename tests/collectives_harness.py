@@ -108,6 +108,31 @@ def run_script(
     )
 
 
+def run_device_worker(modes: dict) -> None:
+    """The ``main()`` of a one-process worker of N CPU devices (:func:`worker_results` runs it):
+    ``--devices`` CPU devices set before JAX initializes, then ``modes[--mode](args)``'s
+    ``(arrays, info)`` written where :func:`load_output` reads them.
+
+    Args:
+      modes: mode name -> function of the parsed arguments (``devices``, ``epochs``, ``out``)
+        returning ``(arrays, info)``.
+    """
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--devices", type=int, default=4)
+    parser.add_argument("--mode", choices=list(modes), required=True)
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices)
+    arrays, info = modes[args.mode](args)
+    np.savez(os.path.join(args.out, f"{args.mode}.npz"), **arrays)
+    with open(os.path.join(args.out, f"{args.mode}.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    print("WORKER DONE", flush=True)
+
+
 def load_output(out: pathlib.Path, name: str) -> tuple[dict, dict]:
     """A worker's results: the arrays of ``<out>/<name>.npz`` and the JSON of ``<name>.json``."""
     with np.load(out / f"{name}.npz") as data:

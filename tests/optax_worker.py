@@ -11,10 +11,10 @@ Modes:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
+
+from collectives_harness import run_device_worker
 
 
 def unit(devices: int, out: str) -> tuple[dict, dict]:
@@ -267,25 +267,12 @@ def convergence(devices: int, out: str, epochs: int) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--devices", type=int, default=4)
-    parser.add_argument("--mode", choices=["unit", "convergence"], required=True)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    import numpy as np
-
-    if args.mode == "unit":
-        arrays, info = unit(args.devices, args.out)
-    else:
-        arrays, info = convergence(args.devices, args.out, args.epochs)
-    np.savez(os.path.join(args.out, f"{args.mode}.npz"), **arrays)
-    with open(os.path.join(args.out, f"{args.mode}.json"), "w") as f:
-        json.dump(info, f, indent=2)
-    print("WORKER DONE", flush=True)
+    run_device_worker(
+        {
+            "unit": lambda a: unit(a.devices, a.out),
+            "convergence": lambda a: convergence(a.devices, a.out, a.epochs),
+        }
+    )
 
 
 if __name__ == "__main__":

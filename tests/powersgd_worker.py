@@ -12,10 +12,10 @@ Modes:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
+
+from collectives_harness import run_device_worker
 
 # Leaves of every kind: compressed 2-D and 4-D ones, a 1-D one and a 2-D one too small to gain
 # (both dense), in an order that interleaves them.
@@ -256,25 +256,12 @@ def train(devices: int, out: str, epochs: int) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--devices", type=int, default=4)
-    parser.add_argument("--mode", choices=["unit", "train"], required=True)
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    import numpy as np
-
-    if args.mode == "unit":
-        arrays, info = unit(args.devices, args.out)
-    else:
-        arrays, info = train(args.devices, args.out, args.epochs)
-    np.savez(os.path.join(args.out, f"{args.mode}.npz"), **arrays)
-    with open(os.path.join(args.out, f"{args.mode}.json"), "w") as f:
-        json.dump(info, f, indent=2)
-    print("WORKER DONE", flush=True)
+    run_device_worker(
+        {
+            "unit": lambda a: unit(a.devices, a.out),
+            "train": lambda a: train(a.devices, a.out, a.epochs),
+        }
+    )
 
 
 if __name__ == "__main__":
