@@ -377,9 +377,7 @@ def misuse(args, out: pathlib.Path) -> None:
     # be): its epoch changed inside a jitted shard_map, as every other step here runs. An eager
     # `.at[].add` would mix a 1-device operand with the handle's 2-device explicit-axis
     # sharding, which JAX refuses outside `jax.set_mesh`.
-    forge = smap(
-        lambda p: jaxcomm.Pending(p.handle.at[:, 0].add(1), p.results), P("dp"), P("dp")
-    )
+    forge = smap(lambda p: jaxcomm.Pending(p.handle.at[:, 0].add(1), p.results), P("dp"), P("dp"))
     pending = start(x)
     stale = forge(pending)
     attempt("another_process", lambda: wait(stale))
