@@ -367,8 +367,13 @@ def misuse(args, out: pathlib.Path) -> None:
     pending = start(x)
     attempt("started_again", lambda: start(x))
     attempt("after_refusal", lambda: wait(pending))
+    # A handle of another process (as one restored from a checkpoint saved in flight would
+    # be): its epoch changed inside a jitted shard_map, as every other step here runs. An eager
+    # `.at[].add` would mix a 1-device operand with the handle's 2-device explicit-axis
+    # sharding, which JAX refuses outside `jax.set_mesh`.
+    forge = smap(lambda p: jaxcomm.Pending(p.handle.at[:, 0].add(1), p.results), P("dp"), P("dp"))
     pending = start(x)
-    stale = jaxcomm.Pending(pending.handle.at[:, 0].add(1), pending.results)
+    stale = forge(pending)
     attempt("another_process", lambda: wait(stale))
     attempt("own_process", lambda: wait(pending))
     # The world still reduces (no rank hangs on the refused calls).

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -101,7 +102,10 @@ def test_error_feedback_conserves_the_pseudo_gradient(world, processes, devices)
                 for k in ("global", "local", "residual")
             }
             g = grads_for(i, ranks)
-            g_flat = np.concatenate([g[k].reshape(ranks, -1) for k in SHAPES], axis=1)
+            # Flattened as diloco flattens the parameters (jax.tree.leaves: a dict's leaves in
+            # sorted key order), the order of the worker's global, local and residual vectors;
+            # SHAPES' insertion order (w, b, s) would pair each Δ with another leaf's gradient.
+            g_flat = np.concatenate([x.reshape(ranks, -1) for x in jax.tree.leaves(g)], axis=1)
             delta = before["global"][None, :] - (before["local"] - g_flat)  # inner: local -= g
             summed = ranks * (before["global"] - after["global"])  # outer: sgd(1)
             np.testing.assert_allclose(
