@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -48,6 +49,10 @@ def launch_bundled(recipe: str, tmp_path: pathlib.Path, *settings: str) -> pathl
     return out
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_launch(
     recipe: pathlib.Path,
     out: pathlib.Path,
@@ -55,11 +60,17 @@ def start_launch(
     cwd: pathlib.Path,
     env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
-    """Starts ``jaxcomm launch <recipe> --out <out> <args>`` without waiting (pipes as text)."""
+    """Starts ``jaxcomm launch <recipe> --out <out> <args>`` without waiting (pipes as text).
+
+    The launcher starts with Ctrl-C's default disposition, as from a terminal, whatever the
+    suite inherited: a shell's background job starts with SIGINT ignored, and the Ctrl-C test
+    depends on the disposition being the default one.
+    """
     return subprocess.Popen(
         [*jaxcomm_cmd(), "launch", str(recipe), "--out", str(out), *args],
         cwd=cwd,
         env=env,
+        preexec_fn=_default_sigint,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
