@@ -377,17 +377,16 @@ def predict_step(
     width = 2 if half else 4
     if not auto and ALGORITHMS.get(algorithm).leafwise is not None:
         return _predict_leafwise(
-            workload, recipe, algorithm, world, profile, compute_s, width, nodes, steps
+            workload, recipe, algorithm, world, profile, compute_s, width, steps
         )
     buckets = Reduction(VARIANTS[label]["algorithm"]).gradient_buckets(leaf_sizes(workload, recipe))
-    elements = buckets
 
     def seconds(d: float) -> tuple[float, str]:
         """The step's reductions at density d, and the algorithm (auto's pick)."""
         options = cost.Options(density=d, element_bytes=width)
         if auto:
             pick = cost.plan(
-                elements,
+                buckets,
                 world,
                 profile,
                 options,
@@ -396,7 +395,7 @@ def predict_step(
                 compute_seconds=compute_s,
             )["pick"]
             return pick["seconds"], pick["algorithm"]
-        return sum(cost.predict(algorithm, n, world, profile, options).seconds for n in elements), (
+        return sum(cost.predict(algorithm, n, world, profile, options).seconds for n in buckets), (
             algorithm
         )
 
@@ -461,7 +460,6 @@ def _predict_leafwise(
     profile: Any,
     compute_s: float,
     width: int,
-    nodes: int,
     steps: int | None,
 ) -> dict[str, Any]:
     """predict_step of a leaf-shaped algorithm (PowerSGD): it sends by leaf shape, not by the
