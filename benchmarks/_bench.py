@@ -113,9 +113,12 @@ def jaxcomm_cli(*argv: str) -> list[str]:
 
     Example:
       >>> jaxcomm_cli("launch", "r.yaml")[1:]
-      ['-m', 'jaxcomm_launcher', 'launch', 'r.yaml']
+      ['-P', '-m', 'jaxcomm_launcher', 'launch', 'r.yaml']
     """
-    return [sys.executable, "-m", "jaxcomm_launcher", *argv]
+    # -P, as the launcher's ranks run: ``-m`` would put the working directory first on
+    # sys.path, and a benchmark run from a checkout would validate recipes against the
+    # checkout's jaxcomm registry instead of the installed package its ranks import.
+    return [sys.executable, "-P", "-m", "jaxcomm_launcher", *argv]
 
 
 def write_job_recipe(
