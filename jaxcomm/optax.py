@@ -214,6 +214,7 @@ def allreduce_gradients(
     bucket_size: int = DEFAULT_BUCKET_SIZE,
     first_bucket_size: int | None = None,
     overlap: bool = True,
+    dense_dtype: Any = None,
     compressor: Any = _UNSET,
 ) -> optax.GradientTransformation:
     """Averages (or sums) gradients over ``axis_name`` with jaxcomm's collectives.
@@ -251,6 +252,11 @@ def allreduce_gradients(
         collective runs while backward computes the earlier layers (CPU; on GPU the dense
         allreduce, on jaxcomm's own CUDA stream, while the compressed collectives are awaited
         where they are issued). ``False`` awaits each bucket at once.
+      dense_dtype: the wire dtype of the buckets sent dense, e.g. ``jnp.bfloat16`` for the
+        16-bit wire; ``None``: the gradients' common dtype. Compressed buckets take the float32
+        gradients as they are, so with ``"auto"`` only the buckets it sends dense are cast
+        (casting the whole tree to bf16 first costs a compressed bucket two casts per step).
+        Each leaf comes back in its own dtype. The hierarchical allreduce has no 16-bit wire.
       compressor: deprecated name of ``algorithm`` (a DeprecationWarning; passing both is a
         TypeError).
 
@@ -280,7 +286,17 @@ def allreduce_gradients(
                 f"density_schedule needs an algorithm with a density; {algorithm!r} has none "
                 "(PowerSGD's dense warm-up is PowerSGD(start_step=...))"
             )
-        return _leafwise_transformation(leafwise, algorithm, axis_name, mean, hierarchical)
+        inner = _leafwise_transformation(leafwise, algorithm, axis_name, mean, hierarchical)
+        if dense_dtype is None:
+            return inner
+
+        # PowerSGD's dense leaves travel in the tree's dtype: the tree is cast first (its
+        # factors are float32 either way); the state keeps its type.
+        def cast_update(updates: Any, state: Any, params: Any = None) -> tuple[Any, Any]:
+            updates = jax.tree.map(lambda g: g.astype(dense_dtype), updates)
+            return inner.update(updates, state, params)
+
+        return optax.GradientTransformation(inner.init, cast_update)
     if int(bucket_size) < 1:
         raise ValueError(f"bucket_size must be >= 1 element, got {bucket_size}")
     bucket_size = int(bucket_size)
@@ -298,6 +314,28 @@ def allreduce_gradients(
     else:
         starts, phases = np.zeros(1, np.int32), [algorithm]
 
+    # Dense buckets travel in dense_dtype, else the gradients' common dtype (an all-bf16 tree
+    # uses the 16-bit wire of jaxcomm.allreduce, and "auto" weighs that wire against the
+    # compressors); compressed ones in float32, the dtype of the residuals. The hierarchical
+    # allreduce under a compressor or auto has no 16-bit wire.
+    f32 = jnp.dtype(jnp.float32)
+    keeps_dtype = algorithm is None or (_is_auto(algorithm) and not hierarchical)
+    if dense_dtype is not None:
+        if jnp.dtype(dense_dtype) not in (f32, jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+            raise ValueError(
+                f"dense_dtype must be float32, bfloat16, float16 or None, got {dense_dtype}"
+            )
+        if hierarchical and algorithm is not None and jnp.dtype(dense_dtype) != f32:
+            raise ValueError(
+                f"dense_dtype={jnp.dtype(dense_dtype).name}: the hierarchical allreduce has no "
+                "16-bit wire here; pass dense_dtype=None or jnp.float32"
+            )
+
+    def dense_wire_of(leaves: list[Any]) -> Any:
+        if dense_dtype is not None:
+            return jnp.dtype(dense_dtype)
+        return jnp.dtype(jnp.result_type(*leaves)) if keeps_dtype and leaves else f32
+
     def init_fn(params: Any) -> AllreduceGradientsState:
         residuals = None
         if algorithm is not None:
@@ -307,7 +345,12 @@ def allreduce_gradients(
     def reduce_flat(
         algo: Any, xs: list[jax.Array], rs: list[jax.Array] | None, count: jax.Array
     ) -> tuple:
-        """One collective per bucket over flat float32 leaves; returns (sums, residuals)."""
+        """One collective per bucket over flat leaves; returns (sums, residuals)."""
+        dense_wire = dense_wire_of(xs)
+        # One dtype for every sum, whatever each bucket's wire: every phase of a density
+        # schedule (auto may send a bucket dense on the 16-bit wire in one phase and
+        # compressed in another) must return the same dtypes, as lax.switch requires.
+        sum_dtype = dense_wire if dense_dtype is None else f32
         sums: list[jax.Array] = list(xs)
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
         groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
@@ -325,26 +368,26 @@ def allreduce_gradients(
         step = _validate.step_operand(count, "jaxcomm.optax.allreduce_gradients")
         started = []
         for group in groups:
-            x = jnp.concatenate([xs[i] for i in group]) if len(group) > 1 else xs[group[0]]
-            r = None
-            if algo is not None:
-                r = jnp.concatenate([rs[i] for i in group]) if len(group) > 1 else rs[group[0]]
+            n = sum(xs[i].size for i in group)
             # "auto" picks per bucket from the cost model (static: the same on every rank);
             # a bucket it sends dense keeps its (zero) residual.
             chosen = cost.auto_algorithm(
-                algo, x.size, axis_name, hierarchical, x.size / total, x.dtype.itemsize
+                algo, n, axis_name, hierarchical, n / total, dense_wire.itemsize
             )
-            wire = x.dtype
+            # A dense bucket travels in the dense wire's dtype; compressors quantize float32,
+            # as their residuals. Each leaf is cast as it is concatenated (one pass), so a
+            # compressed bucket of float32 gradients is never cast at all.
+            dtype = dense_wire if chosen is None else jnp.dtype(jnp.float32)
+            parts = [xs[i].astype(dtype) for i in group]
+            x = jnp.concatenate(parts) if len(parts) > 1 else parts[0]
+            r = None
+            if algo is not None:
+                r = jnp.concatenate([rs[i] for i in group]) if len(group) > 1 else rs[group[0]]
             if chosen is None:
                 summed = allreduce(x, axis_name, after=defer, **extra)
                 results, kept = [summed], [x]
             else:
-                # Compressors quantize float32, as their residuals; the sum comes back in the
-                # bucket's dtype (below, after the done), so every phase of a density schedule
-                # (auto may send a bucket dense on the 16-bit wire in one phase and compressed
-                # in another) returns the same dtypes, as lax.switch requires. The update count
-                # is the step of a stochastic rounding (BlockQuant).
-                x = x.astype(jnp.float32)
+                # The update count is the step of a stochastic rounding (BlockQuant).
                 summed, r = compressed_allreduce(
                     x, r, axis_name, chosen, after=defer, step=step, **extra
                 )
@@ -352,20 +395,20 @@ def allreduce_gradients(
                 results, kept = [summed, r], [x, step]
             # A bucket sent dense keeps its (zero) residual r; a compressor returns a new one.
             ticket = _ordering.token_in() if split else None
-            started.append((group, wire, kept, results, r, ticket))
+            started.append((group, kept, results, r, ticket))
         if split:
             anchor = ([xs[i] for i in groups[-1]], _ordering.token_in())
             if len(defer.splits) != len(started):
                 raise AssertionError("allreduce_gradients: a bucket's collective was not issued")
-        for b, (group, wire, kept, results, r, ticket) in enumerate(started):
+        for b, (group, kept, results, r, ticket) in enumerate(started):
             if split and defer.splits[b]:
                 results = _call.emit_done(ticket, results, kept, anchor)
-            summed = results[0].astype(wire)  # a no-op but for a compressed 16-bit bucket
+            summed = results[0]
             r = results[1] if len(results) > 1 else r
             offset = 0
             for i in group:
                 n = xs[i].size
-                sums[i] = summed[offset : offset + n]
+                sums[i] = summed[offset : offset + n].astype(sum_dtype)
                 if algo is not None:
                     new_rs[i] = r[offset : offset + n]
                 offset += n
@@ -376,13 +419,7 @@ def allreduce_gradients(
     ) -> tuple[Any, AllreduceGradientsState]:
         del params
         leaves, treedef = jax.tree.flatten(updates)
-        # Dense buckets travel in the gradients' common dtype (an all-bf16 tree uses the 16-bit
-        # wire of jaxcomm.allreduce, and "auto" weighs that wire against the compressors);
-        # compressed ones in float32, the dtype of the residuals. The hierarchical allreduce
-        # has no 16-bit wire.
-        keeps_dtype = algorithm is None or (_is_auto(algorithm) and not hierarchical)
-        wire = jnp.result_type(*leaves) if keeps_dtype and leaves else jnp.float32
-        xs = [jnp.ravel(g).astype(wire) for g in leaves]
+        xs = [jnp.ravel(g) for g in leaves]
         rs = None
         if algorithm is not None:
             r_leaves = treedef.flatten_up_to(state.residuals)

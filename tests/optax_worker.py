@@ -148,6 +148,51 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
     )
     info["bf16_schedule/count"] = int(np.asarray(state.count))
 
+    # 1d. dense_dtype: float32 gradients, only the buckets auto sends dense go on the 16-bit
+    # wire. The dense phase gives the bits of the dense allreduce of bf16 gradients; the sparse
+    # phase gives gTop-k's bits on the float32 gradient itself (never cast to bf16 and back).
+    def f32_step(tx: optax.GradientTransformation, specs: object) -> object:
+        def local(p: dict, s: object, x: jax.Array) -> tuple:
+            return tx.update(jax.grad(loss)(p, x), s)
+
+        mapped = jax.shard_map(
+            local, mesh=mesh, in_specs=(P(), specs, P("dp")), out_specs=(P(), specs),
+            check_vma=False,
+        )  # fmt: skip
+        return jax.jit(mapped)
+
+    tx = allreduce_gradients(
+        "dp", auto, density_schedule={0: 0.9, 2: 0.0001}, bucket_size=1000,
+        dense_dtype=jnp.bfloat16,
+    )  # fmt: skip
+    specs, state = init(tx)
+    seen = len(jaxcomm.cost.auto_decisions())
+    f = f32_step(tx, specs)
+    info["wire/hlo_has_bf16_wire"] = "jaxcomm_allreduce_bf16" in (
+        f.lower(params, state, batch(0)).as_text()
+    )
+    mixed = []
+    for step in range(3):
+        updates, state = f(params, state, batch(step))
+        mixed.append(jax.tree.map(np.asarray, updates))
+    info["wire/dtypes"] = sorted({str(u.dtype) for m in mixed for u in m.values()})
+    tx = allreduce_gradients("dp", None, bucket_size=1000)
+    specs0, state0 = init(tx)
+    dense16 = jax.tree.map(np.asarray, bf16_step(tx, specs0)(params, state0, batch(0))[0])
+    info["wire/dense_phase_equals_bf16_dense"] = all(
+        mixed[0][k].tobytes() == dense16[k].astype(np.float32).tobytes() for k in params
+    )
+    tx = allreduce_gradients("dp", jaxcomm.GTopK(0.0001), bucket_size=1000)
+    specs1, state1 = init(tx)
+    sparse = jax.tree.map(np.asarray, f32_step(tx, specs1)(params, state1, batch(2))[0])
+    # In the sparse phase auto sends the two weight buckets by gTop-k and the 31 elements of
+    # the small leaves dense (a message that small costs its latency either way).
+    decisions = jaxcomm.cost.auto_decisions()[seen:]
+    info["wire/sparse_phase_choices"] = [(d["elements"], d["choice"]) for d in decisions[3:]]
+    info["wire/sparse_phase_equals_float32_gtopk"] = all(
+        mixed[2][k].tobytes() == sparse[k].tobytes() for k in ("w1", "w2")
+    )
+
     # 2. Compressed: residual structure, conservation, no retracing.
     for name, algo in (
         ("gtopk", jaxcomm.GTopK(0.05)),

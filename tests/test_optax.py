@@ -55,6 +55,16 @@ def test_auto_bf16_density_schedule_mixes_the_16_bit_wire_and_compressors(worker
     assert info["bf16_schedule/count"] == 4
 
 
+def test_dense_dtype_puts_only_the_dense_buckets_on_the_16_bit_wire(worker):
+    # float32 gradients, dense_dtype=bf16, auto with a dense phase and a gTop-k phase.
+    _, info = worker("unit")
+    assert info["wire/hlo_has_bf16_wire"]
+    assert info["wire/dtypes"] == ["float32"]
+    assert info["wire/dense_phase_equals_bf16_dense"]
+    assert info["wire/sparse_phase_choices"] == [[210, "gtopk"], [1200, "gtopk"], [31, "dense"]]
+    assert info["wire/sparse_phase_equals_float32_gtopk"]
+
+
 @pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather"])
 def test_residuals_have_the_gradient_structure_and_no_retracing(worker, algorithm):
     _, info = worker("unit")

@@ -49,9 +49,10 @@ class Reduction:
         epoch, for the sparse algorithms (``auto``'s sparse candidates too).
       proportion: π of ``adaptive``.
       tau: threshold of ``threshold``.
-      grad_dtype: ``"bfloat16"`` casts each rank's gradient to bf16 before the reduction
-        (``psum``: a bf16 ``lax.pmean``; jaxcomm: its 16-bit dense wire, or bf16 input to a
-        compressor); parameters and optimizer stay float32.
+      grad_dtype: ``"bfloat16"``: the gradient is reduced in bf16 (``psum``: a bf16
+        ``lax.pmean``; jaxcomm: what goes dense goes on its 16-bit wire, ``dense_dtype`` of
+        :func:`jaxcomm.optax.allreduce_gradients`, while a compressor takes the float32
+        gradient as it is); parameters and optimizer stay float32.
       bucket_size: most elements per jaxcomm collective call.
       allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
         None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).
@@ -189,7 +190,11 @@ class Reduction:
         if sparse and self.warmup:
             schedule = jc_optax.gtopk_warmup_schedule(warmup_phase_steps, self.density)
         return jc_optax.allreduce_gradients(
-            AXIS, algorithm, density_schedule=schedule, bucket_size=self.bucket_size
+            AXIS,
+            algorithm,
+            density_schedule=schedule,
+            bucket_size=self.bucket_size,
+            dense_dtype=jnp.dtype(self.grad_dtype),
         )
 
     def gradient_buckets(self, leaf_sizes: list[int]) -> list[int]:
@@ -411,7 +416,9 @@ class Step:
         def local_step(params: Any, state: Any, *batch: jax.Array) -> tuple:
             self.traces += 1  # runs at trace time only
             (loss, metric), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *batch)
-            if grad_dtype != "float32":
+            # psum reduces the gradient in grad_dtype; jaxcomm casts only what goes on its
+            # dense wire (dense_dtype): compressors take the float32 gradient as it is.
+            if reducer is None and grad_dtype != "float32":
                 grads = jax.tree.map(lambda g: g.astype(grad_dtype), grads)
             if reducer is None:
                 grads = lax.pmean(grads, AXIS)
