@@ -54,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import yaml
@@ -494,25 +494,13 @@ def _factors(measured: dict[str, float] | None) -> dict[str, float] | None:
     return {**cost.DEFAULT_STEPS_FACTOR, **measured}
 
 
-def measured_steps_factor(
-    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool, warmup: bool = True
-) -> dict[str, float]:
-    """Steps to the workload's target of each of auto's choices, relative to dense, from the
-    cells of this workload already run (any network: the steps a reduction needs do not
-    depend on the link; the seed's own cells).
-
-    Dense is ``dense-bf16`` for auto with 16-bit gradients (its dense buckets use that wire),
-    else ``dense``. A run that stopped at its cap without reaching the target needed more
-    steps than it ran: its factor is that lower bound, so auto weighs it at least as slow as
-    it was measured. Algorithms with no cell keep the registry's default.
-
-    The sparse cells ran with the warm-up: without it (``warmup=False``) their step counts do
-    not apply, and the sparse choices keep the registry's default.
-
-    Returns:
-      ``{name: factor}`` for the choices measured (empty if dense itself has no cell).
-    """
-    dense_label = "dense-bf16" if half else "dense"
+def _steps_to_target(
+    out: pathlib.Path, workload: str, nodes: int, seed: int
+) -> tuple[dict[str, list[dict[str, Any]]], Callable[[str], tuple[int, bool] | None]]:
+    """The workload's cells of this seed by label, and ``label -> (steps, reached)`` over them
+    (any network: the steps a reduction needs do not depend on the link): the fewest steps of
+    a run that reached the target, else the most a capped run took (a lower bound), else
+    None."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for path in sorted((out / "cells" / workload).glob(f"*-{nodes}x1/*-s{seed}.json")):
         cell = json.loads(path.read_text())
@@ -525,15 +513,56 @@ def measured_steps_factor(
         capped = [c["steps"] for c in runs.get(label, [])]
         return (max(capped), False) if capped else None
 
-    dense = steps(dense_label)
+    return runs, steps
+
+
+def measured_dense_steps(
+    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool
+) -> int | None:
+    """Steps dense (``dense-bf16`` for 16-bit auto) needed to reach the workload's target with
+    this seed, None if no such run reached it: auto's ``dense_steps``."""
+    dense = _steps_to_target(out, workload, nodes, seed)[1]("dense-bf16" if half else "dense")
+    return dense[0] if dense is not None and dense[1] else None
+
+
+def measured_steps_factor(
+    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool, warmup: bool = True
+) -> dict[str, float]:
+    """Steps to the workload's target of each of auto's choices, relative to dense, from the
+    cells of this workload already run (any network; the seed's own cells).
+
+    Dense is ``dense-bf16`` for auto with 16-bit gradients (its dense buckets use that wire),
+    else ``dense``. A run that stopped at its cap without reaching the target needed more
+    steps than it ran: its factor is that lower bound, so auto weighs it at least as slow as
+    it was measured. Algorithms with no cell keep the registry's default.
+
+    The sparse cells ran with the warm-up. Without it (``warmup=False``) a sparse choice's
+    factor comes from the auto cells run without the warm-up whose only sparse pick it was;
+    with none, it keeps the registry's default.
+
+    Returns:
+      ``{name: factor}`` for the choices measured (empty if dense itself has no cell).
+    """
+    runs, steps = _steps_to_target(out, workload, nodes, seed)
+    dense = steps("dense-bf16" if half else "dense")
     if dense is None or not dense[1]:
         return {}
     factors = {"dense": 1.0}
     from jaxcomm import cost
 
+    no_warmup: dict[str, tuple[int, bool]] = {}
+    for label, cells in runs.items():
+        if label in AUTO_LABELS and not VARIANTS[label].get("args", {}).get("warmup", True):
+            for cell in cells:
+                picks = set(_auto_picks(cell)) - {"dense"}
+                got = steps(label)
+                if len(picks) == 1 and got is not None:
+                    no_warmup[picks.pop()] = got
     for name in cost.AUTO_CHOICES:
         sparse = ALGORITHMS.get(name).uses_density
-        got = steps(name) if name != "dense" and (warmup or not sparse) else None
+        if name == "dense":
+            continue
+        got = no_warmup.get(name) if sparse and not warmup else steps(name)
         if got is not None:
             factors[name] = round(max(got[0] / dense[0], 1e-3), 3)
     return factors
@@ -639,19 +668,29 @@ def run_cell(
         return json.loads(path.read_text())
     cap = cap_of(args, label, network)
     factors = None
+    warmup_choice: dict[str, Any] = {}
     if label in AUTO_LABELS:
         half = VARIANTS[label].get("grad_dtype") == "bfloat16"
         warmup = VARIANTS[label].get("args", {}).get("warmup", True)
         factors = measured_steps_factor(args.out, workload, args.nodes, seed, half, warmup)
         factors = factors or None
+        dense_steps = measured_dense_steps(args.out, workload, args.nodes, seed, half)
+        without = measured_steps_factor(args.out, workload, args.nodes, seed, half, False)
+        if warmup and dense_steps and set(without) - {"dense"}:
+            # auto decides the warm-up from what was measured: its seconds per step against
+            # the steps dropping it costs (jaxcomm.cost.warmup_pays).
+            warmup_choice = {"dense_steps": dense_steps, "steps_factor_no_warmup": without}
     recipe = cell_recipe(
         workload, network, args.nodes, label, seed, cap, profile, args.set, compute_s, factors
     )
+    recipe["sweep"][0].update(warmup_choice)
     prediction = predict_step(workload, recipe, label, network, args.nodes, compute_s, profile)
     if args.dry_run:
         print(f"  would run {path.relative_to(args.out)} (cap {cap:.0f} s)")
         if factors:
             print(f"    steps factors measured on {workload}: {factors}")
+        if warmup_choice:
+            print(f"    auto decides the warm-up from: {warmup_choice}")
         return None
     run_dir = args.work / f"{workload}-{network}-{label}-s{seed}"
     t0 = time.monotonic()
@@ -844,12 +883,22 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _auto_picks(cell: dict[str, Any]) -> list[str]:
+    """The algorithms auto chose in a cell, sorted (its warm-up decision aside)."""
+    return sorted({c["choice"] for c in cell.get("auto_choices") or [] if "choice" in c})
+
+
 def _auto_pick(cell: dict[str, Any]) -> str | None:
-    choices = cell.get("auto_choices")
-    if not choices:
+    """``"dense+gtopk"``, and `` (no warm-up)`` where auto dropped the warm-up."""
+    picks = _auto_picks(cell)
+    if not picks:
         return None
-    picks = sorted({c.get("choice", "?") for c in choices})
-    return "+".join(picks)
+    dropped = any(
+        not c["warmup_decision"]["warmup"]
+        for c in cell.get("auto_choices") or []
+        if "warmup_decision" in c
+    )
+    return "+".join(picks) + (" (no warm-up)" if dropped else "")
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:

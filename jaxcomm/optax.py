@@ -243,7 +243,9 @@ def allreduce_gradients(
       density_schedule: ``{start step: density}`` (or pairs); the algorithm's density is
         replaced by the entry of the latest start step <= the update count. Each distinct
         density is compiled once, as a ``lax.switch`` branch. See
-        :func:`gtopk_warmup_schedule`.
+        :func:`gtopk_warmup_schedule`. ``"auto"`` given ``dense_steps`` and
+        ``steps_factor_no_warmup`` (:class:`jaxcomm.cost.Auto`) decides whether the warm-up
+        pays: without it, the last density applies from the first step.
       bucket_size: most elements fused into one collective call.
       first_bucket_size: most elements of the first bucket (the last layers'), ``None``: as
         ``bucket_size``. A small first bucket starts communication earlier in backward.
@@ -414,6 +416,28 @@ def allreduce_gradients(
                 offset += n
         return sums, new_rs
 
+    def _auto_warmup(phases: list[Any], starts: np.ndarray, xs: list[jax.Array]) -> list[Any]:
+        """The phases auto follows: the schedule, or its last phase from the first step when
+        the cost model predicts the target sooner without the warm-up
+        (:func:`jaxcomm.cost.warmup_pays`; static, the same on every rank)."""
+        groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
+        auto = phases[-1]
+        decision = cost.warmup_pays(
+            auto,
+            [sum(xs[i].size for i in g) for g in groups],
+            [int(s) for s in starts],
+            [(cost.Auto() if isinstance(p, str) else p).options.density for p in phases],
+            _axis_size(axis_name),
+            jax.process_count(),
+            jax.local_device_count(),
+            hierarchical,
+            dense_wire_of(xs).itemsize,
+        )
+        if decision["warmup"]:
+            return phases
+        # Without the warm-up the choices weigh the steps they need without it.
+        return [dataclasses.replace(auto, steps_factor=auto.steps_factor_no_warmup)]
+
     def update_fn(
         updates: Any, state: AllreduceGradientsState, params: Any = None
     ) -> tuple[Any, AllreduceGradientsState]:
@@ -424,8 +448,11 @@ def allreduce_gradients(
         if algorithm is not None:
             r_leaves = treedef.flatten_up_to(state.residuals)
             rs = [jnp.ravel(r) for r in r_leaves]
-        if len(phases) == 1 or not any(x.size for x in xs):
-            sums, new_rs = reduce_flat(phases[0], xs, rs, state.count)
+        followed = phases
+        if len(phases) > 1 and _is_auto(algorithm) and any(x.size for x in xs):
+            followed = _auto_warmup(phases, starts, xs)
+        if len(followed) == 1 or not any(x.size for x in xs):
+            sums, new_rs = reduce_flat(followed[0], xs, rs, state.count)
         else:
             # One branch per density. The ordering token is threaded through the switch so
             # the branch's collectives stay chained with the step's other jaxcomm calls.

@@ -11,6 +11,7 @@ Modes:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -191,6 +192,25 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
     info["wire/sparse_phase_choices"] = [(d["elements"], d["choice"]) for d in decisions[3:]]
     info["wire/sparse_phase_equals_float32_gtopk"] = all(
         mixed[2][k].tobytes() == sparse[k].tobytes() for k in ("w1", "w2")
+    )
+
+    # 1e. auto decides the warm-up: dropping it costs no steps here (factor 1.0), so the
+    # dense-ish first phase is not worth its seconds, and gTop-k at the final density runs from
+    # the first step (the same bits as gTop-k's on the weights).
+    decider = dataclasses.replace(
+        auto, dense_steps=10, steps_factor={"gtopk": 1.0}, steps_factor_no_warmup={"gtopk": 1.0}
+    )
+    tx = allreduce_gradients("dp", decider, density_schedule={0: 0.9, 2: 0.0001}, bucket_size=1000)
+    specs, state = init(tx)
+    seen = len(jaxcomm.cost.auto_decisions())
+    first = jax.tree.map(np.asarray, f32_step(tx, specs)(params, state, batch(2))[0])
+    decisions = jaxcomm.cost.auto_decisions()[seen:]
+    info["warmup/decisions"] = [
+        d["warmup_decision"]["warmup"] for d in decisions if "warmup_decision" in d
+    ]
+    info["warmup/choices"] = [(d["elements"], d["choice"]) for d in decisions if "choice" in d]
+    info["warmup/first_step_is_final_density"] = all(
+        first[k].tobytes() == sparse[k].tobytes() for k in params
     )
 
     # 2. Compressed: residual structure, conservation, no retracing.

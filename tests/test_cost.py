@@ -7,6 +7,7 @@ bandwidth), never against a clock.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -292,6 +293,45 @@ def test_auto_weighs_time_to_target_not_step_time():
             cost.Auto(allowed=("gtopk",), steps_factor=bad)
     with pytest.raises(ValueError, match="compute_seconds"):
         cost.Auto(compute_seconds=-1.0)
+
+
+def test_warmup_pays_weighs_the_warmups_seconds_against_its_steps():
+    """lbann-mlp at 100 Mbit/s (docs/e2e.md): the warm-up's first phase (density 0.25) makes a
+    sparse step cost seconds, and dropping the warm-up costs steps. auto keeps the warm-up when
+    dropping it costs many steps, drops it when it costs few, and follows the schedule when
+    nothing measured says otherwise. The predicted times are the phases' step times by hand."""
+    link = cost.Link(alpha=1e-4, beta=8e-8)  # 100 Mbit/s
+    profile = cost.Profile(
+        links={c: link for c in cost.LINK_CLASSES}, gamma=cost.DEFAULT_PROFILE.gamma, psum=link
+    )
+    buckets, starts, densities = [16_777_216, 16_777_216, 300_000], [0, 36], [0.25, 0.001]
+    common = dict(allowed=("gtopk",), profile=profile, compute_seconds=0.25, dense_steps=131)
+    args = (buckets, starts, densities, 2, 2, 1)
+
+    def step(density: float) -> float:
+        options = cost.Options(density=density)
+        world = cost.World(2, 1, profile.inter_process)
+        return 0.25 + sum(
+            cost.predict("gtopk", n, world, profile, options).seconds for n in buckets
+        )
+
+    followed = cost.warmup_pays(cost.Auto(**common, steps_factor={"gtopk": 1.0}), *args)
+    assert followed == {"warmup": True, "with_s": None, "without_s": None}
+    cheap = cost.Auto(**common, steps_factor={"gtopk": 1.0}, steps_factor_no_warmup={"gtopk": 1.6})
+    decision = cost.warmup_pays(cheap, *args)
+    assert decision["with_s"] == pytest.approx(36 * step(0.25) + (131 - 36) * step(0.001))
+    assert decision["without_s"] == pytest.approx(131 * 1.6 * step(0.001))
+    assert step(0.25) > 5 * step(0.001)  # the premise: the warm-up's steps are expensive
+    assert decision["warmup"] is False
+    costly = dataclasses.replace(cheap, steps_factor_no_warmup={"gtopk": 20.0})
+    assert cost.warmup_pays(costly, *args)["warmup"] is True
+    assert any("warmup_decision" in d for d in cost.auto_decisions())
+    with pytest.raises(ValueError, match="starts"):
+        cost.warmup_pays(cheap, buckets, [5, 36], densities, 2, 2, 1)
+    with pytest.raises(ValueError, match="dense_steps"):
+        cost.Auto(dense_steps=0)
+    with pytest.raises(ValueError, match="steps_factor"):
+        cost.Auto(allowed=("gtopk",), steps_factor_no_warmup={"gtopk": -1.0})
 
 
 def test_auto_weighs_dense_16_bit_wire_for_16_bit_gradients():

@@ -65,6 +65,14 @@ def test_dense_dtype_puts_only_the_dense_buckets_on_the_16_bit_wire(worker):
     assert info["wire/sparse_phase_equals_float32_gtopk"]
 
 
+def test_auto_drops_a_warmup_that_does_not_pay(worker):
+    # One decision at trace time (warm-up dropped), then only the final density's choices.
+    _, info = worker("unit")
+    assert info["warmup/decisions"] == [False]
+    assert info["warmup/choices"] == [[210, "gtopk"], [1200, "gtopk"], [31, "gtopk"]]
+    assert info["warmup/first_step_is_final_density"]
+
+
 @pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather"])
 def test_residuals_have_the_gradient_structure_and_no_retracing(worker, algorithm):
     _, info = worker("unit")
@@ -273,6 +281,8 @@ def test_digits_config_from_a_recipe_entry():
             profile=None,
             compute_seconds=0.25,
             steps_factor={"gtopk": 2.5},
+            dense_steps=120,
+            steps_factor_no_warmup={"gtopk": 3.0},
             diloco=None,  # every jaxcomm field of the recipe is read (example_settings)
         ),
         args={"model": "cnn"},
@@ -291,6 +301,8 @@ def test_digits_config_from_a_recipe_entry():
     # The stopping rule and auto's compute step reach the example too; an unset cap does not.
     assert cfg.target == 0.97 and cfg.compute_seconds == 0.25 and "time_cap_s" not in settings
     assert cfg.steps_factor == {"gtopk": 2.5}  # measured steps factors reach auto's Auto
+    # and what lets auto decide the warm-up
+    assert cfg.dense_steps == 120 and cfg.steps_factor_no_warmup == {"gtopk": 3.0}
     assert _loop.Reduction("auto", steps_factor=cfg.steps_factor).reducer(10) is not None
     with pytest.raises(TypeError, match="unknown digits settings"):
         _loop.make_config(DigitsConfig, {"epoch": 3}, "digits")

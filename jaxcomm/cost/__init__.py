@@ -52,7 +52,7 @@ Example:
 
 from __future__ import annotations
 
-from .auto import Auto, auto_algorithm, auto_decisions, resolve_auto
+from .auto import Auto, auto_algorithm, auto_decisions, resolve_auto, warmup_pays
 from .choose import choose, plan
 from .ledger import (
     bytes_sent,
@@ -101,6 +101,7 @@ __all__ = [
     "World",
     "auto_algorithm",
     "auto_decisions",
+    "warmup_pays",
     "bytes_sent",
     "choose",
     "dense_bytes",

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import algorithms
+from ..algorithms._hierarchical import name_of as hierarchical_name
 from .choose import choose
 from .model import (
     AUTO_CHOICES,
@@ -25,8 +26,9 @@ from .model import (
     World,
     steps_factor_of,
 )
+from .timemodel import predict
 
-__all__ = ["Auto", "auto_algorithm", "auto_decisions", "resolve_auto"]
+__all__ = ["Auto", "auto_algorithm", "auto_decisions", "resolve_auto", "warmup_pays"]
 
 _log = logging.getLogger("jaxcomm.cost")
 
@@ -52,6 +54,12 @@ class Auto:
         backward, optimizer), e.g. measured on one rank. Each bucket gets its share by size,
         and an algorithm's extra steps pay it again: with a small gradient the reduction is
         a sliver of the step and dense wins. None: 0 (only the reductions are weighed).
+      dense_steps: steps dense training needs to reach the target. With
+        ``steps_factor_no_warmup`` it lets auto decide a density schedule's warm-up
+        (:func:`warmup_pays`): the warm-up's dense-ish first phases cost seconds per step, and
+        dropping it costs steps. None: a schedule is always followed.
+      steps_factor_no_warmup: like ``steps_factor``, for training without the warm-up (the
+        sparse choices at their final density from the first step).
 
     Example:
       >>> auto = Auto(allowed=("dense", "gtopk"), options=Options(density=0.01))
@@ -64,6 +72,8 @@ class Auto:
     options: Options = dataclasses.field(default_factory=Options)
     steps_factor: Mapping[str, float] | None = None
     compute_seconds: float | None = None
+    dense_steps: int | None = None
+    steps_factor_no_warmup: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         allowed = (self.allowed,) if isinstance(self.allowed, str) else tuple(self.allowed)
@@ -75,6 +85,13 @@ class Auto:
         object.__setattr__(self, "allowed", allowed)
         for name in allowed:
             steps_factor_of(name, self.steps_factor)  # ValueError for a bad factor
+            steps_factor_of(name, self.steps_factor_no_warmup)
+        if self.dense_steps is not None and not (
+            isinstance(self.dense_steps, int) and self.dense_steps >= 1
+        ):
+            raise ValueError(
+                f"Auto.dense_steps must be an int >= 1 or None, got {self.dense_steps!r}"
+            )
         if self.compute_seconds is not None and not (
             math.isfinite(self.compute_seconds) and self.compute_seconds >= 0
         ):
@@ -130,13 +147,7 @@ def resolve_auto(
             raise ValueError(f"algorithm string must be 'auto', got {auto!r}")
         auto = Auto()
     profile = auto.resolved_profile()
-    # The reduced axis may span fewer ranks than the world (e.g. one axis of a 2-D mesh):
-    # keep the world's devices per process where they divide it.
-    local = math.gcd(axis_size, devices_per_process)
-    nodes = max(1, axis_size // local)
-    world = World(min(nodes, processes) if processes > 1 else 1, local, profile.inter_process)
-    if world.ranks != axis_size:  # a world the model cannot split: treat it as flat
-        world = World(axis_size, 1, profile.inter_process if processes > 1 else "same_host")
+    world = _world(profile, axis_size, processes, devices_per_process)
     compute = (auto.compute_seconds or 0.0) * share
     options = dataclasses.replace(auto.options, element_bytes=element_bytes)
     name = choose(
@@ -155,6 +166,91 @@ def resolve_auto(
     _decisions.append(decision)
     _log.info("jaxcomm auto: %d elements over %d ranks -> %s", n, axis_size, name)
     return chosen
+
+
+def _world(profile: Profile, axis_size: int, processes: int, devices_per_process: int) -> World:
+    # The reduced axis may span fewer ranks than the world (e.g. one axis of a 2-D mesh):
+    # keep the world's devices per process where they divide it.
+    local = math.gcd(axis_size, devices_per_process)
+    nodes = max(1, axis_size // local)
+    world = World(min(nodes, processes) if processes > 1 else 1, local, profile.inter_process)
+    if world.ranks != axis_size:  # a world the model cannot split: treat it as flat
+        world = World(axis_size, 1, profile.inter_process if processes > 1 else "same_host")
+    return world
+
+
+def warmup_pays(
+    auto: Auto,
+    buckets: Sequence[int],
+    starts: Sequence[int],
+    densities: Sequence[float],
+    axis_size: int,
+    processes: int,
+    devices_per_process: int,
+    hierarchical: bool = False,
+    element_bytes: int = 4,
+) -> dict[str, Any]:
+    """Whether auto follows a density schedule's warm-up or sends at the final density from
+    the first step: the one with the lesser predicted time to target.
+
+    Each phase's step is its buckets' predicted reductions (each bucket's choice at that
+    phase's density, as :func:`resolve_auto` makes it) plus ``compute_seconds``. A run needs
+    ``dense_steps`` times the largest steps factor of its final choices: ``steps_factor``
+    with the warm-up, ``steps_factor_no_warmup`` without. With the warm-up the run pays each
+    phase's step for the steps it spends there. Without both ``dense_steps`` and
+    ``steps_factor_no_warmup`` the schedule is followed (nothing measured says otherwise).
+
+    Args:
+      auto: the :class:`Auto` (its profile, options, factors and compute).
+      buckets: elements of each bucket of the step.
+      starts: the schedule's start steps, increasing, the first 0.
+      densities: each phase's density; the last is the density without the warm-up.
+      axis_size, processes, devices_per_process, hierarchical, element_bytes: as
+        :func:`resolve_auto`.
+
+    Returns:
+      ``{"warmup": bool, "with_s", "without_s"}``: the decision and the predicted seconds to
+      target of each (None when not predicted).
+
+    Example:
+      >>> auto = Auto(allowed=("dense", "gtopk"), compute_seconds=0.01, dense_steps=100,
+      ...             steps_factor={"gtopk": 1.0}, steps_factor_no_warmup={"gtopk": 1.0})
+      >>> warmup_pays(auto, [25_000_000], [0, 50], [0.25, 0.001], 2, 2, 1)["warmup"]
+      False
+      >>> warmup_pays(Auto(), [25_000_000], [0, 50], [0.25, 0.001], 2, 2, 1)  # nothing measured
+      {'warmup': True, 'with_s': None, 'without_s': None}
+    """
+    if len(starts) != len(densities) or not starts or starts[0] != 0:
+        raise ValueError(f"starts must begin at 0 and pair with densities, got {starts}")
+    if auto.dense_steps is None or auto.steps_factor_no_warmup is None:
+        return {"warmup": True, "with_s": None, "without_s": None}
+    profile = auto.resolved_profile()
+    world = _world(profile, axis_size, processes, devices_per_process)
+    total = max(1, sum(buckets))
+
+    def phase(density: float, factors: Mapping[str, float] | None) -> tuple[float, float]:
+        """(seconds per step, the largest steps factor of the choices) at ``density``."""
+        options = dataclasses.replace(auto.options, density=density, element_bytes=element_bytes)
+        seconds, factor = auto.compute_seconds or 0.0, 1.0
+        for n in buckets:
+            compute = (auto.compute_seconds or 0.0) * n / total
+            name = choose(n, world, auto.allowed, profile, options, hierarchical, factors, compute)
+            model = hierarchical_name(name) if hierarchical else name
+            seconds += predict(model, n, world, profile, options).seconds
+            factor = max(factor, steps_factor_of(name, factors))
+        return seconds, factor
+
+    steps = [phase(d, auto.steps_factor) for d in densities]
+    run = auto.dense_steps * steps[-1][1]
+    with_s = 0.0
+    for i, (seconds, _) in enumerate(steps):
+        end = starts[i + 1] if i + 1 < len(starts) else math.inf
+        with_s += max(0.0, min(end, run) - starts[i]) * seconds
+    seconds, factor = phase(densities[-1], auto.steps_factor_no_warmup)
+    without_s = auto.dense_steps * factor * seconds
+    decision = {"warmup": with_s <= without_s, "with_s": with_s, "without_s": without_s}
+    _decisions.append({"warmup_decision": decision, "buckets": list(buckets)})
+    return decision
 
 
 def auto_decisions() -> list[dict[str, Any]]:

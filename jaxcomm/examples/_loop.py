@@ -62,6 +62,9 @@ class Reduction:
       steps_factor: ``auto``: steps each choice needs to reach the target relative to dense,
         e.g. measured on this model by ``benchmarks/train.py`` (None: each algorithm's
         default, :data:`jaxcomm.cost.DEFAULT_STEPS_FACTOR`).
+      dense_steps, steps_factor_no_warmup: ``auto`` with ``warmup``: dense's steps to the
+        target and the choices' steps factors without the warm-up; given both, auto decides
+        whether the warm-up pays (:func:`jaxcomm.cost.warmup_pays`).
       diloco_every: > 0: train with DiLoCo (:func:`jaxcomm.optax.diloco`): the optimizer
         runs this many local steps on every rank, then ``algorithm`` (``dense``, in
         ``grad_dtype`` on the wire, or a compressed one, with error feedback) averages the
@@ -91,6 +94,8 @@ class Reduction:
     profile: str | None = None
     compute_seconds: float | None = None
     steps_factor: dict[str, float] | None = None
+    dense_steps: int | None = None
+    steps_factor_no_warmup: dict[str, float] | None = None
     diloco_every: int = 0
     diloco_outer_lr: float = jc_optax.DILOCO_OUTER_LR
     diloco_outer_momentum: float = jc_optax.DILOCO_OUTER_MOMENTUM
@@ -180,6 +185,8 @@ class Reduction:
                 options=options,
                 compute_seconds=self.compute_seconds,
                 steps_factor=self.steps_factor,
+                dense_steps=self.dense_steps,
+                steps_factor_no_warmup=self.steps_factor_no_warmup,
             )
             sparse = any(algorithms.get(n).uses_density for n in allowed)
         else:

@@ -222,6 +222,15 @@ class JaxcommSettings(_Strict):
         description="auto: steps each choice needs to reach the target relative to dense, "
         "e.g. measured on this model by benchmarks/train.py (default: each algorithm's own)",
     )
+    dense_steps: int | None = Field(
+        None,
+        ge=1,
+        description="auto: steps dense training needs to reach the target; with "
+        "steps_factor_no_warmup, auto decides whether the sparse warm-up pays",
+    )
+    steps_factor_no_warmup: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = Field(
+        None, description="auto: steps_factor of training without the sparse warm-up"
+    )
     diloco: DiLoCoSettings | None = Field(
         None, description="train with DiLoCo; `algorithm` is then its outer allreduce"
     )
@@ -262,6 +271,8 @@ class JaxcommOverride(_Strict):
     profile: str | None = None
     compute_seconds: float | None = Field(None, ge=0.0)
     steps_factor: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = None
+    dense_steps: int | None = Field(None, ge=1)
+    steps_factor_no_warmup: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = None
     diloco: DiLoCoSettings | None = None
 
 

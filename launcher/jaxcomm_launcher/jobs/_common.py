@@ -37,6 +37,8 @@ JAXCOMM_FIELDS = (
     "profile",
     "compute_seconds",
     "steps_factor",
+    "dense_steps",
+    "steps_factor_no_warmup",
     "diloco",
 )
 
