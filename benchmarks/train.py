@@ -552,12 +552,19 @@ def measured_steps_factor(
 
     no_warmup: dict[str, tuple[int, bool]] = {}
     for label, cells in runs.items():
-        if label in AUTO_LABELS and not VARIANTS[label].get("args", {}).get("warmup", True):
-            for cell in cells:
-                picks = set(_auto_picks(cell)) - {"dense"}
-                got = steps(label)
-                if len(picks) == 1 and got is not None:
-                    no_warmup[picks.pop()] = got
+        if label not in AUTO_LABELS:
+            continue
+        off = not VARIANTS[label].get("args", {}).get("warmup", True)
+        for cell in cells:
+            picks = set(_auto_picks(cell)) - {"dense"}
+            if len(picks) == 1 and (off or _auto_dropped_warmup(cell)):
+                got = (cell["steps"], cell["time_to_target_s"] is not None)
+                name = picks.pop()
+                if name not in no_warmup or (got[1], -got[0]) > (
+                    no_warmup[name][1],
+                    -no_warmup[name][0],
+                ):
+                    no_warmup[name] = got  # the fewest steps of a run that reached the target
     for name in cost.AUTO_CHOICES:
         sparse = ALGORITHMS.get(name).uses_density
         if name == "dense":
@@ -888,17 +895,21 @@ def _auto_picks(cell: dict[str, Any]) -> list[str]:
     return sorted({c["choice"] for c in cell.get("auto_choices") or [] if "choice" in c})
 
 
+def _auto_dropped_warmup(cell: dict[str, Any]) -> bool:
+    """Whether auto decided to train without the warm-up (jaxcomm.cost.warmup_pays)."""
+    return any(
+        not c["warmup_decision"]["warmup"]
+        for c in cell.get("auto_choices") or []
+        if "warmup_decision" in c
+    )
+
+
 def _auto_pick(cell: dict[str, Any]) -> str | None:
     """``"dense+gtopk"``, and `` (no warm-up)`` where auto dropped the warm-up."""
     picks = _auto_picks(cell)
     if not picks:
         return None
-    dropped = any(
-        not c["warmup_decision"]["warmup"]
-        for c in cell.get("auto_choices") or []
-        if "warmup_decision" in c
-    )
-    return "+".join(picks) + (" (no warm-up)" if dropped else "")
+    return "+".join(picks) + (" (no warm-up)" if _auto_dropped_warmup(cell) else "")
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -230,3 +230,39 @@ def test_predict_step_of_powersgd_reads_its_leaf_shapes():
     want = ((phase - 1) * dense + phase * compressed) / (2 * phase - 1)
     assert run["comm_s"] == pytest.approx(want)
     assert run["step_s"] == pytest.approx(0.01 + run["comm_s"] + run["scalar_pmeans_s"])
+
+
+def test_measured_steps_factors_with_and_without_the_warmup(tmp_path):
+    """auto's steps factors come from the workload's cells of the same seed: with the warm-up
+    from the explicit algorithms' cells (a capped one as its lower bound), without it from the
+    auto cells that trained without the warm-up (the variant's, or auto's own decision) and
+    picked one sparse algorithm; dense's steps come from the dense 16-bit cell."""
+    train = _train_script()
+
+    def cell(network: str, label: str, steps: int, reached: bool = True, **extra) -> None:
+        path = tmp_path / "cells" / "lbann-mlp" / f"{network}-2x1" / f"{label}-s0.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"label": label, "steps": steps, "time_to_target_s": 1.0 if reached else None}
+        path.write_text(json.dumps({**data, **extra}))
+
+    cell("1gbit", "dense-bf16", 130)
+    cell("host", "dense-bf16", 100)  # any network: the fewest steps that reached the target
+    cell("1gbit", "gtopk", 90)
+    cell("100mbit", "topk_allgather", 60, reached=False)  # capped: at least 60 steps
+    nowarmup = [{"elements": 10, "choice": "topk_allgather"}, {"elements": 5, "choice": "dense"}]
+    cell("100mbit", "auto-bf16-nowarmup", 200, auto_choices=nowarmup)
+    dropped = [
+        {"warmup_decision": {"warmup": False, "with_s": 2.0, "without_s": 1.0}},
+        {"elements": 10, "choice": "gtopk"},
+    ]
+    cell("1gbit", "auto-bf16", 250, auto_choices=dropped)
+    assert train.measured_dense_steps(tmp_path, "lbann-mlp", 2, 0, True) == 100
+    assert train.measured_dense_steps(tmp_path, "lbann-mlp", 2, 0, False) is None
+    with_warmup = train.measured_steps_factor(tmp_path, "lbann-mlp", 2, 0, True)
+    assert with_warmup == {"dense": 1.0, "gtopk": 0.9, "topk_allgather": 0.6}
+    without = train.measured_steps_factor(tmp_path, "lbann-mlp", 2, 0, True, warmup=False)
+    assert without == {"dense": 1.0, "topk_allgather": 2.0, "gtopk": 2.5}
+    assert (
+        train._auto_pick(json.loads(next(tmp_path.glob("cells/*/1gbit-2x1/auto*")).read_text()))
+        == "gtopk (no warm-up)"
+    )
