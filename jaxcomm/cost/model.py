@@ -50,11 +50,13 @@ docs/e2e.md); models differ, so pass measured ones through ``Auto(steps_factor=.
 
 
 def steps_factor_of(name: str, steps_factor: Mapping[str, float] | None = None) -> float:
-    """The steps `name` needs relative to dense (:data:`DEFAULT_STEPS_FACTOR`; 1.0 if absent).
+    """The steps `name` needs relative to dense: ``steps_factor[name]``, else the registry's
+    default (:data:`DEFAULT_STEPS_FACTOR`), else 1.0.
 
     Args:
       name: an algorithm name.
-      steps_factor: name -> factor, overriding the defaults (None: the defaults).
+      steps_factor: name -> factor, overriding the defaults name by name (a name it lacks
+        keeps its default; None: the defaults).
 
     Returns:
       The factor.
@@ -65,8 +67,12 @@ def steps_factor_of(name: str, steps_factor: Mapping[str, float] | None = None) 
     Example:
       >>> steps_factor_of("dense"), steps_factor_of("gtopk", {"gtopk": 1.5})
       (1.0, 1.5)
+      >>> steps_factor_of("gtopk", {"dense": 1.0}) == DEFAULT_STEPS_FACTOR["gtopk"]
+      True
     """
-    table = DEFAULT_STEPS_FACTOR if steps_factor is None else steps_factor
+    # A measured table usually covers some names only (the algorithms a workload ran): the
+    # others keep their default, not 1.0, which would make an unmeasured compressor look free.
+    table = {**DEFAULT_STEPS_FACTOR, **(steps_factor or {})}
     factor = float(table.get(name, 1.0))
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"steps_factor[{name!r}] must be finite and > 0, got {factor!r}")
