@@ -259,20 +259,31 @@ def run(ctx: JobContext) -> None:
         add_ring(proc_mesh, "local", P(LOCAL), local, "same_process")
 
     # The compressed collectives at kernel_elements, to calibrate gamma inside them.
+    # "gtopk.wide": gTop-k at the warm-up's first density, where the selected entries and
+    # their merge, not the scan, take the time; calibrated after "gtopk" (dicts keep order).
+    wide_options = dataclasses.replace(options, density=WIDE_DENSITY)
     calibrations = {
-        "gtopk": (algorithms.build("gtopk", options), ("topk",)),
-        **{kind: (q, (f"quantize.{kind}", f"decode.{kind}")) for kind, q in quantizers.items()},
+        "gtopk": (algorithms.build("gtopk", options), ("topk",), options),
+        "gtopk.wide": (
+            algorithms.build("gtopk", wide_options),
+            ("topk.entry", "merge"),
+            wide_options,
+        ),
+        **{
+            kind: (q, (f"quantize.{kind}", f"decode.{kind}"), options)
+            for kind, q in quantizers.items()
+        },
     }
     x_placed = _placed(flat, spec, rng.standard_normal((local, kernel_n)).astype(np.float32))
     zero_r = _placed(flat, spec, np.zeros((local, kernel_n), np.float32))
-    for algorithm, (compressor, _) in calibrations.items():
+    for calibration, (compressor, _, _) in calibrations.items():
 
         def reduce(v: jax.Array, r: jax.Array, c: Any = compressor) -> tuple:
             summed, new_r = jaxcomm.compressed_allreduce(v[0], r[0], AXIS, c)
             return summed[None], new_r[None]
 
         f = jax.jit(jax.shard_map(reduce, mesh=flat, in_specs=(spec, spec), out_specs=(spec, spec)))
-        rounds.add(f"calibration.{algorithm}", lambda f=f: f(x_placed, zero_r))
+        rounds.add(f"calibration.{calibration}", lambda f=f: f(x_placed, zero_r))
 
     t = rounds.run(repeats)
     samples["medians"] = t
@@ -327,20 +338,22 @@ def run(ctx: JobContext) -> None:
     # does alone (other buffers, the handler's threads, memory shared with the transport), so
     # each compressed collective's time beyond what the links and the other kernels explain
     # sets its kernels' gamma (split between quantize and decode in the ratio the ops gave).
-    base = cost.Profile.from_json(
-        {"version": 1, "links": links, "gamma": gamma, "call": call, "inter_process": inter}
-    )
     world = cost.World(jax.process_count(), local, inter)
     scales = {}
-    for algorithm, (_, kernels) in calibrations.items():
-        measured_t = t[f"calibration.{algorithm}"]
+    for calibration, (_, kernels, opts) in calibrations.items():
+        algorithm = calibration.split(".")[0]  # "gtopk.wide" is gTop-k at another density
+        measured_t = t[f"calibration.{calibration}"]
+        # Each calibration sees the gammas the ones before it set.
+        base = cost.Profile.from_json(
+            {"version": 1, "links": links, "gamma": gamma, "call": call, "inter_process": inter}
+        )
         without = dict(base.gamma, **{name: 0.0 for name in kernels})
         rest = cost.predict(
-            algorithm, kernel_n, world, dataclasses.replace(base, gamma=without), options
+            algorithm, kernel_n, world, dataclasses.replace(base, gamma=without), opts
         ).seconds
-        unit = cost.predict(algorithm, kernel_n, world, base, options).seconds - rest
+        unit = cost.predict(algorithm, kernel_n, world, base, opts).seconds - rest
         if unit > 0 and measured_t > rest:
-            scales[algorithm] = (measured_t - rest) / unit
+            scales[calibration] = (measured_t - rest) / unit
             for name in kernels:
                 gamma[name] *= scales[algorithm]
     samples["calibration_scales"] = scales
