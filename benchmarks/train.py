@@ -639,6 +639,9 @@ def measure_profile(args: argparse.Namespace, network: str) -> pathlib.Path | No
         "backend": backend(network, args.nodes),
         "metrics": {"plots": False},
     }
+    # The probe measures the cells' links: the --set overrides of the backend apply to it too
+    # (e.g. backend.burst), the training ones do not.
+    recipe = apply_overrides(recipe, [(k, v) for k, v in args.set if k[0] == "backend"])
     work = args.work / f"probe-{network}"
     work.mkdir(parents=True, exist_ok=True)
     recipe_path = work / "probe.yaml"
