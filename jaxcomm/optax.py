@@ -84,6 +84,13 @@ class AllreduceGradientsState(NamedTuple):
     shared: Any = None
 
 
+def _cores() -> int:
+    """Cores this process may run on (its affinity: 1 on a node pinned to one core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _axis_size(axis_name: AxisName) -> int:
     names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
     return math.prod(lax.axis_size(n) for n in names)
@@ -253,7 +260,10 @@ def allreduce_gradients(
         so that, inside a jitted step that also computes the gradients, each bucket's
         collective runs while backward computes the earlier layers (CPU; on GPU the dense
         allreduce, on jaxcomm's own CUDA stream, while the compressed collectives are awaited
-        where they are issued). ``False`` awaits each bucket at once.
+        where they are issued). A compressed bucket is split only when the process may run on
+        more than one core: its selection or quantization runs on jaxcomm's engine thread,
+        which on a single core would take the core from backward. ``False`` awaits each
+        bucket at once.
       dense_dtype: the wire dtype of the buckets sent dense, e.g. ``jnp.bfloat16`` for the
         16-bit wire; ``None``: the gradients' common dtype. Compressed buckets take the float32
         gradients as they are, so with ``"auto"`` only the buckets it sends dense are cast
@@ -365,6 +375,11 @@ def allreduce_gradients(
         # start after it, and buffer reuse would then hold that start until the earlier
         # bucket had finished on the wire (docs/overlap.md).
         defer = _call.DeferDone() if split else None
+        # A compressor's selection or quantization runs on jaxcomm's engine thread: on a
+        # process with one core it takes that core from backward, so splitting it hides
+        # nothing and costs the hand-off (gTop-k: 3-10 % slower split on 1-core nodes,
+        # docs/overlap.md). It is split only where a core is to spare.
+        spare_core = _cores() > 1
         # A deferred done must keep alive every operand the engine reads (emit_done's `kept`):
         # the bucket and, for a compressor, the step operand, made here so it is the one passed.
         step = _validate.step_operand(count, "jaxcomm.optax.allreduce_gradients")
@@ -385,25 +400,28 @@ def allreduce_gradients(
             r = None
             if algo is not None:
                 r = jnp.concatenate([rs[i] for i in group]) if len(group) > 1 else rs[group[0]]
+            deferred = split and (chosen is None or spare_core)
+            after = defer if deferred else None
             if chosen is None:
-                summed = allreduce(x, axis_name, after=defer, **extra)
+                summed = allreduce(x, axis_name, after=after, **extra)
                 results, kept = [summed], [x]
             else:
                 # The update count is the step of a stochastic rounding (BlockQuant).
                 summed, r = compressed_allreduce(
-                    x, r, axis_name, chosen, after=defer, step=step, **extra
+                    x, r, axis_name, chosen, after=after, step=step, **extra
                 )
                 # The engine reads the bucket and the step; r is aliased to the new residual.
                 results, kept = [summed, r], [x, step]
             # A bucket sent dense keeps its (zero) residual r; a compressor returns a new one.
-            ticket = _ordering.token_in() if split else None
-            started.append((group, kept, results, r, ticket))
+            ticket = _ordering.token_in() if deferred else None
+            started.append((group, kept, results, r, ticket, deferred))
         if split:
             anchor = ([xs[i] for i in groups[-1]], _ordering.token_in())
-            if len(defer.splits) != len(started):
+            if len(defer.splits) != sum(1 for *_, deferred in started if deferred):
                 raise AssertionError("allreduce_gradients: a bucket's collective was not issued")
-        for b, (group, kept, results, r, ticket) in enumerate(started):
-            if split and defer.splits[b]:
+        splits = iter(defer.splits if split else ())
+        for group, kept, results, r, ticket, deferred in started:
+            if deferred and next(splits):
                 results = _call.emit_done(ticket, results, kept, anchor)
             summed = results[0]
             r = results[1] if len(results) > 1 else r

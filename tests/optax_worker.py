@@ -213,6 +213,24 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         first[k].tobytes() == sparse[k].tobytes() for k in params
     )
 
+    # 1f. overlap=True on one core: the dense buckets are split (a start, then a done after
+    # backward), the compressed ones are not (their selection would take the core from
+    # backward). On this process's cores both are split. The decision is made at trace time.
+    def dones(algo: object) -> int:
+        tx = allreduce_gradients("dp", algo, bucket_size=1000)
+        specs, state = init(tx)
+        text = f32_step(tx, specs).lower(params, state, batch(0)).as_text()
+        return text.count("jaxcomm_collective_done")
+
+    cores = os.sched_getaffinity(0)
+    info["overlap/cores"] = len(cores)
+    info["overlap/dones_all_cores"] = [dones(None), dones(jaxcomm.GTopK(0.05))]
+    try:
+        os.sched_setaffinity(0, {min(cores)})
+        info["overlap/dones_one_core"] = [dones(None), dones(jaxcomm.GTopK(0.05))]
+    finally:
+        os.sched_setaffinity(0, cores)
+
     # 2. Compressed: residual structure, conservation, no retracing.
     for name, algo in (
         ("gtopk", jaxcomm.GTopK(0.05)),

@@ -73,6 +73,14 @@ def test_auto_drops_a_warmup_that_does_not_pay(worker):
     assert info["warmup/first_step_is_final_density"]
 
 
+def test_overlap_splits_compressed_buckets_only_with_a_core_to_spare(worker):
+    # 3 buckets each: dense always splits them; gTop-k only off a one-core affinity.
+    _, info = worker("unit")
+    if info["overlap/cores"] > 1:
+        assert info["overlap/dones_all_cores"] == [3, 3]
+    assert info["overlap/dones_one_core"] == [3, 0]
+
+
 @pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather"])
 def test_residuals_have_the_gradient_structure_and_no_retracing(worker, algorithm):
     _, info = worker("unit")

@@ -195,10 +195,10 @@ def warmup_pays(
 
     Each phase's step is its buckets' predicted reductions (each bucket's choice at that
     phase's density, as :func:`resolve_auto` makes it) plus ``compute_seconds``. A run needs
-    ``dense_steps`` times the largest steps factor of its choices: ``steps_factor`` over every
-    phase with the warm-up, ``steps_factor_no_warmup`` without. With the warm-up the run pays each
-    phase's step for the steps it spends there. Without both ``dense_steps`` and
-    ``steps_factor_no_warmup`` the schedule is followed (nothing measured says otherwise).
+    ``dense_steps`` times the largest steps factor of its choices: ``steps_factor`` over
+    every phase with the warm-up, ``steps_factor_no_warmup`` without. With the warm-up the
+    run pays each phase's step for the steps it spends there. Without both ``dense_steps``
+    and ``steps_factor_no_warmup`` the schedule is followed (nothing measured says otherwise).
 
     Args:
       auto: the :class:`Auto` (its profile, options, factors and compute).
