@@ -248,7 +248,7 @@ def test_measured_steps_factors_with_and_without_the_warmup(tmp_path):
     cell("1gbit", "dense-bf16", 130)
     cell("host", "dense-bf16", 100)  # any network: the fewest steps that reached the target
     cell("1gbit", "gtopk", 90)
-    cell("100mbit", "topk_allgather", 60, reached=False)  # capped: at least 60 steps
+    cell("100mbit", "topk_allgather", 150, reached=False)  # capped: at least 150 steps
     nowarmup = [{"elements": 10, "choice": "topk_allgather"}, {"elements": 5, "choice": "dense"}]
     cell("100mbit", "auto-bf16-nowarmup", 200, auto_choices=nowarmup)
     dropped = [
@@ -259,7 +259,8 @@ def test_measured_steps_factors_with_and_without_the_warmup(tmp_path):
     assert train.measured_dense_steps(tmp_path, "lbann-mlp", 2, 0, True) == 100
     assert train.measured_dense_steps(tmp_path, "lbann-mlp", 2, 0, False) is None
     with_warmup = train.measured_steps_factor(tmp_path, "lbann-mlp", 2, 0, True)
-    assert with_warmup == {"dense": 1.0, "gtopk": 0.9, "topk_allgather": 0.6}
+    # gTop-k's 90 steps to dense's 100 is seed noise: a factor is at least 1.
+    assert with_warmup == {"dense": 1.0, "gtopk": 1.0, "topk_allgather": 1.5}
     without = train.measured_steps_factor(tmp_path, "lbann-mlp", 2, 0, True, warmup=False)
     assert without == {"dense": 1.0, "topk_allgather": 2.0, "gtopk": 2.5}
     assert (
