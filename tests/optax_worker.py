@@ -231,6 +231,15 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
     finally:
         os.sched_setaffinity(0, cores)
 
+    # 1g. A schedule whose phases all choose dense compiles no switch (its operands would be
+    # copied for nothing); one whose phases choose differently keeps it.
+    def has_switch(algo: object) -> bool:
+        tx = allreduce_gradients("dp", algo, density_schedule={0: 0.9, 2: 0.001}, bucket_size=1000)
+        specs, state = init(tx)
+        return "stablehlo.case" in f32_step(tx, specs).lower(params, state, batch(0)).as_text()
+
+    info["schedule/switch"] = [has_switch(jaxcomm.cost.Auto(allowed=("dense",))), has_switch(auto)]
+
     # 2. Compressed: residual structure, conservation, no retracing.
     for name, algo in (
         ("gtopk", jaxcomm.GTopK(0.05)),

@@ -81,6 +81,11 @@ def test_overlap_splits_compressed_buckets_only_with_a_core_to_spare(worker):
     assert info["overlap/dones_one_core"] == [3, 0]
 
 
+def test_a_schedule_whose_phases_choose_alike_compiles_no_switch(worker):
+    _, info = worker("unit")
+    assert info["schedule/switch"] == [False, True]
+
+
 @pytest.mark.parametrize("algorithm", ["gtopk", "topk_allgather"])
 def test_residuals_have_the_gradient_structure_and_no_retracing(worker, algorithm):
     _, info = worker("unit")

@@ -52,7 +52,14 @@ Example:
 
 from __future__ import annotations
 
-from .auto import Auto, auto_algorithm, auto_decisions, resolve_auto, warmup_pays
+from .auto import (
+    Auto,
+    auto_algorithm,
+    auto_decisions,
+    phase_choices,
+    resolve_auto,
+    warmup_pays,
+)
 from .choose import choose, plan
 from .ledger import (
     bytes_sent,
@@ -102,6 +109,7 @@ __all__ = [
     "auto_algorithm",
     "auto_decisions",
     "warmup_pays",
+    "phase_choices",
     "bytes_sent",
     "choose",
     "dense_bytes",

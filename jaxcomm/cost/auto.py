@@ -28,7 +28,14 @@ from .model import (
 )
 from .timemodel import predict
 
-__all__ = ["Auto", "auto_algorithm", "auto_decisions", "resolve_auto", "warmup_pays"]
+__all__ = [
+    "Auto",
+    "auto_algorithm",
+    "auto_decisions",
+    "phase_choices",
+    "resolve_auto",
+    "warmup_pays",
+]
 
 _log = logging.getLogger("jaxcomm.cost")
 
@@ -254,6 +261,49 @@ def warmup_pays(
     decision = {"warmup": with_s <= without_s, "with_s": with_s, "without_s": without_s}
     _decisions.append({"warmup_decision": decision, "buckets": list(buckets)})
     return decision
+
+
+def phase_choices(
+    phases: Sequence[Auto],
+    buckets: Sequence[int],
+    axis_size: int,
+    processes: int,
+    devices_per_process: int,
+    hierarchical: bool = False,
+    element_bytes: int = 4,
+) -> list[list[str]]:
+    """Each phase's choice per bucket, as :func:`resolve_auto` would make it, without logging
+    a decision: ``allreduce_gradients`` compiles no ``lax.switch`` over phases that all
+    choose the same density-free algorithms (its operands would be copied for nothing).
+
+    Example:
+      >>> dense = Auto(allowed=("dense",))
+      >>> phase_choices([dense, dense], [1000, 10], 2, 2, 1)
+      [['dense', 'dense'], ['dense', 'dense']]
+    """
+    out = []
+    for auto in phases:
+        profile = auto.resolved_profile()
+        world = _world(profile, axis_size, processes, devices_per_process)
+        options = dataclasses.replace(auto.options, element_bytes=element_bytes)
+        total = max(1, sum(buckets))
+        compute = auto.compute_seconds or 0.0
+        out.append(
+            [
+                choose(
+                    n,
+                    world,
+                    auto.allowed,
+                    profile,
+                    options,
+                    hierarchical,
+                    auto.steps_factor,
+                    compute * n / total,
+                )  # fmt: skip
+                for n in buckets
+            ]
+        )
+    return out
 
 
 def auto_decisions() -> list[dict[str, Any]]:
