@@ -604,7 +604,9 @@ def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
         return json.loads(path.read_text())["step_s"]
     if args.dry_run:
         return None
-    recipe = cell_recipe(workload, "host", 1, "psum", 0, None, None, args.set)
+    # One local process: the links' settings (--set backend.*) are not its.
+    training = [(k, v) for k, v in args.set if k[0] != "backend"]
+    recipe = cell_recipe(workload, "host", 1, "psum", 0, None, None, training)
     recipe["name"] = f"{workload}-compute"
     recipe["train"]["steps"] = args.compute_steps
     recipe["train"].pop("target", None)

@@ -38,6 +38,13 @@ def run(ctx: JobContext) -> None:
         )
     # Every rank logs its own choices, so a run shows they agree.
     for d in result.get("auto_choices", []):
+        if "warmup_decision" in d:  # jaxcomm.cost.warmup_pays: the schedule's warm-up or not
+            w = d["warmup_decision"]
+            ctx.print(
+                f"digits auto: {'keeps' if w['warmup'] else 'drops'} the warm-up "
+                f"(predicted {w['with_s']:.1f} s with it, {w['without_s']:.1f} s without)"
+            )
+            continue
         ctx.print(
             f"digits auto: bucket of {d['elements']} elements -> {d['choice']} "
             f"(allowed {', '.join(d['allowed'])}; profile: {d['profile']})"
