@@ -684,6 +684,20 @@ def e2e(results: pathlib.Path) -> str:
     )
 
 
+@section("docs/e2e.md", "e2e-burst")
+def e2e_burst(results: pathlib.Path) -> str:
+    """digits-small at 100 Mbit/s with a 4 KB tbf burst (``results/e2e-burst4kb/e2e.json``):
+    the grid's 128 KB burst lets its 19 KB gradient through at memory speed."""
+    data = load(results / "e2e-burst4kb", "e2e")
+    parts = [
+        table(E2E_HEADER, [e2e_columns(r) for r in rows], caption=f"**{title}**, 4 KB burst")
+        for title, rows in e2e_cells(data["rows"])
+    ]
+    return "From `benchmarks/results/e2e-burst4kb/e2e.json` ({} runs).\n\n".format(
+        data["cells"]
+    ) + "\n\n".join(parts)
+
+
 # ---------------------------------------------------------------------------------------------
 # docs/gpus.md
 

@@ -455,8 +455,9 @@ def allreduce_gradients(
             # Without the warm-up the choices weigh the steps they need without it.
             return [dataclasses.replace(auto, steps_factor=auto.steps_factor_no_warmup)]
         # Phases that choose the same density-free algorithm for every bucket (dense on one
-        # host, say) are one phase: a lax.switch over identical branches would still copy its
-        # operands on XLA:CPU (lbann-mlp on one host: 0.38 s per step against 0.31).
+        # host, say) are one phase: a lax.switch over identical branches still costs, as its
+        # operands are the whole gradient (lbann-mlp on one host, all dense: 0.38-0.40 s per
+        # step inside the switch, 0.25 s without; docs/e2e.md).
         names = cost.phase_choices(
             [cost.Auto() if isinstance(p, str) else p for p in phases],
             [sum(xs[i].size for i in g) for g in groups],

@@ -274,7 +274,7 @@ def phase_choices(
 ) -> list[list[str]]:
     """Each phase's choice per bucket, as :func:`resolve_auto` would make it, without logging
     a decision: ``allreduce_gradients`` compiles no ``lax.switch`` over phases that all
-    choose the same density-free algorithms (its operands would be copied for nothing).
+    choose the same density-free algorithms (a switch over the whole gradient costs).
 
     Example:
       >>> dense = Auto(allowed=("dense",))
