@@ -1027,9 +1027,18 @@ def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
         if not compute.exists():
             continue
         c.setdefault("predicted_before_run", c.get("predicted"))
+        recipe = c["recipe"]
+        if _auto_dropped_warmup(c):  # predict the run auto made: no warm-up, its factors
+            entry = dict(recipe["sweep"][0])
+            entry["steps_factor"] = entry.get("steps_factor_no_warmup", entry.get("steps_factor"))
+            recipe = {
+                **recipe,
+                "sweep": [entry],
+                "args": {**recipe.get("args", {}), "warmup": False},
+            }
         c["predicted"] = predict_step(
             c["workload"],
-            c["recipe"],
+            recipe,
             c["label"],
             c["network"],
             c["nodes"],
