@@ -1,5 +1,7 @@
 #include "kernels/quantizer_table.h"
 
+#include <iterator>
+
 #include "kernels/adaptive.h"
 #include "kernels/blockquant.h"
 #include "kernels/onebit.h"
@@ -20,14 +22,7 @@ const Quantizer* const kTable[] = {
 
 }  // namespace
 
-QuantizerList Quantizers() { return {kTable, sizeof(kTable) / sizeof(kTable[0])}; }
-
-const Quantizer* FindQuantizer(QuantizerKind kind) {
-  for (const Quantizer* q : Quantizers()) {
-    if (q->kind == kind) return q;
-  }
-  return nullptr;
-}
+QuantizerList Quantizers() { return {kTable, std::size(kTable)}; }
 
 const float* ResidualOrZeros(const float* residual_in, int64_t n) {
   if (residual_in != nullptr) return residual_in;

@@ -52,17 +52,27 @@ struct Quantizer {
                                        std::vector<float>* scratch);
 };
 
-// The table's entries, in its order.
-struct QuantizerList {
-  const Quantizer* const* first;
+// A quantizer table's entries (this table's, or the CUDA one's), in its order.
+template <typename Entry>
+struct EntryList {
+  const Entry* const* first;
   size_t count;
-  const Quantizer* const* begin() const { return first; }
-  const Quantizer* const* end() const { return first + count; }
+  const Entry* const* begin() const { return first; }
+  const Entry* const* end() const { return first + count; }
+  // The entry of `kind`, or null when none has that number.
+  const Entry* Find(QuantizerKind kind) const {
+    for (const Entry* entry : *this) {
+      if (entry->kind == kind) return entry;
+    }
+    return nullptr;
+  }
 };
+
+using QuantizerList = EntryList<Quantizer>;
 QuantizerList Quantizers();
 
 // The entry of `kind`, or null when no quantizer has that number.
-const Quantizer* FindQuantizer(QuantizerKind kind);
+inline const Quantizer* FindQuantizer(QuantizerKind kind) { return Quantizers().Find(kind); }
 
 // residual_in, or n zeros when it is null, for a quantize kernel that always reads a residual
 // (one-bit, threshold): acc = x + 0.0f equals x (a -0 becomes +0, which both encode like +0).
