@@ -29,13 +29,13 @@
 #include "ffi/quantized_schedule.h"
 #include "ffi/ring_schedule.h"
 #include "kernels/quantized_slices.h"
+#include "kernels/quantizer_table.h"
 #include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
 namespace {
 
-using kernels::QuantizerKind;
 using kernels::QuantizerSpec;
 
 using quantized::CheckSizes;
@@ -467,3 +467,18 @@ JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_hierarchical_blockquant", HierarchicalBlockQu
 
 }  // namespace
 }  // namespace jaxcomm::collectives
+
+// ctypes entry point for jaxcomm/_ffi.py (quantizer_kinds): the quantizer table
+// (kernels/quantizer_table.h) as the JSON object {name: kind}, so that no Python module spells
+// a kind number. Copies it into `buffer` and returns its full length (call again with a larger
+// buffer when the return value >= capacity). Names are plain identifiers (the table's test
+// checks), so they need no escaping.
+JAXCOMM_C_API int64_t jaxcomm_quantizers_json(char* buffer, int64_t capacity) {
+  std::string json = "{";
+  for (const jaxcomm::kernels::Quantizer* q : jaxcomm::kernels::Quantizers()) {
+    if (json.size() > 1) json += ", ";
+    json += "\"" + std::string(q->name) + "\": " + std::to_string(static_cast<int64_t>(q->kind));
+  }
+  json += "}";
+  return jaxcomm::ffi_common::CopyJson(json, buffer, capacity);
+}

@@ -11,6 +11,7 @@
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
 #include "kernels/quantized_slices.h"
+#include "kernels/quantizer_table.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives::quantized {
@@ -20,7 +21,7 @@ namespace ffi = xla::ffi;
 // A quantized allreduce's quantizer (kernels::QuantizerSpec as it travels): one dictionary
 // attribute, "quantizer", built by jaxcomm/collectives/_attributes.py (quantizer_attributes).
 struct QuantizerAttrs {
-  int64_t kind;  // kernels::QuantizerKind: 0 one-bit, 1 threshold, 2 adaptive, 3 block
+  int64_t kind;  // kernels::QuantizerKind, a kind of the table (kernels/quantizer_table.h)
   int64_t column_size;
   int64_t sample_size;
   double proportion;
@@ -50,22 +51,14 @@ constexpr char kQuantizedOp[] = "jaxcomm.compressed_allreduce";
 constexpr char kHierarchicalOp[] = "jaxcomm.allreduce(hierarchical=True)";
 constexpr char kHierarchicalQuantizedOp[] = "jaxcomm.compressed_allreduce(hierarchical=True)";
 
+// The quantizer's metrics label: its name in the table ("onebit", ...).
 inline const char* KindLabel(kernels::QuantizerKind kind) {
-  switch (kind) {
-    case kernels::QuantizerKind::kOneBit:
-      return "onebit";
-    case kernels::QuantizerKind::kThreshold:
-      return "threshold";
-    case kernels::QuantizerKind::kAdaptive:
-      return "adaptive";
-    case kernels::QuantizerKind::kBlockQuant:
-      return "blockquant";
-  }
-  return "unknown";
+  const kernels::Quantizer* q = kernels::FindQuantizer(kind);
+  return q == nullptr ? "unknown" : q->name;
 }
 
 inline ffi::Error ReadSpec(const char* op, const QuantizerAttrs& q, kernels::QuantizerSpec* spec) {
-  if (q.kind < 0 || q.kind > 3) {
+  if (kernels::FindQuantizer(static_cast<kernels::QuantizerKind>(q.kind)) == nullptr) {
     return ffi_common::InvalidArgument(op, "unknown quantizer kind " + std::to_string(q.kind));
   }
   *spec = kernels::QuantizerSpec{static_cast<kernels::QuantizerKind>(q.kind),

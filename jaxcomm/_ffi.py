@@ -75,6 +75,8 @@ C_FUNCTIONS: dict[str, tuple[Any, list[Any]]] = {
     # ffi/handle_wait.cc: the open detached handles, one per line (int64 fn(char*, int64))
     "jaxcomm_open_handles": (_i64, [_str, _i64]),
     "jaxcomm_process_epoch": (_i32, []),
+    # ffi/quantized_allreduce.cc: the quantizer table as JSON {name: kind} (int64 fn(char*, int64))
+    "jaxcomm_quantizers_json": (_i64, [_str, _i64]),
     # ffi/allreduce.h: the largest vector (bytes) of the small-vector dense schedules
     "jaxcomm_allreduce_small_bytes": (_i64, []),
     # ffi/world_api.cc: the UCX world
@@ -203,6 +205,37 @@ def read_json(symbol: str) -> Any:
     buffer = ctypes.create_string_buffer(size + 1)
     fn(buffer, size + 1)
     return json.loads(buffer.value.decode())
+
+
+@functools.cache
+def quantizer_kinds() -> dict[str, int]:
+    """The library's quantizer table (kernels/quantizer_table.h): name -> kind number.
+
+    The number is what the ``quantizer`` FFI attribute carries; each quantizer's C++ entry sets
+    it, so no Python module spells it.
+
+    Example:
+        >>> quantizer_kinds()["onebit"]
+        0
+    """
+    return read_json("jaxcomm_quantizers_json")
+
+
+def quantizer_kind(name: str) -> int:
+    """The kind number of quantizer ``name`` (:func:`quantizer_kinds`).
+
+    Raises:
+        ValueError: the loaded library has no such quantizer (a registry module without its
+            C++ entry, or a library built before the entry was added: rebuild it).
+    """
+    kinds = quantizer_kinds()
+    try:
+        return kinds[name]
+    except KeyError:
+        raise ValueError(
+            f"jaxcomm's library has no quantizer {name!r} (its table: {', '.join(kinds)}); "
+            "add its entry to kernels/quantizer_table.cc, or rebuild the library"
+        ) from None
 
 
 def register_all() -> None:

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/quantizer_table.h"
 #include "kernels/wire.h"
 
 namespace jaxcomm::kernels {
@@ -441,5 +442,54 @@ std::string AdaptiveDecompress(const uint32_t* packed, int64_t words, const Adap
   }
   return "";
 }
+
+// ---- entry of the quantized allreduce (kernels/quantizer_table.h) ------------------------
+namespace {
+
+AdaptiveLayout AdaptiveLayoutOf(const QuantizerSpec& spec, int64_t n) {
+  return AdaptiveLayout{n, spec.column_size, spec.proportion};
+}
+
+std::string AdaptiveCheckSpec(const QuantizerSpec& spec) {
+  if (!std::isfinite(spec.proportion) || spec.proportion < 1.0) {
+    return "Adaptive proportion must be finite and >= 1, got " + std::to_string(spec.proportion);
+  }
+  if (spec.column_size < 1) return "Adaptive column_size must be >= 1";
+  if (spec.sample_size < 0) return "sample_size must be >= 0";
+  return "";
+}
+
+int64_t AdaptiveSliceUnit(const QuantizerSpec& spec) { return spec.column_size; }
+
+int64_t AdaptiveSliceWords(const QuantizerSpec& spec, int64_t n) {
+  return AdaptiveLayoutOf(spec, n).PackedWords();
+}
+
+QuantizeStatus AdaptiveQuantizeSlice(const QuantizerSpec& spec, const float* x,
+                                     const float* residual_in, int64_t n, uint32_t* packed,
+                                     float* residual_out, const TaskRunner& run) {
+  QuantizeStatus status;
+  status.nonfinite_index = AdaptiveCompress(x, residual_in, AdaptiveLayoutOf(spec, n),
+                                            spec.sample_size, packed, residual_out, run);
+  return status;
+}
+
+std::string AdaptiveDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* packed,
+                                         int64_t words, int64_t n, float* out,
+                                         std::vector<float>*) {
+  return AdaptiveDecompress(packed, words, AdaptiveLayoutOf(spec, n), out, /*accumulate=*/true);
+}
+
+}  // namespace
+
+const Quantizer kAdaptiveQuantizer = {
+    QuantizerKind::kAdaptive,
+    "adaptive",
+    AdaptiveCheckSpec,
+    AdaptiveSliceUnit,
+    AdaptiveSliceWords,
+    AdaptiveQuantizeSlice,
+    AdaptiveDequantizeAccumulate,
+};
 
 }  // namespace jaxcomm::kernels

@@ -26,6 +26,8 @@
 #include "kernels/adaptive.h"
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_kernels.h"
+#include "kernels/cuda_quantizer_table.h"
+#include "kernels/quantized_slices.h"
 
 namespace jaxcomm::kernels::cuda {
 namespace {
@@ -511,5 +513,35 @@ cudaError_t AdaptiveDecompress(const uint32_t* packed, int64_t words, int64_t n,
                                                                                 accumulate, bad);
   return PoisonIfBad(bad, x_hat, n, stream);
 }
+
+// ---- entry of the quantized allreduce (kernels/cuda_quantizer_table.h) -------------------
+namespace {
+
+cudaError_t AdaptiveQuantizeSlice(const QuantizerSpec& spec, const float* x,
+                                  const float* residual_in, int64_t n, uint32_t* packed,
+                                  float* residual_out, void* scratch, cudaStream_t stream) {
+  // Takes a null residual_in itself (acc = x), as the CPU kernel does.
+  return AdaptiveCompress(x, residual_in, n, spec.column_size, spec.proportion, spec.sample_size,
+                          packed, residual_out, scratch, stream);
+}
+
+cudaError_t AdaptiveDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* packed,
+                                         int64_t words, int64_t n, float* out, void* scratch,
+                                         cudaStream_t stream) {
+  return AdaptiveDecompress(packed, words, n, spec.column_size, spec.proportion, out,
+                            /*accumulate=*/true, scratch, stream);
+}
+
+}  // namespace
+
+const CudaQuantizer kAdaptiveCudaQuantizer = {
+    QuantizerKind::kAdaptive,
+    [](const QuantizerSpec& spec, int64_t n) {
+      return AdaptiveCompressScratchBytes(n, spec.column_size, spec.proportion, spec.sample_size);
+    },
+    [](const QuantizerSpec&) { return AdaptiveDecompressScratchBytes(); },
+    AdaptiveQuantizeSlice,
+    AdaptiveDequantizeAccumulate,
+};
 
 }  // namespace jaxcomm::kernels::cuda

@@ -79,4 +79,8 @@ int64_t AdaptiveCompress(const float* x, const float* residual_in, const Adaptiv
 std::string AdaptiveDecompress(const uint32_t* packed, int64_t words, const AdaptiveLayout& layout,
                                float* out, bool accumulate = false);
 
+// Adaptive's entry of the quantized allreduce's table (kernels/quantizer_table.h).
+struct Quantizer;
+extern const Quantizer kAdaptiveQuantizer;
+
 }  // namespace jaxcomm::kernels

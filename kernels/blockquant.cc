@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/quantizer_table.h"
 #include "kernels/wire.h"
 
 namespace jaxcomm::kernels {
@@ -297,5 +298,57 @@ std::string BlockQuantDecompress(const uint32_t* packed, int64_t words, int64_t 
   });
   return "";
 }
+
+// ---- entry of the quantized allreduce (kernels/quantizer_table.h) ------------------------
+namespace {
+
+// The spec's column_size is the block; seed, step, stream and first_index are the stochastic
+// rounding's counter.
+BlockQuantParams BlockQuantParamsOf(const QuantizerSpec& spec) {
+  BlockQuantParams p;
+  p.block = spec.column_size;
+  p.bits = spec.bits;
+  p.stochastic = spec.stochastic;
+  p.seed = spec.seed;
+  p.step = spec.step;
+  p.stream = spec.stream;
+  p.first_index = spec.first_index;
+  return p;
+}
+
+std::string BlockQuantCheckSpec(const QuantizerSpec& spec) {
+  return CheckBlockQuantParams(BlockQuantParamsOf(spec));
+}
+
+int64_t BlockQuantSliceUnit(const QuantizerSpec& spec) { return spec.column_size; }
+
+int64_t BlockQuantSliceWords(const QuantizerSpec& spec, int64_t n) {
+  return BlockQuantPackedWords(n, spec.column_size, spec.bits);
+}
+
+QuantizeStatus BlockQuantQuantizeSlice(const QuantizerSpec& spec, const float* x,
+                                       const float* residual_in, int64_t n, uint32_t* packed,
+                                       float* residual_out, const TaskRunner& run) {
+  return BlockQuantCompress(x, residual_in, n, BlockQuantParamsOf(spec), packed, residual_out, run);
+}
+
+std::string BlockQuantDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* packed,
+                                           int64_t words, int64_t n, float* out,
+                                           std::vector<float>*) {
+  return BlockQuantDecompress(packed, words, n, BlockQuantParamsOf(spec), out,
+                              /*accumulate=*/true);
+}
+
+}  // namespace
+
+const Quantizer kBlockQuantizer = {
+    QuantizerKind::kBlockQuant,
+    "blockquant",
+    BlockQuantCheckSpec,
+    BlockQuantSliceUnit,
+    BlockQuantSliceWords,
+    BlockQuantQuantizeSlice,
+    BlockQuantDequantizeAccumulate,
+};
 
 }  // namespace jaxcomm::kernels

@@ -9,6 +9,8 @@
 #include "kernels/blockquant.h"
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_kernels.h"
+#include "kernels/cuda_quantizer_table.h"
+#include "kernels/quantized_slices.h"
 
 namespace jaxcomm::kernels::cuda {
 namespace {
@@ -174,5 +176,35 @@ cudaError_t BlockQuantDecompress(const uint32_t* packed, int64_t words, int64_t 
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   return PoisonIfBad(bad, x_hat, n, stream);
 }
+
+// ---- entry of the quantized allreduce (kernels/cuda_quantizer_table.h) -------------------
+namespace {
+
+// The spec's column_size is the block; step or device_step, stream and first_index are the
+// stochastic rounding's counter. Takes a null residual_in itself (acc = x).
+cudaError_t BlockQuantQuantizeSlice(const QuantizerSpec& spec, const float* x,
+                                    const float* residual_in, int64_t n, uint32_t* packed,
+                                    float* residual_out, void*, cudaStream_t stream) {
+  return BlockQuantCompress(x, residual_in, n, spec.column_size, spec.bits, spec.stochastic,
+                            spec.seed, spec.step, spec.device_step, spec.stream, spec.first_index,
+                            packed, residual_out, stream);
+}
+
+cudaError_t BlockQuantDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* packed,
+                                           int64_t words, int64_t n, float* out, void* scratch,
+                                           cudaStream_t stream) {
+  return BlockQuantDecompress(packed, words, n, spec.column_size, spec.bits, out,
+                              /*accumulate=*/true, scratch, stream);
+}
+
+}  // namespace
+
+const CudaQuantizer kBlockCudaQuantizer = {
+    QuantizerKind::kBlockQuant,
+    [](const QuantizerSpec&, int64_t) -> size_t { return 0; },
+    [](const QuantizerSpec&) { return BlockQuantDecompressScratchBytes(); },
+    BlockQuantQuantizeSlice,
+    BlockQuantDequantizeAccumulate,
+};
 
 }  // namespace jaxcomm::kernels::cuda

@@ -101,4 +101,8 @@ std::string BlockQuantDecompress(const uint32_t* packed, int64_t words, int64_t 
                                  const BlockQuantParams& params, float* out, bool accumulate,
                                  const TaskRunner& run = RunTasksSerially);
 
+// BlockQuant's entry of the quantized allreduce's table (kernels/quantizer_table.h).
+struct Quantizer;
+extern const Quantizer kBlockQuantizer;
+
 }  // namespace jaxcomm::kernels

@@ -23,6 +23,10 @@
 
 namespace jaxcomm::kernels::cuda {
 
+// The quantizers' entries of the CUDA quantizer table (kernels/cuda_quantizer_table.h), each
+// declared in its quantizer's section below and defined beside its kernels.
+struct CudaQuantizer;
+
 // Pieces carved out of one block of scratch memory start at multiples of 256 bytes (what
 // cudaMalloc and XLA's ScratchAllocator return): `bytes` rounded up to that.
 inline size_t AlignUp(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
@@ -68,6 +72,7 @@ cudaError_t OneBitCompress(const float* x, const float* residual_in, int64_t n, 
                            cudaStream_t stream);
 cudaError_t OneBitDecompress(const uint32_t* packed, int64_t words, int64_t n, int64_t column_size,
                              float* x_hat, cudaStream_t stream);
+extern const CudaQuantizer kOneBitCudaQuantizer;  // kernels/quantize.cu
 
 // ---- threshold quantization (kernels/threshold.h) ----------------------------------------
 size_t ThresholdScratchBytes(int64_t n);
@@ -77,6 +82,7 @@ cudaError_t ThresholdCompress(const float* x, const float* residual_in, int64_t 
 size_t ThresholdDecompressScratchBytes();
 cudaError_t ThresholdDecompress(const uint32_t* packed, int64_t words, int64_t n, float tau,
                                 float* x_hat, void* scratch, cudaStream_t stream);
+extern const CudaQuantizer kThresholdCudaQuantizer;  // kernels/quantize.cu
 
 // ---- sparse collectives (ffi/cuda/topk_allgather.cc, ffi/cuda/gtopk.cc) ------------------
 // The dense-side steps of TopK-allgather and gTop-k over sparse sets (k ascending indices, k
@@ -143,6 +149,7 @@ size_t AdaptiveDecompressScratchBytes();
 cudaError_t AdaptiveDecompress(const uint32_t* packed, int64_t words, int64_t n,
                                int64_t column_size, double proportion, float* x_hat,
                                bool accumulate, void* scratch, cudaStream_t stream);
+extern const CudaQuantizer kAdaptiveCudaQuantizer;  // kernels/adaptive.cu
 
 // ---- block int8/int4 quantization (kernels/blockquant.h) ----------------------------------
 // Same contract as kernels::BlockQuantCompress: packed (BlockQuantPackedWords words) and
@@ -161,6 +168,7 @@ size_t BlockQuantDecompressScratchBytes();
 cudaError_t BlockQuantDecompress(const uint32_t* packed, int64_t words, int64_t n, int64_t block,
                                  int64_t bits, float* x_hat, bool accumulate, void* scratch,
                                  cudaStream_t stream);
+extern const CudaQuantizer kBlockCudaQuantizer;  // kernels/blockquant.cu
 
 // ---- quantized allreduce building blocks (ffi/cuda/quantized_allreduce.cc) ----------------
 // The reduce step of the quantized allreduce decodes a message INTO a running sum:

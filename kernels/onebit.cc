@@ -1,8 +1,11 @@
 #include "kernels/onebit.h"
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
+#include "kernels/quantizer_table.h"
+#include "kernels/reduce.h"
 #include "kernels/wire.h"
 
 #if JAXCOMM_QUANTIZERS_X86
@@ -339,5 +342,61 @@ void OneBitDecompress(const uint32_t* packed, int64_t n, const OneBitParams& par
     }
   });
 }
+
+// ---- entry of the quantized allreduce (kernels/quantizer_table.h) ------------------------
+namespace {
+
+OneBitParams OneBitParamsOf(const QuantizerSpec& spec) {
+  return OneBitParams{spec.column_size, spec.sample_size};
+}
+
+std::string OneBitCheckSpec(const QuantizerSpec& spec) {
+  if (spec.column_size < 32 || spec.column_size % 32 != 0) {
+    return "OneBit column_size must be a positive multiple of 32, got " +
+           std::to_string(spec.column_size);
+  }
+  if (spec.sample_size < 0) return "sample_size must be >= 0";
+  return "";
+}
+
+int64_t OneBitSliceUnit(const QuantizerSpec& spec) { return spec.column_size; }
+
+int64_t OneBitSliceWords(const QuantizerSpec& spec, int64_t n) {
+  return OneBitPackedWords(n, spec.column_size);
+}
+
+QuantizeStatus OneBitQuantizeSlice(const QuantizerSpec& spec, const float* x,
+                                   const float* residual_in, int64_t n, uint32_t* packed,
+                                   float* residual_out, const TaskRunner& run) {
+  // OneBitCompress always reads a residual.
+  return OneBitCompress(x, ResidualOrZeros(residual_in, n), n, OneBitParamsOf(spec), packed,
+                        residual_out, run);
+}
+
+// Decodes densely into scratch, then adds: OneBitDecompress writes every element.
+std::string OneBitDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* packed,
+                                       int64_t words, int64_t n, float* out,
+                                       std::vector<float>* scratch) {
+  const int64_t capacity = OneBitPackedWords(n, spec.column_size);
+  if (words != capacity) {
+    return "a one-bit message must be exactly " + std::to_string(capacity) + " words";
+  }
+  scratch->resize(static_cast<size_t>(n));
+  OneBitDecompress(packed, n, OneBitParamsOf(spec), scratch->data());
+  AddInto(out, scratch->data(), n);
+  return "";
+}
+
+}  // namespace
+
+const Quantizer kOneBitQuantizer = {
+    QuantizerKind::kOneBit,
+    "onebit",
+    OneBitCheckSpec,
+    OneBitSliceUnit,
+    OneBitSliceWords,
+    OneBitQuantizeSlice,
+    OneBitDequantizeAccumulate,
+};
 
 }  // namespace jaxcomm::kernels

@@ -48,4 +48,8 @@ QuantizeStatus OneBitCompress(const float* x, const float* residual_in, int64_t 
 void OneBitDecompress(const uint32_t* packed, int64_t n, const OneBitParams& params, float* x_hat,
                       const TaskRunner& run = RunTasksSerially);
 
+// One-bit's entry of the quantized allreduce's table (kernels/quantizer_table.h).
+struct Quantizer;
+extern const Quantizer kOneBitQuantizer;
+
 }  // namespace jaxcomm::kernels

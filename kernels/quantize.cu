@@ -6,6 +6,8 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_kernels.h"
+#include "kernels/cuda_quantizer_table.h"
+#include "kernels/quantized_slices.h"
 
 namespace jaxcomm::kernels::cuda {
 namespace {
@@ -376,5 +378,69 @@ cudaError_t ThresholdDecompressAccumulate(const uint32_t* packed, int64_t words,
       <<<GridFor(words, kThreads), kThreads, 0, stream>>>(packed, words, n, tau, x_hat, bad);
   return PoisonIfBad(bad, x_hat, n, stream);
 }
+
+// ---- entries of the quantized allreduce (kernels/cuda_quantizer_table.h) -----------------
+namespace {
+
+// OneBit and Threshold always read a residual. A null residual_in becomes residual_out
+// zero-filled, as the CPU substitutes a zero vector (acc = x + 0.0f on both); their kernels
+// read each residual element before the same thread writes it, so the aliasing is safe.
+cudaError_t ZeroResidualIfNull(const float** residual_in, int64_t n, float* residual_out,
+                               cudaStream_t stream) {
+  if (*residual_in != nullptr) return cudaSuccess;
+  *residual_in = residual_out;
+  return cudaMemsetAsync(residual_out, 0, sizeof(float) * n, stream);
+}
+
+cudaError_t OneBitQuantizeSlice(const QuantizerSpec& spec, const float* x, const float* residual_in,
+                                int64_t n, uint32_t* packed, float* residual_out, void*,
+                                cudaStream_t stream) {
+  if (cudaError_t e = ZeroResidualIfNull(&residual_in, n, residual_out, stream); e != cudaSuccess) {
+    return e;
+  }
+  return OneBitCompress(x, residual_in, n, spec.column_size, spec.sample_size, packed, residual_out,
+                        stream);
+}
+
+cudaError_t OneBitDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* packed,
+                                       int64_t words, int64_t n, float* out, void*,
+                                       cudaStream_t stream) {
+  return OneBitDecompressAccumulate(packed, words, n, spec.column_size, out, stream);
+}
+
+cudaError_t ThresholdQuantizeSlice(const QuantizerSpec& spec, const float* x,
+                                   const float* residual_in, int64_t n, uint32_t* packed,
+                                   float* residual_out, void* scratch, cudaStream_t stream) {
+  if (cudaError_t e = ZeroResidualIfNull(&residual_in, n, residual_out, stream); e != cudaSuccess) {
+    return e;
+  }
+  // Capacity in entries: the CPU entry's packed words minus the header.
+  return ThresholdCompress(x, residual_in, n, spec.tau, QuantizedPackedWords(spec, n) - 1, packed,
+                           residual_out, scratch, stream);
+}
+
+cudaError_t ThresholdDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* packed,
+                                          int64_t words, int64_t n, float* out, void* scratch,
+                                          cudaStream_t stream) {
+  return ThresholdDecompressAccumulate(packed, words, n, spec.tau, out, scratch, stream);
+}
+
+}  // namespace
+
+const CudaQuantizer kOneBitCudaQuantizer = {
+    QuantizerKind::kOneBit,
+    [](const QuantizerSpec&, int64_t) -> size_t { return 0; },
+    [](const QuantizerSpec&) -> size_t { return 0; },
+    OneBitQuantizeSlice,
+    OneBitDequantizeAccumulate,
+};
+
+const CudaQuantizer kThresholdCudaQuantizer = {
+    QuantizerKind::kThreshold,
+    [](const QuantizerSpec&, int64_t n) { return ThresholdScratchBytes(n); },
+    [](const QuantizerSpec&) { return ThresholdDecompressScratchBytes(); },
+    ThresholdQuantizeSlice,
+    ThresholdDequantizeAccumulate,
+};
 
 }  // namespace jaxcomm::kernels::cuda

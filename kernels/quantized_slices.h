@@ -1,6 +1,7 @@
 // One interface over the quantizers (one-bit, threshold, adaptive, block int8/int4) for the
 // quantized allreduce (Dryden et al. 2016 §3.4): slice a vector so no column straddles two slices,
-// quantize a slice with error feedback, and decode a received slice into a running sum.
+// quantize a slice with error feedback, and decode a received slice into a running sum. Each
+// function dispatches through the quantizer table (kernels/quantizer_table.h) on spec.kind.
 //
 // Slices. The vector of n elements is cut into P slices whose boundaries are multiples of
 // SliceUnit(spec) (the compressor's column_size, BlockQuant's block; 1 for threshold, which has
@@ -20,6 +21,10 @@
 
 namespace jaxcomm::kernels {
 
+// The kind number of each entry of the quantizer table (kernels/quantizer_table.h): what the
+// "quantizer" FFI attribute carries. Each entry takes its number from here (a new quantizer adds
+// its line); Python reads the numbers from the table (jaxcomm._ffi.quantizer_kinds), and
+// tests/test_config.py checks this list against the Python registry. Nothing switches on them.
 enum class QuantizerKind : int64_t { kOneBit = 0, kThreshold = 1, kAdaptive = 2, kBlockQuant = 3 };
 
 struct QuantizerSpec {

@@ -1,9 +1,12 @@
 #include "kernels/threshold.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
+#include "kernels/quantizer_table.h"
 #include "kernels/wire.h"
 
 #if JAXCOMM_QUANTIZERS_X86
@@ -188,5 +191,74 @@ int64_t ThresholdDecompress(const uint32_t* packed, int64_t n, float tau, float*
   }
   return -1;
 }
+
+// ---- entry of the quantized allreduce (kernels/quantizer_table.h) ------------------------
+namespace {
+
+// Entries a slice of n elements can send. Same expression as Threshold.capacity in
+// jaxcomm/compressors.py.
+int64_t ThresholdCapacity(double max_density, int64_t n) {
+  return std::min<int64_t>(n,
+                           std::max<int64_t>(1, static_cast<int64_t>(std::ceil(max_density * n))));
+}
+
+std::string ThresholdCheckSpec(const QuantizerSpec& spec) {
+  if (!std::isfinite(spec.tau) || spec.tau <= 0.0f) {
+    return "Threshold tau must be finite and > 0, got " + std::to_string(spec.tau);
+  }
+  if (!(spec.max_density > 0.0 && spec.max_density <= 1.0)) {
+    return "Threshold max_density must be in (0, 1], got " + std::to_string(spec.max_density);
+  }
+  return "";
+}
+
+// Threshold has no columns: a slice may end at any element.
+int64_t ThresholdSliceUnit(const QuantizerSpec&) { return 1; }
+
+int64_t ThresholdSliceWords(const QuantizerSpec& spec, int64_t n) {
+  return wire::kHeaderWords + ThresholdCapacity(spec.max_density, n);
+}
+
+QuantizeStatus ThresholdQuantizeSlice(const QuantizerSpec& spec, const float* x,
+                                      const float* residual_in, int64_t n, uint32_t* packed,
+                                      float* residual_out, const TaskRunner& run) {
+  // ThresholdCompress always reads a residual.
+  return ThresholdCompress(x, ResidualOrZeros(residual_in, n), n,
+                           ThresholdParams{spec.tau, ThresholdCapacity(spec.max_density, n)},
+                           packed, residual_out, run);
+}
+
+// Sparse: every entry is checked first so a bad message leaves the partial sum untouched.
+std::string ThresholdDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t* packed,
+                                          int64_t words, int64_t n, float* out,
+                                          std::vector<float>*) {
+  const uint32_t* entries = packed + wire::kHeaderWords;
+  const int64_t m = words - wire::kHeaderWords;
+  int64_t previous = -1;
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t index = wire::EntryIndex(entries[j]);
+    if (index >= n || index <= previous) {
+      return "entry " + std::to_string(j) + " has index " + std::to_string(index) +
+             " (out of range or not ascending)";
+    }
+    previous = index;
+  }
+  for (int64_t j = 0; j < m; ++j) {
+    out[wire::EntryIndex(entries[j])] += wire::EntryPositive(entries[j]) ? spec.tau : -spec.tau;
+  }
+  return "";
+}
+
+}  // namespace
+
+const Quantizer kThresholdQuantizer = {
+    QuantizerKind::kThreshold,
+    "threshold",
+    ThresholdCheckSpec,
+    ThresholdSliceUnit,
+    ThresholdSliceWords,
+    ThresholdQuantizeSlice,
+    ThresholdDequantizeAccumulate,
+};
 
 }  // namespace jaxcomm::kernels

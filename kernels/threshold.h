@@ -38,4 +38,8 @@ QuantizeStatus ThresholdCompress(const float* x, const float* residual_in, int64
 // not above the previous one; x_hat is then unspecified.
 int64_t ThresholdDecompress(const uint32_t* packed, int64_t n, float tau, float* x_hat);
 
+// Threshold's entry of the quantized allreduce's table (kernels/quantizer_table.h).
+struct Quantizer;
+extern const Quantizer kThresholdQuantizer;
+
 }  // namespace jaxcomm::kernels

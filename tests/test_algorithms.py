@@ -57,11 +57,34 @@ def test_every_target_is_a_registered_ffi_target():
 
 def test_every_metrics_label_is_one_the_cpp_reports():
     sources = _cpp_sources()
+    # The quantized handlers label their metrics with the quantizer table's names
+    # (kernels/quantizer_table.h), which the library reports.
+    quantizers = set(_ffi.quantizer_kinds())
     for record in algorithms.registered():
         for label in record.metric_labels:
             base = label.removeprefix("hierarchical_").removesuffix("_leader")
             # Hierarchical labels are assembled in C++ from "hierarchical_" + the inner name.
-            assert f'"{label}"' in sources or f'"{base}"' in sources, (record.name, label)
+            found = f'"{label}"' in sources or f'"{base}"' in sources or base in quantizers
+            assert found, (record.name, label)
+
+
+def test_quantizers_are_the_entries_of_the_cpp_table():
+    # A quantizer's kind number comes from the library's quantizer table, never from Python:
+    # every registry quantizer has an entry there and every entry a registry module, and the
+    # hierarchical forms send their base's number.
+    table = _ffi.quantizer_kinds()
+    assert {q.name: q.quantizer_kind for q in algorithms.quantizers()} == table
+    for record in algorithms.registered():
+        if record.quantizer is not None:
+            assert record.quantizer_kind == table[record.quantizer], record.name
+        if record.hierarchy is not None:
+            assert record.quantizer == algorithms.get(record.hierarchy[0]).quantizer
+        if record.quantizer is not None and record.hierarchy is None:
+            sent = record.attributes(record.build(cost.Options()), 1024)["quantizer"]
+            assert int(sent["kind"]) == table[record.quantizer], record.name
+    assert algorithms.get("dense").quantizer_kind is None
+    with pytest.raises(ValueError, match="no quantizer 'nosuch'"):
+        _ffi.quantizer_kind("nosuch")
 
 
 def test_specs_build_from_options_and_map_back():

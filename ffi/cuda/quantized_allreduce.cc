@@ -54,6 +54,7 @@
 #include "ffi/quantized_schedule.h"
 #include "ffi/ring_schedule.h"
 #include "kernels/cuda_kernels.h"
+#include "kernels/cuda_quantizer_table.h"
 #include "kernels/quantized_slices.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -61,7 +62,6 @@ namespace jaxcomm::collectives::gpu {
 namespace {
 
 namespace kc = kernels::cuda;
-using kernels::QuantizerKind;
 using kernels::QuantizerSpec;
 using quantized::kHierarchicalOp;
 using quantized::kHierarchicalQuantizedOp;
@@ -70,98 +70,44 @@ using quantized::QuantizerAttrs;
 
 // ---- device counterparts of kernels/quantized_slices.h -----------------------------------
 
+// The CUDA entry of the call's quantizer (kernels/cuda_quantizer_table.h) into *entry, or an
+// error for a quantizer with CPU kernels only. Called before any communication, so every rank
+// of a group refuses the call alike.
+ffi::Error FindCudaEntry(const char* op, const QuantizerSpec& spec,
+                         const kc::CudaQuantizer** entry) {
+  *entry = kc::FindCudaQuantizer(spec.kind);
+  if (*entry == nullptr) {
+    return ffi_common::InvalidArgument(op, std::string("quantizer ") +
+                                               quantized::KindLabel(spec.kind) +
+                                               " has no CUDA kernels; run it on CPU");
+  }
+  return ffi::Error::Success();
+}
+
 // Scratch of QuantizeSliceGpu for a slice of n elements.
-size_t QuantizeScratchBytes(const QuantizerSpec& spec, int64_t n) {
-  if (n == 0) return 0;
-  switch (spec.kind) {
-    case QuantizerKind::kOneBit:
-      return 0;
-    case QuantizerKind::kThreshold:
-      return kc::ThresholdScratchBytes(n);
-    case QuantizerKind::kAdaptive:
-      return kc::AdaptiveCompressScratchBytes(n, spec.column_size, spec.proportion,
-                                              spec.sample_size);
-    case QuantizerKind::kBlockQuant:
-      return 0;
-  }
-  return 0;
+size_t QuantizeScratchBytes(const kc::CudaQuantizer& q, const QuantizerSpec& spec, int64_t n) {
+  return n == 0 ? 0 : q.quantize_scratch_bytes(spec, n);
 }
 
-// Scratch of DequantizeAccumulateGpu.
-size_t DecodeScratchBytes(const QuantizerSpec& spec) {
-  switch (spec.kind) {
-    case QuantizerKind::kOneBit:
-      return 0;
-    case QuantizerKind::kThreshold:
-      return kc::ThresholdDecompressScratchBytes();
-    case QuantizerKind::kAdaptive:
-      return kc::AdaptiveDecompressScratchBytes();
-    case QuantizerKind::kBlockQuant:
-      return kc::BlockQuantDecompressScratchBytes();
-  }
-  return 0;
-}
-
-// kernels::QuantizeSlice on the device: acc = x + residual_in (residual_in may be null: acc =
-// x) of n >= 0 elements into packed (QuantizedPackedWords(spec, n) words) and residual_out =
-// acc - decoded (may alias residual_in, not x). An empty slice is the single word used = 1.
-// For OneBit/Threshold a null residual_in becomes residual_out zero-filled, as the CPU
-// substitutes a zero vector (acc = x + 0.0f on both); those kernels read each residual element
-// before the same thread writes it, so the aliasing is safe. Adaptive takes null on both.
-cudaError_t QuantizeSliceGpu(const QuantizerSpec& spec, const float* x, const float* residual_in,
-                             int64_t n, uint32_t* packed, float* residual_out, void* scratch,
-                             cudaStream_t stream) {
+// kernels::QuantizeSlice on the device (the entry's quantize, kernels/cuda_quantizer_table.h):
+// acc = x + residual_in (residual_in may be null: acc = x) of n >= 0 elements into packed
+// (QuantizedPackedWords(spec, n) words) and residual_out = acc - decoded (may alias
+// residual_in, not x). An empty slice is the single word used = 1.
+cudaError_t QuantizeSliceGpu(const kc::CudaQuantizer& q, const QuantizerSpec& spec, const float* x,
+                             const float* residual_in, int64_t n, uint32_t* packed,
+                             float* residual_out, void* scratch, cudaStream_t stream) {
   if (n == 0) return kc::WriteWord(packed, 1u, stream);
-  if (spec.kind == QuantizerKind::kBlockQuant) {  // takes a null residual_in (acc = x) itself
-    return kc::BlockQuantCompress(x, residual_in, n, spec.column_size, spec.bits, spec.stochastic,
-                                  spec.seed, spec.step, spec.device_step, spec.stream,
-                                  spec.first_index, packed, residual_out, stream);
-  }
-  if (residual_in == nullptr && spec.kind != QuantizerKind::kAdaptive) {
-    if (cudaError_t e = cudaMemsetAsync(residual_out, 0, sizeof(float) * n, stream);
-        e != cudaSuccess) {
-      return e;
-    }
-    residual_in = residual_out;
-  }
-  switch (spec.kind) {
-    case QuantizerKind::kOneBit:
-      return kc::OneBitCompress(x, residual_in, n, spec.column_size, spec.sample_size, packed,
-                                residual_out, stream);
-    case QuantizerKind::kThreshold:
-      // Capacity in entries: the packed words minus the header (kernels/quantized_slices.cc).
-      return kc::ThresholdCompress(x, residual_in, n, spec.tau,
-                                   kernels::QuantizedPackedWords(spec, n) - 1, packed, residual_out,
-                                   scratch, stream);
-    case QuantizerKind::kAdaptive:
-      return kc::AdaptiveCompress(x, residual_in, n, spec.column_size, spec.proportion,
-                                  spec.sample_size, packed, residual_out, scratch, stream);
-    case QuantizerKind::kBlockQuant:
-      break;  // above
-  }
-  return cudaErrorInvalidValue;
+  return q.quantize(spec, x, residual_in, n, packed, residual_out, scratch, stream);
 }
 
 // kernels::DequantizeAccumulate on the device: out[i] += decoded[i] for a message of n
 // elements held in `words` words (its static capacity; the decoders check 1 <= used <= words,
 // OneBit used == words). A malformed message makes out all-NaN instead of an error.
-cudaError_t DequantizeAccumulateGpu(const QuantizerSpec& spec, const uint32_t* packed,
-                                    int64_t words, int64_t n, float* out, void* scratch,
-                                    cudaStream_t stream) {
+cudaError_t DequantizeAccumulateGpu(const kc::CudaQuantizer& q, const QuantizerSpec& spec,
+                                    const uint32_t* packed, int64_t words, int64_t n, float* out,
+                                    void* scratch, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;  // nothing to add (the CPU only checks used == 1)
-  switch (spec.kind) {
-    case QuantizerKind::kOneBit:
-      return kc::OneBitDecompressAccumulate(packed, words, n, spec.column_size, out, stream);
-    case QuantizerKind::kThreshold:
-      return kc::ThresholdDecompressAccumulate(packed, words, n, spec.tau, out, scratch, stream);
-    case QuantizerKind::kAdaptive:
-      return kc::AdaptiveDecompress(packed, words, n, spec.column_size, spec.proportion, out,
-                                    /*accumulate=*/true, scratch, stream);
-    case QuantizerKind::kBlockQuant:
-      return kc::BlockQuantDecompress(packed, words, n, spec.column_size, spec.bits, out,
-                                      /*accumulate=*/true, scratch, stream);
-  }
-  return cudaErrorInvalidValue;
+  return q.dequantize_accumulate(spec, packed, words, n, out, scratch, stream);
 }
 
 // Runs `body` (which enqueues NCCL operations and returns the first failure) between
@@ -197,14 +143,16 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   const char* name = g.group().name();
   const int parts = g.size();
   const int rank = g.rank();
+  const kc::CudaQuantizer* codec = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(FindCudaEntry(name, spec, &codec));
   // 1. The slices and their places.
   quantized::SliceLayout layout;
   layout.Assign(spec, n, parts);
   const std::vector<int64_t>& offsets = layout.offsets;
   auto words = [&](int q) { return layout.Words(q); };
-  size_t work_bytes = DecodeScratchBytes(spec);
+  size_t work_bytes = codec->decode_scratch_bytes(spec);
   for (int q = 0; q < parts; ++q) {
-    work_bytes = std::max(work_bytes, QuantizeScratchBytes(spec, layout.Length(q)));
+    work_bytes = std::max(work_bytes, QuantizeScratchBytes(*codec, spec, layout.Length(q)));
   }
   const int64_t my_begin = layout.Begin(rank);
   const int64_t m = layout.Length(rank);
@@ -232,7 +180,7 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
     slice_spec.first_index = b;
     JAXCOMM_RETURN_IF_ERROR(CheckCuda(
         name,
-        QuantizeSliceGpu(slice_spec, x + b, residual_in ? residual_in + b : nullptr,
+        QuantizeSliceGpu(*codec, slice_spec, x + b, residual_in ? residual_in + b : nullptr,
                          layout.Length(q), mine + offsets[q], residual_out + b, work, stream),
         "quantizing a slice"));
   }
@@ -263,17 +211,17 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
         CheckCuda(name, cudaMemsetAsync(sum, 0, sizeof(float) * m, stream), "zeroing the sum"));
     for (int q = 0; q < parts; ++q) {
       const uint32_t* message = q == rank ? mine + offsets[rank] : incoming + my_words * q;
-      JAXCOMM_RETURN_IF_ERROR(
-          CheckCuda(name, DequantizeAccumulateGpu(spec, message, my_words, m, sum, work, stream),
-                    "decoding a contribution"));
+      JAXCOMM_RETURN_IF_ERROR(CheckCuda(
+          name, DequantizeAccumulateGpu(*codec, spec, message, my_words, m, sum, work, stream),
+          "decoding a contribution"));
     }
   }
   slice_spec.stream = static_cast<uint32_t>(parts);  // the owners' sums: stream P
   slice_spec.first_index = my_begin;
-  JAXCOMM_RETURN_IF_ERROR(CheckCuda(
-      name,
-      QuantizeSliceGpu(slice_spec, sum, nullptr, m, gathered + offsets[rank], error, work, stream),
-      "requantizing the sum"));
+  JAXCOMM_RETURN_IF_ERROR(CheckCuda(name,
+                                    QuantizeSliceGpu(*codec, slice_spec, sum, nullptr, m,
+                                                     gathered + offsets[rank], error, work, stream),
+                                    "requantizing the sum"));
   JAXCOMM_RETURN_IF_ERROR(
       CheckCuda(name, kc::AddInto(residual_out + my_begin, error, m, stream), "residual update"));
 
@@ -301,8 +249,8 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
   for (int q = 0; q < parts; ++q) {
     JAXCOMM_RETURN_IF_ERROR(
         CheckCuda(name,
-                  DequantizeAccumulateGpu(spec, gathered + offsets[q], words(q), layout.Length(q),
-                                          out + layout.Begin(q), work, stream),
+                  DequantizeAccumulateGpu(*codec, spec, gathered + offsets[q], words(q),
+                                          layout.Length(q), out + layout.Begin(q), work, stream),
                   "decoding a quantized sum"));
   }
   g.CountTraffic(sent, received);
@@ -320,6 +268,9 @@ ffi::Error RunQuantizedCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch,
   quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(quantized::CheckQuantizedCall(kQuantizedOp, x, residual, summed,
                                                         new_residual, quantizer, &call));
+  // A quantizer with CPU kernels only is refused before any communication.
+  const kc::CudaQuantizer* entry = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(FindCudaEntry(kQuantizedOp, call.spec, &entry));
   call.spec.device_step = step;
   GpuSite site;
   std::unique_ptr<GpuGroup> group;
@@ -583,6 +534,9 @@ ffi::Error RunHierarchicalCuda(cudaStream_t stream, ffi::ScratchAllocator& scrat
   quantized::QuantizedCall call;
   JAXCOMM_RETURN_IF_ERROR(
       quantized::CheckQuantizedCall(op, x, residual, summed, new_residual, quantizer, &call));
+  // A quantizer with CPU kernels only is refused before any communication.
+  const kc::CudaQuantizer* entry = nullptr;
+  JAXCOMM_RETURN_IF_ERROR(FindCudaEntry(op, call.spec, &entry));
   call.spec.device_step = step;
   const bool feedback = call.spec.error_feedback;
   GpuSite site;

@@ -87,8 +87,8 @@ def get(name: str) -> Algorithm:
       ValueError: an unknown name (the message lists the known ones).
 
     Example:
-      >>> get("onebit").quantizer_kind
-      0
+      >>> get("onebit").targets["flat"]
+      'jaxcomm_quantized_allreduce'
     """
     try:
         return _REGISTRY[name]
@@ -189,18 +189,15 @@ def default_allowed() -> tuple[str, ...]:
 
 def quantizers() -> tuple[Algorithm, ...]:
     """The quantizers of the quantized allreduce (``onebit``, ``threshold``, ``adaptive``,
-    ``blockquant``).
+    ``blockquant``), in listing order: the records whose ``quantizer`` names an entry of the
+    C++ quantizer table (kernels/quantizer_table.h).
 
     Example:
       >>> sorted(q.name for q in quantizers())
       ['adaptive', 'blockquant', 'onebit', 'threshold']
     """
     flat = (a for a in _REGISTRY.values() if a.in_recipes)
-    return tuple(sorted((a for a in flat if a.quantizer_kind is not None), key=_kind))
-
-
-def _kind(a: Algorithm) -> int:
-    return a.quantizer_kind if a.quantizer_kind is not None else -1
+    return tuple(a for a in flat if a.quantizer is not None)
 
 
 def kernels() -> Mapping[str, float]:

@@ -118,7 +118,8 @@ class Algorithm:
       stepped: its collective takes the training step as an operand (a counter-based
         stochastic rounding: ``jaxcomm.compressed_allreduce(..., step=)``).
       uses_density: it is configured by a density (the sparse ones; warm-up schedules apply).
-      quantizer_kind: kernels/quantized_slices.h ``QuantizerKind`` of a quantizer, else None.
+      quantizer: a quantizer's name in the C++ quantizer table (kernels/quantizer_table.h),
+        else None; its hierarchical forms keep their base's.
       kernels: its own local kernels: name -> default seconds per element (the gamma of
         ``cost.Profile``).
       auto_rank: its place among ``algorithm="auto"``'s candidates (None: never chosen).
@@ -163,7 +164,7 @@ class Algorithm:
     residual: bool = False
     stepped: bool = False
     uses_density: bool = False
-    quantizer_kind: int | None = None
+    quantizer: str | None = None
     kernels: Mapping[str, float] = dataclasses.field(default_factory=dict)
     auto_rank: int | None = None
     steps_factor: float = 1.0
@@ -175,6 +176,19 @@ class Algorithm:
     leafwise: str | None = None
     tree_bytes: TreeBytesFn | None = None
     tree_time: TreeTimeFn | None = None
+
+    @property
+    def quantizer_kind(self) -> int | None:
+        """The kind number of a quantizer's ``quantizer`` FFI attribute, else None.
+
+        Read from the library's quantizer table (:func:`jaxcomm._ffi.quantizer_kinds`), where
+        the C++ entry sets it, so no Python module spells it; loads the library (and JAX).
+        """
+        if self.quantizer is None:
+            return None
+        from .._ffi import quantizer_kind  # the JAX side only
+
+        return quantizer_kind(self.quantizer)
 
     @property
     def hierarchical(self) -> bool:

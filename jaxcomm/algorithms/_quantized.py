@@ -45,8 +45,8 @@ class Schedule:
     """The quantized allreduce of one quantizer.
 
     Attributes:
-      kind: the quantizer's name (``"onebit"``, ...), also its kernels' ``quantize.<kind>``
-        and ``decode.<kind>``.
+      kind: the quantizer's name (``"onebit"``, ...): its entry in the C++ quantizer table
+        (kernels/quantizer_table.h), its kernels' ``quantize.<kind>`` and ``decode.<kind>``.
       words: :data:`WordsFn`.
       unit: ``options -> elements`` a slice boundary must be a multiple of.
     """
@@ -96,8 +96,9 @@ class Schedule:
 
     def algorithm(self, **fields: Any) -> Algorithm:
         """The registry record of this quantizer: the shared targets and models, named
-        :attr:`kind` (also its metrics label and its ``jaxcomm.ops`` module), plus ``fields``
-        (spec, build, kernels, ...; a field given here replaces the shared one)."""
+        :attr:`kind` (also its metrics label, its ``jaxcomm.ops`` module and its C++ table
+        entry), plus ``fields`` (spec, build, kernels, ...; a field given here replaces the
+        shared one)."""
 
         def flat_bytes(n: int, world: Any, options: Any, rank: int) -> int:
             return self.bytes(n, world.ranks, rank, options)
@@ -129,10 +130,17 @@ class Schedule:
             "inter_bytes": inter_bytes,
             "inter_time": inter_time,
             "residual": True,
-            "attributes": lambda spec, n: quantizer_attributes(spec, fields["quantizer_kind"]),
+            "quantizer": self.kind,
+            "attributes": lambda spec, n: quantizer_attributes(spec, _kind_number(self.kind)),
         }
         # A quantizer may bring its own targets (BlockQuant's take a step operand).
         return Algorithm(**{**shared, **fields})
+
+
+def _kind_number(name: str) -> int:
+    from .._ffi import quantizer_kind  # the JAX side only, as the attributes are
+
+    return quantizer_kind(name)
 
 
 def quantizer_attributes(spec: Any, kind: int) -> dict[str, Any]:
@@ -147,7 +155,7 @@ def quantizer_attributes(spec: Any, kind: int) -> dict[str, Any]:
 
     Args:
       spec: the quantizer.
-      kind: its kernels/quantized_slices.h ``QuantizerKind``.
+      kind: its kind number in the C++ quantizer table (``jaxcomm._ffi.quantizer_kind``).
 
     Returns:
       ``{"quantizer": ...}``, to pass as keyword attributes of the FFI call.

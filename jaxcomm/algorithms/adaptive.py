@@ -111,7 +111,6 @@ ALGORITHM = Schedule("adaptive", _words, unit=lambda options: options.column_siz
     order=40,
     spec=Adaptive,
     build=lambda options: Adaptive(options.proportion, column_size=options.column_size),
-    quantizer_kind=2,  # kernels/quantized_slices.h QuantizerKind::kAdaptive
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.adaptive": 1.07e-8, "decode.adaptive": 8.5e-10},
     hierarchical_planned=("multi_leader",),

@@ -101,7 +101,6 @@ ALGORITHM = Schedule("blockquant", _words, unit=lambda options: options.block).a
     },
     stepped=True,
     build=lambda options: BlockQuant(bits=options.bits, block=options.block),
-    quantizer_kind=3,  # kernels/quantized_slices.h QuantizerKind::kBlockQuant
     # Seconds per element, int8, block 256, one core, 25M floats (2026-11-24): quantize with
     # error feedback 33.3 ms through jaxcomm.ops.compress (benchmarks/results/
     # kernels-1core.json); dequantize-accumulate into an existing sum 11.5 ms, timed on the

@@ -60,7 +60,6 @@ ALGORITHM = Schedule("onebit", _words, unit=lambda options: options.column_size)
     order=50,
     spec=OneBit,
     build=lambda options: OneBit(column_size=options.column_size),
-    quantizer_kind=0,  # kernels/quantized_slices.h QuantizerKind::kOneBit
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.onebit": 3.31e-9, "decode.onebit": 5.6e-10},
     auto_rank=4,

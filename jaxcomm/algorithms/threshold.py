@@ -68,7 +68,6 @@ ALGORITHM = Schedule("threshold", _words, unit=lambda options: 1).algorithm(
     order=60,
     spec=Threshold,
     build=lambda options: Threshold(options.tau, max_density=options.max_density),
-    quantizer_kind=1,  # kernels/quantized_slices.h QuantizerKind::kThreshold
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.threshold": 3.17e-9, "decode.threshold": 3.3e-10},
     auto_rank=5,

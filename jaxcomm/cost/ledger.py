@@ -62,7 +62,7 @@ def quantized_bytes(kind: str, n: int, parts: int, rank: int, options: Options) 
       280
     """
     record = algorithms.get(kind)
-    if record.quantizer_kind is None or record.inter_bytes is None:
+    if record.quantizer is None or record.inter_bytes is None:
         raise ValueError(
             f"{kind!r} is not a quantizer; known: {[q.name for q in algorithms.quantizers()]}"
         )
