@@ -439,12 +439,14 @@ def allreduce_gradients(
         the cost model predicts the target sooner without the warm-up
         (:func:`jaxcomm.cost.warmup_pays`; static, the same on every rank)."""
         groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
-        auto = phases[-1]
+        sizes = [sum(xs[i].size for i in g) for g in groups]
+        autos = [cost.Auto() if isinstance(p, str) else p for p in phases]  # "auto": defaults
+        auto = autos[-1]
         decision = cost.warmup_pays(
             auto,
-            [sum(xs[i].size for i in g) for g in groups],
+            sizes,
             [int(s) for s in starts],
-            [(cost.Auto() if isinstance(p, str) else p).options.density for p in phases],
+            [a.options.density for a in autos],
             _axis_size(axis_name),
             jax.process_count(),
             jax.local_device_count(),
@@ -459,8 +461,8 @@ def allreduce_gradients(
         # operands are the whole gradient (lbann-mlp on one host, all dense: 0.38-0.40 s per
         # step inside the switch, 0.25 s without; docs/e2e.md).
         names = cost.phase_choices(
-            [cost.Auto() if isinstance(p, str) else p for p in phases],
-            [sum(xs[i].size for i in g) for g in groups],
+            autos,
+            sizes,
             _axis_size(axis_name),
             jax.process_count(),
             jax.local_device_count(),

@@ -233,15 +233,13 @@ def warmup_pays(
         return {"warmup": True, "with_s": None, "without_s": None}
     profile = auto.resolved_profile()
     world = _world(profile, axis_size, processes, devices_per_process)
-    total = max(1, sum(buckets))
 
     def phase(density: float, factors: Mapping[str, float] | None) -> tuple[float, float]:
         """(seconds per step, the largest steps factor of the choices) at ``density``."""
         options = dataclasses.replace(auto.options, density=density, element_bytes=element_bytes)
+        names = _choices(auto, buckets, world, profile, options, hierarchical, factors)
         seconds, factor = auto.compute_seconds or 0.0, 1.0
-        for n in buckets:
-            compute = (auto.compute_seconds or 0.0) * n / total
-            name = choose(n, world, auto.allowed, profile, options, hierarchical, factors, compute)
+        for n, name in zip(buckets, names, strict=True):
             model = hierarchical_name(name) if hierarchical else name
             seconds += predict(model, n, world, profile, options).seconds
             factor = max(factor, steps_factor_of(name, factors))
@@ -286,24 +284,29 @@ def phase_choices(
         profile = auto.resolved_profile()
         world = _world(profile, axis_size, processes, devices_per_process)
         options = dataclasses.replace(auto.options, element_bytes=element_bytes)
-        total = max(1, sum(buckets))
-        compute = auto.compute_seconds or 0.0
         out.append(
-            [
-                choose(
-                    n,
-                    world,
-                    auto.allowed,
-                    profile,
-                    options,
-                    hierarchical,
-                    auto.steps_factor,
-                    compute * n / total,
-                )  # fmt: skip
-                for n in buckets
-            ]
+            _choices(auto, buckets, world, profile, options, hierarchical, auto.steps_factor)
         )
     return out
+
+
+def _choices(
+    auto: Auto,
+    buckets: Sequence[int],
+    world: World,
+    profile: Profile,
+    options: Options,
+    hierarchical: bool,
+    factors: Mapping[str, float] | None,
+) -> list[str]:
+    """Each bucket's pick as :func:`resolve_auto` makes it: :func:`choose` with the bucket's
+    share of the step's compute, which every extra step pays again."""
+    total = max(1, sum(buckets))
+    compute = auto.compute_seconds or 0.0
+    return [
+        choose(n, world, auto.allowed, profile, options, hierarchical, factors, compute * n / total)
+        for n in buckets
+    ]
 
 
 def auto_decisions() -> list[dict[str, Any]]:
