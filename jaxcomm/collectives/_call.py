@@ -63,10 +63,7 @@ def collective_call(
     axis_name: str | Sequence[str],
     operands: Sequence[jax.Array],
     results: Sequence[tuple[tuple[int, ...], Any]],
-    aliases: dict[int, int] | None = None,
-    after: Any = None,
-    detach: int = 0,
-    **attributes: Any,
+    **options: Any,
 ) -> list[jax.Array]:
     """Emits one ordered collective custom call and returns its data results.
 
@@ -85,30 +82,18 @@ def collective_call(
       axis_name: mesh axis (or axes) reduced over.
       operands: data operands (after the common coordinate and token operands).
       results: (shape, dtype) of each data result.
-      aliases: data operand index -> data result index that may reuse its buffer (a donated
-        residual is then updated in place instead of allocating a new array).
-      after: a pytree of arrays to compute before the results are awaited (``None``: one
-        call that XLA awaits where it is), or a :class:`DeferDone` (the caller emits the
-        done). Ignored on GPU for targets that cannot split.
-      detach: a stream id > 0 detaches the call (ffi/engine.h, "Handles"; CPU only): it
-        stages its operands in memory the collective owns and returns, as its only result,
-        the handle (int32, shape ()) that :func:`jaxcomm.wait` redeems, in this jitted call or
-        a later one. ``aliases`` is then ignored. 0: an ordinary call.
-      **attributes: extra FFI attributes.
+      **options: ``aliases``, ``after``, ``detach`` and extra FFI attributes, as for
+        :func:`threaded_call`.
 
     Returns:
       The data results (the output token is consumed by the ordering chain); with ``detach``,
       ``[handle]``.
     """
     data, token = threaded_call(
-        _ordering.token_in(), target, api, axis_name, operands, results, aliases, after,
-        detach=detach, **attributes,
-    )  # fmt: skip
-    if detach:
-        _ordering.token_out(token)
-        return [token]
+        _ordering.token_in(), target, api, axis_name, operands, results, **options
+    )
     _ordering.token_out(token)
-    return data
+    return [token] if options.get("detach") else data
 
 
 def threaded_call(
@@ -131,11 +116,20 @@ def threaded_call(
 
     Args:
       token: the ordering token the call consumes.
-      target, api, axis_name, operands, results, aliases, after, detach, **attributes: as for
-        :func:`collective_call`.
+      target, api, axis_name, operands, results: as for :func:`collective_call`.
+      aliases: data operand index -> data result index that may reuse its buffer (a donated
+        residual is then updated in place instead of allocating a new array).
+      after: a pytree of arrays to compute before the results are awaited (``None``: one
+        call that XLA awaits where it is), or a :class:`DeferDone` (the caller emits the
+        done). Ignored on GPU for targets that cannot split.
+      detach: a stream id > 0 detaches the call (ffi/engine.h, "Handles"; CPU only): it
+        stages its operands in memory the collective owns and returns, as its only result,
+        the handle (int32, shape ()) that :func:`jaxcomm.wait` redeems, in this jitted call or
+        a later one. ``aliases`` is then ignored. 0: an ordinary call.
+      **attributes: extra FFI attributes.
 
     Returns:
-      ``(data results, output token)``.
+      ``(data results, output token)``; with ``detach``, the token is also the handle.
     """
     defer = isinstance(after, DeferDone)
     layout = _mesh.resolve(axis_name, api)
