@@ -355,18 +355,26 @@ def allreduce_gradients(
         return AllreduceGradientsState(count=jnp.zeros((), jnp.int32), residuals=residuals)
 
     def reduce_flat(
-        algo: Any, xs: list[jax.Array], rs: list[jax.Array] | None, count: jax.Array
+        algo: Any,
+        xs: list[jax.Array],
+        rs: list[jax.Array] | None,
+        count: jax.Array,
+        groups: list[list[int]],
+        total: int,
+        dense_wire: Any,
     ) -> tuple:
-        """One collective per bucket over flat leaves; returns (sums, residuals)."""
-        dense_wire = dense_wire_of(xs)
+        """One collective per bucket over flat leaves; returns (sums, residuals).
+
+        ``groups``: the buckets (leaf indices into ``xs``) to reduce; a leaf in none keeps its
+        value. ``total``: the step's elements (auto gives each bucket its share of the step's
+        compute). ``dense_wire``: the whole step's dense wire dtype (``dense_wire_of``)."""
         # One dtype for every sum, whatever each bucket's wire: every phase of a density
         # schedule (auto may send a bucket dense on the 16-bit wire in one phase and
         # compressed in another) must return the same dtypes, as lax.switch requires.
         sum_dtype = dense_wire if dense_dtype is None else f32
         sums: list[jax.Array] = list(xs)
         new_rs: list[jax.Array] | None = None if rs is None else list(rs)
-        groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
-        total = max(1, sum(x.size for x in xs))
+        total = max(1, total)
         split = overlap and len(groups) > 1
         # Overlap: every bucket's collective is split (``DeferDone``), and all the dones come
         # after the last start, each also waiting for the last bucket's gradients (the first
@@ -434,11 +442,19 @@ def allreduce_gradients(
                 offset += n
         return sums, new_rs
 
-    def _auto_warmup(phases: list[Any], starts: np.ndarray, xs: list[jax.Array]) -> list[Any]:
-        """The phases auto follows: the schedule, or its last phase from the first step when
-        the cost model predicts the target sooner without the warm-up
-        (:func:`jaxcomm.cost.warmup_pays`; static, the same on every rank)."""
-        groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
+    def _auto_phases(
+        phases: list[Any], starts: np.ndarray, groups: list[list[int]], xs: list[jax.Array]
+    ) -> tuple[list[Any], list[int]]:
+        """The phases auto follows, and the buckets (indices into ``groups``) that choose the
+        same density-free algorithm in every one of them.
+
+        The phases are the schedule, or its last phase from the first step when the cost
+        model predicts the target sooner without the warm-up (:func:`jaxcomm.cost.warmup_pays`;
+        static, the same on every rank). A bucket whose choice never changes is reduced
+        outside the schedule's ``lax.switch``: the switch's operands are copied in and out of
+        its branches, so a gradient inside it costs even when every branch sends it alike
+        (lbann-mlp on one host, all dense: 0.38-0.40 s per step inside the switch, 0.25 s
+        without; docs/e2e.md)."""
         sizes = [sum(xs[i].size for i in g) for g in groups]
         autos = [cost.Auto() if isinstance(p, str) else p for p in phases]  # "auto": defaults
         auto = autos[-1]
@@ -455,24 +471,15 @@ def allreduce_gradients(
         )
         if not decision["warmup"]:
             # Without the warm-up the choices weigh the steps they need without it.
-            return [dataclasses.replace(auto, steps_factor=auto.steps_factor_no_warmup)]
-        # Phases that choose the same density-free algorithm for every bucket (dense on one
-        # host, say) are one phase: a lax.switch over identical branches still costs, as its
-        # operands are the whole gradient (lbann-mlp on one host, all dense: 0.38-0.40 s per
-        # step inside the switch, 0.25 s without; docs/e2e.md).
-        names = cost.phase_choices(
-            autos,
-            sizes,
-            _axis_size(axis_name),
-            jax.process_count(),
-            jax.local_device_count(),
-            hierarchical,
-            dense_wire_of(xs).itemsize,
-        )
-        same = all(n == names[-1] for n in names)
-        if same and not any(algorithms.get(n).uses_density for n in names[-1]):
-            return [phases[-1]]
-        return phases
+            return [dataclasses.replace(auto, steps_factor=auto.steps_factor_no_warmup)], []
+        choices = decision["choices"]
+        fixed = [
+            b
+            for b in range(len(groups))
+            if len({names[b] for names in choices}) == 1
+            and not algorithms.get(choices[-1][b]).uses_density
+        ]
+        return phases, fixed
 
     def update_fn(
         updates: Any, state: AllreduceGradientsState, params: Any = None
@@ -484,27 +491,48 @@ def allreduce_gradients(
         if algorithm is not None:
             r_leaves = treedef.flatten_up_to(state.residuals)
             rs = [jnp.ravel(r) for r in r_leaves]
-        followed = phases
-        if len(phases) > 1 and _is_auto(algorithm) and any(x.size for x in xs):
-            followed = _auto_warmup(phases, starts, xs)
-        if len(followed) == 1 or not any(x.size for x in xs):
-            sums, new_rs = reduce_flat(followed[0], xs, rs, state.count)
+        groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
+        followed, fixed = phases, []
+        if len(phases) > 1 and _is_auto(algorithm) and groups:
+            followed, fixed = _auto_phases(phases, starts, groups, xs)
+        total, wire = sum(x.size for x in xs), dense_wire_of(xs)
+        if len(followed) == 1 or not groups or len(fixed) == len(groups):
+            sums, new_rs = reduce_flat(followed[-1], xs, rs, state.count, groups, total, wire)
         else:
-            # One branch per density. The ordering token is threaded through the switch so
-            # the branch's collectives stay chained with the step's other jaxcomm calls.
+            # The buckets that every phase sends alike go first, outside the switch.
+            sums, new_rs = reduce_flat(
+                followed[-1], xs, rs, state.count, [groups[b] for b in fixed], total, wire
+            )
+            switched = [g for b, g in enumerate(groups) if b not in fixed]
+            inside = sorted(i for g in switched for i in g)
+            where = {i: k for k, i in enumerate(inside)}
+            local = [[where[i] for i in g] for g in switched]
+
+            # One branch per density, over the other buckets' leaves only. The ordering
+            # token is threaded through the switch so the branch's collectives stay chained
+            # with the step's other jaxcomm calls.
             def branch(algo: Any) -> Callable[..., Any]:
-                def run(token: jax.Array, xs: list, rs: list) -> tuple:
+                def run(token: jax.Array, xs: list, rs: list | None) -> tuple:
                     _ordering.token_out(token)
-                    out = reduce_flat(algo, xs, rs, state.count)
+                    out = reduce_flat(algo, xs, rs, state.count, local, total, wire)
                     return _ordering.token_in(), out
 
                 return run
 
             phase = jnp.searchsorted(jnp.asarray(starts), state.count, side="right") - 1
-            token, (sums, new_rs) = lax.switch(
-                phase, [branch(a) for a in phases], _ordering.token_in(), xs, rs
+            sub_rs = None if rs is None else [rs[i] for i in inside]
+            token, (sub_sums, sub_new_rs) = lax.switch(
+                phase,
+                [branch(a) for a in phases],
+                _ordering.token_in(),
+                [xs[i] for i in inside],
+                sub_rs,
             )
             _ordering.token_out(token)
+            for k, i in enumerate(inside):
+                sums[i] = sub_sums[k]
+                if new_rs is not None:
+                    new_rs[i] = sub_new_rs[k]
         scale = 1.0 / _axis_size(axis_name) if mean else 1.0
         out = [
             (s * scale if mean else s).reshape(jnp.shape(g)).astype(g.dtype)

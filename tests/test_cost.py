@@ -316,7 +316,9 @@ def test_warmup_pays_weighs_the_warmups_seconds_against_its_steps():
         )
 
     followed = cost.warmup_pays(cost.Auto(**common, steps_factor={"gtopk": 1.0}), *args)
-    assert followed == {"warmup": True, "with_s": None, "without_s": None}
+    assert followed == {
+        "warmup": True, "with_s": None, "without_s": None, "choices": [["gtopk"] * 3] * 2,
+    }  # fmt: skip
     cheap = cost.Auto(**common, steps_factor={"gtopk": 1.0}, steps_factor_no_warmup={"gtopk": 1.6})
     decision = cost.warmup_pays(cheap, *args)
     assert decision["with_s"] == pytest.approx(36 * step(0.25) + (131 - 36) * step(0.001))

@@ -61,7 +61,10 @@ def test_dense_dtype_puts_only_the_dense_buckets_on_the_16_bit_wire(worker):
     assert info["wire/hlo_has_bf16_wire"]
     assert info["wire/dtypes"] == ["float32"]
     assert info["wire/dense_phase_equals_bf16_dense"]
-    assert info["wire/sparse_phase_choices"] == [[210, "gtopk"], [1200, "gtopk"], [31, "dense"]]
+    # The bucket dense in both phases first, outside the switch; then each phase's branch.
+    assert info["wire/choices"] == [
+        [31, "dense"], [210, "dense"], [1200, "dense"], [210, "gtopk"], [1200, "gtopk"],
+    ]  # fmt: skip
     assert info["wire/sparse_phase_equals_float32_gtopk"]
 
 

@@ -56,7 +56,6 @@ from .auto import (
     Auto,
     auto_algorithm,
     auto_decisions,
-    phase_choices,
     resolve_auto,
     warmup_pays,
 )
@@ -109,7 +108,6 @@ __all__ = [
     "auto_algorithm",
     "auto_decisions",
     "warmup_pays",
-    "phase_choices",
     "bytes_sent",
     "choose",
     "dense_bytes",

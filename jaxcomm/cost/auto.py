@@ -32,7 +32,6 @@ __all__ = [
     "Auto",
     "auto_algorithm",
     "auto_decisions",
-    "phase_choices",
     "resolve_auto",
     "warmup_pays",
 ]
@@ -198,7 +197,8 @@ def warmup_pays(
     element_bytes: int = 4,
 ) -> dict[str, Any]:
     """Whether auto follows a density schedule's warm-up or sends at the final density from
-    the first step: the one with the lesser predicted time to target.
+    the first step: the one with the lesser predicted time to target; and each phase's
+    choice per bucket.
 
     Each phase's step is its buckets' predicted reductions (each bucket's choice at that
     phase's density, as :func:`resolve_auto` makes it) plus ``compute_seconds``. A run needs
@@ -216,26 +216,32 @@ def warmup_pays(
         :func:`resolve_auto`.
 
     Returns:
-      ``{"warmup": bool, "with_s", "without_s"}``: the decision and the predicted seconds to
-      target of each (None when not predicted).
+      ``{"warmup": bool, "with_s", "without_s", "choices"}``: the decision, the predicted
+      seconds to target of each (None when not predicted), and each phase's choice per
+      bucket with the warm-up (a list per phase, a name per bucket), which
+      ``allreduce_gradients`` reads to keep a bucket whose choice never changes out of the
+      schedule's ``lax.switch``.
 
     Example:
       >>> auto = Auto(allowed=("dense", "gtopk"), compute_seconds=0.01, dense_steps=100,
       ...             steps_factor={"gtopk": 1.0}, steps_factor_no_warmup={"gtopk": 1.0})
       >>> warmup_pays(auto, [25_000_000], [0, 50], [0.25, 0.001], 2, 2, 1)["warmup"]
       False
-      >>> warmup_pays(Auto(), [25_000_000], [0, 50], [0.25, 0.001], 2, 2, 1)  # nothing measured
-      {'warmup': True, 'with_s': None, 'without_s': None}
+      >>> decision = warmup_pays(Auto(allowed=("dense",)), [1000, 10], [0, 50], [0.25, 0.001],
+      ...                        2, 2, 1)  # nothing measured: the schedule is followed
+      >>> decision["warmup"], decision["with_s"], decision["choices"]
+      (True, None, [['dense', 'dense'], ['dense', 'dense']])
     """
     if len(starts) != len(densities) or not starts or starts[0] != 0:
         raise ValueError(f"starts must begin at 0 and pair with densities, got {starts}")
-    if auto.dense_steps is None or auto.steps_factor_no_warmup is None:
-        return {"warmup": True, "with_s": None, "without_s": None}
     profile = auto.resolved_profile()
     world = _world(profile, axis_size, processes, devices_per_process)
 
-    def phase(density: float, factors: Mapping[str, float] | None) -> tuple[float, float]:
-        """(seconds per step, the largest steps factor of the choices) at ``density``."""
+    def phase(
+        density: float, factors: Mapping[str, float] | None
+    ) -> tuple[list[str], float, float]:
+        """(each bucket's choice, seconds per step, the largest steps factor of the choices)
+        at ``density``."""
         options = dataclasses.replace(auto.options, density=density, element_bytes=element_bytes)
         names = _choices(auto, buckets, world, profile, options, hierarchical, factors)
         seconds, factor = auto.compute_seconds or 0.0, 1.0
@@ -243,51 +249,25 @@ def warmup_pays(
             model = hierarchical_name(name) if hierarchical else name
             seconds += predict(model, n, world, profile, options).seconds
             factor = max(factor, steps_factor_of(name, factors))
-        return seconds, factor
+        return names, seconds, factor
 
     steps = [phase(d, auto.steps_factor) for d in densities]
+    choices = [names for names, _, _ in steps]
+    if auto.dense_steps is None or auto.steps_factor_no_warmup is None:
+        return {"warmup": True, "with_s": None, "without_s": None, "choices": choices}
     # A warm-up run mixes its phases' choices: it needs the steps of the slowest to converge
     # (lbann-mlp: adaptive in the dense-ish phases, 146 steps, though gTop-k after the same
     # warm-up alone needed 86).
-    run = auto.dense_steps * max(factor for _, factor in steps)
+    run = auto.dense_steps * max(factor for *_, factor in steps)
     with_s = 0.0
-    for i, (seconds, _) in enumerate(steps):
+    for i, (_, seconds, _) in enumerate(steps):
         end = starts[i + 1] if i + 1 < len(starts) else math.inf
         with_s += max(0.0, min(end, run) - starts[i]) * seconds
-    seconds, factor = phase(densities[-1], auto.steps_factor_no_warmup)
+    _, seconds, factor = phase(densities[-1], auto.steps_factor_no_warmup)
     without_s = auto.dense_steps * factor * seconds
     decision = {"warmup": with_s <= without_s, "with_s": with_s, "without_s": without_s}
     _decisions.append({"warmup_decision": decision, "buckets": list(buckets)})
-    return decision
-
-
-def phase_choices(
-    phases: Sequence[Auto],
-    buckets: Sequence[int],
-    axis_size: int,
-    processes: int,
-    devices_per_process: int,
-    hierarchical: bool = False,
-    element_bytes: int = 4,
-) -> list[list[str]]:
-    """Each phase's choice per bucket, as :func:`resolve_auto` would make it, without logging
-    a decision: ``allreduce_gradients`` compiles no ``lax.switch`` over phases that all
-    choose the same density-free algorithms (a switch over the whole gradient costs).
-
-    Example:
-      >>> dense = Auto(allowed=("dense",))
-      >>> phase_choices([dense, dense], [1000, 10], 2, 2, 1)
-      [['dense', 'dense'], ['dense', 'dense']]
-    """
-    out = []
-    for auto in phases:
-        profile = auto.resolved_profile()
-        world = _world(profile, axis_size, processes, devices_per_process)
-        options = dataclasses.replace(auto.options, element_bytes=element_bytes)
-        out.append(
-            _choices(auto, buckets, world, profile, options, hierarchical, auto.steps_factor)
-        )
-    return out
+    return {**decision, "choices": choices}
 
 
 def _choices(
