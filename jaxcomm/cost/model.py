@@ -221,7 +221,8 @@ class Profile:
     Args:
       links: link class -> :class:`Link`; every class of :data:`LINK_CLASSES`.
       gamma: kernel -> seconds per element; every kernel of :data:`KERNELS`.
-      psum: ``lax.psum`` (XLA's collectives, Gloo on CPU) as ``alpha + beta * ring bytes``.
+      psum: ``lax.psum`` (XLA's collectives, Gloo on CPU) as ``alpha + beta * ring bytes``
+        per operand (XLA:CPU reduces each leaf of a tree as a collective of its own).
       call: seconds every call costs besides its messages and kernels (dispatching a jitted
         step and entering the handler), added to every algorithm alike.
       inter_process: the link class the probe found between processes.

@@ -208,9 +208,9 @@ class Reduction:
         """Elements of each collective call that reduces a step's gradient.
 
         jaxcomm's reductions: the buckets of ``jaxcomm.optax.allreduce_gradients`` (last leaf
-        first, at most :attr:`bucket_size` elements each, a larger leaf alone). ``psum``: XLA
-        reduces the tree itself; the same buckets stand in for what it sends. A leaf-shaped
-        algorithm (``powersgd``) has no buckets: it sends by leaf shape
+        first, at most :attr:`bucket_size` elements each, a larger leaf alone). ``psum``: each
+        leaf (XLA:CPU runs the one all-reduce of the tree as one collective per operand). A
+        leaf-shaped algorithm (``powersgd``) has no buckets: it sends by leaf shape
         (:func:`jaxcomm.cost.predict_tree`).
 
         Args:
@@ -222,7 +222,11 @@ class Reduction:
         Example:
           >>> Reduction("dense", bucket_size=100).gradient_buckets([60, 30, 20, 500])
           [500, 50, 60]
+          >>> Reduction("psum").gradient_buckets([60, 30, 20, 500])
+          [60, 30, 20, 500]
         """
+        if self.algorithm == "psum":
+            return [n for n in leaf_sizes if n]
         groups = jc_optax._buckets(leaf_sizes, self.bucket_size)
         return [sum(leaf_sizes[i] for i in group) for group in groups]
 

@@ -19,8 +19,11 @@ fits the model (:mod:`jaxcomm.cost`) and writes the profile:
   devices of one process when there is a single process. With several processes of several
   devices, a ring over each process's devices alone measures ``same_process`` too.
   Classes a world cannot measure keep the built-in default (``measured`` lists the others).
-* psum: ``lax.psum`` (XLA's collectives) at the same sizes, fit to ``alpha + beta * ring
-  bytes``.
+* psum: ``lax.psum`` (XLA's collectives) at the same sizes and over a tree of
+  ``PSUM_TREE_LEAVES`` leaves, fit to ``alpha * operands + beta * ring bytes``. XLA:CPU runs
+  the one all-reduce that ``lax.psum`` of a tree emits as one collective per operand, each
+  paying its latency (a 70-leaf transformer's gradient cost 0.35 s per step on one host,
+  where one array of its size costs 0.02 s), so alpha is the cost of an operand.
 * call: the time of a jitted shard_mapped step that does nothing but add 1 to one element
   (dispatch and synchronization), which every call pays.
 * gamma: each local kernel through ``jaxcomm.ops`` on ``args.kernel_elements`` elements per
@@ -61,6 +64,9 @@ from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh
 
 DEFAULT_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22]
 LATENCY_ELEMENTS = 2  # the latency test's allreduce: one 8-byte message per round
+# lax.psum of a tree: this many leaves of PSUM_TREE_ELEMENTS each (a model's gradient tree,
+# e.g. bytes-lm's 70 leaves), to measure what each operand of its all-reduce costs.
+PSUM_TREE_LEAVES, PSUM_TREE_ELEMENTS = 64, 1 << 12
 WIDE_DENSITY = 0.25  # top-k at the warm-up's first density, for gamma["topk.entry"]
 DEFAULT_KERNEL_ELEMENTS = 1 << 22
 MATMUL_RANK = 4  # PowerSGD's thin products are timed at this rank (a typical one)
@@ -254,6 +260,11 @@ def run(ctx: JobContext) -> None:
         for n in sizes:
             placed = _placed(flat, spec, rng.standard_normal((local, n)).astype(np.float32))
             rounds.add(f"psum.{n}", lambda placed=placed: psum(placed))
+        leaves = [
+            _placed(flat, spec, rng.standard_normal((local, PSUM_TREE_ELEMENTS)).astype(np.float32))
+            for _ in range(PSUM_TREE_LEAVES)
+        ]
+        rounds.add("psum.tree", lambda leaves=leaves: psum(leaves))
     if jax.process_count() > 1 and local > 1:
         proc_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), local), LOCAL)
         add_ring(proc_mesh, "local", P(LOCAL), local, "same_process")
@@ -328,8 +339,12 @@ def run(ctx: JobContext) -> None:
         measured.append(f"links.{name}")
     psum_line = None
     if ranks > 1:
+        # [operands, ring bytes]: the single arrays and the tree (one all-reduce of 64 operands).
+        tree_bytes = PSUM_TREE_LEAVES * cost.ring_bytes(PSUM_TREE_ELEMENTS, ranks, 0)
         rows = [[1.0, cost.ring_bytes(n, ranks, 0)] for n in sizes]
+        rows.append([float(PSUM_TREE_LEAVES), tree_bytes])
         ys = [max(0.0, t[f"psum.{n}"] - call) for n in sizes]
+        ys.append(max(0.0, t["psum.tree"] - call))
         a, b = cost.fit_line(rows, ys)
         psum_line = {"alpha": a, "beta": b}
         measured.append("psum")
