@@ -637,3 +637,30 @@ def test_small_allreduce_limit_is_the_librarys(setting):
     model, library = (int(v) for v in done.stdout.split())
     expected = int(setting if setting is not None else config.SETTINGS[SMALL].default)
     assert model == library == expected
+
+
+def test_probe_calibrates_each_kernel_with_its_own_collective():
+    """The probe's gamma calibration: "gtopk.wide" scales topk.entry and merge by its own
+    collective's time, and a first calibration that the rest explains (a noisy sample under
+    load skips it) does not stop the next (it once raised KeyError: 'gtopk' on a busy
+    machine, and scaled the wide kernels by gtopk's factor)."""
+    from jaxcomm_launcher.jobs.probe import calibrate_gamma
+
+    world = cost.World(2, 1, "same_host")
+    base = {"version": 1, "links": {}, "call": 0.0, "inter_process": "same_host"}
+    n = 1 << 20
+    wide = cost.Options(density=0.25)
+    kernels = {"gtopk": (("topk",), cost.Options()), "gtopk.wide": (("topk.entry", "merge"), wide)}
+    profile = cost.Profile.from_json(dict(base, gamma=dict(cost.DEFAULT_PROFILE.gamma)))
+    predicted = cost.predict("gtopk", n, world, profile, wide).seconds
+    gamma = dict(cost.DEFAULT_PROFILE.gamma)
+    scales = calibrate_gamma(
+        gamma, kernels, {"gtopk": 0.0, "gtopk.wide": 3 * predicted}, base, world, n
+    )
+    assert list(scales) == ["gtopk.wide"] and scales["gtopk.wide"] > 1.0
+    assert gamma["topk"] == cost.DEFAULT_PROFILE.gamma["topk"]  # skipped: as the ops measured
+    for name in ("topk.entry", "merge"):
+        assert gamma[name] == pytest.approx(cost.DEFAULT_PROFILE.gamma[name] * scales["gtopk.wide"])
+    # The calibrated profile predicts the measured time of the wide collective.
+    after = cost.Profile.from_json(dict(base, gamma=gamma))
+    assert cost.predict("gtopk", n, world, after, wide).seconds == pytest.approx(3 * predicted)

@@ -117,6 +117,62 @@ def _inter_process_link(ctx: JobContext) -> str:
     return "same_host" if len(set(hosts.tolist())) == 1 else "across_hosts"
 
 
+def calibrate_gamma(
+    gamma: dict[str, float],
+    kernels: dict[str, tuple[tuple[str, ...], Any]],
+    times: dict[str, float],
+    base: dict[str, Any],
+    world: Any,
+    n: int,
+) -> dict[str, float]:
+    """Rescales the kernels' gamma (in place) to what they cost inside their collective.
+
+    Each calibration (``"gtopk"``, ``"gtopk.wide"``, a quantizer's kind) is a compressed
+    allreduce of ``n`` elements timed on this world; its time beyond what the links and the
+    other kernels explain, over what its own kernels predict, scales those kernels' gamma.
+    Calibrations run in order, each on the gammas the ones before it set; one whose time the
+    rest already explains (a noisy sample on a loaded machine) leaves its kernels as the ops
+    measured them.
+
+    Args:
+      gamma: kernel -> seconds per element, as the ops measured them; updated in place.
+      kernels: calibration -> (its kernels, its ``cost.Options``); the algorithm is the
+        calibration's name before any ``"."``.
+      times: calibration -> measured seconds of its collective.
+      base: the profile's other fields (``version``, ``links``, ``call``, ``inter_process``).
+      world: the ``cost.World`` the collectives ran on.
+      n: elements per rank of each calibration.
+
+    Returns:
+      calibration -> the scale applied (only those applied).
+
+    Example:
+      >>> from jaxcomm import cost
+      >>> gamma = dict(cost.DEFAULT_PROFILE.gamma)
+      >>> base = {"version": 1, "links": {}, "call": 0.0, "inter_process": "same_host"}
+      >>> world = cost.World(2, 1, "same_host")
+      >>> calibrate_gamma(gamma, {"gtopk": (("topk",), cost.Options())}, {"gtopk": 0.0},
+      ...                 base, world, 1 << 20)  # explained by the rest: nothing scaled
+      {}
+    """
+    from jaxcomm import cost  # as run() does: the launcher imports jaxcomm only in its jobs
+
+    scales: dict[str, float] = {}
+    for calibration, (names, opts) in kernels.items():
+        algorithm = calibration.split(".")[0]  # "gtopk.wide" is gTop-k at another density
+        profile = cost.Profile.from_json(dict(base, gamma=gamma))
+        without = dict(profile.gamma, **{name: 0.0 for name in names})
+        rest = cost.predict(
+            algorithm, n, world, dataclasses.replace(profile, gamma=without), opts
+        ).seconds
+        unit = cost.predict(algorithm, n, world, profile, opts).seconds - rest
+        if unit > 0 and times[calibration] > rest:
+            scales[calibration] = (times[calibration] - rest) / unit
+            for name in names:
+                gamma[name] *= scales[calibration]
+    return scales
+
+
 def run(ctx: JobContext) -> None:
     """Measures links, psum and kernels on this world; rank 0 writes ``profile.json``.
 
@@ -354,23 +410,10 @@ def run(ctx: JobContext) -> None:
     # each compressed collective's time beyond what the links and the other kernels explain
     # sets its kernels' gamma (split between quantize and decode in the ratio the ops gave).
     world = cost.World(jax.process_count(), local, inter)
-    scales = {}
-    for calibration, (_, kernels, opts) in calibrations.items():
-        algorithm = calibration.split(".")[0]  # "gtopk.wide" is gTop-k at another density
-        measured_t = t[f"calibration.{calibration}"]
-        # Each calibration sees the gammas the ones before it set.
-        base = cost.Profile.from_json(
-            {"version": 1, "links": links, "gamma": gamma, "call": call, "inter_process": inter}
-        )
-        without = dict(base.gamma, **{name: 0.0 for name in kernels})
-        rest = cost.predict(
-            algorithm, kernel_n, world, dataclasses.replace(base, gamma=without), opts
-        ).seconds
-        unit = cost.predict(algorithm, kernel_n, world, base, opts).seconds - rest
-        if unit > 0 and measured_t > rest:
-            scales[calibration] = (measured_t - rest) / unit
-            for name in kernels:
-                gamma[name] *= scales[algorithm]
+    kernels = {c: (names, opts) for c, (_, names, opts) in calibrations.items()}
+    times = {c: t[f"calibration.{c}"] for c in calibrations}
+    base = {"version": 1, "links": links, "call": call, "inter_process": inter}
+    scales = calibrate_gamma(gamma, kernels, times, base, world, kernel_n)
     samples["calibration_scales"] = scales
 
     if not ctx.is_main:
