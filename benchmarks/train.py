@@ -1018,12 +1018,31 @@ def draw_pays(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _profiles_by_source(out: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Every profile of the grid, current and archived, by its ``source`` (the probe's run)."""
+    paths = sorted((out / "archive").rglob("*.json")) + sorted((out / "cells").glob("profiles/*"))
+    found = {}
+    for path in paths:
+        if "profiles" in path.parent.name:
+            found[json.loads(path.read_text()).get("source")] = path
+    return found
+
+
 def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
     """Predicts every cell's step time again with this commit's cost model (each cell keeps
-    the prediction made before it ran as ``predicted_before_run``)."""
+    the prediction made before it ran as ``predicted_before_run``).
+
+    An auto cell is predicted with the profile its run read (its decisions name the probe),
+    so that the prediction is of the choices it made: a profile probed later may choose
+    otherwise (lbann-mlp at 1 Gbit/s: BlockQuant with this session's profile, TopK-allgather
+    with the one the run read), and the step it would then predict is not the run's."""
+    sources = _profiles_by_source(args.out)
     for c in cells:
         compute = compute_path(args.out, c["workload"], c["nodes"])
         profile = args.out / "cells" / "profiles" / f"{network_dir(c['network'], c['nodes'])}.json"
+        read = [d["profile"] for d in c.get("auto_choices") or [] if "profile" in d]
+        if read and read[0] in sources:
+            profile = sources[read[0]]
         if not compute.exists():
             continue
         c.setdefault("predicted_before_run", c.get("predicted"))
