@@ -483,7 +483,7 @@ std::string AdaptiveDequantizeAccumulate(const QuantizerSpec& spec, const uint32
 }  // namespace
 
 const Quantizer kAdaptiveQuantizer = {
-    QuantizerKind::kAdaptive,
+    kAdaptiveKind,
     "adaptive",
     AdaptiveCheckSpec,
     AdaptiveSliceUnit,

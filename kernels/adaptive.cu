@@ -535,7 +535,7 @@ cudaError_t AdaptiveDequantizeAccumulate(const QuantizerSpec& spec, const uint32
 }  // namespace
 
 const CudaQuantizer kAdaptiveCudaQuantizer = {
-    QuantizerKind::kAdaptive,
+    kAdaptiveKind,
     [](const QuantizerSpec& spec, int64_t n) {
       return AdaptiveCompressScratchBytes(n, spec.column_size, spec.proportion, spec.sample_size);
     },

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/parallel.h"
+#include "kernels/quantized_slices.h"
 
 namespace jaxcomm::kernels {
 
@@ -78,6 +79,11 @@ int64_t AdaptiveCompress(const float* x, const float* residual_in, const Adaptiv
 // an empty string, or what is wrong with it.
 std::string AdaptiveDecompress(const uint32_t* packed, int64_t words, const AdaptiveLayout& layout,
                                float* out, bool accumulate = false);
+
+// Adaptive's kind number in the quantized allreduce's table (kernels/quantizer_table.h): what
+// the "quantizer" FFI attribute carries for it. Its entries (CPU and CUDA) take it from here; no
+// other quantizer may have it (kernels/tests/quantizer_table_test.cc checks).
+inline constexpr QuantizerKind kAdaptiveKind{2};
 
 // Adaptive's entry of the quantized allreduce's table (kernels/quantizer_table.h).
 struct Quantizer;

@@ -342,7 +342,7 @@ std::string BlockQuantDequantizeAccumulate(const QuantizerSpec& spec, const uint
 }  // namespace
 
 const Quantizer kBlockQuantizer = {
-    QuantizerKind::kBlockQuant,
+    kBlockQuantKind,
     "blockquant",
     BlockQuantCheckSpec,
     BlockQuantSliceUnit,

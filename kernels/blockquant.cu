@@ -200,7 +200,7 @@ cudaError_t BlockQuantDequantizeAccumulate(const QuantizerSpec& spec, const uint
 }  // namespace
 
 const CudaQuantizer kBlockCudaQuantizer = {
-    QuantizerKind::kBlockQuant,
+    kBlockQuantKind,
     [](const QuantizerSpec&, int64_t) -> size_t { return 0; },
     [](const QuantizerSpec&) { return BlockQuantDecompressScratchBytes(); },
     BlockQuantQuantizeSlice,

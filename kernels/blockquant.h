@@ -30,6 +30,7 @@
 
 #include "kernels/parallel.h"
 #include "kernels/quantize_status.h"
+#include "kernels/quantized_slices.h"
 
 #if defined(__CUDACC__)
 #define JAXCOMM_BQ_HOST_DEVICE __host__ __device__
@@ -100,6 +101,11 @@ QuantizeStatus BlockQuantCompress(const float* x, const float* residual_in, int6
 std::string BlockQuantDecompress(const uint32_t* packed, int64_t words, int64_t n,
                                  const BlockQuantParams& params, float* out, bool accumulate,
                                  const TaskRunner& run = RunTasksSerially);
+
+// BlockQuant's kind number in the quantized allreduce's table (kernels/quantizer_table.h): what
+// the "quantizer" FFI attribute carries for it. Its entries (CPU and CUDA) take it from here; no
+// other quantizer may have it (kernels/tests/quantizer_table_test.cc checks).
+inline constexpr QuantizerKind kBlockQuantKind{3};
 
 // BlockQuant's entry of the quantized allreduce's table (kernels/quantizer_table.h).
 struct Quantizer;

@@ -390,7 +390,7 @@ std::string OneBitDequantizeAccumulate(const QuantizerSpec& spec, const uint32_t
 }  // namespace
 
 const Quantizer kOneBitQuantizer = {
-    QuantizerKind::kOneBit,
+    kOneBitKind,
     "onebit",
     OneBitCheckSpec,
     OneBitSliceUnit,

@@ -20,6 +20,7 @@
 
 #include "kernels/parallel.h"
 #include "kernels/quantize_status.h"
+#include "kernels/quantized_slices.h"
 
 namespace jaxcomm::kernels {
 
@@ -47,6 +48,11 @@ QuantizeStatus OneBitCompress(const float* x, const float* residual_in, int64_t 
 // and header (packed[0] == OneBitPackedWords); any bit pattern then decodes safely.
 void OneBitDecompress(const uint32_t* packed, int64_t n, const OneBitParams& params, float* x_hat,
                       const TaskRunner& run = RunTasksSerially);
+
+// One-bit's kind number in the quantized allreduce's table (kernels/quantizer_table.h): what
+// the "quantizer" FFI attribute carries for it. Its entries (CPU and CUDA) take it from here; no
+// other quantizer may have it (kernels/tests/quantizer_table_test.cc checks).
+inline constexpr QuantizerKind kOneBitKind{0};
 
 // One-bit's entry of the quantized allreduce's table (kernels/quantizer_table.h).
 struct Quantizer;

@@ -7,7 +7,9 @@
 #include "kernels/cuda_common.cuh"
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_quantizer_table.h"
+#include "kernels/onebit.h"
 #include "kernels/quantized_slices.h"
+#include "kernels/threshold.h"
 
 namespace jaxcomm::kernels::cuda {
 namespace {
@@ -428,7 +430,7 @@ cudaError_t ThresholdDequantizeAccumulate(const QuantizerSpec& spec, const uint3
 }  // namespace
 
 const CudaQuantizer kOneBitCudaQuantizer = {
-    QuantizerKind::kOneBit,
+    kOneBitKind,
     [](const QuantizerSpec&, int64_t) -> size_t { return 0; },
     [](const QuantizerSpec&) -> size_t { return 0; },
     OneBitQuantizeSlice,
@@ -436,7 +438,7 @@ const CudaQuantizer kOneBitCudaQuantizer = {
 };
 
 const CudaQuantizer kThresholdCudaQuantizer = {
-    QuantizerKind::kThreshold,
+    kThresholdKind,
     [](const QuantizerSpec&, int64_t n) { return ThresholdScratchBytes(n); },
     [](const QuantizerSpec&) { return ThresholdDecompressScratchBytes(); },
     ThresholdQuantizeSlice,

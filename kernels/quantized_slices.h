@@ -21,14 +21,20 @@
 
 namespace jaxcomm::kernels {
 
-// The kind number of each entry of the quantizer table (kernels/quantizer_table.h): what the
-// "quantizer" FFI attribute carries. Each entry takes its number from here (a new quantizer adds
-// its line); Python reads the numbers from the table (jaxcomm._ffi.quantizer_kinds), and
-// tests/test_config.py checks this list against the Python registry. Nothing switches on them.
-enum class QuantizerKind : int64_t { kOneBit = 0, kThreshold = 1, kAdaptive = 2, kBlockQuant = 3 };
+// The kind number of an entry of the quantizer table (kernels/quantizer_table.h): what the
+// "quantizer" FFI attribute carries. A strong type with no named values: each quantizer declares
+// its own number in its own header, beside its table entry (kOneBitKind in kernels/onebit.h:
+// `inline constexpr QuantizerKind kOneBitKind{0};`), so a new quantizer adds no line here.
+// kernels/tests/quantizer_table_test.cc checks that the table's numbers are unique; Python reads
+// them from the table (jaxcomm._ffi.quantizer_kinds). Nothing switches on them.
+enum class QuantizerKind : int64_t {};
+
+// The kind of a spec that names no quantizer: no entry has it, so CheckQuantizerSpec rejects it.
+inline constexpr QuantizerKind kNoQuantizerKind{-1};
 
 struct QuantizerSpec {
-  QuantizerKind kind = QuantizerKind::kOneBit;
+  // A kind of the table (kernels/quantizer_table.h), which the caller sets.
+  QuantizerKind kind = kNoQuantizerKind;
   int64_t column_size = 1024;  // one-bit (multiple of 32) and adaptive (>= 1)
   int64_t sample_size = 0;     // one-bit and adaptive
   double proportion = 64.0;    // adaptive, >= 1

@@ -29,7 +29,8 @@ namespace jaxcomm::kernels {
 // the empty slice (n == 0: the single word used = 1) and the checks every message gets, so the
 // functions here see n >= 1 only.
 struct Quantizer {
-  // The number of the "quantizer" FFI attribute (QuantizerSpec::kind); unique in the table.
+  // The number of the "quantizer" FFI attribute (QuantizerSpec::kind), declared in the
+  // quantizer's own header beside the entry (kOneBitKind in kernels/onebit.h); unique in the table.
   QuantizerKind kind;
   // Its name in jaxcomm.algorithms (and its metrics label and jaxcomm.ops module), unique.
   const char* name;

@@ -252,7 +252,7 @@ std::string ThresholdDequantizeAccumulate(const QuantizerSpec& spec, const uint3
 }  // namespace
 
 const Quantizer kThresholdQuantizer = {
-    QuantizerKind::kThreshold,
+    kThresholdKind,
     "threshold",
     ThresholdCheckSpec,
     ThresholdSliceUnit,

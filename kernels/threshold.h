@@ -11,6 +11,7 @@
 
 #include "kernels/parallel.h"
 #include "kernels/quantize_status.h"
+#include "kernels/quantized_slices.h"
 
 namespace jaxcomm::kernels {
 
@@ -37,6 +38,11 @@ QuantizeStatus ThresholdCompress(const float* x, const float* residual_in, int64
 // Returns -1, or the position (in entries, from 0) of the first entry whose index is >= n or
 // not above the previous one; x_hat is then unspecified.
 int64_t ThresholdDecompress(const uint32_t* packed, int64_t n, float tau, float* x_hat);
+
+// Threshold's kind number in the quantized allreduce's table (kernels/quantizer_table.h): what
+// the "quantizer" FFI attribute carries for it. Its entries (CPU and CUDA) take it from here; no
+// other quantizer may have it (kernels/tests/quantizer_table_test.cc checks).
+inline constexpr QuantizerKind kThresholdKind{1};
 
 // Threshold's entry of the quantized allreduce's table (kernels/quantizer_table.h).
 struct Quantizer;

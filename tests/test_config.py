@@ -86,14 +86,23 @@ def test_every_setting_read_anywhere_is_declared_and_documented():
     assert config.markdown_table() in design, "docs/DESIGN.md's table is stale: regenerate it"
 
 
-def test_quantizer_kinds_match_the_cpp_enum():
-    from jaxcomm import algorithms
+def test_quantizer_kinds_come_from_the_library_table():
+    # Each quantizer declares its kind number in its own header (kernels/<name>.h, k<Name>Kind)
+    # and its table entry carries it; Python reads the compiled library's table
+    # (jaxcomm_quantizers_json), as the collectives' attributes do. The table's names are the
+    # registry's quantizers, its numbers unique, and each the one its header declares (a
+    # library built from other sources fails here).
+    from jaxcomm import _ffi, algorithms
 
-    header = (ROOT / "kernels" / "quantized_slices.h").read_text()
-    body = re.search(r"enum class QuantizerKind[^{]*\{([^}]*)\}", header).group(1)
-    cpp = {name: int(value) for name, value in re.findall(r"k(\w+)\s*=\s*(\d+)", body)}
-    registry = {q.name: q.quantizer_kind for q in algorithms.quantizers()}
-    assert registry == {n.lower(): v for n, v in cpp.items()}
+    table = _ffi.quantizer_kinds()
+    assert {q.name: q.quantizer_kind for q in algorithms.quantizers()} == table
+    kinds = list(table.values())
+    assert all(type(kind) is int and kind >= 0 for kind in kinds), table
+    assert len(set(kinds)) == len(kinds), f"two quantizers share a kind number: {table}"
+    for name, kind in table.items():
+        header = (ROOT / "kernels" / f"{name}.h").read_text()
+        declared = re.findall(r"constexpr QuantizerKind k\w+Kind\{(\d+)\};", header)
+        assert declared == [str(kind)], f"kernels/{name}.h declares {declared}, the library {kind}"
 
 
 def test_core_imports_without_the_extras():

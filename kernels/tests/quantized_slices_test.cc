@@ -6,16 +6,16 @@
 #include <random>
 #include <vector>
 
+#include "kernels/adaptive.h"
+#include "kernels/onebit.h"
+#include "kernels/threshold.h"
+
 namespace jaxcomm::kernels {
 namespace {
 
-QuantizerSpec OneBitSpec() { return QuantizerSpec{QuantizerKind::kOneBit, 64, 0, 1.0, 1.0f, 1.0}; }
-QuantizerSpec ThresholdSpec() {
-  return QuantizerSpec{QuantizerKind::kThreshold, 1, 0, 1.0, 0.5f, 1.0};
-}
-QuantizerSpec AdaptiveSpec() {
-  return QuantizerSpec{QuantizerKind::kAdaptive, 100, 0, 4.0, 1.0f, 1.0};
-}
+QuantizerSpec OneBitSpec() { return QuantizerSpec{kOneBitKind, 64, 0, 1.0, 1.0f, 1.0}; }
+QuantizerSpec ThresholdSpec() { return QuantizerSpec{kThresholdKind, 1, 0, 1.0, 0.5f, 1.0}; }
+QuantizerSpec AdaptiveSpec() { return QuantizerSpec{kAdaptiveKind, 100, 0, 4.0, 1.0f, 1.0}; }
 
 std::vector<float> Gaussian(int64_t n, unsigned seed) {
   std::mt19937 rng(seed);

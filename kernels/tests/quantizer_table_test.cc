@@ -91,6 +91,11 @@ TEST(QuantizerTable, ChecksAcceptAUsableSpecAndRejectABadOne) {
 }
 
 TEST(QuantizerTable, AnUnknownKindIsAnErrorNotACrash) {
+  // A spec whose kind was never set names no quantizer (rather than silently one of them).
+  EXPECT_EQ(QuantizerSpec{}.kind, kNoQuantizerKind);
+  EXPECT_EQ(FindQuantizer(kNoQuantizerKind), nullptr);
+  EXPECT_NE(CheckQuantizerSpec(QuantizerSpec{}).find("unknown quantizer kind -1"),
+            std::string::npos);
   QuantizerSpec spec;
   spec.kind = static_cast<QuantizerKind>(1000);
   EXPECT_EQ(FindQuantizer(spec.kind), nullptr);
