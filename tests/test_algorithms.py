@@ -3,6 +3,7 @@ and a new algorithm module is picked up everywhere without another edit."""
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import shutil
 import subprocess
@@ -107,6 +108,58 @@ def test_specs_build_from_options_and_map_back():
         algorithms.get("nope")
 
 
+def test_each_algorithm_lists_the_settings_it_reads(monkeypatch):
+    # Algorithm.settings says which cost.Options fields an algorithm reads: its build, byte
+    # ledger and time model read no other (but the cost model's own element_bytes).
+    reading = {"on": True, "names": set()}
+
+    def unrecorded(f):  # the checks and dataclasses.replace read every field: not the algorithm
+        def call(*args, **kwargs):
+            was, reading["on"] = reading["on"], False
+            try:
+                return f(*args, **kwargs)
+            finally:
+                reading["on"] = was
+
+        return call
+
+    monkeypatch.setattr(dataclasses, "replace", unrecorded(dataclasses.replace))
+
+    class Recording(cost.Options):
+        __post_init__ = unrecorded(cost.Options.__post_init__)
+
+        def __getattribute__(self, name: str):
+            if reading["on"] and not name.startswith("_"):
+                reading["names"].add("density" if name == "k" else name)
+            return super().__getattribute__(name)
+
+    common = {s.name for s in cost.COMMON_SETTINGS}
+    for record in algorithms.registered():
+        reading["names"] = set()
+        options = Recording()
+        if record.build is not None:
+            record.build(options)
+        world = cost.World(2, 2, "across_hosts")
+        record.bytes_sent(4096, world, options, 0)
+        record.time(cost.Tally(cost.DEFAULT_PROFILE), 4096, world, options)
+        declared = {s.name for s in record.settings}
+        assert reading["names"] <= declared | common, (record.name, reading["names"] - declared)
+    assert cost.SETTINGS == algorithms.settings() + cost.COMMON_SETTINGS
+    assert [f.name for f in dataclasses.fields(cost.Options)] == [s.name for s in cost.SETTINGS]
+
+
+def test_a_setting_declared_twice_is_refused():
+    twice = [
+        algorithms.get("gtopk"),
+        dataclasses.replace(
+            algorithms.get("onebit"),
+            settings=(dataclasses.replace(algorithms.get("gtopk").settings[0], default=0.5),),
+        ),
+    ]
+    with pytest.raises(ImportError, match="'density' is declared by both 'gtopk' and 'onebit'"):
+        algorithms._collect_settings({a.name: a for a in twice})
+
+
 def test_hierarchical_forms_follow_their_base():
     forms = {a.name: a for a in algorithms.registered() if a.hierarchy is not None}
     bases = [a for a in algorithms.registered() if a.hierarchical]
@@ -120,7 +173,7 @@ def test_hierarchical_forms_follow_their_base():
 
 
 # A new algorithm: one module, nothing else. Its bytes and time are made up; what is checked is
-# that the registry, the cost model and auto find it.
+# that the registry, the cost model (its new setting a field of cost.Options) and auto find it.
 _NEW_MODULE = '''
 """``halfsum``: a made-up algorithm for the registry test."""
 
@@ -128,12 +181,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._base import F32, Algorithm
+from ._base import F32, Algorithm, Setting
 
 
 @dataclasses.dataclass(frozen=True)
 class HalfSum:
     scale: float = 0.5
+
+
+SCALE = Setting("scale", float, 0.5, lambda v: 0.0 < v <= 1.0, "in (0, 1]", "HalfSum's scale.")
 
 
 def _bytes(n, world, options, rank):
@@ -152,7 +208,8 @@ ALGORITHM = Algorithm(
     order=65,
     spec=HalfSum,
     targets={"flat": "jaxcomm_halfsum"},
-    build=lambda options: HalfSum(),
+    build=lambda options: HalfSum(options.scale),
+    settings=(SCALE,),
     bytes_sent=_bytes,
     time=_time,
     residual=True,
@@ -189,6 +246,13 @@ assert cost.predict("halfsum", 1000, world).seconds > 0
 assert "halfsum" in [p["algorithm"] for p in cost.plan([1000], world)["predictions"]]
 assert type(algorithms.build("halfsum", cost.Options())).__name__ == "HalfSum"
 assert cost.resolve_auto(cost.Auto(allowed=("halfsum",)), 1000, 4, 4, 1).scale == 0.5
+assert algorithms.build("halfsum", cost.Options(scale=0.25)).scale == 0.25
+assert "scale: HalfSum's scale." in cost.Options.__doc__
+try:
+    cost.Options(scale=2.0)
+    raise AssertionError("Options(scale=2.0) passed")
+except ValueError as e:
+    assert str(e) == "Options.scale=2.0 is out of range: it must be in (0, 1], e.g. scale=0.5", e
 assert not [m for m in sys.modules if m.split(".")[0] in ("jax", "jaxcomm")]
 print("found")
 """

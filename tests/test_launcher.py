@@ -71,6 +71,7 @@ def test_report_redraws(tmp_path):
         ({"backend": "cloud"}, ["backend", "local, emulated, mpirun, slurm"]),
         ({"jaxcomm": {"algorithm": "fast"}}, ["jaxcomm.algorithm", "'fast'", "'dense'"]),
         ({"sweep": [{"algorithm": "dense", "densty": 0.1}]}, ["sweep[0].densty", "unknown key"]),
+        ({"sweep": [{"density": 0}]}, ["sweep[0].density", "> 0"]),
         ({"jaxcomm": {"steps_factor": {"gtopk": 0}}}, ["jaxcomm.steps_factor.gtopk", "> 0"]),
         ({"jaxcomm": {"steps_factor": {"psum": 2}}}, ["jaxcomm.steps_factor", "'psum'"]),
     ],
@@ -188,6 +189,23 @@ def test_recipes_and_version(tmp_path):
         assert name in res.stdout
     res = run_cli("--version", cwd=tmp_path)
     assert res.returncode == 0 and "jaxcomm" in res.stdout
+
+
+def test_a_sweep_entry_takes_every_jaxcomm_setting_as_declared_once():
+    # JaxcommOverride is derived from JaxcommSettings: the same fields, descriptions and
+    # constraints, each optional (None: not overridden).
+    from jaxcomm_launcher.recipe import JaxcommOverride, JaxcommSettings, Recipe
+
+    settings, override = JaxcommSettings.model_fields, JaxcommOverride.model_fields
+    assert list(override) == list(settings)
+    for name, info in override.items():
+        assert info.default is None and info.description == settings[name].description, name
+    assert JaxcommOverride().model_dump(exclude_none=True) == {}
+    recipe = Recipe(name="x", job="digits", sweep=[{"compute_seconds": 0.5, "dense_steps": 3}])
+    assert (recipe.variants()[0].compute_seconds, recipe.variants()[0].dense_steps) == (0.5, 3)
+    for bad in ({"compute_seconds": -1.0}, {"dense_steps": 0}, {"steps_factor": {"gtopk": 0}}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            JaxcommOverride(**bad)
 
 
 def test_bundled_recipes_validate():

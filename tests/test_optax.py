@@ -330,6 +330,7 @@ def test_examples_command_line_parses_every_config_field():
     parsed as int before)."""
     import dataclasses
 
+    from jaxcomm import cost
     from jaxcomm.examples import _loop
     from jaxcomm.examples.bytes_lm import BytesLMConfig
     from jaxcomm.examples.digits import DigitsConfig
@@ -346,3 +347,9 @@ def test_examples_command_line_parses_every_config_field():
             fields["steps_factor"]("gtopk")
         with pytest.raises(ValueError, match="0/1"):
             fields["warmup"]("maybe")
+        # auto's settings come from cost.Auto's fields, with Auto's annotations
+        assert fields["steps_factor_no_warmup"]("gtopk=3") == {"gtopk": 3.0}
+        assert fields["dense_steps"]("120") == 120 and fields["compute_seconds"]("0.5") == 0.5
+    auto = {f.name for f in dataclasses.fields(cost.Auto)} - {"options"}
+    assert set(_loop.AUTO_SETTINGS) == auto
+    assert auto <= {f.name for f in dataclasses.fields(_loop.Reduction)}

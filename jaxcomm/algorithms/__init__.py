@@ -4,9 +4,11 @@ Each public module here (``dense``, ``gtopk``, ``topk_allgather``, ``onebit``, `
 ``adaptive``, ``blockquant``, ``powersgd``, ``psum``) defines ``ALGORITHM``, an
 :class:`Algorithm` record holding its spec (the user-facing class, e.g. ``jaxcomm.GTopK``),
 its XLA FFI target names, its FFI attribute builder, its byte ledger and time model (which
-:mod:`jaxcomm.cost` sums up), its name in recipes, benchmarks and metrics, and whether
-``algorithm="auto"`` may choose it. The hierarchical forms (``hier_dense``,
-``hier_adaptive_leader``, ...) are derived from the algorithms that have one. A leaf-shaped
+:mod:`jaxcomm.cost` sums up), its name in recipes, benchmarks and metrics, whether
+``algorithm="auto"`` may choose it, and the cost-model settings it reads
+(``Algorithm.settings``: each a :class:`Setting` declared once, by the module that owns it;
+:func:`settings`). The hierarchical forms (``hier_dense``, ``hier_adaptive_leader``, ...) are
+derived from the algorithms that have one. A leaf-shaped
 algorithm (``powersgd``: factors of each 2-D gradient leaf) names the module of
 :mod:`jaxcomm.collectives` that reduces a gradient tree (``Algorithm.leafwise``), which
 ``jaxcomm.optax.allreduce_gradients`` runs instead of its buckets.
@@ -14,7 +16,8 @@ algorithm (``powersgd``: factors of each 2-D gradient leaf) names the module of
 The rest of jaxcomm reads this registry: ``jaxcomm.compressed_allreduce`` (targets and
 attributes), ``jaxcomm.cost`` (bytes, time, auto's candidates), the examples, the launcher's
 recipe schema and jobs, and the benchmarks. Adding an algorithm is one module here (found by
-its name: any module not starting with ``_``), its kernels and its tests.
+its name: any module not starting with ``_``), its kernels and its tests; a new setting of it
+is a :class:`Setting` in that module, which becomes a field of ``jaxcomm.cost.Options``.
 
 This package imports only the standard library (the launcher loads it without JAX); an
 algorithm's FFI attribute builder imports NumPy when it is called.
@@ -36,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _hierarchical
-from ._base import SHARED_KERNELS, Algorithm
+from ._base import SHARED_KERNELS, Algorithm, Setting
 
 AUTO = "auto"
 """The name that asks the cost model to choose per bucket (``jaxcomm.cost.Auto``)."""
@@ -58,7 +61,23 @@ def _discover() -> dict[str, Algorithm]:
     return by_name
 
 
+def _collect_settings(records: Mapping[str, Algorithm]) -> dict[str, Setting]:
+    # A setting read by several algorithms is one object, imported from the module that
+    # declares it; two different declarations of one name would give Options two defaults.
+    found: dict[str, tuple[Setting, str]] = {}
+    for record in records.values():
+        for setting in record.settings:
+            first = found.setdefault(setting.name, (setting, record.name))
+            if first[0] is not setting:
+                raise ImportError(
+                    f"setting {setting.name!r} is declared by both {first[1]!r} and "
+                    f"{record.name!r}: declare it once and import it where it is read"
+                )
+    return {name: setting for name, (setting, _) in found.items()}
+
+
 _REGISTRY: dict[str, Algorithm] = _discover()
+_SETTINGS: dict[str, Setting] = _collect_settings(_REGISTRY)
 _BY_SPEC: dict[type, Algorithm] = {
     a.spec: a for a in _REGISTRY.values() if a.spec is not None and a.in_recipes
 }
@@ -213,6 +232,22 @@ def kernels() -> Mapping[str, float]:
     return table
 
 
+def settings() -> tuple[Setting, ...]:
+    """Every algorithm's settings (the fields of ``jaxcomm.cost.Options`` but the cost model's
+    own), each once, in the order the listing first meets them.
+
+    Returns:
+      The :class:`Setting` declarations.
+
+    Example:
+      >>> [s.name for s in settings()][:3]
+      ['density', 'proportion', 'column_size']
+      >>> {s.name for s in get("gtopk").settings} == {"density"}
+      True
+    """
+    return tuple(_SETTINGS.values())
+
+
 def spec_classes() -> tuple[type, ...]:
     """The user-facing spec classes, in listing order.
 
@@ -226,6 +261,7 @@ def spec_classes() -> tuple[type, ...]:
 __all__ = [
     "AUTO",
     "Algorithm",
+    "Setting",
     "auto_choices",
     "build",
     "default_allowed",
@@ -236,5 +272,6 @@ __all__ = [
     "planned",
     "quantizers",
     "registered",
+    "settings",
     "spec_classes",
 ]

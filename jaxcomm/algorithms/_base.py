@@ -68,6 +68,66 @@ def even_size(n: int, parts: int, chunk: int) -> int:
     return even_begin(n, parts, chunk + 1) - even_begin(n, parts, chunk)
 
 
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One setting of the cost model's ``jaxcomm.cost.Options``, declared by the algorithm module
+    that owns it.
+
+    Each setting is declared once: the module whose algorithm it configures creates it, lists it
+    in its record's ``settings``, and any other algorithm that reads it imports that object and
+    lists it too (``density``: :mod:`jaxcomm.algorithms._sparse`, read by ``topk_allgather``
+    and ``gtopk``). ``jaxcomm.cost.Options`` has one keyword-only field per setting of the
+    registry (:func:`jaxcomm.algorithms.settings`), with its default, its check and its doc.
+
+    Attributes:
+      name: the ``Options`` field, as algorithms read it (``options.density``).
+      type: its Python type (``float``, ``int``).
+      default: its default value.
+      check: ``value -> bool``, whether ``value`` is allowed.
+      allowed: the allowed values in words, for the error message (``"in (0, 1]"``).
+      doc: one line for ``Options``' docstring.
+
+    Example:
+      >>> rank = Setting("rank", int, 4, lambda v: v >= 1, ">= 1", "the approximation rank.")
+      >>> rank.problem(0)
+      'rank=0 is out of range: it must be >= 1, e.g. rank=4'
+      >>> rank.problem(2) is None
+      True
+    """
+
+    name: str
+    type: type
+    default: Any
+    check: Callable[[Any], bool]
+    allowed: str
+    doc: str
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with ``value`` for this setting, or None when it is allowed.
+
+        Args:
+          value: a candidate value.
+
+        Returns:
+          ``"<name>=<value> is out of range: it must be <allowed>, e.g. <name>=<default>"``
+          (a value the check cannot even compare counts as out of range), or None.
+
+        Example:
+          >>> Setting("bits", int, 8, lambda v: v in (4, 8), "8 or 4", "bits.").problem(3)
+          'bits=3 is out of range: it must be 8 or 4, e.g. bits=8'
+        """
+        try:
+            ok = bool(self.check(value))
+        except TypeError:  # a string where a number belongs: out of range too, said alike
+            ok = False
+        if ok:
+            return None
+        return (
+            f"{self.name}={value!r} is out of range: it must be {self.allowed}, "
+            f"e.g. {self.name}={self.default!r}"
+        )
+
+
 BytesFn = Callable[[int, Any, Any, int], int]
 """``(n, world, options, rank) -> bytes`` that world rank ``rank`` sends (n > 0, P > 1)."""
 
@@ -145,6 +205,10 @@ class Algorithm:
         shapes (:data:`TreeBytesFn`; ``bytes_sent`` and ``time`` then model one call of n
         elements as one leaf of some shape).
       tree_time: likewise for the time model (:data:`TreeTimeFn`).
+      settings: the ``jaxcomm.cost.Options`` fields it reads (its ``build``, byte ledger and
+        time model), as :class:`Setting` declarations: its own, and those of other modules it
+        reads, as their objects (a setting is declared once). ``element_bytes``, the
+        gradient's width, is the cost model's own (``jaxcomm.cost.COMMON_SETTINGS``).
     """
 
     name: str
@@ -176,6 +240,7 @@ class Algorithm:
     leafwise: str | None = None
     tree_bytes: TreeBytesFn | None = None
     tree_time: TreeTimeFn | None = None
+    settings: tuple[Setting, ...] = ()
 
     @property
     def quantizer_kind(self) -> int | None:

@@ -1,6 +1,6 @@
 """``TopK``: the top-k compressor, and :class:`Density`, the density and ``k`` it shares with the
 sparse allreduces (``TopKAllgather``, ``GTopK``), whose registry records
-:func:`sparse_algorithm` fills in."""
+:func:`sparse_algorithm` fills in, with the cost-model setting they read, :data:`DENSITY`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,17 @@ import math
 from typing import Any
 
 from .. import _checks
-from ._base import Algorithm
+from ._base import Algorithm, Setting
+
+DENSITY = Setting(
+    "density",
+    float,
+    0.001,
+    lambda v: 0.0 < v <= 1.0,
+    "in (0, 1]",
+    "ρ of TopK-allgather and gTop-k (``k = max(1, ceil(ρ n))``).",
+)
+"""``cost.Options.density``, the one setting of the sparse allreduces."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +74,9 @@ def k_attribute(spec: Density, n: int) -> dict:
 def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any) -> Algorithm:
     """The registry record of a sparse allreduce: what the top-k allreduces share, plus ``fields``.
 
-    Its spec is built from the cost model's density, its one FFI attribute is ``k``, it keeps
-    an error-feedback residual and follows the warm-up density schedules; ``name`` is also its
-    metrics label.
+    Its spec is built from the cost model's density (:data:`DENSITY`), its one FFI attribute is
+    ``k``, it keeps an error-feedback residual and follows the warm-up density schedules;
+    ``name`` is also its metrics label.
 
     Args:
       name: its name (:attr:`Algorithm.name`).
@@ -92,5 +102,6 @@ def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any)
         attributes=k_attribute,
         residual=True,
         uses_density=True,
+        settings=(DENSITY,),
         **fields,
     )

@@ -12,8 +12,26 @@ import math
 from typing import Any
 
 from .. import _checks
-from ._base import ceil_div
+from ._base import Setting, ceil_div
 from ._quantized import Schedule
+from .onebit import COLUMN_SIZE
+
+PROPORTION = Setting(
+    "proportion", float, 64.0, lambda v: v >= 1.0, ">= 1", "π of adaptive quantization."
+)
+"""``cost.Options.proportion``: :attr:`Adaptive.proportion`."""
+
+SELECTION_OVERLAP = Setting(
+    "selection_overlap",
+    float,
+    0.0,
+    lambda v: 0.0 <= v <= 1.0,
+    "in [0, 1]",
+    "in [0, 1], how much the ranks' adaptive selections coincide: 1 = the same positions on "
+    "every rank (the sum has as many nonzeros as one rank sent), 0 = independent positions "
+    "(the sum's nonzeros are the expected union).",
+)
+"""``cost.Options.selection_overlap``: what adaptive's byte count assumes of the data."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +129,7 @@ ALGORITHM = Schedule("adaptive", _words, unit=lambda options: options.column_siz
     order=40,
     spec=Adaptive,
     build=lambda options: Adaptive(options.proportion, column_size=options.column_size),
+    settings=(PROPORTION, COLUMN_SIZE, SELECTION_OVERLAP),
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.adaptive": 1.07e-8, "decode.adaptive": 8.5e-10},
     hierarchical_planned=("multi_leader",),

@@ -17,10 +17,22 @@ import dataclasses
 from typing import Any
 
 from .. import _checks
-from ._base import ceil_div
+from ._base import Setting, ceil_div
 from ._quantized import Schedule
 
 ROUNDINGS = ("nearest", "stochastic")
+
+BITS = Setting(
+    "bits",
+    int,
+    8,
+    lambda v: v in (4, 8),
+    "8 or 4",
+    "bits per element of block quantization (``jaxcomm.BlockQuant``): 8 or 4.",
+)
+BLOCK = Setting(
+    "block", int, 256, lambda v: v >= 1, ">= 1", "elements per scale of block quantization."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +113,7 @@ ALGORITHM = Schedule("blockquant", _words, unit=lambda options: options.block).a
     },
     stepped=True,
     build=lambda options: BlockQuant(bits=options.bits, block=options.block),
+    settings=(BITS, BLOCK),
     # Seconds per element, int8, block 256, one core, 25M floats (2026-11-24): quantize with
     # error feedback 33.3 ms through jaxcomm.ops.compress (benchmarks/results/
     # kernels-1core.json); dequantize-accumulate into an existing sum 11.5 ms, timed on the

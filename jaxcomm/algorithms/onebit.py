@@ -10,8 +10,19 @@ import dataclasses
 from typing import Any
 
 from .. import _checks
-from ._base import ceil_div
+from ._base import Setting, ceil_div
 from ._quantized import Schedule
+
+COLUMN_SIZE = Setting(
+    "column_size",
+    int,
+    1024,
+    lambda v: v >= 32 and v % 32 == 0,
+    "a positive multiple of 32",
+    "column length of one-bit and adaptive quantization.",
+)
+"""``cost.Options.column_size``: :class:`OneBit`'s columns (whole uint32 words of bits);
+adaptive quantization reads it too."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +71,7 @@ ALGORITHM = Schedule("onebit", _words, unit=lambda options: options.column_size)
     order=50,
     spec=OneBit,
     build=lambda options: OneBit(column_size=options.column_size),
+    settings=(COLUMN_SIZE,),
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.onebit": 3.31e-9, "decode.onebit": 5.6e-10},
     auto_rank=4,

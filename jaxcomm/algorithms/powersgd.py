@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import _checks
 from . import dense
-from ._base import Algorithm
+from ._base import Algorithm, Setting
 
 LAYOUTS = ("jax", "torch")
 """How :class:`PowerSGD` views a leaf of three or more dimensions as a matrix."""
@@ -37,6 +37,34 @@ START_STEP = 1000
 
 MIN_COMPRESSION_RATE = 2.0
 """Default least compression a leaf must gain to be compressed (PyTorch's default)."""
+
+SETTINGS = (
+    Setting(
+        "rank",
+        int,
+        4,
+        lambda v: v >= 1,
+        ">= 1",
+        "PowerSGD's approximation rank (``jaxcomm.PowerSGD.rank``; not a process rank).",
+    ),
+    Setting(
+        "start_step",
+        int,
+        START_STEP,
+        lambda v: v >= 0,
+        ">= 0",
+        "PowerSGD's dense warm-up steps (only used to build the spec).",
+    ),
+    Setting(
+        "min_compression_rate",
+        float,
+        MIN_COMPRESSION_RATE,
+        lambda v: v >= 1.0,
+        ">= 1",
+        "the least gain for which PowerSGD compresses a leaf.",
+    ),
+)
+"""PowerSGD's fields of ``cost.Options`` (:func:`_spec` builds the spec from them)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,6 +385,7 @@ ALGORITHM = Algorithm(
     order=62,
     spec=PowerSGD,
     build=_spec,
+    settings=SETTINGS,
     bytes_sent=_bytes,
     time=_time,
     tree_bytes=tree_bytes,

@@ -12,7 +12,35 @@ import math
 from typing import Any
 
 from .. import _checks
+from ._base import Setting
 from ._quantized import Schedule
+
+TAU = Setting(
+    "tau",
+    float,
+    3.0,
+    lambda v: v > 0.0,
+    "> 0",
+    "threshold of threshold quantization (only used to build the compressor).",
+)
+MAX_DENSITY = Setting(
+    "max_density",
+    float,
+    1.0,
+    lambda v: 0.0 < v <= 1.0,
+    "in (0, 1]",
+    "capacity of threshold quantization (fraction of a slice).",
+)
+THRESHOLD_FRACTION = Setting(
+    "threshold_fraction",
+    float,
+    0.003,
+    lambda v: 0.0 <= v <= 1.0,
+    "in [0, 1]",
+    "expected fraction of entries with ``|x + r| > tau`` (threshold sends "
+    "``min(capacity, ceil(fraction m))`` entries per slice of m elements, and as many for the "
+    "requantized sum).",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +96,7 @@ ALGORITHM = Schedule("threshold", _words, unit=lambda options: 1).algorithm(
     order=60,
     spec=Threshold,
     build=lambda options: Threshold(options.tau, max_density=options.max_density),
+    settings=(TAU, MAX_DENSITY, THRESHOLD_FRACTION),
     # Seconds per element (measured like _base.SHARED_KERNELS).
     kernels={"quantize.threshold": 3.17e-9, "decode.threshold": 3.3e-10},
     auto_rank=5,

@@ -31,7 +31,8 @@ measures one on the recipe's own world; :data:`DEFAULT_PROFILE` is a measured fa
 Layout
 ------
 * :mod:`jaxcomm.cost.model`: the data (``World``, ``Options``, ``Link``, ``Profile`` and its
-  JSON, ``Prediction``);
+  JSON, ``Prediction``); ``Options``' fields are the settings the algorithms' modules declare
+  (:func:`jaxcomm.algorithms.settings`) plus the gradient's ``element_bytes``;
 * :mod:`jaxcomm.cost.ledger`: the byte ledger (each algorithm's schedule lives in its module
   of :mod:`jaxcomm.algorithms`);
 * :mod:`jaxcomm.cost.timemodel`: the time model and the probe's fit;
@@ -74,12 +75,14 @@ from .ledger import (
 from .model import (
     ALGORITHMS,
     AUTO_CHOICES,
+    COMMON_SETTINGS,
     DEFAULT_ALLOWED,
     DEFAULT_PROFILE,
     DEFAULT_STEPS_FACTOR,
     KERNELS,
     LINK_CLASSES,
     QUANTIZER_KINDS,
+    SETTINGS,
     Link,
     Options,
     Prediction,
@@ -92,12 +95,14 @@ from .timemodel import Tally, dense_path, fit_line, predict, predict_tree, ring_
 __all__ = [
     "ALGORITHMS",
     "AUTO_CHOICES",
+    "COMMON_SETTINGS",
     "DEFAULT_ALLOWED",
     "DEFAULT_PROFILE",
     "DEFAULT_STEPS_FACTOR",
     "KERNELS",
     "LINK_CLASSES",
     "QUANTIZER_KINDS",
+    "SETTINGS",
     "Auto",
     "Link",
     "Options",

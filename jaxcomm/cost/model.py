@@ -11,11 +11,12 @@ import dataclasses
 import json
 import math
 import pathlib
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
 from .. import algorithms
-from ..algorithms import powersgd
+from ..algorithms import Setting
 
 LINK_CLASSES = ("same_process", "same_host", "across_hosts")
 """Link classes, fastest first."""
@@ -118,75 +119,68 @@ class World:
         return "same_process" if self.processes == 1 else self.inter_process
 
 
-@dataclasses.dataclass(frozen=True)
+COMMON_SETTINGS = (
+    Setting(
+        "element_bytes",
+        int,
+        4,
+        lambda v: v in (2, 4),
+        "2 or 4",
+        "bytes per element of the gradient: 4 (float32) or 2 (bfloat16, float16). The dense "
+        "allreduce carries 16-bit gradients on its 16-bit wire, half the bytes; the compressors "
+        "quantize from float32 whatever the input, so only dense (and PowerSGD's dense leaves) "
+        "reads it.",
+    ),
+)
+"""The fields of :class:`Options` that are no algorithm's setting but the gradient's (its width,
+which ``auto`` sets per bucket); the others are declared by the algorithms' modules
+(:func:`jaxcomm.algorithms.settings`)."""
+
+SETTINGS = algorithms.settings() + COMMON_SETTINGS
+"""Every field of :class:`Options`: the algorithms' settings, then :data:`COMMON_SETTINGS`."""
+
+
+def _with_settings(cls: type) -> type:
+    """``cls`` as a frozen, keyword-only dataclass with one field per :data:`SETTINGS` entry,
+    and their docs as the ``Args`` of its docstring (inserted before its ``Example:``)."""
+    names = [s.name for s in SETTINGS]
+    clash = {n for n in names if names.count(n) > 1} | (set(names) & set(vars(cls)))
+    if clash:
+        raise ImportError(f"cost.Options: settings {sorted(clash)} are declared twice")
+    cls.__annotations__ = {s.name: s.type for s in SETTINGS}
+    for s in SETTINGS:
+        setattr(cls, s.name, s.default)
+    args = ["    Args:"]
+    for s in SETTINGS:
+        args += textwrap.wrap(
+            f"{s.name}: {s.doc}", 96, initial_indent="      ", subsequent_indent="        "
+        )
+    head, example = cls.__doc__.split("\n    Example:", 1)
+    cls.__doc__ = head.rstrip() + "\n\n" + "\n".join(args) + "\n\n    Example:" + example
+    # kw_only: the fields' order follows the registry, which a new algorithm may change.
+    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+
+
+@_with_settings
 class Options:
     """Compressor settings and the data-dependent quantities the byte counts need.
 
-    Args:
-      density: ρ of TopK-allgather and gTop-k (``k = max(1, ceil(ρ n))``).
-      proportion: π of adaptive quantization.
-      column_size: column length of one-bit and adaptive quantization.
-      tau: threshold of threshold quantization (only used to build the compressor).
-      max_density: capacity of threshold quantization (fraction of a slice).
-      threshold_fraction: expected fraction of entries with ``|x + r| > tau`` (threshold
-        sends ``min(capacity, ceil(fraction m))`` entries per slice of m elements, and as many
-        for the requantized sum).
-      selection_overlap: in [0, 1], how much the ranks' adaptive selections coincide: 1 = the
-        same positions on every rank (the sum has as many nonzeros as one rank sent), 0 =
-        independent positions (the sum's nonzeros are the expected union).
-      element_bytes: bytes per element of the gradient: 4 (float32) or 2 (bfloat16, float16).
-        The dense allreduce carries 16-bit gradients on its 16-bit wire, half the bytes; the
-        compressors quantize from float32 whatever the input, so only dense reads it.
-      bits: bits per element of block quantization (``jaxcomm.BlockQuant``): 8 or 4.
-      block: elements per scale of block quantization.
-      rank: PowerSGD's approximation rank (``jaxcomm.PowerSGD.rank``; not a process rank).
-      start_step: PowerSGD's dense warm-up steps (only used to build the spec).
-      min_compression_rate: the least gain for which PowerSGD compresses a leaf.
+    One keyword-only field per setting: each algorithm module declares the settings it reads
+    (``Algorithm.settings``, :func:`jaxcomm.algorithms.settings`), with its default, its check
+    and the line below; ``element_bytes`` is the cost model's own (:data:`COMMON_SETTINGS`).
 
     Example:
       >>> Options(density=0.01).k(1000)
       10
+      >>> Options(bits=4).bits, Options().start_step
+      (4, 1000)
     """
 
-    density: float = 0.001
-    proportion: float = 64.0
-    column_size: int = 1024
-    tau: float = 3.0
-    max_density: float = 1.0
-    threshold_fraction: float = 0.003
-    selection_overlap: float = 0.0
-    element_bytes: int = 4
-    bits: int = 8
-    block: int = 256
-    rank: int = 4
-    start_step: int = powersgd.START_STEP
-    min_compression_rate: float = powersgd.MIN_COMPRESSION_RATE
-
     def __post_init__(self) -> None:
-        checks = {
-            "density": 0.0 < self.density <= 1.0,
-            "proportion": self.proportion >= 1.0,
-            "column_size": self.column_size >= 32 and self.column_size % 32 == 0,
-            "tau": self.tau > 0.0,
-            "max_density": 0.0 < self.max_density <= 1.0,
-            "threshold_fraction": 0.0 <= self.threshold_fraction <= 1.0,
-            "selection_overlap": 0.0 <= self.selection_overlap <= 1.0,
-            "element_bytes": self.element_bytes in (2, 4),
-            "bits": self.bits in (4, 8),
-            "block": self.block >= 1,
-            "rank": self.rank >= 1,
-            "start_step": self.start_step >= 0,
-            "min_compression_rate": self.min_compression_rate >= 1.0,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(
-                    f"Options.{name}={getattr(self, name)!r} is out of range "
-                    "(density, max_density and the fractions in [0, 1], proportion >= 1, "
-                    "column_size a positive multiple of 32, tau > 0, element_bytes 2 or 4, "
-                    "bits 8 or 4, block >= 1, rank >= 1, start_step >= 0, "
-                    "min_compression_rate >= 1)"
-                )
+        for setting in SETTINGS:
+            problem = setting.problem(getattr(self, setting.name))
+            if problem is not None:
+                raise ValueError(f"Options.{problem}")
 
     def k(self, n: int) -> int:
         """Entries of the sparse algorithms for ``n`` elements (``jaxcomm.TopK.k``)."""

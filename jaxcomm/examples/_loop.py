@@ -34,8 +34,26 @@ AXIS = "dp"
 ALGORITHMS = (*algorithms.names(), algorithms.AUTO)  # the registry's names (recipes use them)
 GRAD_DTYPES = ("float32", "bfloat16")
 
+AUTO_SETTINGS = tuple(f.name for f in dataclasses.fields(cost.Auto) if f.name != "options")
+"""The settings of ``auto`` that :class:`Reduction` takes: the fields of :class:`jaxcomm.cost.Auto`
+(declared, checked and documented there) but ``options``, which :meth:`Reduction.options`
+builds from the algorithm settings."""
+
+
+def _with_auto_settings(cls: type) -> type:
+    # Each setting of cost.Auto becomes a field of the class, default None (= Auto's own
+    # default), appended after the fields written in the class body. Its annotation is Auto's
+    # (a string), from which command_line picks the option's parser.
+    for f in dataclasses.fields(cost.Auto):
+        if f.name in AUTO_SETTINGS:
+            kind = str(f.type)
+            cls.__annotations__[f.name] = kind if kind.endswith("| None") else f"{kind} | None"
+            setattr(cls, f.name, None)
+    return cls
+
 
 @dataclasses.dataclass(frozen=True)
+@_with_auto_settings
 class Reduction:
     """How gradients are reduced over ``dp``.
 
@@ -54,17 +72,11 @@ class Reduction:
         :func:`jaxcomm.optax.allreduce_gradients`, while a compressor takes the float32
         gradient as it is); parameters and optimizer stay float32.
       bucket_size: most elements per jaxcomm collective call.
-      allowed: ``auto``: the algorithms it may choose (:data:`jaxcomm.cost.AUTO_CHOICES`;
-        None: :data:`jaxcomm.cost.DEFAULT_ALLOWED`).
-      profile: ``auto``: a profile JSON written by ``jaxcomm probe`` (None: the built-in one).
-      compute_seconds: ``auto``: seconds of a step besides the reduction
-        (:class:`jaxcomm.cost.Auto`).
-      steps_factor: ``auto``: steps each choice needs to reach the target relative to dense,
-        e.g. measured on this model by ``benchmarks/train.py`` (None: each algorithm's
-        default, :data:`jaxcomm.cost.DEFAULT_STEPS_FACTOR`).
-      dense_steps, steps_factor_no_warmup: ``auto`` with ``warmup``: dense's steps to the
-        target and the choices' steps factors without the warm-up; given both, auto decides
-        whether the warm-up pays (:func:`jaxcomm.cost.warmup_pays`).
+      allowed, profile, compute_seconds, steps_factor, dense_steps, steps_factor_no_warmup:
+        ``auto``'s settings (:data:`AUTO_SETTINGS`), the fields of :class:`jaxcomm.cost.Auto`
+        as documented there, added to this class from it (the last fields); None: Auto's
+        default. With ``warmup``, ``dense_steps`` and ``steps_factor_no_warmup`` let auto
+        decide whether the warm-up pays.
       diloco_every: > 0: train with DiLoCo (:func:`jaxcomm.optax.diloco`): the optimizer
         runs this many local steps on every rank, then ``algorithm`` (``dense``, in
         ``grad_dtype`` on the wire, or a compressed one, with error feedback) averages the
@@ -90,18 +102,12 @@ class Reduction:
     tau: float = 0.001
     grad_dtype: str = "float32"
     bucket_size: int = jc_optax.DEFAULT_BUCKET_SIZE
-    allowed: tuple[str, ...] | None = None
-    profile: str | None = None
-    compute_seconds: float | None = None
-    steps_factor: dict[str, float] | None = None
-    dense_steps: int | None = None
-    steps_factor_no_warmup: dict[str, float] | None = None
     diloco_every: int = 0
     diloco_outer_lr: float = jc_optax.DILOCO_OUTER_LR
     diloco_outer_momentum: float = jc_optax.DILOCO_OUTER_MOMENTUM
     diloco_delay: int = 0
     diloco_fragments: int = 1
-    # Defaults declared once, in cost.Options.
+    # Defaults declared once, by their algorithms' modules (cost.Options holds them).
     bits: int = cost.Options.bits
     block: int = cost.Options.block
     rank: int = cost.Options.rank
@@ -178,17 +184,9 @@ class Reduction:
         options = self.options(warmup_phase_steps)
         schedule = None
         if a == algorithms.AUTO:
-            allowed = self.allowed or cost.DEFAULT_ALLOWED
-            algorithm: Any = cost.Auto(
-                allowed=allowed,
-                profile=self.profile,
-                options=options,
-                compute_seconds=self.compute_seconds,
-                steps_factor=self.steps_factor,
-                dense_steps=self.dense_steps,
-                steps_factor_no_warmup=self.steps_factor_no_warmup,
-            )
-            sparse = any(algorithms.get(n).uses_density for n in allowed)
+            given = {n: getattr(self, n) for n in AUTO_SETTINGS if getattr(self, n) is not None}
+            algorithm: Any = cost.Auto(options=options, **given)
+            sparse = any(algorithms.get(n).uses_density for n in algorithm.allowed)
         else:
             algorithm = algorithms.build(a, options)  # None: the dense allreduce
             sparse = algorithms.get(a).uses_density
@@ -895,9 +893,9 @@ def _parse_bool(text: str) -> bool:
 def _option_parser(field: dataclasses.Field) -> Callable[[str], Any]:
     """How :func:`command_line` parses a config field's option, from its annotation (a string
     under ``from __future__ import annotations``): ``int``, ``float``, ``str``, ``bool``,
-    ``tuple[str, ...]`` (comma-separated), ``dict[str, float]`` (``name=value,...``), each
-    optionally ``| None``."""
-    kind = str(field.type).replace(" | None", "").strip()
+    ``tuple[str, ...]`` (comma-separated), ``dict[str, float]`` or ``Mapping[str, float]``
+    (``name=value,...``); of a union (``X | None``, ``Profile | str | None``: the settings
+    :class:`Reduction` takes from ``cost.Auto``), the first alternative it can parse."""
     parsers: dict[str, Callable[[str], Any]] = {
         "int": int,
         "float": float,
@@ -905,10 +903,12 @@ def _option_parser(field: dataclasses.Field) -> Callable[[str], Any]:
         "bool": _parse_bool,
         "tuple[str, ...]": lambda text: tuple(v.strip() for v in text.split(",") if v.strip()),
         "dict[str, float]": _parse_float_map,
+        "Mapping[str, float]": _parse_float_map,
     }
-    if kind not in parsers:
-        raise TypeError(f"command_line: no option parser for {field.name}: {field.type}")
-    return parsers[kind]
+    for kind in str(field.type).split("|"):
+        if kind.strip() in parsers:
+            return parsers[kind.strip()]
+    raise TypeError(f"command_line: no option parser for {field.name}: {field.type}")
 
 
 def _parse_float_map(text: str) -> dict[str, float]:

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -259,21 +260,44 @@ class JaxcommSettings(_Strict):
         return name
 
 
-class JaxcommOverride(_Strict):
-    """One sweep entry: any subset of :class:`JaxcommSettings` fields."""
+def _all_optional(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
+    """A strict model with every field of ``model``, each optional with default None.
 
-    algorithm: Algorithm | None = None
-    density: float | None = Field(None, gt=0.0, le=1.0)
-    grad_dtype: Literal["float32", "bfloat16"] | None = None
-    hierarchical: bool | None = None
-    label: str | None = None
-    allowed: list[AutoChoice] | None = None
-    profile: str | None = None
-    compute_seconds: float | None = Field(None, ge=0.0)
-    steps_factor: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = None
-    dense_steps: int | None = Field(None, ge=1)
-    steps_factor_no_warmup: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = None
-    diloco: DiLoCoSettings | None = None
+    Each field keeps its type, constraints and description, so a setting is declared once (in
+    ``model``) and an override of it is checked alike; None means "not overridden".
+
+    Args:
+        model: The model whose fields are copied (its validators are not: a model-level check
+            applies to the merged settings, which are validated as ``model`` again).
+        name: The new model's class name.
+        doc: Its docstring.
+
+    Returns:
+        The new model class (extra keys forbidden, like every recipe section).
+
+    Example:
+        >>> Partial = _all_optional(World, "Partial", "Some of World's fields.")
+        >>> Partial(devices_per_process=2).model_dump(exclude_none=True)
+        {'devices_per_process': 2}
+        >>> try:
+        ...     Partial(processes=0)
+        ... except ValidationError as e:
+        ...     print(e.errors()[0]["msg"])
+        Input should be greater than or equal to 1
+    """
+    fields: dict[str, Any] = {}
+    for field, info in model.model_fields.items():
+        # The constraints (gt, le, ...) go on the value's type, so None stays allowed.
+        kind = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        fields[field] = (kind | None, Field(None, description=info.description))
+    return create_model(name, __base__=_Strict, __doc__=doc, __module__=__name__, **fields)
+
+
+JaxcommOverride = _all_optional(
+    JaxcommSettings,
+    "JaxcommOverride",
+    "One sweep entry: any subset of :class:`JaxcommSettings` fields.",
+)
 
 
 class Train(_Strict):
