@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "kernels/parallel.h"
-#include "kernels/quantizer_table.h"
 #include "kernels/tests/test_util.h"
 #include "kernels/wire.h"
 
@@ -355,14 +354,6 @@ TEST(AdaptiveTest, DecompressRejectsBadMessages) {
   const std::vector<uint32_t> crowded = {
       7, 0, 0, 0, 0, wire::Entry(true, 0), wire::Entry(false, 0)};
   EXPECT_NE(AdaptiveDecompress(crowded.data(), 7, ones, out.data()), "");
-}
-
-// Its entry of the quantizer table carries the kind number its header declares, under its
-// registry name: what Python reads (jaxcomm_quantizers_json) and sends back as the attribute.
-TEST(AdaptiveQuantizer, TheTableFindsItsEntryByItsKind) {
-  EXPECT_EQ(static_cast<int64_t>(kAdaptiveQuantizer.kind), static_cast<int64_t>(kAdaptiveKind));
-  EXPECT_EQ(FindQuantizer(kAdaptiveKind), &kAdaptiveQuantizer);
-  EXPECT_STREQ(kAdaptiveQuantizer.name, "adaptive");
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/quantizer_table.h"
 #include "kernels/tests/test_util.h"
 #include "kernels/wire.h"
 
@@ -215,14 +214,6 @@ TEST(BlockQuant, DecompressAccumulatesAndRejectsBadMessages) {
                 .find("scale"),
             std::string::npos);
   EXPECT_EQ(sum, before) << "a bad message leaves the sum untouched";
-}
-
-// Its entry of the quantizer table carries the kind number its header declares, under its
-// registry name: what Python reads (jaxcomm_quantizers_json) and sends back as the attribute.
-TEST(BlockQuantQuantizer, TheTableFindsItsEntryByItsKind) {
-  EXPECT_EQ(static_cast<int64_t>(kBlockQuantizer.kind), static_cast<int64_t>(kBlockQuantKind));
-  EXPECT_EQ(FindQuantizer(kBlockQuantKind), &kBlockQuantizer);
-  EXPECT_STREQ(kBlockQuantizer.name, "blockquant");
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <random>
 #include <vector>
 
-#include "kernels/quantizer_table.h"
 #include "kernels/tests/test_util.h"
 #include "kernels/wire.h"
 
@@ -241,14 +240,6 @@ TEST(OneBit, PortableAndAvx2LoopsGiveSameBytes) {
       EXPECT_EQ(std::memcmp(fast_hat.data(), portable_hat.data(), n * sizeof(float)), 0);
     }
   }
-}
-
-// Its entry of the quantizer table carries the kind number its header declares, under its
-// registry name: what Python reads (jaxcomm_quantizers_json) and sends back as the attribute.
-TEST(OneBitQuantizer, TheTableFindsItsEntryByItsKind) {
-  EXPECT_EQ(static_cast<int64_t>(kOneBitQuantizer.kind), static_cast<int64_t>(kOneBitKind));
-  EXPECT_EQ(FindQuantizer(kOneBitKind), &kOneBitQuantizer);
-  EXPECT_STREQ(kOneBitQuantizer.name, "onebit");
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <random>
 #include <vector>
 
-#include "kernels/quantizer_table.h"
 #include "kernels/tests/test_util.h"
 #include "kernels/wire.h"
 
@@ -170,14 +169,6 @@ TEST(Threshold, PortableLoopsMatchReference) {
     }
   }
   ForcePortableQuantizersForTesting(false);
-}
-
-// Its entry of the quantizer table carries the kind number its header declares, under its
-// registry name: what Python reads (jaxcomm_quantizers_json) and sends back as the attribute.
-TEST(ThresholdQuantizer, TheTableFindsItsEntryByItsKind) {
-  EXPECT_EQ(static_cast<int64_t>(kThresholdQuantizer.kind), static_cast<int64_t>(kThresholdKind));
-  EXPECT_EQ(FindQuantizer(kThresholdKind), &kThresholdQuantizer);
-  EXPECT_STREQ(kThresholdQuantizer.name, "threshold");
 }
 
 }  // namespace
