@@ -186,6 +186,27 @@ class Options:
         """Entries of the sparse algorithms for ``n`` elements (``jaxcomm.TopK.k``)."""
         return min(n, max(1, math.ceil(self.density * n)))
 
+    @classmethod
+    def from_args(cls, args: Mapping[str, Any], **given: Any) -> Options:
+        """The options named in ``args`` (e.g. a recipe's free-form ``args``), each converted
+        to its setting's type; other keys are ignored, missing settings keep their defaults.
+        A new algorithm's setting is read with no edit here or at the caller.
+
+        Args:
+          args: name -> value, e.g. ``{"tau": "0.5", "sizes": [...]}``.
+          **given: values that take precedence over ``args``.
+
+        Returns:
+          The :class:`Options`.
+
+        Example:
+          >>> o = Options.from_args({"tau": "0.5", "bits": 4.0, "sizes": [1]}, density=0.01)
+          >>> o.tau, o.bits, o.density
+          (0.5, 4, 0.01)
+        """
+        values = {**args, **given}
+        return cls(**{s.name: s.type(values[s.name]) for s in SETTINGS if s.name in values})
+
 
 @dataclasses.dataclass(frozen=True)
 class Link:

@@ -341,19 +341,11 @@ def _inter_process(recipe: Recipe) -> str:
 
 
 def _options(cost: types.ModuleType, recipe: Recipe) -> Any:
-    # The allreduce job reads density/proportion/tau/bits/block from args (density default 0.001); the
+    # The allreduce job reads every algorithm setting from args (density default 0.001); the
     # training jobs read density from the jaxcomm settings.
     args = recipe.args
     density = args.get("density", 0.001) if recipe.job == "allreduce" else recipe.jaxcomm.density
-    fields = {"density": float(density)}
-    for name in ("proportion", "tau", "min_compression_rate"):
-        if name in args:
-            fields[name] = float(args[name])
-    # Block quantization (jaxcomm.BlockQuant) and PowerSGD's approximation rank.
-    for name in ("bits", "block", "rank"):
-        if name in args:
-            fields[name] = int(args[name])
-    return cost.Options(**fields)
+    return cost.Options.from_args(args, density=float(density))
 
 
 def recipe_plan(

@@ -98,13 +98,8 @@ def _step(entry: str, args: dict) -> Callable:
 
     algorithm, settings = parse_variant(entry)
     args = {**args, **settings}
-    options = cost.Options(
-        density=float(args.get("density", 0.001)),
-        proportion=float(args.get("proportion", 64)),
-        tau=float(args.get("tau", 3.0)),
-        bits=int(args.get("bits", 8)),
-        block=int(args.get("block", 256)),
-    )
+    # Every algorithm setting in args (tau, proportion, bits, ...), as the registry declares it.
+    options = cost.Options.from_args(args, density=float(args.get("density", 0.001)))
     if "dtype" in settings:  # the 16-bit wire: cast in, sum, widen back
         base = _step(algorithm, args)
         return lambda v, r: (base(v.astype(jax.numpy.bfloat16), r)[0].astype(v.dtype), r)
