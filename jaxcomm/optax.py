@@ -443,10 +443,15 @@ def allreduce_gradients(
         return sums, new_rs
 
     def _auto_phases(
-        phases: list[Any], starts: np.ndarray, groups: list[list[int]], xs: list[jax.Array]
+        phases: list[Any],
+        starts: np.ndarray,
+        groups: list[list[int]],
+        xs: list[jax.Array],
+        wire: Any,
     ) -> tuple[list[Any], list[int]]:
         """The phases auto follows, and the buckets (indices into ``groups``) that choose the
-        same density-free algorithm in every one of them.
+        same density-free algorithm in every one of them (``wire``: the step's dense wire
+        dtype, whose width auto weighs).
 
         The phases are the schedule, or its last phase from the first step when the cost
         model predicts the target sooner without the warm-up (:func:`jaxcomm.cost.warmup_pays`;
@@ -467,7 +472,7 @@ def allreduce_gradients(
             jax.process_count(),
             jax.local_device_count(),
             hierarchical,
-            dense_wire_of(xs).itemsize,
+            wire.itemsize,
         )
         if not decision["warmup"]:
             # Without the warm-up the choices weigh the steps they need without it.
@@ -492,10 +497,10 @@ def allreduce_gradients(
             r_leaves = treedef.flatten_up_to(state.residuals)
             rs = [jnp.ravel(r) for r in r_leaves]
         groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
+        total, wire = sum(x.size for x in xs), dense_wire_of(xs)
         followed, fixed = phases, []
         if len(phases) > 1 and _is_auto(algorithm) and groups:
-            followed, fixed = _auto_phases(phases, starts, groups, xs)
-        total, wire = sum(x.size for x in xs), dense_wire_of(xs)
+            followed, fixed = _auto_phases(phases, starts, groups, xs, wire)
         if len(followed) == 1 or not groups or len(fixed) == len(groups):
             sums, new_rs = reduce_flat(followed[-1], xs, rs, state.count, groups, total, wire)
         else:
