@@ -26,6 +26,7 @@ import argparse
 import json
 import pathlib
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -443,6 +444,22 @@ def _check(ok: bool | None) -> str:
     return "–" if ok is None else ("yes" if ok else "**no**")
 
 
+def _paired_difference(row: dict) -> float | None:
+    """Median over the rounds of T_step - T_step(overlap=False), for results whose steps were
+    timed in turns (their rows carry a T_forward of their own, timed in the same rounds);
+    None for older ones.
+
+    Example:
+      >>> _paired_difference({"t_forward_s": 0.1, "step_times_s": [1.0, 3.0, 2.0],
+      ...                     "step_no_overlap_times_s": [2.0, 2.0, 2.5]})
+      -0.5
+    """
+    step, serial = row.get("step_times_s"), row.get("step_no_overlap_times_s")
+    if not ("t_forward_s" in row and step and serial):
+        return None
+    return statistics.median(a - b for a, b in zip(step, serial, strict=True))
+
+
 @section("docs/overlap.md", "overlap-faithful")
 def overlap_faithful(results: pathlib.Path) -> str:
     """``benchmarks/overlap.py`` on 2 faithful nodes: hidden fraction and the no-regression
@@ -453,33 +470,39 @@ def overlap_faithful(results: pathlib.Path) -> str:
         rows = []
         for r in data["rows"]:
             bound = r.get("step_over_comm_plus_forward")
+            paired = _paired_difference(r)
+            slower = r.get("not_slower_than_no_overlap") if paired is None else paired <= 0
             rows.append(
                 [
                     f"`{r['algorithm']}`",
                     r["bucket"],
+                    ms(r["t_compute_s"]),
                     f"{r['comm_over_compute']:.2f}",
                     ms(r["t_comm_s"]),
                     ms(r["t_step_s"]),
                     ms(r.get("t_step_no_overlap_s")),
+                    "–" if paired is None else f"{paired * 1e3:+.1f} ms",
                     pct(r["hidden_fraction"]),
                     "–" if bound is None else f"{bound:.2f}",
-                    _check(r.get("not_slower_than_no_overlap")),
+                    _check(slower),
                 ]
             )
         out.append(
             f"{run_of(data)}, {data.get('cpus_per_node')} core per node: {data['layers']} layers "
             f"of {data['width']} ({data['elements']:,} gradient elements), "
-            f"{data['batch_per_device']} rows per rank, T_compute {ms(data['t_compute_s'])}, "
-            f"T_forward {ms(data.get('t_forward_s'))}, median of {data['repeats']} "
-            f"(`benchmarks/results/{path.name}`):\n\n"
+            f"{data['batch_per_device']} rows per rank, T_forward {ms(data.get('t_forward_s'))}, "
+            f"median of {data['repeats']} rounds, each timing compute, forward, comm, step and "
+            f"step without overlap once (`benchmarks/results/{path.name}`):\n\n"
             + table(
                 [
                     "algorithm",
                     "bucket",
+                    "T_compute",
                     "T_comm / T_compute",
                     "T_comm",
                     "T_step",
                     "T_step, overlap=False",
+                    "overlap − no overlap, per round",
                     "hidden",
                     "T_step / (T_comm + T_forward)",
                     "overlap ≤ no overlap",

@@ -91,15 +91,21 @@ def summarize(records: list[dict]) -> dict:
             times[key].append(r["step_time_s"])
         elif r.get("kind") == "timeline":
             timelines.append(r)
-    t_compute = statistics.median(times[("compute", None, None, None)])
+    run_compute = statistics.median(times[("compute", None, None, None)])
     forward = times.get(("forward", None, None, None))
-    t_forward = statistics.median(forward) if forward else None
+    run_forward = statistics.median(forward) if forward else None
     rows = []
     for (what, algorithm, bucket, _), ts in times.items():
         if what != "step":
             continue
         t_comm = statistics.median(times[("comm", algorithm, bucket, 0)])
         t_step = statistics.median(ts)
+        # The compute and forward steps timed in turns with this row's steps (older results:
+        # the run's one block of each).
+        row_compute = times.get(("compute", algorithm, bucket, 0))
+        t_compute = statistics.median(row_compute) if row_compute else run_compute
+        row_forward = times.get(("forward", algorithm, bucket, 0))
+        t_forward = statistics.median(row_forward) if row_forward else run_forward
         hidden = (t_compute + t_comm - t_step) / min(t_compute, t_comm)
         serial = times.get(("step_no_overlap", algorithm, bucket, 0))
         t_serial = statistics.median(serial) if serial else None
@@ -108,6 +114,7 @@ def summarize(records: list[dict]) -> dict:
             "bucket_size": bucket,
             "bucket": bucket_label(bucket),
             "t_compute_s": t_compute,
+            "t_forward_s": t_forward,
             "t_comm_s": t_comm,
             "t_step_s": t_step,
             "comm_over_compute": t_comm / t_compute,
@@ -130,7 +137,9 @@ def summarize(records: list[dict]) -> dict:
     for r in rows:
         base = single.get(r["algorithm"])
         r["saved_vs_single_bucket"] = (
-            (base["t_step_s"] - r["t_step_s"]) / min(t_compute, base["t_comm_s"]) if base else None
+            (base["t_step_s"] - r["t_step_s"]) / min(r["t_compute_s"], base["t_comm_s"])
+            if base
+            else None
         )
     for tl in timelines:
         # Engine time of the collectives (first device of rank 0): what the wire and the
@@ -145,8 +154,8 @@ def summarize(records: list[dict]) -> dict:
         if what == "paced"
     ]
     return {
-        "t_compute_s": t_compute,
-        "t_forward_s": t_forward,
+        "t_compute_s": run_compute,
+        "t_forward_s": run_forward,
         "compute_times_s": times[("compute", None, None, None)],
         "rows": rows,
         "paced": paced,

@@ -3,11 +3,13 @@
 The backward pass of an L-layer tanh MLP hands each layer's gradients (weight and bias,
 concatenated) to a host callback (``jax.pure_callback``, a custom call), the way a
 communication library hands each gradient bucket to its collective. The callback of layer i
-needs only layer i's gradients. XLA:CPU's thunk executor makes it wait for more: for the
-next layer's backward work too (the matmul that carries the error to layer i - 1, and the
-elementwise op after it). The sequential schedule puts the concatenation after that work,
-buffer assignment gives the concatenation memory that the work's inputs occupied, and the
-executor turns the reuse into an execution edge (write-after-read).
+needs only layer i's gradients. XLA:CPU's thunk executor makes it wait for more: for later
+layers' backward work too (the matmul that carries the error to layer i - 1, the elementwise
+op after it, and so on). The callback returns a bucket-sized result, and buffer assignment
+gives that result memory which backward work scheduled before the callback still reads; the
+executor turns the reuse into an execution edge (write-after-read). With ``--scalar-result``
+the callback returns a scalar instead (nothing large to place), and it waits for nothing
+outside its data: the result buffer is the cause, not the concatenation.
 
 Runs itself in a child process with the thunk executor's log on
 (``TF_CPP_VMODULE=thunk_executor=6``) and XLA's HLO dumped, then prints, for every callback,
@@ -15,6 +17,7 @@ the thunks it waits for (transitively) that are not producers of its operands. N
 jax (seen with jax/jaxlib 0.10.2 on x86-64 Linux).
 
   python docs/xla_cpu_war_edges.py
+  python docs/xla_cpu_war_edges.py --scalar-result   # the same step, a scalar result
 
 See docs/overlap.md ("XLA:CPU: buffer reuse orders a start after unrelated work").
 """
@@ -29,7 +32,7 @@ import tempfile
 LAYERS, WIDTH, ROWS = 6, 512, 256
 
 
-def child() -> None:
+def child(scalar_result: bool) -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -44,8 +47,12 @@ def child() -> None:
         sent = []
         for gw, gb in reversed(grads):  # in the order backward produces them
             bucket = jnp.concatenate([gw.ravel(), gb])
-            out = jax.ShapeDtypeStruct(bucket.shape, bucket.dtype)
-            sent.append(jax.pure_callback(lambda v: v, out, bucket))
+            if scalar_result:  # what it sent, as a token: nothing bucket-sized to place
+                out = jax.ShapeDtypeStruct((), jnp.int32)
+                sent.append(jax.pure_callback(lambda v: np.int32(v.size), out, bucket))
+            else:
+                out = jax.ShapeDtypeStruct(bucket.shape, bucket.dtype)
+                sent.append(jax.pure_callback(lambda v: v, out, bucket))
         return sent
 
     rng = np.random.default_rng(0)
@@ -70,8 +77,9 @@ def closure(name: str, edges: dict[str, list[str]]) -> set[str]:
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--child"]:
-        child()
+    scalar_result = "--scalar-result" in sys.argv[1:]
+    if "--child" in sys.argv[1:]:
+        child(scalar_result)
         return
     with tempfile.TemporaryDirectory() as dump:
         env = dict(
@@ -81,7 +89,10 @@ def main() -> None:
             XLA_FLAGS=f"--xla_dump_to={dump} --xla_dump_hlo_as_text",
         )
         run = subprocess.run(
-            [sys.executable, __file__, "--child"], env=env, capture_output=True, text=True
+            [sys.executable, __file__, "--child", *(["--scalar-result"] if scalar_result else [])],
+            env=env,
+            capture_output=True,
+            text=True,
         )
         if run.returncode:
             sys.exit(run.stderr[-3000:])

@@ -56,7 +56,7 @@ ffi::Error HalfAllreduce(Group& group, kernels::HalfFormat format, const uint16_
   auto begin = [&](int c) { return ChunkBegin(n, parts, c); };
   auto size = [&](int c) { return ChunkSize(n, parts, c); };
   if (parts == 1) {
-    std::memcpy(out, x, sizeof(uint16_t) * n);
+    if (out != x) std::memcpy(out, x, sizeof(uint16_t) * n);  // a split call sums in place
     return ffi::Error::Success();
   }
   thread_local std::vector<uint16_t> incoming;

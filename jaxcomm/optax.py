@@ -412,7 +412,10 @@ def allreduce_gradients(
             after = defer if deferred else None
             if chosen is None:
                 summed = allreduce(x, axis_name, after=after, **extra)
-                results, kept = [summed], [x]
+                # A split dense call may sum in place (x then is the result, which the done
+                # takes anyway); keeping x as well would make XLA copy it before the start.
+                in_place = deferred and 0 in defer.donated[-1]
+                results, kept = [summed], [] if in_place else [x]
             else:
                 # The update count is the step of a stochastic rounding (BlockQuant).
                 summed, r = compressed_allreduce(
@@ -424,7 +427,10 @@ def allreduce_gradients(
             ticket = _ordering.token_in() if deferred else None
             started.append((group, kept, results, r, ticket, deferred))
         if split:
-            anchor = ([xs[i] for i in groups[-1]], _ordering.token_in())
+            # The chain's head after the last start: every bucket's gradients exist by then
+            # (each start consumed its own). The leaves themselves would be a later read of
+            # a bucket that a start summed in place, which XLA would copy.
+            anchor = _ordering.token_in()
             if len(defer.splits) != sum(1 for *_, deferred in started if deferred):
                 raise AssertionError("allreduce_gradients: a bucket's collective was not issued")
         splits = iter(defer.splits if split else ())

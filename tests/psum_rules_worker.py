@@ -185,6 +185,15 @@ def main() -> None:
         lambda v, w: jax.grad(lambda q: jnp.sum(psum_varying(q, AXIS) * w))(v), n_in=2
     )(x, w)
     check("grad with after=", ours, theirs)
+    # A split call sums in place (its result takes x's buffer): x read again after the call
+    # must still be x (XLA copies it first), in float32 and on the 16-bit wire.
+    for dtype in ("float32", "bfloat16"):
+        xd = x.astype(dtype)
+        ours = per_device(lambda v, w: jaxcomm.allreduce(v, AXIS, after=w * 2) + v * w, n_in=2)(
+            xd, w.astype(dtype)
+        )
+        theirs = per_device(lambda v, w: psum_varying(v, AXIS) + v * w, n_in=2)(xd, w.astype(dtype))
+        check(f"split {dtype} with its operand read after it", ours, theirs, dtype=dtype)
     print("done", flush=True)
 
 

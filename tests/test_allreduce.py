@@ -173,5 +173,5 @@ def test_grad_and_vmap_match_psum(devices):
     worker = pathlib.Path(__file__).with_name("psum_rules_worker.py")
     done = run_script(worker, devices, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == 20, done.stdout
+    assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == 22, done.stdout
     assert done.stdout.rstrip().endswith("done"), done.stdout

@@ -14,10 +14,16 @@ from jaxcomm.collectives import _mesh
 
 
 class _Splits:
-    """Whether each call made with one :class:`DeferDone` was split (in call order)."""
+    """What each call made with one :class:`DeferDone` did (in call order): whether it was
+    split, and which of its data operands it donated to its results."""
 
     def __init__(self) -> None:
         self.splits: list[bool] = []
+        self.donated: list[frozenset[int]] = []
+
+    def note(self, split: bool, aliases: dict[int, int] | None = None) -> None:
+        self.splits.append(split)
+        self.donated.append(frozenset(aliases or ()))
 
 
 @jax.tree_util.register_pytree_node_class
@@ -28,17 +34,19 @@ class DeferDone:
     results *unwritten* with its ticket as the ordering chain's head (``_ordering.token_in()``
     right after the call); the caller must hand them to :func:`emit_done` before reading
     them, with every data operand the engine reads as ``kept`` (all it passed the collective,
-    a step operand included, but a residual that aliases its result). ``allreduce_gradients`` issues every bucket's start first and emits the dones after
+    a step operand included, but those the call donated to its results: ``donated``).
+    ``allreduce_gradients`` issues every bucket's start first and emits the dones after
     the last start: a done emitted in between lets XLA schedule the next start after it, and
     buffer reuse then makes that start wait until the earlier bucket has finished on the wire
     (docs/overlap.md). ``splits`` records, per call, whether it was split (False: its
-    results are already final, as for the GPU targets that do not split). A pytree without
+    results are already final, as for the GPU targets that do not split); ``donated``, the
+    indices of the data operands whose buffers its results took. A pytree without
     leaves, so it passes through ``custom_vjp``/``custom_vmap`` like any ``after``.
 
     Example:
       >>> defer = DeferDone()
-      >>> jax.tree.leaves(defer), defer.splits
-      ([], [])
+      >>> jax.tree.leaves(defer), defer.splits, defer.donated
+      ([], [], [])
     """
 
     def __init__(self, record: _Splits | None = None) -> None:
@@ -47,6 +55,14 @@ class DeferDone:
     @property
     def splits(self) -> list[bool]:
         return self.record.splits
+
+    @property
+    def donated(self) -> list[frozenset[int]]:
+        return self.record.donated
+
+    def note(self, split: bool, aliases: dict[int, int] | None = None) -> None:
+        """Records one call made with this ``after`` (``aliases``: as for :func:`threaded_call`)."""
+        self.record.note(split, aliases)
 
     def tree_flatten(self) -> tuple[tuple, _Splits]:
         return (), self.record
@@ -172,7 +188,7 @@ def threaded_call(
     )
     data = list(outputs[:-1])
     if defer:
-        after.splits.append(split)
+        after.note(split, aliases)
     if not split or defer:
         return data, outputs[-1]
     return emit_done(outputs[-1], data, kept_operands(operands, aliases), after), outputs[-1]

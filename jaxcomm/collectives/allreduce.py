@@ -64,9 +64,12 @@ def allreduce(
         returns, the second waits for it and is scheduled after ``after`` exists, so XLA runs
         the computation of ``after`` in between. In a training step, pass the gradient that
         backward produces last (``jaxcomm.optax.allreduce_gradients`` does this for its
-        buckets). On GPU meshes the start runs NCCL on jaxcomm's own CUDA stream behind an
-        event and the done makes XLA's stream wait for it; the hierarchical GPU allreduce is
-        not split (``after`` is then ignored).
+        buckets). On CPU a split flat call sums in place: the result takes ``x``'s buffer (XLA
+        copies ``x`` first if the program reads it again), so the start allocates nothing
+        that XLA:CPU could place behind unrelated work (docs/overlap.md). On GPU meshes the
+        start runs NCCL on jaxcomm's own CUDA stream behind an event and the done makes XLA's
+        stream wait for it; the hierarchical GPU allreduce is not split (``after`` is then
+        ignored).
 
     Returns:
       The sum over the group, with ``x``'s shape.
@@ -158,10 +161,18 @@ def _emit(
 ) -> tuple[jax.Array, jax.Array]:
     """The custom call(s) of one allreduce of non-empty ``x`` (checked), threading ``token``."""
     api = "jaxcomm.allreduce"
+    cpu = _mesh.resolve(axis_name, api).platform == "cpu"
+    # A split call on CPU sums in place: its result takes x's buffer. A result of its own is
+    # memory XLA:CPU's buffer assignment may take from values that backward work scheduled
+    # before the start still reads, and the thunk executor then holds the start until that
+    # work is done (a write-after-read edge): the bucket went on the wire a layer late
+    # (docs/overlap.md). x is the caller's bucket; XLA copies it first if it is read later.
+    # The flat ring, the 16-bit schedule and their shared-memory forms all sum in place.
+    in_place = {0: 0} if cpu and after is not None and not hierarchical else None
     if x.dtype != jnp.float32:
-        if hierarchical or _mesh.resolve(axis_name, api).platform != "cpu":
+        if hierarchical or not cpu:
             if isinstance(after, DeferDone):  # the cast back reads the sum: not deferrable
-                after.splits.append(False)
+                after.note(False)
                 after = None
             wide, token = _emit(
                 x.astype(jnp.float32), axis_name, hierarchical, scheme, after, token
@@ -169,7 +180,7 @@ def _emit(
             return wide.astype(x.dtype), token
         target = _TARGETS[jnp.dtype(x.dtype).name]  # "bfloat16" or "float16"
         (out,), token = threaded_call(
-            token, target, api, axis_name, [x], [(x.shape, x.dtype)], after=after
+            token, target, api, axis_name, [x], [(x.shape, x.dtype)], after=after, aliases=in_place
         )
         return out, token
     target, attrs = _TARGETS["flat"], {}
@@ -177,6 +188,14 @@ def _emit(
         target = _TARGETS["hierarchical"]
         attrs = _attributes.hierarchical_attributes(axis_name, scheme, api)
     (out,), token = threaded_call(
-        token, target, api, axis_name, [x], [(x.shape, jnp.float32)], after=after, **attrs
+        token,
+        target,
+        api,
+        axis_name,
+        [x],
+        [(x.shape, jnp.float32)],
+        after=after,
+        aliases=in_place,
+        **attrs,
     )
     return out, token

@@ -100,7 +100,7 @@ def compressed_allreduce(
     dtype = _validate.float_array(x, "x").dtype
     x, residual = _validate.residual_like(x, residual)
     if dtype != jnp.float32 and isinstance(after, DeferDone):
-        after.splits.append(False)  # the rounding below reads the sum: not deferrable
+        after.note(False)  # the rounding below reads the sum: not deferrable
         after = None
     summed, new_residual = _compressed_f32(
         x, residual, axis_name, algorithm, record, hierarchical, hierarchical_scheme, after, step
