@@ -19,9 +19,13 @@ Reductions: ``psum`` and ``psum-bf16`` (XLA's ``lax.pmean`` in fp32 and bf16), `
 (jaxcomm's cost model picks per bucket, from a profile that ``jaxcomm probe`` measured on the
 same world before: a cell of its own, ``cells/profiles/<network>.json``).
 
-Before the runs, the grid measures each workload's compute step on one pinned core
-(``cells/<workload>/compute.json``, ``compute-4x1.json`` for 4 nodes); with the profile, ``jaxcomm.cost.plan`` predicts every
-cell's step time (compute + the reduction), and the report shows it beside the measured one.
+Before its first run, the grid measures each workload's compute step on one pinned core
+(``cells/<workload>/compute.json``, ``compute-4x1.json`` for 4 nodes), and again before a run
+when the last measurement is older than ``--compute-max-age`` hours: this machine's compute
+step has drifted by half between sittings, and a prediction is only as good as the compute
+step it adds. With the profile, ``jaxcomm.cost.plan`` predicts every cell's step time (compute
++ the reduction) from the compute step measured in the cell's sitting, and the report shows it
+beside the measured one.
 
 The report (``--report`` alone redraws it from the cells) prints, per workload and network:
 time to target, the speedup over the fastest dense 16-bit run (``psum-bf16`` or
@@ -596,12 +600,52 @@ def compute_path(out: pathlib.Path, workload: str, nodes: int) -> pathlib.Path:
     return out / "cells" / workload / name
 
 
+def utc_now() -> str:
+    """The time now, as cells and compute steps record it (ISO 8601, UTC, seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _epoch(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+
+
+def compute_at(path: pathlib.Path, started_at: str | None) -> float | None:
+    """The compute step a cell that started at `started_at` was run with: the last
+    measurement taken before it (``compute.json`` and its ``history``).
+
+    Cells and measurements from before the grid recorded times have none: such a cell gets the
+    first measurement, the one every prediction used then.
+
+    Example:
+      >>> p = pathlib.Path(tempfile.mkdtemp()) / "compute.json"
+      >>> _ = p.write_text(json.dumps({"step_s": 0.2, "measured_at": "2026-11-27T07:00:00Z",
+      ...                              "history": [{"step_s": 0.1}]}))
+      >>> compute_at(p, "2026-11-27T08:00:00Z"), compute_at(p, None)
+      (0.2, 0.1)
+    """
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    measured = [data, *data.get("history", [])]  # newest first
+    if started_at is not None:
+        for m in measured:
+            if "measured_at" not in m or _epoch(m["measured_at"]) <= _epoch(started_at):
+                return m["step_s"]
+    return measured[-1]["step_s"]
+
+
 def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
     """The workload's step on one pinned core with nothing to reduce (one rank): what each
-    node computes per step. Cached in :func:`compute_path`."""
+    node computes per step. Cached in :func:`compute_path`, and measured again when the cached
+    one is older than ``args.compute_max_age`` hours (the older ones move to its ``history``,
+    for :func:`compute_at`)."""
     path = compute_path(args.out, workload, args.nodes)
-    if path.exists():
-        return json.loads(path.read_text())["step_s"]
+    cached = json.loads(path.read_text()) if path.exists() else None
+    if cached is not None:
+        stamp = cached.get("measured_at")
+        age_h = (time.time() - _epoch(stamp)) / 3600 if stamp else math.inf
+        if args.dry_run or age_h <= args.compute_max_age:
+            return cached["step_s"]
     if args.dry_run:
         return None
     # One local process: the links' settings (--set backend.*) are not its.
@@ -629,7 +673,11 @@ def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
         "steps": result["steps"],
         "pinned": bool(prefix),
         "batch_size": recipe["train"]["batch_size"],
+        "measured_at": utc_now(),
     }
+    if cached is not None:
+        older = {k: v for k, v in cached.items() if k != "history"}
+        data["history"] = [older, *cached.get("history", [])]
     write_json(path, data)
     return data["step_s"]
 
@@ -678,11 +726,14 @@ def run_cell(
     label: str,
     seed: int,
     profile: pathlib.Path | None,
-    compute_s: float | None,
+    compute: Callable[[], float | None],
 ) -> dict[str, Any] | None:
+    """Runs one cell, or reads it if it ran before. `compute` gives the workload's compute
+    step, measured (again) only when a cell is about to run."""
     path = cell_path(args.out, workload, network, args.nodes, label, seed)
     if path.exists():
         return json.loads(path.read_text())
+    compute_s = compute()
     cap = cap_of(args, label, network)
     factors = None
     warmup_choice: dict[str, Any] = {}
@@ -710,6 +761,7 @@ def run_cell(
             print(f"    auto decides the warm-up from: {warmup_choice}")
         return None
     run_dir = args.work / f"{workload}-{network}-{label}-s{seed}"
+    started_at = utc_now()
     t0 = time.monotonic()
     code = launch(recipe, run_dir, timeout=cap * 3 + 600)
     wall = time.monotonic() - t0
@@ -749,6 +801,7 @@ def run_cell(
         "placement": summary.get("placement"),
         "oversubscribed": summary.get("oversubscribed"),
         "wall_s": wall,
+        "started_at": started_at,
         "history": result["history"],
         "recipe": recipe,
         "command": " ".join(sys.argv),
@@ -771,7 +824,9 @@ def fmt_cell(cell: dict[str, Any]) -> str:
 
 def run_grid(args: argparse.Namespace) -> None:
     for workload in args.workloads:
-        compute_s = measure_compute(args, workload)
+        # Measured (or re-measured, when stale) before the first cell that runs, not before
+        # a resumed grid whose cells are all done.
+        compute = functools.cache(functools.partial(measure_compute, args, workload))
         for network in args.networks:
             # The profile of this world: auto reads it, and every cell's prediction uses it.
             profile = measure_profile(args, network)
@@ -779,14 +834,14 @@ def run_grid(args: argparse.Namespace) -> None:
             cells = {}
             for label in args.algorithms:
                 for seed in args.seeds:
-                    cell = run_cell(args, workload, network, label, seed, profile, compute_s)
+                    cell = run_cell(args, workload, network, label, seed, profile, compute)
                     if cell is not None:
                         cells[label] = cell
                         print(fmt_cell(cell), flush=True)
             if args.winner_seeds and network in args.winner_networks:
                 for label in winners(cells):
                     for seed in args.winner_seeds:
-                        cell = run_cell(args, workload, network, label, seed, profile, compute_s)
+                        cell = run_cell(args, workload, network, label, seed, profile, compute)
                         if cell is not None:
                             print(fmt_cell(cell), flush=True)
 
@@ -859,6 +914,8 @@ def summarize(
                 "steps": _median([r["steps"] for r in runs]),
                 "auto_pick": _auto_pick(first),
                 "oversubscribed": first.get("oversubscribed"),
+                # The compute step its runs were predicted with (their sittings').
+                "compute_s": _median([(r.get("predicted") or {}).get("compute_s") for r in runs]),
             }
         )
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -876,15 +933,17 @@ def summarize(
         else:
             b, base_t, lower = None, None, False
         # The speedup a reduction that cost nothing and needed no more steps than the
-        # baseline would get: the baseline's time over its steps of compute alone.
-        compute = computes.get((cell_rows[0]["workload"], cell_rows[0]["nodes"]))
+        # baseline would get: the baseline's time over its steps of compute alone, the
+        # compute step of the baseline's sitting.
+        latest = computes.get((cell_rows[0]["workload"], cell_rows[0]["nodes"]))
+        compute = (b["compute_s"] if b is not None else None) or latest
         bound = (
             base_t / (b["steps"] * compute)
             if (b is not None and base_t and compute and b["steps"])
             else None
         )
         for r in cell_rows:
-            r["compute_s"] = compute
+            r["compute_s"] = r["compute_s"] or latest
             r["no_communication_bound"] = bound
             r["baseline"] = None if b is None else b["label"]
             t = r["time_to_target_s"]
@@ -1043,7 +1102,8 @@ def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
         read = [d["profile"] for d in c.get("auto_choices") or [] if "profile" in d]
         if read and read[0] in sources:
             profile = sources[read[0]]
-        if not compute.exists():
+        compute_s = compute_at(compute, c.get("started_at"))
+        if compute_s is None:
             continue
         c.setdefault("predicted_before_run", c.get("predicted"))
         recipe = c["recipe"]
@@ -1061,7 +1121,7 @@ def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
             c["label"],
             c["network"],
             c["nodes"],
-            json.loads(compute.read_text())["step_s"],
+            compute_s,
             profile if profile.exists() else None,
             c["steps"],
         )
@@ -1139,6 +1199,12 @@ def main() -> None:
         help="recipe fields for every cell, dotted.key=value (e.g. train.steps=100)",
     )
     parser.add_argument("--compute-steps", type=int, default=20)
+    parser.add_argument(
+        "--compute-max-age",
+        type=float,
+        default=3.0,
+        help="hours after which a workload's compute step is measured again before a run",
+    )
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--work", type=pathlib.Path, default=None, help="run directories")

@@ -267,3 +267,47 @@ def test_measured_steps_factors_with_and_without_the_warmup(tmp_path):
         train._auto_pick(json.loads(next(tmp_path.glob("cells/*/1gbit-2x1/auto*")).read_text()))
         == "gtopk (no warm-up)"
     )
+
+
+def test_compute_step_is_measured_again_when_stale_and_cells_use_their_sittings(
+    tmp_path, monkeypatch
+):
+    """The grid's compute step is measured again before a run when the cached one is older
+    than --compute-max-age hours, the old one kept in its history; each cell is predicted
+    with the measurement taken before it started (cells from before the grid recorded times:
+    the first one)."""
+    import argparse
+
+    train = _train_script()
+    path = train.compute_path(tmp_path, "digits-small", 2)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"step_s": 0.1}))  # an old measurement: no time recorded
+    launched = []
+
+    def launch(recipe, run_dir, timeout, prefix=()):
+        launched.append(recipe["name"])
+        return 0
+
+    monkeypatch.setattr(train, "launch", launch)
+    monkeypatch.setattr(train, "read_result", lambda *_: {"step_seconds": 0.3, "steps": 5})
+    args = argparse.Namespace(
+        out=tmp_path,
+        nodes=2,
+        dry_run=False,
+        set=[],
+        compute_steps=5,
+        compute_max_age=3.0,
+        work=tmp_path / "work",
+        timeout=60,
+    )
+    assert train.measure_compute(args, "digits-small") == 0.3  # no time: stale
+    assert launched == ["digits-small-compute"]
+    data = json.loads(path.read_text())
+    assert data["history"] == [{"step_s": 0.1}] and "measured_at" in data
+    assert train.measure_compute(args, "digits-small") == 0.3  # fresh: not measured again
+    assert len(launched) == 1
+
+    stamp = data["measured_at"]
+    assert train.compute_at(path, None) == 0.1  # a cell from before: the first measurement
+    assert train.compute_at(path, stamp) == 0.3
+    assert train.compute_at(path, "2000-01-01T00:00:00Z") == 0.1
