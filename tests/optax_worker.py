@@ -223,6 +223,17 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         text = f32_step(tx, specs).lower(params, state, batch(0)).as_text()
         return text.count("jaxcomm_collective_done")
 
+    # A split dense start sums in place (its result is its bucket's buffer: nothing for XLA to
+    # place behind unrelated backward work); an unsplit call leaves its operand alone.
+    def in_place_starts(overlap: bool) -> int:
+        tx = allreduce_gradients("dp", None, bucket_size=1000, overlap=overlap)
+        specs, state = init(tx)
+        text = f32_step(tx, specs).lower(params, state, batch(0)).as_text()
+        calls = [line for line in text.splitlines() if "@jaxcomm_allreduce" in line]
+        return sum("operand_index = 2" in line for line in calls)
+
+    info["overlap/in_place_starts"] = [in_place_starts(True), in_place_starts(False)]
+
     cores = os.sched_getaffinity(0)
     info["overlap/cores"] = len(cores)
     info["overlap/dones_all_cores"] = [dones(None), dones(jaxcomm.GTopK(0.05))]

@@ -82,6 +82,7 @@ def test_overlap_splits_compressed_buckets_only_with_a_core_to_spare(worker):
     if info["overlap/cores"] > 1:
         assert info["overlap/dones_all_cores"] == [3, 3]
     assert info["overlap/dones_one_core"] == [3, 0]
+    assert info["overlap/in_place_starts"] == [3, 0]
 
 
 def test_a_schedule_whose_phases_choose_alike_compiles_no_switch(worker):
