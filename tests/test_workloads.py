@@ -311,3 +311,29 @@ def test_compute_step_is_measured_again_when_stale_and_cells_use_their_sittings(
     assert train.compute_at(path, None) == 0.1  # a cell from before: the first measurement
     assert train.compute_at(path, stamp) == 0.3
     assert train.compute_at(path, "2000-01-01T00:00:00Z") == 0.1
+
+
+def test_a_seed_without_cells_of_its_own_gets_the_other_seeds_steps_factors(tmp_path):
+    """Steps factors are the workload's: a seed that has not measured a choice takes the median
+    of the other seeds' factors (bytes-lm's seeds 1 and 2 picked adaptive on the registry's
+    default while seed 0 had measured it at 8x); an auto cell whose one pick has no density
+    measures that pick's steps, with the warm-up or without."""
+    train = _train_script()
+
+    def cell(seed: int, label: str, steps: int, **extra) -> None:
+        path = tmp_path / "cells" / "bytes-lm" / "100mbit-2x1" / f"{label}-s{seed}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"label": label, "steps": steps, "time_to_target_s": 1.0, **extra})
+        )
+
+    cell(0, "dense-bf16", 100)
+    cell(0, "adaptive", 800)
+    cell(1, "dense-bf16", 200)
+    cell(2, "dense-bf16", 100)
+    cell(2, "auto-bf16", 300, auto_choices=[{"elements": 10, "choice": "adaptive"}])
+    fresh = train.measured_steps_factor(tmp_path, "bytes-lm", 2, 1, True)
+    assert fresh["adaptive"] == 5.5  # the median of seed 0's 8 and seed 2's 3
+    assert train.measured_steps_factor(tmp_path, "bytes-lm", 2, 2, True)["adaptive"] == 3.0
+    assert train.measured_steps_factor(tmp_path, "bytes-lm", 2, 2, True, False)["adaptive"] == 3.0
+    assert train.measured_steps_factor(tmp_path, "bytes-lm", 2, 0, True)["adaptive"] == 8.0
