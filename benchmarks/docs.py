@@ -26,7 +26,6 @@ import argparse
 import json
 import pathlib
 import re
-import statistics
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -444,22 +443,6 @@ def _check(ok: bool | None) -> str:
     return "–" if ok is None else ("yes" if ok else "**no**")
 
 
-def _paired_difference(row: dict) -> float | None:
-    """Median over the rounds of T_step - T_step(overlap=False), for results whose steps were
-    timed in turns (their rows carry a T_forward of their own, timed in the same rounds);
-    None for older ones.
-
-    Example:
-      >>> _paired_difference({"t_forward_s": 0.1, "step_times_s": [1.0, 3.0, 2.0],
-      ...                     "step_no_overlap_times_s": [2.0, 2.0, 2.5]})
-      -0.5
-    """
-    step, serial = row.get("step_times_s"), row.get("step_no_overlap_times_s")
-    if not ("t_forward_s" in row and step and serial):
-        return None
-    return statistics.median(a - b for a, b in zip(step, serial, strict=True))
-
-
 @section("docs/overlap.md", "overlap-faithful")
 def overlap_faithful(results: pathlib.Path) -> str:
     """``benchmarks/overlap.py`` on 2 faithful nodes: hidden fraction and the no-regression
@@ -470,8 +453,7 @@ def overlap_faithful(results: pathlib.Path) -> str:
         rows = []
         for r in data["rows"]:
             bound = r.get("step_over_comm_plus_forward")
-            paired = _paired_difference(r)
-            slower = r.get("not_slower_than_no_overlap") if paired is None else paired <= 0
+            paired = r.get("overlap_minus_no_overlap_s")
             rows.append(
                 [
                     f"`{r['algorithm']}`",
@@ -484,7 +466,7 @@ def overlap_faithful(results: pathlib.Path) -> str:
                     "–" if paired is None else f"{paired * 1e3:+.1f} ms",
                     pct(r["hidden_fraction"]),
                     "–" if bound is None else f"{bound:.2f}",
-                    _check(slower),
+                    _check(r.get("not_slower_than_no_overlap")),
                 ]
             )
         out.append(
