@@ -341,11 +341,11 @@ def _inter_process(recipe: Recipe) -> str:
 
 
 def _options(cost: types.ModuleType, recipe: Recipe) -> Any:
-    # The allreduce job reads every algorithm setting from args (density default 0.001); the
-    # training jobs read density from the jaxcomm settings.
-    args = recipe.args
-    density = args.get("density", 0.001) if recipe.job == "allreduce" else recipe.jaxcomm.density
-    return cost.Options.from_args(args, density=float(density))
+    # The allreduce job reads every algorithm setting from args (each missing one keeps its
+    # declared default); the training jobs read density from the jaxcomm settings.
+    if recipe.job == "allreduce":
+        return cost.Options.from_args(recipe.args)
+    return cost.Options.from_args(recipe.args, density=recipe.jaxcomm.density)
 
 
 def recipe_plan(

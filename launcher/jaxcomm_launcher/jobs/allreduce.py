@@ -98,8 +98,9 @@ def _step(entry: str, args: dict) -> Callable:
 
     algorithm, settings = parse_variant(entry)
     args = {**args, **settings}
-    # Every algorithm setting in args (tau, proportion, bits, ...), as the registry declares it.
-    options = cost.Options.from_args(args, density=float(args.get("density", 0.001)))
+    # Every algorithm setting in args (density, tau, proportion, bits, ...), as the registry
+    # declares it; a missing one keeps its declared default.
+    options = cost.Options.from_args(args)
     if "dtype" in settings:  # the 16-bit wire: cast in, sum, widen back
         base = _step(algorithm, args)
         return lambda v, r: (base(v.astype(jax.numpy.bfloat16), r)[0].astype(v.dtype), r)
