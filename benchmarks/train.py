@@ -46,6 +46,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import calendar
 import dataclasses
 import functools
 import json
@@ -643,7 +644,7 @@ def utc_now() -> str:
 
 
 def _epoch(stamp: str) -> float:
-    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+    return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))  # UTC, whatever the zone
 
 
 def compute_at(path: pathlib.Path, started_at: str | None) -> float | None:
