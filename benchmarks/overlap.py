@@ -71,6 +71,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "no_overlap_baseline": not args.no_baseline,
             "repeats": args.repeats,
         },
+        env={"NPROC": str(args.xla_threads)} if args.xla_threads else None,
     )
 
 
@@ -358,6 +359,12 @@ def main() -> None:
         default=None,
         help="emulated: pin each node to this many cores of its own (faithful nodes: 1)",
     )
+    parser.add_argument(
+        "--xla-threads",
+        type=int,
+        default=None,
+        help="XLA:CPU's executor threads per rank (its NPROC variable); default: the rank's cores",
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the overlap=False steps")
     parser.add_argument("--tag", default="", help="suffix of the result files' names")
     add_repeats_argument(parser, 5, minimum=3)
@@ -395,6 +402,7 @@ def main() -> None:
         "wall_s": wall,
         "target_hidden_fraction": TARGET,
         "cpus_per_node": args.cpus_per_node,
+        "xla_threads": args.xla_threads,
         "bucket_sizes": args.bucket_sizes,
     }
     result.update(summarize(records))

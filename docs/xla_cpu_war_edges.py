@@ -19,7 +19,8 @@ jax (seen with jax/jaxlib 0.10.2 on x86-64 Linux).
   python docs/xla_cpu_war_edges.py
   python docs/xla_cpu_war_edges.py --scalar-result   # the same step, a scalar result
 
-See docs/overlap.md ("XLA:CPU: buffer reuse orders a start after unrelated work").
+See docs/overlap.md ("XLA:CPU: buffer reuse and the FIFO queue order a start after unrelated
+work").
 """
 
 import glob

@@ -93,3 +93,34 @@ print("README OK")
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert "README OK" in run.stdout
+
+
+def _reproducer(name: str, *args: str) -> str:
+    run = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "docs" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-2000:] + run.stdout
+    return run.stdout
+
+
+def test_the_xla_cpu_reproducers_show_what_docs_overlap_says():
+    """docs/overlap.md's two XLA:CPU limits, shown by its reproducers (jax alone), in the order
+    XLA records, not by timing: a bucket-sized callback result adds edges to unrelated backward
+    work and a scalar one adds none; and on one executor thread a ready callback runs after the
+    input-gradient matmul queued before it. A jaxlib that lifts either fails here: the page and
+    the upstream bug text then need updating."""
+    waits = [
+        int(n) for n in re.findall(r"waits for (\d+) compute", _reproducer("xla_cpu_war_edges.py"))
+    ]
+    assert len(waits) == 6 and any(waits), waits
+    scalar = _reproducer("xla_cpu_war_edges.py", "--scalar-result")
+    assert re.findall(r"waits for (\d+) compute", scalar) == ["0"] * 6, scalar
+    fifo = re.findall(
+        r"^(pure_callback\S*): .*?, after (.*)$", _reproducer("xla_cpu_fifo.py"), re.M
+    )
+    assert len(fifo) == 6, fifo
+    behind = [cb for cb, ahead in fifo if ahead != "nothing"]
+    assert len(behind) >= 4, fifo  # every layer's callback but the first layer's
