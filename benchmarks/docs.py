@@ -26,6 +26,7 @@ import argparse
 import json
 import pathlib
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -616,12 +617,21 @@ def e2e_title(row: dict[str, Any]) -> str:
       >>> e2e_title({"workload": "w", "network": "1gbit-2x1", "metric": "test_accuracy",
       ...            "target": 0.9, "no_communication_bound": None, "oversubscribed": None})
       'w · 1gbit-2x1 · target test_accuracy ≥ 0.9'
+
+    The bound is the baseline's time over its steps of compute, with the compute step of the
+    baseline's sitting (``bound_compute_s``), which is the one the heading names:
+
+      >>> e2e_title({"workload": "w", "network": "1gbit-2x1", "metric": "test_accuracy",
+      ...            "target": 0.9, "no_communication_bound": 4.2, "bound_compute_s": 0.198,
+      ...            "compute_s": 0.112, "oversubscribed": None})
+      'w · 1gbit-2x1 · target test_accuracy ≥ 0.9 · compute 198 ms/step: no reduction can beat 4.2× here'
     """
     sign = "≥" if row["metric"] == "test_accuracy" else "≤"
     title = f"{row['workload']} · {row['network']} · target {row['metric']} {sign} {row['target']}"
     if row.get("no_communication_bound"):
         title += (
-            f" · compute {row['compute_s'] * 1e3:.3g} ms/step: no reduction can beat "
+            f" · compute {(row.get('bound_compute_s') or row['compute_s']) * 1e3:.3g} ms/step: "
+            "no reduction can beat "
             f"{row['no_communication_bound']:.1f}× here"
         )
     if row.get("oversubscribed"):
@@ -676,16 +686,62 @@ def e2e_cells(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]
     return [(e2e_title(g[0]), g) for g in groups.values()]
 
 
+def plan_errors(rows: list[dict[str, Any]], workloads: tuple[str, ...]) -> str:
+    """`jaxcomm plan`'s per-step error (the tables' *predicted s/step* column) over the rows of
+    `workloads` that are faithful (not oversubscribed): median and worst, on the emulated
+    networks and with one host added.
+
+    Example:
+      >>> rows = [{"workload": "w", "network": n, "label": l, "prediction_error": e,
+      ...          "oversubscribed": None} for n, l, e in
+      ...         [("1gbit-2x1", "dense", 0.05), ("1gbit-2x1", "gtopk", -0.2),
+      ...          ("host-2x1", "psum", -0.5)]]
+      >>> plan_errors(rows, ("w",))
+      '2 emulated rows of w: median 12.5 %, worst -20 % (gtopk, w 1gbit-2x1); with the 1 one-host rows: median 20 %, worst -50 % (psum, w host-2x1)'
+    """
+    faithful = [
+        r
+        for r in rows
+        if r["workload"] in workloads
+        and not r.get("oversubscribed")
+        and r.get("prediction_error") is not None
+    ]
+    emulated = [r for r in faithful if not r["network"].startswith("host")]
+
+    def summary(group: list[dict[str, Any]]) -> str:
+        worst = max(group, key=lambda r: abs(r["prediction_error"]))
+        median = statistics.median(abs(r["prediction_error"]) for r in group)
+        return (
+            f"median {100 * median:.3g} %, worst {100 * worst['prediction_error']:.3g} % "
+            f"({worst['label']}, {worst['workload']} {worst['network']})"
+        )
+
+    if not emulated:
+        return ""
+    text = f"{len(emulated)} emulated rows of {', '.join(workloads)}: {summary(emulated)}"
+    if len(faithful) > len(emulated):
+        text += f"; with the {len(faithful) - len(emulated)} one-host rows: {summary(faithful)}"
+    return text
+
+
 @section("docs/e2e.md", "e2e")
 def e2e(results: pathlib.Path) -> str:
-    """The end-to-end grid: one table per workload and network (``results/e2e/e2e.json``)."""
+    """The end-to-end grid: one table per workload and network (``results/e2e/e2e.json``),
+    then `jaxcomm plan`'s error over its faithful rows."""
     data = load(results / "e2e", "e2e")
     parts = [
         table(E2E_HEADER, [e2e_columns(r) for r in rows], caption=f"**{title}**")
         for title, rows in e2e_cells(data["rows"])
     ]
-    return "From `benchmarks/results/e2e/e2e.json` ({} runs).\n\n".format(data["cells"]) + (
-        "\n\n".join(parts)
+    plan = plan_errors(data["rows"], ("lbann-mlp", "bytes-lm"))
+    return (
+        "From `benchmarks/results/e2e/e2e.json` ({} runs).\n\n".format(data["cells"])
+        + "\n\n".join(parts)
+        + (
+            f"\n\n`jaxcomm plan`'s per-step error (each row: its seeds' median) over the {plan}."
+            if plan
+            else ""
+        )
     )
 
 

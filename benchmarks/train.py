@@ -986,6 +986,7 @@ def summarize(
         for r in cell_rows:
             r["compute_s"] = r["compute_s"] or latest
             r["no_communication_bound"] = bound
+            r["bound_compute_s"] = compute if bound else None
             r["baseline"] = None if b is None else b["label"]
             t = r["time_to_target_s"]
             r["speedup"] = base_t / t if (base_t and t) else None
