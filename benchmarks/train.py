@@ -1016,11 +1016,13 @@ def _auto_dropped_warmup(cell: dict[str, Any]) -> bool:
 
 
 def _auto_pick(cell: dict[str, Any]) -> str | None:
-    """``"dense+gtopk"``, and `` (no warm-up)`` where auto dropped the warm-up."""
+    """``"dense+gtopk"``, and `` (no warm-up)`` where auto dropped the warm-up of a pick that
+    has one (a pick without a density, e.g. BlockQuant, trains alike either way)."""
     picks = _auto_picks(cell)
     if not picks:
         return None
-    return "+".join(picks) + (" (no warm-up)" if _auto_dropped_warmup(cell) else "")
+    sparse = any(ALGORITHMS.get(p).uses_density for p in picks)
+    return "+".join(picks) + (" (no warm-up)" if sparse and _auto_dropped_warmup(cell) else "")
 
 
 def table_lines(rows: list[dict[str, Any]]) -> list[str]:
