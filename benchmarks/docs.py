@@ -765,6 +765,41 @@ def e2e_burst(results: pathlib.Path) -> str:
     ) + "\n\n".join(parts)
 
 
+@section("README.md", "headline")
+def readme_headline(results: pathlib.Path) -> str:
+    """README's end-to-end headline: ``auto`` and the best DiLoCo run on the two larger
+    workloads, each link, with the conditions; then `jaxcomm plan`'s error over every row."""
+    data = load(results / "e2e", "e2e")
+    body = []
+    cells = [rows for _, rows in e2e_cells(data["rows"])]
+    for rows in sorted(cells, key=lambda rows: -(gradient_bytes(rows) or 0)):  # stable: links
+        first = rows[0]
+        if first["workload"] == "digits-small" or first.get("oversubscribed"):
+            continue
+        auto = next(r for r in rows if r["label"] == "auto-bf16")
+        diloco = [r for r in rows if r["label"].startswith("diloco") and r["speedup"]]
+        seeds = f" ({len(auto['seeds'])} seeds)" if len(auto["seeds"]) > 1 else ""
+        body.append(
+            [
+                f"{first['workload']} ({gradient_size(rows)}, "
+                f"{WORKLOAD_OPTIMIZER.get(first['workload'], '?')})",
+                link_name(first["network"]),
+                f"{ratio(auto['speedup'])}{seeds}",
+                _speed(max(diloco, key=lambda r: r["speedup"])) if diloco else "–",
+            ]
+        )
+    plan = plan_errors(data["rows"], ("lbann-mlp", "bytes-lm"))
+    return (
+        table(
+            ["workload (gradient, optimizer)", "world", "`auto` vs dense bf16", "best DiLoCo"],
+            body,
+            caption="Time to the target accuracy against jaxcomm's dense allreduce on a bf16 "
+            "wire; emulated nodes have one CPU core each (`benchmarks/results/e2e/e2e.json`):",
+        )
+        + f"\n\n`jaxcomm plan`'s error on the step time, over {plan}."
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # docs/which-algorithm.md: the end-to-end results as a recommendation per cell
 
