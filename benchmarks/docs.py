@@ -1178,6 +1178,23 @@ def faults_at_checkpoint(results: pathlib.Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# docs/DESIGN.md: the environment settings (declared in jaxcomm/config.py)
+
+
+@section("docs/DESIGN.md", "env-settings")
+def env_settings(results: pathlib.Path) -> str:
+    """``jaxcomm.config.markdown_table()``, loaded from its file: the module needs only the
+    standard library, and importing the package would load JAX and the compiled library."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_jaxcomm_config", REPO / "jaxcomm" / "config.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining
+    spec.loader.exec_module(module)
+    return module.markdown_table()
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def _region(name: str) -> tuple[str, str]:
