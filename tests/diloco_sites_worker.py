@@ -286,7 +286,7 @@ def cases_fsdp(m: Mesh, results: dict) -> None:
         def step(params, state, xb, yb, tx=tx, sharded=sharded):
             grads = jax.grad(fsdp_loss)(tx.local_params(state), xb, yb, m.local, sharded)
             params, state = tx.step(grads, state, params)
-            return params, state, jax.tree.map(lambda v: v[None], params)
+            return params, state, jax.tree.map(lambda leaf: leaf[None], params)
 
         def step_only(grads, state, params, tx=tx):
             return tx.step(grads, state, params)
@@ -295,9 +295,7 @@ def cases_fsdp(m: Mesh, results: dict) -> None:
         stepped = m.smap(step, (pspec, specs, P(AXES), P(AXES)), (pspec, specs, P(AXES)))
         state = init(params)
         # The outer step alone: a sharded site gathers nothing over "local".
-        hlo = m.smap(step_only, (pspec, specs, pspec), (pspec, specs)).lower(
-            params, state, params
-        )
+        hlo = m.smap(step_only, (pspec, specs, pspec), (pspec, specs)).lower(params, state, params)
         results[f"fsdp/{sharded}/gathers"] = np.asarray("all-gather" in hlo.as_text())
         losses = []
         for _ in range(12):

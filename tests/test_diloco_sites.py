@@ -44,7 +44,12 @@ def world(tmp_path_factory):
             tmp = tmp_path_factory.mktemp(f"diloco-sites-{processes}x{devices}")
             env = {"JAXCOMM_TIMEOUT_S": "60", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
             run = run_world(
-                processes, devices, tmp, mode="sites", timeout=WORLD_TIMEOUT_S, env=env,
+                processes,
+                devices,
+                tmp,
+                mode="sites",
+                timeout=WORLD_TIMEOUT_S,
+                env=env,
                 worker=WORKER,
             )
             _runs[key] = run

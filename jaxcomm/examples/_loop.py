@@ -31,6 +31,8 @@ from jaxcomm import algorithms, checkpoints, cost
 from jaxcomm import optax as jc_optax
 
 AXIS = "dp"
+# DiLoCo over sites (Reduction.diloco_sites): a process is a site, its devices the inner axis.
+SITE_AXES = ("node", "local")
 ALGORITHMS = (*algorithms.names(), algorithms.AUTO)  # the registry's names (recipes use them)
 GRAD_DTYPES = ("float32", "bfloat16")
 
@@ -87,6 +89,10 @@ class Reduction:
       diloco_delay: inner steps between an outer allreduce's start and its application
         (Streaming DiLoCo's overlap: it runs detached on jaxcomm's engine meanwhile).
       diloco_fragments: parameter fragments synced at staggered steps.
+      diloco_sites: DiLoCo over sites: each process is one worker whose devices train it
+        data-parallel (their gradients averaged every step), and the outer step crosses only
+        between processes, each device sending its share of the change (the mesh is
+        :data:`SITE_AXES`, :func:`data_parallel_mesh`).
       bits, block: ``blockquant``: bits per element (8 or 4) and elements per scale
         (:class:`jaxcomm.BlockQuant`).
       rank: ``powersgd``: the approximation rank (:class:`jaxcomm.PowerSGD`).
@@ -107,6 +113,7 @@ class Reduction:
     diloco_outer_momentum: float = jc_optax.DILOCO_OUTER_MOMENTUM
     diloco_delay: int = 0
     diloco_fragments: int = 1
+    diloco_sites: bool = False
     # Defaults declared once, by their algorithms' modules (cost.Options holds them).
     bits: int = cost.Options.bits
     block: int = cost.Options.block
@@ -126,6 +133,8 @@ class Reduction:
                 f"diloco_every needs a jaxcomm algorithm for the outer allreduce (dense or a "
                 f"compressed one), not {self.algorithm!r}"
             )
+        if self.diloco_sites and not self.diloco_every:
+            raise ValueError("diloco_sites needs diloco_every > 0 (DiLoCo over sites)")
         if self.diloco_every and algorithms.get(self.algorithm).leafwise is not None:
             raise ValueError(
                 f"diloco_every: DiLoCo's outer allreduce is one flat vector, and "
@@ -261,10 +270,14 @@ class Reduction:
             outer,
             every=self.diloco_every,
             algorithm=algorithms.build(self.algorithm, options),  # None: dense
-            axis_name=AXIS,
             delay=self.diloco_delay,
             fragments=self.diloco_fragments,
             dense_dtype=jnp.dtype(self.grad_dtype),
+            **(
+                {"axis_name": SITE_AXES[0], "inner_axis": SITE_AXES[1]}
+                if self.diloco_sites
+                else {"axis_name": AXIS}
+            ),
         )
 
     def uses_density(self) -> bool:
@@ -287,6 +300,8 @@ class Reduction:
             name += f"-delay{self.diloco_delay}"
         if self.diloco_fragments > 1:
             name += f"-frag{self.diloco_fragments}"
+        if self.diloco_sites:
+            name += "-sites"
         return name
 
 
@@ -352,6 +367,7 @@ def diloco_summary(config: Reduction) -> dict[str, Any] | None:
         "outer_momentum": config.diloco_outer_momentum,
         "delay": config.diloco_delay,
         "fragments": config.diloco_fragments,
+        "sites": config.diloco_sites,
     }
 
 
@@ -374,9 +390,18 @@ def reduction_of(config: Any) -> Reduction:
     return Reduction(**{name: getattr(config, name) for name in names})
 
 
-def data_parallel_mesh() -> Mesh:
-    """A 1-D mesh named ``dp`` over every device of every process."""
-    return Mesh(np.asarray(jax.devices()), (AXIS,))
+def data_parallel_mesh(sites: bool = False) -> Mesh:
+    """A 1-D mesh named ``dp`` over every device of every process; ``sites``: the same devices
+    as :data:`SITE_AXES`, a row per process (DiLoCo over sites)."""
+    if not sites:
+        return Mesh(np.asarray(jax.devices()), (AXIS,))
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return Mesh(np.asarray(devices).reshape(jax.process_count(), -1), SITE_AXES)
+
+
+def batch_spec(mesh: Mesh) -> P:
+    """The batch's PartitionSpec: its first axis split over every device of ``mesh``."""
+    return P(tuple(mesh.axis_names))
 
 
 class Step:
@@ -478,7 +503,7 @@ class Step:
         return flush(state, params)
 
     def _specs(self, state: Any) -> Any:
-        return jc_optax.partition_specs(state, AXIS)
+        return jc_optax.partition_specs(state, tuple(self.mesh.axis_names))
 
     def _state_call(self, fn: Callable[..., Any], in_specs: Any, out_specs: Any = None) -> Any:
         out_specs = in_specs[0] if out_specs is None else out_specs
@@ -495,7 +520,7 @@ class Step:
           ``(params, state)`` placed on the mesh.
         """
         params = jax.device_put(params, NamedSharding(self.mesh, P()))
-        specs = jc_optax.partition_specs(jax.eval_shape(self.tx.init, params), AXIS)
+        specs = self._specs(jax.eval_shape(self.tx.init, params))
         state = jax.jit(
             jax.shard_map(
                 self.tx.init, mesh=self.mesh, in_specs=P(), out_specs=specs, check_vma=False
@@ -505,14 +530,14 @@ class Step:
 
     def __call__(self, params: Any, state: Any, *batch: jax.Array) -> tuple:
         if self._compiled is None:
-            specs = jc_optax.partition_specs(state, AXIS)
+            specs = self._specs(state)
             # check_vma=False: jaxcomm's sums are identical on every rank but typed as
             # varying; the parameters leave the step replicated (P()).
             self._compiled = jax.jit(
                 jax.shard_map(
                     self._local_step,
                     mesh=self.mesh,
-                    in_specs=(P(), specs) + (P(AXIS),) * self._batch_args,
+                    in_specs=(P(), specs) + (batch_spec(self.mesh),) * self._batch_args,
                     out_specs=(P(), specs, P(), P()),
                     check_vma=False,
                 ),
@@ -588,9 +613,12 @@ class _AgreedMax:
 
     def __init__(self, mesh: Mesh) -> None:
         self.mesh = mesh
-        self.sharding = NamedSharding(mesh, P(AXIS))
+        axes = tuple(mesh.axis_names)
+        self.sharding = NamedSharding(mesh, batch_spec(mesh))
         self.fn = jax.jit(
-            jax.shard_map(lambda x: lax.pmax(x, AXIS), mesh=mesh, in_specs=P(AXIS), out_specs=P())
+            jax.shard_map(
+                lambda x: lax.pmax(x, axes), mesh=mesh, in_specs=batch_spec(mesh), out_specs=P()
+            )
         )
 
     def __call__(self, value: float) -> float:

@@ -33,7 +33,6 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomm import algorithms, cost
 from jaxcomm.examples import _loop
-from jaxcomm.examples._loop import AXIS
 from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT
 
 VALIDATION_FRACTION = 0.05
@@ -191,7 +190,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
     """
     cfg = _loop.make_config(BytesLMConfig, config, "bytes-lm")
 
-    mesh = _loop.data_parallel_mesh()
+    mesh = _loop.data_parallel_mesh(cfg.diloco_sites)
     n_dev = mesh.size
     if cfg.batch_size % n_dev:
         raise ValueError(f"batch_size={cfg.batch_size} must be a multiple of {n_dev} devices")
@@ -216,7 +215,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
     )
     n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
     per_process = cfg.batch_size // jax.process_count()
-    sharding = NamedSharding(mesh, P(AXIS))
+    sharding = NamedSharding(mesh, _loop.batch_spec(mesh))
     span = cfg.seq_len + 1
 
     def batch(global_step: int) -> tuple[jax.Array]:

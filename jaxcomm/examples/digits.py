@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomm import cost
 from jaxcomm.examples import _loop
-from jaxcomm.examples._loop import ALGORITHMS, AXIS, GRAD_DTYPES
+from jaxcomm.examples._loop import ALGORITHMS, GRAD_DTYPES
 from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT
 
 __all__ = ["ALGORITHMS", "GRAD_DTYPES", "DigitsConfig", "Trainer", "build", "train"]
@@ -207,7 +207,7 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
       >>> params, state = t.init()
       >>> params, state, loss, acc = t.step(params, state, *t.batch(0))
     """
-    mesh = mesh if mesh is not None else _loop.data_parallel_mesh()
+    mesh = mesh if mesh is not None else _loop.data_parallel_mesh(config.diloco_sites)
     n_dev = mesh.size
     if config.batch_size % n_dev:
         raise ValueError(f"batch_size={config.batch_size} must be a multiple of {n_dev} devices")
@@ -229,7 +229,7 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
 
     per_process = config.batch_size // jax.process_count()
     batches_per_epoch = len(x_train) // config.batch_size
-    data_sharding = NamedSharding(mesh, P(AXIS))
+    data_sharding = NamedSharding(mesh, _loop.batch_spec(mesh))
 
     def batch(global_step: int) -> tuple[jax.Array, jax.Array]:
         # Every process draws the same epoch permutation and feeds its contiguous slice.

@@ -183,6 +183,11 @@ class DiLoCoSettings(_Strict):
         "(Streaming DiLoCo; it runs on jaxcomm's engine meanwhile); < every",
     )
     fragments: int = Field(1, ge=1, description="parameter fragments synced at staggered steps")
+    sites: bool = Field(
+        False,
+        description="DiLoCo over sites: each process is one worker whose devices train it "
+        "data-parallel, and each device sends its share of the outer exchange between processes",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DiLoCoSettings:
@@ -191,9 +196,12 @@ class DiLoCoSettings(_Strict):
         return self
 
     def label_suffix(self) -> str:
-        """``"-delay2"`` / ``"-frag4"`` parts of a label (empty for plain DiLoCo)."""
-        return (f"-delay{self.delay}" if self.delay else "") + (
-            f"-frag{self.fragments}" if self.fragments > 1 else ""
+        """``"-delay2"`` / ``"-frag4"`` / ``"-sites"`` parts of a label (empty for plain
+        DiLoCo)."""
+        return (
+            (f"-delay{self.delay}" if self.delay else "")
+            + (f"-frag{self.fragments}" if self.fragments > 1 else "")
+            + ("-sites" if self.sites else "")
         )
 
 
