@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 from collectives_harness import run_world
-from diloco_sites_worker import SHAPES, grads_for, initial_params
+from diloco_sites_worker import FSDP_SHAPES, SHAPES, grads_for, initial_params
 
 from jaxcomm.cost import ledger
 from jaxcomm.optax import diloco
@@ -123,10 +123,15 @@ def test_each_device_sends_its_share_of_delta_as_the_ledger_counts(world, proces
     labels = json.loads(str(r["bytes/labels"]))
     assert len(labels) == 1 and labels[0].startswith("dense"), labels
     shared_memory = labels[0].endswith(("direct", "oneshot"))
-    calls = r["bytes/calls"]
-    assert len(calls) == 4 * DEVICES // processes  # 4 outer steps, one call per device here
     share = N // LOCAL
-    for world_rank, group_size, elements, sent in calls:
+    calls = r["bytes/calls"]
+    exchanges = calls[calls[:, 2] == share]
+    gathers = calls[calls[:, 2] == LOCAL * share]  # inside a site, over "local"
+    assert len(calls) == len(exchanges) + len(gathers)
+    # 4 outer steps, one exchange and one gather per device each (those of this process).
+    assert len(exchanges) == len(gathers) == 4 * DEVICES // processes
+    assert set(gathers[:, 1]) == {LOCAL}
+    for world_rank, group_size, elements, sent in exchanges:
         assert group_size == SITES and elements == share
         group_rank = world_rank // LOCAL
         assert sent == ledger.dense_bytes(share, SITES, group_rank, shared_memory)
@@ -176,7 +181,11 @@ def test_error_feedback_is_conserved_per_share_and_theta_global_is_bit_identical
 @pytest.mark.parametrize("processes,devices", WORLDS)
 def test_sharded_parameters_train_as_the_data_parallel_site(world, processes, devices):
     r = world(processes, devices)
-    assert bool(r["fsdp/False/gathers"]) and not bool(r["fsdp/True/gathers"])
+    # Δ's shares: the data-parallel site exchanges 20 of its 40 elements per device and
+    # gathers the 40 in the site; the sharded one exchanges its 20 and gathers nothing.
+    n = sum(int(np.prod(s)) for s in FSDP_SHAPES.values())
+    assert {tuple(c) for c in r["fsdp/False/calls"]} == {(SITES, n // LOCAL), (LOCAL, n)}
+    assert {tuple(c) for c in r["fsdp/True/calls"]} == {(SITES, n // LOCAL)}
     np.testing.assert_allclose(r["fsdp/True/global"], r["fsdp/False/global"], rtol=1e-4, atol=1e-5)
     losses = r["fsdp/True/losses"]
     assert np.all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0], losses

@@ -15,8 +15,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxcomm import algorithms
 from jaxcomm.collectives import allreduce, compressed_allreduce, handles
 from jaxcomm.collectives._mesh import group_size
+from jaxcomm.optax import sites
 from jaxcomm.optax.plan import AxisName
 
 
@@ -34,11 +36,81 @@ class Config:
     fragments: int
     mix: float
     wire: Any  # the outer allreduce's dtype
+    sites: sites.Sites | None = None  # None: every device is a worker
 
     @property
     def offsets(self) -> list[int]:
         """The step (mod ``every``) at which each fragment syncs."""
         return [f * self.every // self.fragments for f in range(self.fragments)]
+
+
+def make_config(
+    inner: optax.GradientTransformation,
+    outer: optax.GradientTransformation,
+    *,
+    every: int,
+    algorithm: Any,
+    axis_name: AxisName,
+    delay: int,
+    overlap: bool,
+    fragments: int,
+    mix: float,
+    dense_dtype: Any,
+    sites: sites.Sites | None,
+) -> Config:
+    """The :class:`Config` of one :func:`jaxcomm.optax.diloco` call, its arguments checked
+    (a ValueError or TypeError naming the argument)."""
+    every, delay, fragments = int(every), int(delay), int(fragments)
+    if every < 1:
+        raise ValueError(f"diloco: every must be >= 1 inner step, got {every}")
+    if not 0 <= delay < every:
+        raise ValueError(f"diloco: delay must be in [0, every={every}), got {delay}")
+    if not 1 <= fragments <= every:
+        raise ValueError(f"diloco: fragments must be in [1, every={every}], got {fragments}")
+    if not 0.0 <= float(mix) <= 1.0:
+        raise ValueError(f"diloco: mix must be in [0, 1], got {mix}")
+    if jnp.dtype(dense_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        raise ValueError(f"diloco: dense_dtype must be float32 or bfloat16, got {dense_dtype}")
+    if algorithm is not None:
+        _check_algorithm(algorithm)
+    wire = jnp.dtype(dense_dtype) if algorithm is None else jnp.dtype(jnp.float32)
+    return Config(
+        inner,
+        outer,
+        every,
+        algorithm,
+        axis_name,
+        delay,
+        overlap,
+        fragments,
+        float(mix),
+        wire,
+        sites,
+    )
+
+
+def _check_algorithm(algorithm: Any) -> None:
+    """A TypeError unless ``algorithm`` is a flat compressor with error feedback."""
+    record = algorithms.of(algorithm)  # TypeError naming the known specs
+    if not record.residual:
+        raise TypeError(
+            f"diloco: {algorithm!r} keeps no error feedback; pass None for the dense "
+            "allreduce or a compressed algorithm"
+        )
+    if record.leafwise is not None:
+        raise TypeError(
+            f"diloco: {algorithm!r} compresses gradient leaves by their shapes, and the "
+            "outer allreduce is one flat vector; pass None for the dense allreduce or a "
+            "flat compressor (e.g. jaxcomm.BlockQuant(8))"
+        )
+
+
+def pending_results(cfg: Config, n: int) -> tuple:
+    """The results of a fragment's detached outer allreduce of ``n`` elements, as
+    :class:`jaxcomm.Pending` records them."""
+    if cfg.algorithm is None:
+        return (((n,), cfg.wire.name),)
+    return (((n,), "float32"), ((n,), "float32"))
 
 
 def flat(leaves: list) -> jax.Array:
@@ -47,13 +119,18 @@ def flat(leaves: list) -> jax.Array:
 
 
 def reduce_now(cfg: Config, delta: jax.Array, residual: jax.Array | None) -> tuple:
-    """The blocking average of Δ over the axis, and the new residual."""
+    """The blocking average of Δ over the axis, and the new residual.
+
+    Over sites, this device averages its share of Δ over the sites, and the site gathers
+    the whole average from its devices' shares (:mod:`jaxcomm.optax.sites`).
+    """
     size = group_size(cfg.axis_name)
+    share = sites.own_share(cfg.sites, delta)
     if cfg.algorithm is None:
-        summed = allreduce(delta.astype(cfg.wire), cfg.axis_name).astype(jnp.float32)
-        return summed / size, None
-    summed, residual = compressed_allreduce(delta, residual[0], cfg.axis_name, cfg.algorithm)
-    return summed / size, residual[None]
+        summed = allreduce(share.astype(cfg.wire), cfg.axis_name).astype(jnp.float32)
+        return sites.whole(cfg.sites, summed / size, delta.shape[0]), None
+    summed, residual = compressed_allreduce(share, residual[0], cfg.axis_name, cfg.algorithm)
+    return sites.whole(cfg.sites, summed / size, delta.shape[0]), residual[None]
 
 
 def apply_outer(cfg: Config, avg: jax.Array, g_part: list, l_part: list, o_state: Any) -> tuple:
@@ -90,20 +167,22 @@ def land(cfg: Config, ops: tuple) -> tuple:
     if cfg.overlap:
         out = handles.wait(pend[0])
         summed, res = (out, res) if cfg.algorithm is None else (out[0], out[1][None])
-        avg = summed.astype(jnp.float32) / group_size(cfg.axis_name)
+        n = sum(int(x.size) for x in g_p)
+        avg = sites.whole(cfg.sites, summed.astype(jnp.float32) / group_size(cfg.axis_name), n)
     else:
         avg = pend[0]
     new_g, new_l, o_state = apply_outer(cfg, avg, g_p, l_p, o_state)
     return new_g, new_l, o_state, res, pend
 
 
-def send(cfg: Config, delta: jax.Array, res: jax.Array | None, stream: int) -> Any:
-    """Starts the detached average of Δ; the pending entry keeps Δ for restart()."""
+def send(cfg: Config, share: jax.Array, res: jax.Array | None, stream: int) -> Any:
+    """Starts the detached average of this device's share of Δ (all of it without sites);
+    the pending entry keeps the share for restart()."""
     r = None if res is None else res[0]
     started = handles.start_allreduce(
-        delta.astype(cfg.wire), cfg.axis_name, cfg.algorithm, r, stream=stream
+        share.astype(cfg.wire), cfg.axis_name, cfg.algorithm, r, stream=stream
     )
-    return started, delta[None]
+    return started, share[None]
 
 
 def begin(cfg: Config, stream: int, ops: tuple) -> tuple:
@@ -111,7 +190,7 @@ def begin(cfg: Config, stream: int, ops: tuple) -> tuple:
     g_p, l_p, o_state, res, pend = ops
     delta = flat(g_p) - flat(l_p)
     if cfg.overlap:
-        pend = send(cfg, delta, res, stream)
+        pend = send(cfg, sites.own_share(cfg.sites, delta), res, stream)
     else:
         avg, res = reduce_now(cfg, delta, res)
         pend = avg[None]

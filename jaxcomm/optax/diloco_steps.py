@@ -18,12 +18,12 @@ import numpy as np
 import optax
 from jax import lax
 
-from jaxcomm import _ordering, algorithms
+from jaxcomm import _ordering
 from jaxcomm.collectives import handles
-from jaxcomm.optax import diloco_outer
+from jaxcomm.optax import diloco_outer, sites
 from jaxcomm.optax.diloco_outer import Config
 from jaxcomm.optax.plan import AxisName
-from jaxcomm.optax.state import DiLoCoState
+from jaxcomm.optax.state import DiLoCoState, PerDevice
 
 DILOCO_OUTER_LR = 0.7
 """The outer learning rate of DiLoCo (Douillard et al. 2023), :func:`diloco`'s default."""
@@ -72,6 +72,9 @@ def diloco(
     fragments: int = 1,
     mix: float = STREAMING_MIX,
     dense_dtype: Any = jnp.float32,
+    inner_axis: str | None = None,
+    params_sharded: bool = False,
+    inner_allreduce: str = "auto",
 ) -> DiLoCo:
     """DiLoCo: ``every`` local steps of ``inner``, then an outer step on the averaged change.
 
@@ -93,6 +96,21 @@ def diloco(
     the same average at t + τ: the same numbers, any platform. ``fragments = F`` syncs the
     parameters in F contiguous fragments of near-equal size, fragment f at the steps
     ``≡ f·every//F (mod every)``, which spreads the bytes over the period.
+
+    **Sites** (``inner_axis``): a worker is a site of many devices, not one device.
+    ``axis_name`` is then the axis between sites (the slow link, e.g. ``"node"``) and
+    ``inner_axis`` the devices of one site (e.g. ``"local"``). Data-parallel inside a site, the
+    gradients are averaged over ``inner_axis`` every step (``inner_allreduce``), so the
+    site's θ_local is one, identical on its devices; at an outer step each device sends only
+    its 1/L share of the site's Δ over ``axis_name`` (its error feedback covers that share),
+    and the site gathers the averaged shares over ``inner_axis``: the slow link carries one Δ
+    per site, L times fewer bytes per device than every device sending all of it, and θ_global
+    stays bit-identical on every device of every site. With ``params_sharded=True``
+    (FSDP-style) each device holds its own shard of every parameter and of the inner state,
+    its gradient is already the site's gradient of that shard (the transpose of the
+    forward's all-gather over ``inner_axis`` sums it: make the loss the site's mean), and its
+    share of the exchange is its own shard: nothing is gathered, and the outer optimizer runs
+    on each shard (use an elementwise one, as SGD and Adam are).
 
     **Why not an Optax transformation:** ``optax.apply_updates`` adds updates to the
     parameters, and ``θ_local + (θ_global − θ_local)`` is not ``θ_global`` in floating point
@@ -126,10 +144,17 @@ def diloco(
       mix: with ``delay > 0``, the share of its own parameters a rank keeps when the outer
         step lands (0: restart from θ_global).
       dense_dtype: the dense algorithm's wire dtype (``jnp.float32`` or ``jnp.bfloat16``).
+      inner_axis: the mesh axis of a site's devices; None: every device is a worker.
+      params_sharded: with ``inner_axis``, the parameters (and so the inner state) are
+        sharded over it: ``init``, ``step`` and ``flush`` take and return each device's shard.
+      inner_allreduce: with ``inner_axis``, how the site averages its gradients: ``"psum"``
+        (XLA's collective), ``"dense"`` (jaxcomm's allreduce) or ``"auto"`` (the one the cost
+        model predicts faster on one host).
 
     Returns:
       A :class:`DiLoCo` (``init``, ``step``, ``local_params``); its state's per-rank
-      leaves take ``P(axis_name)`` (:func:`partition_specs`).
+      leaves take ``P(axis_name)`` (:func:`partition_specs`; over sites,
+      ``P((axis_name, inner_axis))``: every device keeps its own).
 
     Example:
       >>> tx = jaxcomm.optax.diloco(optax.adamw(1e-3), every=50, algorithm=jaxcomm.GTopK(0.01))
@@ -139,25 +164,29 @@ def diloco(
       >>> def train_step(params, state, x, y):
       ...     grads = jax.grad(loss)(tx.local_params(state), x, y)
       ...     return tx.step(grads, state, params)
+
+      Over 2 sites of 2 devices, each device sending half of its site's Δ:
+
+      >>> mesh = jax.make_mesh((2, 2), ("node", "local"))
+      >>> tx = jaxcomm.optax.diloco(optax.adamw(1e-3), every=50, algorithm=jaxcomm.GTopK(0.01),
+      ...                           axis_name="node", inner_axis="local")
+      >>> specs = jaxcomm.optax.partition_specs(jax.eval_shape(tx.init, params),
+      ...                                       ("node", "local"))
     """
-    every, delay, fragments = int(every), int(delay), int(fragments)
-    if every < 1:
-        raise ValueError(f"diloco: every must be >= 1 inner step, got {every}")
-    if not 0 <= delay < every:
-        raise ValueError(f"diloco: delay must be in [0, every={every}), got {delay}")
-    if not 1 <= fragments <= every:
-        raise ValueError(f"diloco: fragments must be in [1, every={every}], got {fragments}")
-    if not 0.0 <= float(mix) <= 1.0:
-        raise ValueError(f"diloco: mix must be in [0, 1], got {mix}")
-    if jnp.dtype(dense_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-        raise ValueError(f"diloco: dense_dtype must be float32 or bfloat16, got {dense_dtype}")
-    if algorithm is not None:
-        _check_algorithm(algorithm)
     if outer is None:
         outer = optax.sgd(DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM, nesterov=True)
-    wire = jnp.dtype(dense_dtype) if algorithm is None else jnp.dtype(jnp.float32)
-    cfg = Config(
-        inner, outer, every, algorithm, axis_name, delay, overlap, fragments, float(mix), wire
+    cfg = diloco_outer.make_config(
+        inner,
+        outer,
+        every=every,
+        algorithm=algorithm,
+        axis_name=axis_name,
+        delay=delay,
+        overlap=overlap,
+        fragments=fragments,
+        mix=mix,
+        dense_dtype=dense_dtype,
+        sites=sites.make(axis_name, inner_axis, params_sharded, inner_allreduce),
     )
     return DiLoCo(
         functools.partial(_init, cfg),
@@ -166,22 +195,6 @@ def diloco(
         functools.partial(_flush, cfg),
         functools.partial(_restart, cfg),
     )
-
-
-def _check_algorithm(algorithm: Any) -> None:
-    """A TypeError unless ``algorithm`` is a flat compressor with error feedback."""
-    record = algorithms.of(algorithm)  # TypeError naming the known specs
-    if not record.residual:
-        raise TypeError(
-            f"diloco: {algorithm!r} keeps no error feedback; pass None for the dense "
-            "allreduce or a compressed algorithm"
-        )
-    if record.leafwise is not None:
-        raise TypeError(
-            f"diloco: {algorithm!r} compresses gradient leaves by their shapes, and the "
-            "outer allreduce is one flat vector; pass None for the dense allreduce or a "
-            "flat compressor (e.g. jaxcomm.BlockQuant(8))"
-        )
 
 
 def _fragments(sizes: Sequence[int], fragments: int) -> list[list[int]]:
@@ -216,6 +229,12 @@ def _of_rank(tree: Any) -> Any:
     return jax.tree.map(lambda x: x[0], tree)
 
 
+def _outer_per_device(cfg: Config) -> bool:
+    """Whether the outer state differs between a site's devices (each keeps its parameter
+    shard's): it is then per device (:class:`jaxcomm.optax.state.PerDevice`)."""
+    return cfg.sites is not None and cfg.sites.params_sharded
+
+
 def _local_params(state: DiLoCoState) -> Any:
     return _of_rank(state.local)
 
@@ -240,21 +259,21 @@ def _guarded(pred: jax.Array, fn: Callable[[Any], Any], operands: Any) -> Any:
     return out
 
 
-def _pending_results(cfg: Config, n: int) -> tuple:
-    """The results of a fragment's detached outer allreduce of ``n`` elements, as
-    :class:`jaxcomm.Pending` records them."""
-    if cfg.algorithm is None:
-        return (((n,), cfg.wire.name),)
-    return (((n,), "float32"), ((n,), "float32"))
-
-
 def _init(cfg: Config, params: Any) -> DiLoCoState:
+    if cfg.sites is not None:
+        sites.check_mesh(cfg.sites)
     leaves = jax.tree.leaves(params)
     groups = _layout(cfg, params)
-    sizes = [sum(int(np.prod(jnp.shape(leaves[i]))) for i in g) for g in groups]
+    # A device's share of each fragment's Δ: what it sends, and its error feedback's size.
+    sizes = [
+        sites.share_length(cfg.sites, sum(int(np.prod(jnp.shape(leaves[i]))) for i in g))
+        for g in groups
+    ]
     outer_states = tuple(
         cfg.outer.init([jnp.asarray(leaves[i], jnp.float32) for i in g]) for g in groups
     )
+    if _outer_per_device(cfg):
+        outer_states = PerDevice(_per_rank(outer_states))
     residuals = None
     if cfg.algorithm is not None:
         residuals = tuple(jnp.zeros((1, n), jnp.float32) for n in sizes)
@@ -262,13 +281,16 @@ def _init(cfg: Config, params: Any) -> DiLoCoState:
     if cfg.delay > 0 and cfg.overlap:
         pending = tuple(
             (
-                handles.Pending(jnp.zeros((1, 2), jnp.int32), _pending_results(cfg, n)),
+                handles.Pending(jnp.zeros((1, 2), jnp.int32), diloco_outer.pending_results(cfg, n)),
                 jnp.zeros((1, n), jnp.float32),
             )
             for n in sizes
         )
-    elif cfg.delay > 0:
-        pending = tuple(jnp.zeros((1, n), jnp.float32) for n in sizes)
+    elif cfg.delay > 0:  # the whole average of each fragment, kept for `delay` steps
+        pending = tuple(
+            jnp.zeros((1, sum(int(np.prod(jnp.shape(leaves[i]))) for i in g)), jnp.float32)
+            for g in groups
+        )
     return DiLoCoState(
         count=jnp.zeros((), jnp.int32),
         local=_per_rank(params),
@@ -302,7 +324,7 @@ def _run_fragments(
     """
     g_leaves, treedef = jax.tree.flatten(params)
     l_leaves = jax.tree.leaves(local)
-    outer_states = list(state.outer)
+    outer_states = list(_of_rank(state.outer.value) if _outer_per_device(cfg) else state.outer)
     residuals = [None] * cfg.fragments if state.residuals is None else list(state.residuals)
     pending = [None] * cfg.fragments if state.pending is None else list(state.pending)
     for f, group in enumerate(_layout(cfg, params)):
@@ -328,16 +350,20 @@ def _run_fragments(
             g_part, l_part, outer_states[f], residuals[f], pending[f] = ops
         for j, i in enumerate(group):
             g_leaves[i], l_leaves[i] = g_part[j], l_part[j]
+    outer_states = tuple(outer_states)
     return (
         jax.tree.unflatten(treedef, g_leaves),
         jax.tree.unflatten(treedef, l_leaves),
-        tuple(outer_states),
+        PerDevice(_per_rank(outer_states)) if _outer_per_device(cfg) else outer_states,
         None if state.residuals is None else tuple(residuals),
         None if state.pending is None else tuple(pending),
     )
 
 
 def _step(cfg: Config, grads: Any, state: DiLoCoState, params: Any) -> tuple[Any, DiLoCoState]:
+    if cfg.sites is not None:
+        sites.check_mesh(cfg.sites)
+        grads = sites.average_gradients(cfg.sites, grads)
     local = _of_rank(state.local)
     updates, inner_state = cfg.inner.update(grads, _of_rank(state.inner), local)
     local = optax.apply_updates(local, updates)

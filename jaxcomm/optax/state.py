@@ -34,6 +34,14 @@ class AllreduceGradientsState(NamedTuple):
     shared: Any = None
 
 
+class PerDevice(NamedTuple):
+    """A :class:`DiLoCoState` field held per device, with the per-rank leading axis, where it
+    would otherwise be replicated: the outer optimizer's state when the parameters are sharded
+    inside a site (each device keeps its own shard's)."""
+
+    value: Any
+
+
 class DiLoCoState(NamedTuple):
     """State of :func:`diloco`.
 
@@ -45,9 +53,11 @@ class DiLoCoState(NamedTuple):
       count: int32 scalar, inner steps taken.
       local: per rank: this rank's parameters, the tree and dtypes of the params.
       inner: per rank: the inner optimizer's state.
-      outer: per fragment, the outer optimizer's state over that fragment's float32 leaves.
+      outer: per fragment, the outer optimizer's state over that fragment's float32 leaves;
+        with parameters sharded inside a site, the device's shard's, in :class:`PerDevice`.
       residuals: per rank, per fragment: the float32 ``(1, n)`` error-feedback residual of the
-        pseudo-gradient; ``None`` for the dense algorithm.
+        pseudo-gradient (over sites: of this device's share of it); ``None`` for the dense
+        algorithm.
       pending: per rank, per fragment, the outer gradient between its start and its
         application (``delay > 0``): ``(jaxcomm.Pending, Δ)`` (``overlap=True``; Δ, float32
         ``(1, n)``, is kept so that ``restart`` can send it again after a restore) or the
@@ -73,7 +83,8 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
 
     Args:
       state: an optimizer state, or its ``jax.eval_shape``.
-      axis_name: the axis the residuals are split over (the reducer's ``axis_name``).
+      axis_name: the axis the residuals are split over (the reducer's ``axis_name``; DiLoCo
+        over sites: both axes, e.g. ``("node", "local")``, as every device keeps its own).
 
     Returns:
       A tree of ``PartitionSpec`` usable as ``shard_map`` in/out specs of the state.
@@ -103,9 +114,16 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
                 count=PartitionSpec(),
                 local=split(node.local),
                 inner=split(node.inner),
-                outer=replicated(node.outer),
+                outer=(
+                    split(node.outer)
+                    if isinstance(node.outer, PerDevice)
+                    else replicated(node.outer)
+                ),
                 residuals=split(node.residuals),
-                pending=split(node.pending),
+                # One spec for the whole field: a pending handle's metadata holds the shapes
+                # of its results, which over sites are a device's share of Δ (known only
+                # inside the shard_map, not in an eval_shape of ``init`` outside it).
+                pending=None if node.pending is None else PartitionSpec(axis_name),
             )
         return PartitionSpec()
 

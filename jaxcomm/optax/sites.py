@@ -7,7 +7,7 @@ the devices of one site (e.g. ``"local"``). Inside a site the devices train as o
   gradients are averaged over the inner axis every step, so θ_local stays one, identical on
   the site's devices. Δ is then identical on them too, and each device exchanges only its
   1/L share of it over the outer axis (a contiguous slice of the flat fragment), then the
-  site gathers the averaged shares over the inner axis (fast links);
+  site gathers the averaged shares over the inner axis (fast links, :func:`whole`);
 * sharded (``params_sharded=True``, FSDP-style): each device holds its own shard of every
   parameter and of the inner optimizer's state, and its gradient is already the site's
   gradient of that shard (the transpose of the forward's all-gather summed it); its share of
@@ -86,16 +86,19 @@ def make(
     return Sites(axis_name, inner_axis, bool(params_sharded), inner_allreduce)
 
 
-def check_mesh(sites: Sites | None, axis_name: Any) -> None:
-    """Inside the shard_map: a ValueError naming the argument whose axis the mesh lacks."""
+def check_mesh(sites: Sites) -> None:
+    """Inside the shard_map: a ValueError naming the argument whose axis the mesh lacks.
+
+    Outside one (``jax.eval_shape(tx.init, params)`` for :func:`partition_specs`) there is no
+    mesh to check, and nothing is reduced.
+    """
     mesh = jax.sharding.get_abstract_mesh()
     mesh_axes = tuple(getattr(mesh, "axis_names", ()) or ())
     manual = set(getattr(mesh, "manual_axes", ()) or ())
-    if not mesh_axes or not manual:
-        raise ValueError("diloco's functions must be called inside jax.shard_map")
-    named = [("axis_name", a) for a in ((axis_name,) if isinstance(axis_name, str) else axis_name)]
-    if sites is not None:
-        named.append(("inner_axis", sites.inner))
+    if not manual:
+        return
+    outer = (sites.outer,) if isinstance(sites.outer, str) else tuple(sites.outer)
+    named = [("axis_name", a) for a in outer] + [("inner_axis", sites.inner)]
     for argument, name in named:
         if name not in mesh_axes or name not in manual:
             raise ValueError(
@@ -105,8 +108,10 @@ def check_mesh(sites: Sites | None, axis_name: Any) -> None:
 
 
 def size(name: str) -> int:
-    """The size of mesh axis ``name`` (inside the shard_map)."""
-    return int(jax.sharding.get_abstract_mesh().shape[name])
+    """The size of mesh axis ``name`` inside the shard_map; 1 outside (only shapes are traced
+    there, for the state's PartitionSpecs)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return int(dict(getattr(mesh, "shape", {}) or {}).get(name, 1))
 
 
 def share_length(sites: Sites | None, n: int) -> int:
@@ -126,11 +131,20 @@ def own_share(sites: Sites | None, delta: jax.Array) -> jax.Array:
 
 
 def whole(sites: Sites | None, share: jax.Array, n: int) -> jax.Array:
-    """The flat ``n``-element average from every device's averaged share (gathered inside the
-    site; bit-identical on its devices, since each share is)."""
+    """The flat ``n``-element average from every device's averaged share, gathered inside the
+    site: bit-identical on its devices, since each share is.
+
+    The gather is jaxcomm's dense allreduce over the inner axis of the shares, each in its
+    own slot of a zero vector (adding zeros is exact). An XLA all-gather here would depend on
+    the exchange's result, and XLA:CPU runs a custom call's dependents on the thread that
+    completes it: jaxcomm's one completer thread would then wait in XLA's rendezvous for the
+    devices whose exchanges it has still to complete.
+    """
     if sites is None or sites.params_sharded:
         return share
-    return lax.all_gather(share, sites.inner, tiled=True)[:n]
+    slots = jnp.zeros((size(sites.inner), share.shape[0]), share.dtype)
+    slots = slots.at[lax.axis_index(sites.inner)].set(share)
+    return allreduce(slots.reshape(-1), sites.inner)[:n]
 
 
 def average_gradients(sites: Sites | None, grads: Any) -> Any:
