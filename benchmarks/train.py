@@ -41,6 +41,11 @@ Usage:
   python benchmarks/train.py --workloads digits-small --networks host 1gbit
   python benchmarks/train.py --workloads lbann-mlp --networks 1gbit --algorithms psum-bf16 gtopk
   python benchmarks/train.py --report                            # tables and pictures only
+  # DiLoCo over 2 sites of 2 devices against flat data-parallel, per-device DiLoCo and a
+  # per-step compressor, in one world (oversubscribed on a host with fewer than 4 cores):
+  python benchmarks/train.py --workloads bytes-lm --networks 100mbit --devices 2 \
+      --algorithms dense-bf16 gtopk diloco-dense-bf16 diloco-gtopk diloco-sites-dense-bf16 \
+      diloco-sites-gtopk diloco-sites-stream-gtopk
 """
 
 from __future__ import annotations
@@ -64,11 +69,11 @@ from typing import Any
 
 import yaml
 from _bench import jaxcomm_cli, pyplot
-from jaxcomm_launcher._jaxcomm import standalone
 from jaxcomm_launcher.recipe import apply_overrides, parse_set
 
 from docs import e2e_cells, e2e_columns
 from docs import main as docs_main
+from jaxcomm import algorithms
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "e2e"
@@ -102,7 +107,7 @@ WORKLOADS = {
 
 # The algorithm registry (jaxcomm/algorithms/, loaded without JAX): a new algorithm joins the
 # grid with nothing edited here.
-ALGORITHMS = standalone("algorithms")
+ALGORITHMS = algorithms  # the registry (jaxcomm/algorithms/, light: no JAX)
 
 # label -> the recipe sweep entry of that reduction: XLA's pmean and jaxcomm's dense allreduce
 # in fp32 and 16-bit, then every other registered algorithm, then auto (tests/test_workloads.py
@@ -175,6 +180,30 @@ VARIANTS.update(
         },
     }
 )
+# DiLoCo over sites (run them with --devices 2: 2 nodes of 2 devices, the 4 devices of the
+# per-step and per-device DiLoCo cells of the same world): a node is one worker whose devices
+# average their gradients every step, and each device sends its half of the node's change of
+# the weights to the other node (jaxcomm.optax.diloco's inner_axis).
+DILOCO_SITES = {"every": DILOCO_EVERY, **DILOCO_OUTER, "sites": True}
+VARIANTS.update(
+    {
+        "diloco-sites-dense-bf16": {
+            "algorithm": "dense",
+            "grad_dtype": "bfloat16",
+            "diloco": DILOCO_SITES,
+        },
+        **{
+            f"diloco-sites{kind}-{a.name}": {
+                "algorithm": a.name,
+                **({"density": DILOCO_DENSITY} if a.uses_density else {}),
+                "diloco": {**DILOCO_SITES, **({"delay": DILOCO_DELAY} if kind else {})},
+            }
+            for a in ALGORITHMS.registered()
+            if a.residual and a.in_recipes and a.leafwise is None
+            for kind in ("", "-stream")
+        },
+    }
+)
 
 # network -> the recipe backend (None: local, one host).
 NETWORKS: dict[str, str | None] = {"100mbit": "100mbit", "1gbit": "1gbit", "host": None}
@@ -186,13 +215,16 @@ DEFAULT_CAPS = {"100mbit": 900.0, "1gbit": 300.0, "host": 300.0}
 DEFAULT_LABEL_CAPS = {("psum", "100mbit"): 120.0, ("dense", "100mbit"): 120.0}
 
 
-def network_dir(network: str, nodes: int) -> str:
+def network_dir(network: str, nodes: int, devices: int = 1) -> str:
     """The folder of a network's cells, e.g. ``1gbit-2x1`` (nodes × devices per node)."""
-    return f"{network}-{nodes}x1"
+    return f"{network}-{nodes}x{devices}"
 
 
-def cell_path(out: pathlib.Path, workload: str, network: str, nodes: int, label: str, seed: int):
-    return out / "cells" / workload / network_dir(network, nodes) / f"{label}-s{seed}.json"
+def cell_path(
+    out: pathlib.Path, workload: str, network: str, nodes: int, label: str, seed: int, devices=1
+):
+    folder = network_dir(network, nodes, devices)
+    return out / "cells" / workload / folder / f"{label}-s{seed}.json"
 
 
 def write_json(path: pathlib.Path, data: Any) -> None:
@@ -203,8 +235,9 @@ def write_json(path: pathlib.Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def backend(network: str, nodes: int) -> dict[str, Any] | str:
-    """The recipe backend of `network`: emulated nodes pinned to a core each, or local."""
+def backend(network: str, nodes: int, devices: int = 1) -> dict[str, Any] | str:
+    """The recipe backend of `network`: emulated nodes pinned to a core per device each, or
+    local."""
     rate = NETWORKS[network]
     if rate is None:
         return "local"
@@ -214,7 +247,7 @@ def backend(network: str, nodes: int) -> dict[str, Any] | str:
         "burst": "128kb",
         "ipc_isolation": True,
         "ucx_tls": "tcp",
-        "cpus_per_node": 1,
+        "cpus_per_node": devices,
     }
 
 
@@ -229,6 +262,7 @@ def cell_recipe(
     overrides: Sequence[tuple[list[str], Any]],
     compute_s: float | None = None,
     steps_factor: dict[str, float] | None = None,
+    devices: int = 1,
 ) -> dict[str, Any]:
     """The recipe of one cell: the workload's recipe with one sweep entry, the cell's world,
     seed and time cap (and, for ``auto``, the world's measured profile, the workload's
@@ -252,8 +286,8 @@ def cell_recipe(
     if label in AUTO_LABELS and steps_factor:
         entry["steps_factor"] = dict(steps_factor)
     recipe["sweep"] = [entry]
-    recipe["world"] = {"processes": nodes, "devices_per_process": 1}
-    recipe["backend"] = backend(network, nodes)
+    recipe["world"] = {"processes": nodes, "devices_per_process": devices}
+    recipe["backend"] = backend(network, nodes, devices)
     recipe["train"]["seed"] = seed
     if cap is not None:
         recipe["train"]["time_cap_s"] = cap
@@ -355,6 +389,7 @@ def predict_step(
     compute_s: float | None,
     profile_path: pathlib.Path | None,
     steps: int | None = None,
+    devices: int = 1,
 ) -> dict[str, Any] | None:
     """``jaxcomm.cost``'s step time of a cell: the measured compute step plus the predicted
     reduction of every bucket. The sparse algorithms follow their warm-up schedule (one
@@ -371,7 +406,7 @@ def predict_step(
     from jaxcomm.examples._loop import Reduction
 
     inter = "same_host" if NETWORKS[network] is None else "across_hosts"
-    world = cost.World(processes=nodes, devices_per_process=1, inter_process=inter)
+    world = cost.World(processes=nodes, devices_per_process=devices, inter_process=inter)
     profile = _profile(profile_path) if profile_path and profile_path.exists() else None
     jc = recipe.get("jaxcomm", {})
     entry = (recipe.get("sweep") or [{}])[0]
@@ -500,14 +535,14 @@ def _factors(measured: dict[str, float] | None) -> dict[str, float] | None:
 
 
 def _steps_to_target(
-    out: pathlib.Path, workload: str, nodes: int, seed: int
+    out: pathlib.Path, workload: str, nodes: int, seed: int, devices: int = 1
 ) -> tuple[dict[str, list[dict[str, Any]]], Callable[[str], tuple[int, bool] | None]]:
     """The workload's cells of this seed by label, and ``label -> (steps, reached)`` over them
     (any network: the steps a reduction needs do not depend on the link): the fewest steps of
     a run that reached the target, else the most a capped run took (a lower bound), else
     None."""
     runs: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted((out / "cells" / workload).glob(f"*-{nodes}x1/*-s{seed}.json")):
+    for path in sorted((out / "cells" / workload).glob(f"*-{nodes}x{devices}/*-s{seed}.json")):
         cell = json.loads(path.read_text())
         runs.setdefault(cell["label"], []).append(cell)
 
@@ -522,16 +557,24 @@ def _steps_to_target(
 
 
 def measured_dense_steps(
-    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool
+    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool, devices: int = 1
 ) -> int | None:
     """Steps dense (``dense-bf16`` for 16-bit auto) needed to reach the workload's target with
     this seed, None if no such run reached it: auto's ``dense_steps``."""
-    dense = _steps_to_target(out, workload, nodes, seed)[1]("dense-bf16" if half else "dense")
+    dense = _steps_to_target(out, workload, nodes, seed, devices)[1](
+        "dense-bf16" if half else "dense"
+    )
     return dense[0] if dense is not None and dense[1] else None
 
 
 def measured_steps_factor(
-    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool, warmup: bool = True
+    out: pathlib.Path,
+    workload: str,
+    nodes: int,
+    seed: int,
+    half: bool,
+    warmup: bool = True,
+    devices: int = 1,
 ) -> dict[str, float]:
     """Steps to the workload's target of each of auto's choices, relative to dense: the seed's
     own (:func:`_seed_steps_factor`), and for a choice this seed has not measured, the median
@@ -548,18 +591,28 @@ def measured_steps_factor(
     seeds = sorted(
         {
             int(p.stem.rpartition("-s")[2])
-            for p in (out / "cells" / workload).glob(f"*-{nodes}x1/*-s*.json")
+            for p in (out / "cells" / workload).glob(f"*-{nodes}x{devices}/*-s*.json")
         }
     )
-    factors = _seed_steps_factor(out, workload, nodes, seed, half, warmup)
-    others = [_seed_steps_factor(out, workload, nodes, s, half, warmup) for s in seeds if s != seed]
+    factors = _seed_steps_factor(out, workload, nodes, seed, half, warmup, devices)
+    others = [
+        _seed_steps_factor(out, workload, nodes, s, half, warmup, devices)
+        for s in seeds
+        if s != seed
+    ]
     for name in sorted({n for f in others for n in f} - set(factors)):
         factors[name] = round(statistics.median(f[name] for f in others if name in f), 3)
     return factors
 
 
 def _seed_steps_factor(
-    out: pathlib.Path, workload: str, nodes: int, seed: int, half: bool, warmup: bool = True
+    out: pathlib.Path,
+    workload: str,
+    nodes: int,
+    seed: int,
+    half: bool,
+    warmup: bool = True,
+    devices: int = 1,
 ) -> dict[str, float]:
     """Steps to the workload's target of each of auto's choices, relative to dense, from the
     cells of this workload already run (any network; the seed's own cells).
@@ -577,7 +630,7 @@ def _seed_steps_factor(
     Returns:
       ``{name: factor}`` for the choices measured (empty if dense itself has no cell).
     """
-    runs, steps = _steps_to_target(out, workload, nodes, seed)
+    runs, steps = _steps_to_target(out, workload, nodes, seed, devices)
     dense = steps("dense-bf16" if half else "dense")
     if dense is None or not dense[1]:
         return {}
@@ -630,11 +683,11 @@ def read_result(run_dir: pathlib.Path, workload: str) -> dict[str, Any] | None:
     return json.loads(paths[0].read_text()) if paths else None
 
 
-def compute_path(out: pathlib.Path, workload: str, nodes: int) -> pathlib.Path:
+def compute_path(out: pathlib.Path, workload: str, nodes: int, devices: int = 1) -> pathlib.Path:
     """Where a workload's compute step is cached: ``cells/<workload>/compute.json`` for the
-    faithful 2-node world, ``compute-<N>x1.json`` for others (a node's batch is the global
-    batch over the nodes, so its step differs)."""
-    name = "compute.json" if nodes == 2 else f"compute-{nodes}x1.json"
+    faithful 2-node world, ``compute-<N>x<D>.json`` for others (a node's batch is the global
+    batch over the nodes, so its step differs; a node of D devices computes it on D cores)."""
+    name = "compute.json" if (nodes, devices) == (2, 1) else f"compute-{nodes}x{devices}.json"
     return out / "cells" / workload / name
 
 
@@ -677,7 +730,7 @@ def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
     node computes per step. Cached in :func:`compute_path`, and measured again when the cached
     one is older than ``args.compute_max_age`` hours (the older ones move to its ``history``,
     for :func:`compute_at`)."""
-    path = compute_path(args.out, workload, args.nodes)
+    path = compute_path(args.out, workload, args.nodes, args.devices)
     cached = json.loads(path.read_text()) if path.exists() else None
     if cached is not None:
         stamp = cached.get("measured_at")
@@ -688,7 +741,8 @@ def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
         return None
     # One local process: the links' settings (--set backend.*) are not its.
     training = [(k, v) for k, v in args.set if k[0] != "backend"]
-    recipe = cell_recipe(workload, "host", 1, "psum", 0, None, None, training)
+    # A node of several devices: its devices average their gradients (psum), as a site does.
+    recipe = cell_recipe(workload, "host", 1, "psum", 0, None, None, training, devices=args.devices)
     recipe["name"] = f"{workload}-compute"
     recipe["train"]["steps"] = args.compute_steps
     recipe["train"].pop("target", None)
@@ -698,9 +752,10 @@ def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
     recipe["train"]["batch_size"] = max(1, recipe["train"]["batch_size"] // args.nodes)
     if "batch_size" in recipe.get("args", {}):
         recipe["args"]["batch_size"] = max(1, recipe["args"]["batch_size"] // args.nodes)
-    # One rank pinned to one core, as an emulated node is.
+    # One node pinned to a core per device, as an emulated node is.
     run_dir = args.work / f"{workload}-compute"
-    prefix = ("taskset", "-c", "0") if shutil.which("taskset") else ()
+    cores = ",".join(str(c) for c in range(args.devices))
+    prefix = ("taskset", "-c", cores) if shutil.which("taskset") else ()
     code = launch(recipe, run_dir, args.timeout, prefix)
     result = read_result(run_dir, workload)
     if code != 0 or result is None:
@@ -722,14 +777,16 @@ def measure_compute(args: argparse.Namespace, workload: str) -> float | None:
 
 def measure_profile(args: argparse.Namespace, network: str) -> pathlib.Path | None:
     """``jaxcomm probe`` on the network's world (what ``auto`` and the predictions read)."""
-    path = args.out / "cells" / "profiles" / f"{network_dir(network, args.nodes)}.json"
+    path = (
+        args.out / "cells" / "profiles" / f"{network_dir(network, args.nodes, args.devices)}.json"
+    )
     if path.exists() or args.dry_run:
         return path if path.exists() else None
     recipe = {
         "name": f"probe-{network}",
         "job": "probe",
-        "world": {"processes": args.nodes, "devices_per_process": 1},
-        "backend": backend(network, args.nodes),
+        "world": {"processes": args.nodes, "devices_per_process": args.devices},
+        "backend": backend(network, args.nodes, args.devices),
         "metrics": {"plots": False},
     }
     # The probe measures the cells' links: the --set overrides of the backend apply to it too
@@ -768,7 +825,7 @@ def run_cell(
 ) -> dict[str, Any] | None:
     """Runs one cell, or reads it if it ran before. `compute` gives the workload's compute
     step, measured (again) only when a cell is about to run."""
-    path = cell_path(args.out, workload, network, args.nodes, label, seed)
+    path = cell_path(args.out, workload, network, args.nodes, label, seed, args.devices)
     if path.exists():
         return json.loads(path.read_text())
     compute_s = compute()
@@ -778,19 +835,31 @@ def run_cell(
     if label in AUTO_LABELS:
         half = VARIANTS[label].get("grad_dtype") == "bfloat16"
         warmup = VARIANTS[label].get("args", {}).get("warmup", True)
-        factors = measured_steps_factor(args.out, workload, args.nodes, seed, half, warmup)
-        factors = factors or None
-        dense_steps = measured_dense_steps(args.out, workload, args.nodes, seed, half)
-        without = measured_steps_factor(args.out, workload, args.nodes, seed, half, False)
+        world = (args.out, workload, args.nodes, seed, half)
+        factors = measured_steps_factor(*world, warmup, args.devices) or None
+        dense_steps = measured_dense_steps(*world, args.devices)
+        without = measured_steps_factor(*world, False, args.devices)
         if warmup and dense_steps and set(without) - {"dense"}:
             # auto decides the warm-up from what was measured: its seconds per step against
             # the steps dropping it costs (jaxcomm.cost.warmup_pays).
             warmup_choice = {"dense_steps": dense_steps, "steps_factor_no_warmup": without}
     recipe = cell_recipe(
-        workload, network, args.nodes, label, seed, cap, profile, args.set, compute_s, factors
+        workload,
+        network,
+        args.nodes,
+        label,
+        seed,
+        cap,
+        profile,
+        args.set,
+        compute_s,
+        factors,
+        args.devices,
     )
     recipe["sweep"][0].update(warmup_choice)
-    prediction = predict_step(workload, recipe, label, network, args.nodes, compute_s, profile)
+    prediction = predict_step(
+        workload, recipe, label, network, args.nodes, compute_s, profile, None, args.devices
+    )
     if args.dry_run:
         print(f"  would run {path.relative_to(args.out)} (cap {cap:.0f} s)")
         if factors:
@@ -817,6 +886,7 @@ def run_cell(
         "workload": workload,
         "network": network,
         "nodes": args.nodes,
+        "devices": args.devices,
         "label": label,
         "seed": seed,
         "metric": metric,
@@ -868,7 +938,7 @@ def run_grid(args: argparse.Namespace) -> None:
         for network in args.networks:
             # The profile of this world: auto reads it, and every cell's prediction uses it.
             profile = measure_profile(args, network)
-            print(f"{workload} · {network_dir(network, args.nodes)}")
+            print(f"{workload} · {network_dir(network, args.nodes, args.devices)}")
             cells = {}
             for label in args.algorithms:
                 for seed in args.seeds:
@@ -920,7 +990,7 @@ def summarize(
     computes = computes or {}
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for c in cells:
-        net = network_dir(c["network"], c["nodes"])
+        net = network_dir(c["network"], c["nodes"], c.get("devices", 1))
         groups.setdefault((c["workload"], net, c["label"]), []).append(c)
     rows = []
     for (workload, net, label), runs in groups.items():
@@ -976,7 +1046,10 @@ def summarize(
         # The speedup a reduction that cost nothing and needed no more steps than the
         # baseline would get: the baseline's time over its steps of compute alone, the
         # compute step of the baseline's sitting.
-        latest = computes.get((cell_rows[0]["workload"], cell_rows[0]["nodes"]))
+        first_cell = cell_rows[0]
+        latest = computes.get(
+            (first_cell["workload"], first_cell["nodes"], first_cell.get("devices", 1))
+        )
         compute = (b["compute_s"] if b is not None else None) or latest
         bound = (
             base_t / (b["steps"] * compute)
@@ -1046,13 +1119,18 @@ def draw_curves(cells: list[dict[str, Any]], path: pathlib.Path) -> None:
     plt = pyplot()
     if plt is None or not cells:
         return
-    keys = sorted({(c["workload"], network_dir(c["network"], c["nodes"])) for c in cells})
+    keys = sorted(
+        {(c["workload"], network_dir(c["network"], c["nodes"], c.get("devices", 1))) for c in cells}
+    )
     cols = min(3, len(keys))
     rows = math.ceil(len(keys) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
     for ax, (workload, net) in zip(axes.flat, keys, strict=False):
         for c in cells:
-            if (c["workload"], network_dir(c["network"], c["nodes"])) != (workload, net):
+            if (c["workload"], network_dir(c["network"], c["nodes"], c.get("devices", 1))) != (
+                workload,
+                net,
+            ):
                 continue
             if c["seed"] != 0:
                 continue
@@ -1141,8 +1219,10 @@ def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
     with the one the run read), and the step it would then predict is not the run's."""
     sources = _profiles_by_source(args.out)
     for c in cells:
-        compute = compute_path(args.out, c["workload"], c["nodes"])
-        profile = args.out / "cells" / "profiles" / f"{network_dir(c['network'], c['nodes'])}.json"
+        devices = c.get("devices", 1)
+        compute = compute_path(args.out, c["workload"], c["nodes"], devices)
+        net = network_dir(c["network"], c["nodes"], devices)
+        profile = args.out / "cells" / "profiles" / f"{net}.json"
         read = [d["profile"] for d in c.get("auto_choices") or [] if "profile" in d]
         if read and read[0] in sources:
             profile = sources[read[0]]
@@ -1168,6 +1248,7 @@ def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
             compute_s,
             profile if profile.exists() else None,
             c["steps"],
+            devices,
         )
 
 
@@ -1179,9 +1260,10 @@ def report(args: argparse.Namespace) -> None:
     repredict(args, cells)
     computes = {}
     for c in cells:
-        path = compute_path(args.out, c["workload"], c["nodes"])
+        key = (c["workload"], c["nodes"], c.get("devices", 1))
+        path = compute_path(args.out, *key)
         if path.exists():
-            computes[(c["workload"], c["nodes"])] = json.loads(path.read_text())["step_s"]
+            computes[key] = json.loads(path.read_text())["step_s"]
     rows = summarize(cells, computes)
     for line in table_lines(rows):
         print(line)
@@ -1227,7 +1309,14 @@ def main() -> None:
         help="more seeds for the fastest 16-bit baseline and the fastest jaxcomm run",
     )
     parser.add_argument("--winner-networks", nargs="*", default=["1gbit"])
-    parser.add_argument("--nodes", type=int, default=2, help="nodes (ranks), one core each")
+    parser.add_argument("--nodes", type=int, default=2, help="nodes (processes)")
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=1,
+        help="devices per node, a core each (2 nodes x 2 devices: the DiLoCo-over-sites "
+        "cells; more cores than the host has are marked oversubscribed)",
+    )
     parser.add_argument(
         "--cap",
         nargs="*",

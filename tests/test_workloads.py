@@ -6,6 +6,7 @@ benchmarks/train.py's grid (names, resuming, report) on the small workload."""
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -154,6 +155,30 @@ def test_every_train_benchmark_name_validates_as_a_recipe():
                     assert recipe.backend.cpus_per_node == 1
 
 
+def test_sites_cells_run_two_nodes_of_two_devices():
+    """The DiLoCo-over-sites cells: 2 nodes of 2 devices, a core per device, in a world of
+    their own (cells, profile and compute step), beside the per-step and per-device cells."""
+    from jaxcomm_launcher.recipe import Recipe
+
+    train = _train_script()
+    sites = [label for label in train.VARIANTS if label.startswith("diloco-sites")]
+    assert {"diloco-sites-dense-bf16", "diloco-sites-gtopk", "diloco-sites-stream-gtopk"} <= set(
+        sites
+    )
+    for label in (*sites, "dense-bf16", "diloco-gtopk"):
+        data = train.cell_recipe("bytes-lm", "100mbit", 2, label, 0, 60.0, None, {}, devices=2)
+        recipe = Recipe.model_validate(data)
+        assert recipe.world.devices_per_process == 2 and recipe.backend.cpus_per_node == 2
+        (settings,) = recipe.variants()
+        assert (settings.diloco is not None and settings.diloco.sites) == (label in sites)
+    stream = train.VARIANTS["diloco-sites-stream-gtopk"]["diloco"]
+    assert stream["sites"] and stream["delay"] == train.DILOCO_DELAY
+    out = pathlib.Path("/e2e")
+    assert train.cell_path(out, "bytes-lm", "100mbit", 2, "x", 0, 2).parent.name == "100mbit-2x2"
+    assert train.compute_path(out, "bytes-lm", 2, 2).name == "compute-2x2.json"
+    assert train.compute_path(out, "bytes-lm", 2).name == "compute.json"
+
+
 @pytest.mark.timeout(1860)  # two grid runs, each bounded by its own 900 s
 def test_train_benchmark_grid_resumes_and_reports(tmp_path):
     """A tiny grid: each finished cell is written once and skipped on the next run; the
@@ -293,6 +318,7 @@ def test_compute_step_is_measured_again_when_stale_and_cells_use_their_sittings(
     args = argparse.Namespace(
         out=tmp_path,
         nodes=2,
+        devices=1,
         dry_run=False,
         set=[],
         compute_steps=5,
