@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import tempfile
 
 from collectives_harness import start_worker
 
@@ -315,7 +314,7 @@ def cases_checkpoint(m: Mesh, out: pathlib.Path, results: dict) -> None:
     import jaxcomm
     from jaxcomm.optax import diloco, restore_state, save_state
 
-    ckpt = pathlib.Path(tempfile.mkdtemp(prefix="sites-ckpt-", dir=out))
+    ckpt = out / "sites-ckpt"  # one path for every process: they save one checkpoint
     tx = diloco(
         optax.adamw(0.02),
         every=3,

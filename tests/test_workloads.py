@@ -15,10 +15,10 @@ import yaml
 from launcher_helpers import ROOT, run_cli
 
 
-def _recipe(tmp_path, workload: str, sweep: list[dict], train: dict, args: dict):
+def _recipe(tmp_path, workload: str, sweep: list[dict], train: dict, args: dict, devices: int = 1):
     data = yaml.safe_load((ROOT / "recipes" / f"{workload}.yaml").read_text())
     data["sweep"] = sweep
-    data["world"] = {"processes": 2, "devices_per_process": 1}
+    data["world"] = {"processes": 2, "devices_per_process": devices}
     data["train"].update(train)
     data["args"].update(args)
     data["timeout"] = 600
@@ -87,6 +87,35 @@ def test_bytes_lm_few_steps(tmp_path):
         assert r["corpus_bytes"] == 200_000
         assert 0 < r["validation_bits_per_byte"] < 9  # untrained: about log2(256) = 8
     assert 0 < results["gtopk"]["bytes_sent_per_step"] < results["psum"]["bytes_sent_per_step"]
+
+
+@pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
+def test_bytes_lm_diloco_over_sites_few_steps(tmp_path):
+    """2 processes of 2 devices, each process a site: the examples' loop on the (node, local)
+    mesh, an outer step with each device's share in flight across a step."""
+    diloco = {"every": 2, "delay": 1, "outer_lr": 1.0, "outer_momentum": 0.0, "sites": True}
+    recipe = _recipe(
+        tmp_path,
+        "bytes-lm",
+        [{"algorithm": "gtopk", "density": 0.05, "diloco": diloco}],
+        {"steps": 4, "batch_size": 8, "eval_every": 2},
+        {
+            "width": 32,
+            "layers": 1,
+            "heads": 2,
+            "seq_len": 32,
+            "max_corpus_bytes": 200_000,
+            "eval_sequences": 8,
+        },
+        devices=2,
+    )
+    out = tmp_path / "run"
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    (result,) = (json.loads(p.read_text()) for p in out.rglob("bytes-lm-*.json"))
+    assert result["label"] == "diloco2-gtopk-delay1-sites"
+    assert result["diloco"]["sites"] is True
+    assert 0 < result["validation_bits_per_byte"] < 9
 
 
 @pytest.mark.timeout(660)  # the launches' own 600 s bound decides, not pytest's 300 s
