@@ -15,7 +15,9 @@ Layout (each module one job; the ``algorithm`` argument is followed downward thr
 * :mod:`jaxcomm.optax.state`: the states and :func:`partition_specs` (saving them:
   :mod:`jaxcomm.checkpoints`, whose ``save_state`` and ``restore_state`` are re-exported here);
 * :mod:`jaxcomm.optax.diloco_steps` and :mod:`jaxcomm.optax.diloco_outer`: DiLoCo, and the
-  outer step of one of its fragments.
+  outer step of one of its fragments;
+* :mod:`jaxcomm.optax.sites`: DiLoCo over sites (a worker of many devices): the inner
+  average, and each device's share of the outer exchange.
 
 auto's choices, per bucket and per phase, are the cost model's (:mod:`jaxcomm.cost`).
 """
