@@ -165,9 +165,9 @@ def diloco(
       ...     grads = jax.grad(loss)(tx.local_params(state), x, y)
       ...     return tx.step(grads, state, params)
 
-      Over 2 sites of 2 devices, each device sending half of its site's Δ:
+      Each process a site of its L devices, each device sending 1/L of its site's Δ:
 
-      >>> mesh = jax.make_mesh((2, 2), ("node", "local"))
+      >>> mesh = jax.make_mesh((jax.process_count(), jax.local_device_count()), ("node", "local"))
       >>> tx = jaxcomm.optax.diloco(optax.adamw(1e-3), every=50, algorithm=jaxcomm.GTopK(0.01),
       ...                           axis_name="node", inner_axis="local")
       >>> specs = jaxcomm.optax.partition_specs(jax.eval_shape(tx.init, params),
