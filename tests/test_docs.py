@@ -52,6 +52,21 @@ def test_every_result_file_is_in_the_docs():
     assert unused == []
 
 
+def test_readme_shows_the_current_adoption_diff():
+    """README's block between the adopt-diff markers is the diff of the two example programs
+    as benchmarks/docs.py renders it now."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_generator", DOCS_SCRIPT)
+    docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(docs)
+    begin, end = docs.ADOPT_DIFF
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert begin in readme and end in readme, "README.md has no adopt-diff block"
+    shown = readme.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+    assert shown == docs.adopt_diff(REPO_ROOT), "run `python benchmarks/docs.py`"
+
+
 def test_readme_is_short():
     assert len((REPO_ROOT / "README.md").read_text().splitlines()) <= 250
 
