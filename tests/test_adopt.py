@@ -57,3 +57,17 @@ def test_both_loops_train_digits_to_the_same_accuracy(accuracies):
     assert abs(plain - ours) * 100 <= ACCURACY_POINTS, accuracies
     # The loss each returns is the global batch's mean, not one rank's.
     assert abs(accuracies["adopt_plain"]["loss"] - accuracies["adopt_jaxcomm"]["loss"]) < 0.05
+
+
+@pytest.mark.parametrize("example", ["flax_nnx", "flax_linen"])
+def test_flax_examples_train_digits_through_data_parallel_step(example):
+    run = subprocess.run(
+        [sys.executable, "-m", f"jaxcomm.examples.{example}", "--devices", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    result = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    assert result["test_accuracy"] > 0.9, result

@@ -1,0 +1,69 @@
+"""jaxcomm.data_parallel_step and jaxcomm.data_parallel against the long form README documents
+(allreduce_gradients in the chain, partition specs, placement and shard_map by hand): every
+algorithm, "auto", PowerSGD, DiLoCo, bf16 and optax.MultiSteps give the same parameters, bit
+for bit (the per-rank program is the same), and the mean of the ranks' losses.
+
+The runs are in a subprocess (tests/parallel_step_worker.py): the device count must be set
+before JAX initializes.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+from collectives_harness import worker_results
+
+WORKER = pathlib.Path(__file__).with_name("parallel_step_worker.py")
+DEVICES = 2
+CASES = [
+    *(
+        f"{name}/algorithm"
+        for name in (
+            "dense", "topk_allgather", "gtopk", "adaptive", "blockquant", "onebit",
+            "threshold", "powersgd", "auto",
+        )
+    ),
+    "auto/chain",
+    "bf16-params", "bf16-wire",
+    "multisteps/front", "multisteps/inside",
+    "diloco/dense", "diloco/gtopk", "diloco/delay",
+    "wrapper/auto",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    get = worker_results(tmp_path_factory, WORKER, timeout=900)
+    return get("equal", "--mode", "equal", "--devices", DEVICES, name="equal")
+
+
+def test_every_case_ran(results):
+    _, info = results
+    assert sorted(info["cases"]) == sorted(CASES)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_parameters_bit_for_bit(results, case):
+    arrays, _ = results
+    keys = [k for k in arrays if k.startswith(f"{case}/ours/") and k.split("/")[-1][0] in "wb"]
+    assert len(keys) == 3
+    for key in keys:
+        ours, ref = arrays[key], arrays[key.replace("/ours/", "/ref/")]
+        assert np.array_equal(ours, ref), key
+    # The parameters moved (the comparison is not of two untouched copies).
+    assert not np.array_equal(arrays[f"{case}/ours/w1"], arrays["initial/w1"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_loss_and_metrics_are_the_ranks_mean(results, case):
+    arrays, _ = results
+    for name in ("loss", "accuracy"):
+        ours, ref = arrays[f"{case}/ours/{name}"], arrays[f"{case}/ref/{name}"]
+        np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-7, err_msg=f"{case} {name}")
+
+
+def test_the_wrapped_step_compiles_once(results):
+    _, info = results
+    assert info["traces"] == 1
