@@ -157,7 +157,8 @@ class DataParallelStep:
         placed = jax.tree.leaves(jax.tree.map(_on_mesh, opt_state, shardings))
         if not all(placed):
             opt_state = self._per_rank(lambda s: s, P(), specs)(opt_state)  # one rank's
-        return params, opt_state
+        # The exact shardings: on a mesh of explicit axes the spec is part of the array's type.
+        return params, jax.device_put(opt_state, shardings)
 
     # ---- the step --------------------------------------------------------------------------
 
@@ -314,9 +315,13 @@ def data_parallel(
       >>> opt_state = tx.init(params)
       >>> @jaxcomm.data_parallel(mesh)
       ... def train_step(params, opt_state, x, y):
-      ...     loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+      ...     value, grads = jax.value_and_grad(loss)(params, x, y)
       ...     updates, opt_state = tx.update(grads, opt_state, params)
-      ...     return optax.apply_updates(params, updates), opt_state, loss
+      ...     return optax.apply_updates(params, updates), opt_state, value
+      >>> rows = jax.sharding.NamedSharding(mesh, P("dp"))  # each device: its rows
+      >>> params, opt_state, value = train_step(params, opt_state, *jax.device_put((x, y), rows))
+      >>> value.shape  # the mean over every rank's rows
+      ()
     """
     axis_name = _axis_of(mesh, axis_name, "data_parallel")
     options = {"average_metrics": average_metrics, "donate": donate, "max_in_flight": max_in_flight}
@@ -382,11 +387,13 @@ def data_parallel_step(
       ValueError: no reduction (no ``algorithm=`` and none in the chain), or two.
 
     Example:
-      >>> step = jaxcomm.data_parallel_step(loss_fn, optax.adam(1e-3), mesh, algorithm="auto")
+      >>> step = jaxcomm.data_parallel_step(loss, optax.adam(1e-3), mesh, algorithm="auto")
       >>> opt_state = step.init(params)
-      >>> rows = NamedSharding(mesh, P("dp"))
-      >>> params, opt_state, loss = step(params, opt_state, jax.device_put(x, rows),
-      ...                                jax.device_put(y, rows))
+      >>> rows = jax.sharding.NamedSharding(mesh, P("dp"))
+      >>> params, opt_state, value = step(params, opt_state, *jax.device_put((x, y), rows))
+      >>> step.wait()  # every step in flight done
+      >>> int(opt_state[0].count)  # the reduction's state, in front of Adam's
+      1
     """
     axis_name = _axis_of(mesh, axis_name, "data_parallel_step")
     grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
