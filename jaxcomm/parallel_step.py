@@ -88,7 +88,7 @@ class DataParallelStep:
         self._average, self._donate = bool(average_metrics), bool(donate)
         self._jitted: Any = None
         self._last: list = []  # the leaves the last call returned (placed already)
-        self._paced = paced(self._run, max_in_flight)
+        self._paced = paced(self._run_placed, max_in_flight)
 
     # ---- the state -------------------------------------------------------------------------
 
@@ -208,8 +208,12 @@ class DataParallelStep:
 
     def _run(self, params: Any, opt_state: Any, *batch: Any) -> tuple:
         params, opt_state, metrics = self._jitted(params, opt_state, *batch)
-        self._last = jax.tree.leaves((params, opt_state))
         return (params, opt_state, *metrics)
+
+    def _run_placed(self, params: Any, opt_state: Any, *batch: Any) -> tuple:
+        out = self._run(params, opt_state, *batch)
+        self._last = jax.tree.leaves(out[:2])
+        return out
 
     def _returned_last(self, params: Any, opt_state: Any) -> bool:
         leaves = jax.tree.leaves((params, opt_state))

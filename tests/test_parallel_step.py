@@ -30,6 +30,7 @@ CASES = [
     "multisteps/front", "multisteps/inside",
     "diloco/dense", "diloco/gtopk", "diloco/delay",
     "wrapper/auto",
+    "inside-jit",
 ]  # fmt: skip
 
 
