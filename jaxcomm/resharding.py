@@ -72,6 +72,12 @@ def plan(saved_shape: Sequence[int], saved_dtype: Any, like: Any) -> str | None:
     return "mean" if jnp.issubdtype(saved_dtype, jnp.floating) else "first"
 
 
+def world_sizes(saved_shape: Sequence[int], like: Any) -> tuple[int, int]:
+    """(ranks that saved the leaf, ranks of ``like``) of a leaf :func:`plan` resizes."""
+    ranks = ranks_of(like)
+    return saved_shape[0] // (like.shape[0] // ranks), ranks
+
+
 def convert(saved: jax.Array, like: Any, how: str) -> jax.Array:
     """The leaf for ``like``'s ranks from the restored ``saved`` (:func:`plan`'s ``how``)."""
     ranks = ranks_of(like)
@@ -116,8 +122,8 @@ def warning(path: str, changed: dict[str, tuple[str, int, int]]) -> str:
     if mean:
         parts.append(
             f"{len(mean)} per-rank leaves start on every rank from the mean of the saved "
-            "ranks' values (error-feedback residuals keep the update the ranks still owe; "
-            f"each rank's own share is lost): {', '.join(mean)}."
+            "ranks' values, and each rank's own value is lost (an error-feedback residual "
+            f"keeps the update the ranks still owe): {', '.join(mean)}."
         )
     if first:
         parts.append(
