@@ -37,7 +37,9 @@ Layout
   of :mod:`jaxcomm.algorithms`);
 * :mod:`jaxcomm.cost.timemodel`: the time model and the probe's fit;
 * :mod:`jaxcomm.cost.choose`: predictions for every candidate and the fastest one;
-* :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log.
+* :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log;
+* :mod:`jaxcomm.cost.schedule`: auto under a density schedule (each phase's ``Auto``, and
+  whether the warm-up is followed).
 
 The package imports neither JAX nor the compiled library (``jaxcomm plan`` loads it without
 the rest of jaxcomm: ``jaxcomm_launcher._jaxcomm.standalone``); it reads
@@ -90,6 +92,7 @@ from .model import (
     World,
     steps_factor_of,
 )
+from .schedule import at_density, follow_schedule
 from .timemodel import Tally, dense_path, fit_line, predict, predict_tree, ring_path
 
 __all__ = [
@@ -110,6 +113,7 @@ __all__ = [
     "Profile",
     "Tally",
     "World",
+    "at_density",
     "auto_algorithm",
     "auto_decisions",
     "warmup_pays",
@@ -120,6 +124,7 @@ __all__ = [
     "direct_bytes",
     "doubling_bytes",
     "fit_line",
+    "follow_schedule",
     "gtopk_sends",
     "oneshot_bytes",
     "plan",
