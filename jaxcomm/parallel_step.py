@@ -370,7 +370,9 @@ def data_parallel_step(
       loss_fn: ``(params, *batch) -> loss`` (a scalar mean over the examples), or
         ``-> (loss, aux)`` with ``has_aux=True`` (``aux``: a pytree of metrics, averaged
         over the ranks).
-      optimizer: an Optax transformation (``optax.MultiSteps`` too). Without ``algorithm=``
+      optimizer: an Optax transformation (``optax.MultiSteps`` too: the gradients are
+        still reduced every micro-step, in front of the accumulation or inside it, since
+        MultiSteps runs its inner update every step). Without ``algorithm=``
         its chain must hold :func:`jaxcomm.optax.allreduce_gradients` (any algorithm,
         ``"auto"``, PowerSGD, a density schedule, ``dense_dtype``). Or a
         :func:`jaxcomm.optax.diloco`: the gradient is taken at each rank's own parameters.
