@@ -47,7 +47,9 @@ def main() -> None:
     def batch(i):
         r = np.random.default_rng(10 + i)
         x = r.standard_normal((args.devices * 6, 12)).astype(np.float32)
-        return jax.device_put((x, r.standard_normal((args.devices * 6, 6)).astype(np.float32)), rows)
+        return jax.device_put(
+            (x, r.standard_normal((args.devices * 6, 6)).astype(np.float32)), rows
+        )
 
     steps = {
         "gtopk": jaxcomm.data_parallel_step(
