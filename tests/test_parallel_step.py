@@ -13,9 +13,10 @@ import pathlib
 
 import numpy as np
 import pytest
-from collectives_harness import worker_results
+from collectives_harness import run_world, worker_results
 
 WORKER = pathlib.Path(__file__).with_name("parallel_step_worker.py")
+WORLD_WORKER = pathlib.Path(__file__).with_name("parallel_step_world_worker.py")
 DEVICES = 2
 CASES = [
     *(
@@ -68,3 +69,14 @@ def test_loss_and_metrics_are_the_ranks_mean(results, case):
 def test_the_wrapped_step_compiles_once(results):
     _, info = results
     assert info["traces"] == 1
+
+
+@pytest.mark.slow
+def test_two_processes_from_host_params_agree_on_params_and_the_global_loss(tmp_path):
+    run = run_world(2, 1, tmp_path, mode="train", worker=WORLD_WORKER, timeout=300)
+    assert run.returncodes == [0, 0], "\n".join(out[-3000:] for out in run.outputs)
+    r = run.results
+    assert np.array_equal(r["w/0"], r["w/1"]) and np.array_equal(r["loss/0"], r["loss/1"])
+    # The first step's loss is the mean of the two processes' own losses, not process 0's.
+    np.testing.assert_allclose(r["loss/0"][0], (r["local0/0"] + r["local0/1"]) / 2, rtol=1e-5)
+    assert r["local0/0"] != r["local0/1"]
