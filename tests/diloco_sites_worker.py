@@ -104,7 +104,8 @@ class Mesh:
 
         from jaxcomm.optax import partition_specs
 
-        specs = partition_specs(jax.eval_shape(tx.init, params), AXES)
+        with jax.set_mesh(self.mesh):  # a device's share of Δ: its size is the mesh's
+            specs = partition_specs(jax.eval_shape(tx.init, params), AXES)
         pspec = P() if param_spec is None else param_spec
 
         def step(params, state, grads):
@@ -283,7 +284,8 @@ def cases_fsdp(m: Mesh, results: dict) -> None:
         )
         pspec = P("local") if sharded else P()
         params = m.place(initial_params(FSDP_SHAPES), rows=False, spec=pspec)
-        specs = partition_specs(jax.eval_shape(tx.init, params), AXES)
+        with jax.set_mesh(m.mesh):
+            specs = partition_specs(jax.eval_shape(tx.init, params), AXES)
 
         def step(params, state, xb, yb, tx=tx, sharded=sharded):
             grads = jax.grad(fsdp_loss)(tx.local_params(state), xb, yb, m.local, sharded)

@@ -216,6 +216,10 @@ def test_bad_axis_names_are_refused_naming_the_argument():
         diloco(inner, every=2, params_sharded=True)
     with pytest.raises(ValueError, match="inner_allreduce must be one of"):
         diloco(inner, every=2, axis_name="node", inner_axis="local", inner_allreduce="nccl")
+    # A streamed exchange's state without a mesh to size the shares: the fix is named.
+    tx = diloco(inner, every=2, delay=1, axis_name="node", inner_axis="local")
+    with pytest.raises(ValueError, match="jax.set_mesh"):
+        jax.eval_shape(tx.init, {"w": jnp.zeros((3,))})
     # Inside the shard_map: an axis the mesh lacks, named with its argument.
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("node", "local"))
     params = {"w": jnp.zeros((3,))}

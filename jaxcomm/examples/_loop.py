@@ -520,7 +520,8 @@ class Step:
           ``(params, state)`` placed on the mesh.
         """
         params = jax.device_put(params, NamedSharding(self.mesh, P()))
-        specs = self._specs(jax.eval_shape(self.tx.init, params))
+        with jax.set_mesh(self.mesh):  # DiLoCo over sites: a share's size is the mesh's
+            specs = self._specs(jax.eval_shape(self.tx.init, params))
         state = jax.jit(
             jax.shard_map(
                 self.tx.init, mesh=self.mesh, in_specs=P(), out_specs=specs, check_vma=False

@@ -170,8 +170,9 @@ def diloco(
       >>> mesh = jax.make_mesh((jax.process_count(), jax.local_device_count()), ("node", "local"))
       >>> tx = jaxcomm.optax.diloco(optax.adamw(1e-3), every=50, algorithm=jaxcomm.GTopK(0.01),
       ...                           axis_name="node", inner_axis="local")
-      >>> specs = jaxcomm.optax.partition_specs(jax.eval_shape(tx.init, params),
-      ...                                       ("node", "local"))
+      >>> with jax.set_mesh(mesh):  # the shapes of a device's share come from the mesh
+      ...     specs = jaxcomm.optax.partition_specs(jax.eval_shape(tx.init, params),
+      ...                                           ("node", "local"))
     """
     if outer is None:
         outer = optax.sgd(DILOCO_OUTER_LR, momentum=DILOCO_OUTER_MOMENTUM, nesterov=True)
@@ -262,6 +263,7 @@ def _guarded(pred: jax.Array, fn: Callable[[Any], Any], operands: Any) -> Any:
 def _init(cfg: Config, params: Any) -> DiLoCoState:
     if cfg.sites is not None:
         sites.check_mesh(cfg.sites)
+        sites.check_shapes_known(cfg.sites, cfg.delay > 0 and cfg.overlap)
     leaves = jax.tree.leaves(params)
     groups = _layout(cfg, params)
     # A device's share of each fragment's Δ: what it sends, and its error feedback's size.

@@ -107,18 +107,31 @@ def check_mesh(sites: Sites) -> None:
             )
 
 
-def size(name: str) -> int:
-    """The size of mesh axis ``name`` inside the shard_map; 1 outside (only shapes are traced
-    there, for the state's PartitionSpecs)."""
+def size(name: str) -> int | None:
+    """The size of mesh axis ``name``: inside the shard_map, or under ``jax.set_mesh``; None
+    where no mesh says (a bare ``jax.eval_shape``)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return int(dict(getattr(mesh, "shape", {}) or {}).get(name, 1))
+    found = dict(getattr(mesh, "shape", {}) or {}).get(name)
+    return None if found is None else int(found)
+
+
+def check_shapes_known(sites: Sites | None, streamed: bool) -> None:
+    """A ValueError naming the fix where the state's structure needs the inner axis' size and
+    no mesh gives it: a streamed exchange's handle records the shape of its device's share."""
+    if sites is None or sites.params_sharded or not streamed or size(sites.inner) is not None:
+        return
+    raise ValueError(
+        f"diloco: over sites with a streamed outer exchange, the state holds each device's "
+        f"share of Δ, whose size depends on inner_axis={sites.inner!r}; build the state (or "
+        "its jax.eval_shape) inside the shard_map or under `with jax.set_mesh(mesh):`"
+    )
 
 
 def share_length(sites: Sites | None, n: int) -> int:
     """Elements of a device's share of an ``n``-element fragment of Δ."""
     if sites is None or sites.params_sharded:
         return n
-    return -(-n // size(sites.inner))
+    return -(-n // (size(sites.inner) or 1))  # no mesh: shapes only (check_shapes_known)
 
 
 def own_share(sites: Sites | None, delta: jax.Array) -> jax.Array:

@@ -120,10 +120,7 @@ def partition_specs(state: Any, axis_name: AxisName) -> Any:
                     else replicated(node.outer)
                 ),
                 residuals=split(node.residuals),
-                # One spec for the whole field: a pending handle's metadata holds the shapes
-                # of its results, which over sites are a device's share of Δ (known only
-                # inside the shard_map, not in an eval_shape of ``init`` outside it).
-                pending=None if node.pending is None else PartitionSpec(axis_name),
+                pending=split(node.pending),
             )
         return PartitionSpec()
 
