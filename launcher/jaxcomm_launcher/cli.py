@@ -189,6 +189,10 @@ def launch(
         if dry_run:
             backend = make_backend(rec, run_dir)
             typer.echo(f"# recipe {rec.name}: {rec.backend.kind}, run dir {run_dir}")
+            typer.echo(f"# world: {_world_words(rec)}")
+            placement = backend.placement(dry_run=True)
+            if placement is not None:
+                typer.echo(f"# placement: {placement.describe()}")
             for settings in rec.variants():
                 spec = run_dir / settings.display_label() / "spec.json"
                 typer.echo(f"# {settings.display_label()}")
@@ -206,6 +210,15 @@ def launch(
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)
 
 
+def _world_words(recipe: Recipe) -> str:
+    """``"4 processes × 1 GPU (2 per GPU)"``: the world of the launch table."""
+    w = recipe.world
+    unit = "GPU" if w.platform == "gpu" else "CPU device"
+    text = f"{w.processes} processes × {w.devices_per_process} {unit}"
+    text += "s" if w.devices_per_process != 1 else ""
+    return text + (f" ({w.processes_per_gpu} per GPU)" if w.shares_gpus else "")
+
+
 @app.command("recipes")
 def list_recipes() -> None:
     """List the bundled recipes (use their name or path with `jaxcomm launch`)."""
@@ -214,6 +227,7 @@ def list_recipes() -> None:
     table.add_column("job")
     table.add_column("backend")
     table.add_column("processes", justify="right")
+    table.add_column("platform")
     table.add_column("description")
     for path in sorted(bundled_recipes_dir().glob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
@@ -224,6 +238,7 @@ def list_recipes() -> None:
             str(data.get("job", "?")),
             str(kind),
             str((data.get("world") or {}).get("processes", 2)),
+            str((data.get("world") or {}).get("platform", "cpu")),
             str(data.get("description", "")).strip(),
         )
     console.print(table)
@@ -384,6 +399,9 @@ def recipe_plan(
         profile = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
+    if allowed is None and recipe.world.shares_gpus:
+        # XLA's psum cannot run where ranks share a GPU: the pick is one of auto's choices.
+        allowed = list(standalone("algorithms").auto_choices())
     if allowed:
         unknown = sorted(set(allowed) - set(cost.ALGORITHMS))
         if unknown:
