@@ -20,12 +20,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
 )
 
 from jaxcomm_launcher._jaxcomm import standalone
+from jaxcomm_launcher.jobs.args import check_args
 
 # Bundled jobs by short name; anything else must be written `module:function`.
 BUNDLED_JOBS: dict[str, str] = {
@@ -62,6 +64,10 @@ TcRate = Annotated[
 """A tc rate (``1gbit``, ``500mbit``), lower-cased."""
 TcSize = Annotated[str, _tc_word(r"^\d+(b|kb|mb|k|m)?$", "a size such as 128kb, 1mb, 131072")]
 """A tc size (``128kb``, ``131072``), lower-cased."""
+
+
+LIGHT = "light"
+"""Validation context key: True skips the checks that import JAX (a training job's args)."""
 
 
 class RecipeError(Exception):
@@ -501,7 +507,10 @@ class Recipe(_Strict):
     )
     train: Train = Field(default_factory=Train)
     metrics: Metrics = Field(default_factory=Metrics)
-    args: dict[str, Any] = Field(default_factory=dict, description="free-form job arguments")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the job's arguments, checked against what it declares (jobs/args.py)",
+    )
     pythonpath: list[str] = Field(
         default_factory=list, description="directories added to the ranks' PYTHONPATH"
     )
@@ -569,6 +578,15 @@ class Recipe(_Strict):
                 raise ValueError(
                     f"faults[{i}] (partition): groups must list every node 0..{n - 1} once"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _check_args(self, info: ValidationInfo) -> Recipe:
+        # A typo'd argument exits 2 here, not inside every rank. The training jobs' keys come
+        # from their examples, which import JAX: `jaxcomm plan` skips those (LIGHT).
+        if self.args:
+            light = (info.context or {}).get(LIGHT, False)
+            check_args(self.job, self.args, examples=not light)
         return self
 
     @model_validator(mode="after")
@@ -807,12 +825,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]
     return data
 
 
-def load_recipe(path: str | pathlib.Path, overrides: list[str] | None = None) -> Recipe:
+def load_recipe(
+    path: str | pathlib.Path, overrides: list[str] | None = None, *, light: bool = False
+) -> Recipe:
     """Reads, overrides and validates a recipe file.
 
     Args:
         path: The YAML file.
         overrides: ``--set`` strings applied before validation.
+        light: Skip the checks that import JAX (a training job's ``args``), for commands
+            that start no rank (``jaxcomm plan``).
 
     Returns:
         The validated recipe; relative ``pythonpath`` entries are resolved against the file.
@@ -844,11 +866,13 @@ def load_recipe(path: str | pathlib.Path, overrides: list[str] | None = None) ->
         )
     data = apply_overrides(data, parse_set(overrides or []))
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data, context={LIGHT: light})
     except ValidationError as exc:
         raise RecipeError(format_validation_error(exc, str(path))) from None
     except ValueError as exc:  # raised by sweep expansion outside pydantic's wrapper
         raise RecipeError(f"invalid recipe {path}: {exc}") from None
     base = path.resolve().parent
-    recipe.pythonpath = [str((base / p).resolve()) for p in recipe.pythonpath]
-    return recipe
+    # A copy, not an assignment: that would validate the recipe again, without `light`.
+    return recipe.model_copy(
+        update={"pythonpath": [str((base / p).resolve()) for p in recipe.pythonpath]}
+    )
