@@ -46,6 +46,10 @@ def test_each_rank_takes_its_gpus_and_shares_them_by_processes_per_gpu():
         ),
         ({"world": {"platform": "tpu"}}, "world.platform"),
         (
+            {"world": {"platform": "gpu", "processes": 2, "processes_per_gpu": 4}},
+            "world.processes_per_gpu=4 is more than world.processes=2",
+        ),
+        (
             {
                 "world": {"platform": "gpu", "processes_per_gpu": 2},
                 "env": {"JAXCOMM_TRANSPORT": "nccl"},
@@ -220,3 +224,22 @@ def test_bundled_gpu_recipe_is_listed(tmp_path):
     res = run_cli("recipes", cwd=tmp_path)
     assert res.returncode == 0 and "digits-gpu" in res.stdout
     assert pathlib.Path(GPU_RECIPE).exists()
+
+
+def test_the_results_table_names_each_ranks_gpu():
+    from rich.console import Console
+
+    from jaxcomm_launcher.results import print_table
+
+    console = Console(record=True, width=300)
+    notice = "shared GPUs: 2 ranks per GPU over transport ucx, no preallocation"
+    summary = {
+        "recipe": "g",
+        "backend": "local",
+        "world": {"processes": 2, "devices_per_process": 1, "platform": "gpu"},
+        "placement": {"node_cpus": None, "gpus": ["0", "0"], "shared_gpus": notice},
+        "variants": [],
+    }
+    print_table(summary, console)
+    text = " ".join(console.export_text().split())  # the title wraps at the table's width
+    assert "2 processes × 1 GPUs · GPUs 0 | 0 · " + notice in text

@@ -111,6 +111,11 @@ class World(_Strict):
             raise ValueError(
                 "world.processes_per_gpu applies to GPUs: set world.platform: gpu, or remove it"
             )
+        if self.processes_per_gpu > self.processes:
+            raise ValueError(
+                f"world.processes_per_gpu={self.processes_per_gpu} is more than "
+                f"world.processes={self.processes}: at most every rank shares one GPU"
+            )
         if self.processes_per_gpu > 1 and self.devices_per_process > 1:
             raise ValueError(
                 "world.processes_per_gpu > 1 shares one GPU among ranks: each rank then owns "
