@@ -227,9 +227,8 @@ def test_bundled_gpu_recipe_is_listed(tmp_path):
 
 
 def test_the_results_table_names_each_ranks_gpu():
-    from rich.console import Console
-
     from jaxcomm_launcher.results import print_table
+    from rich.console import Console
 
     console = Console(record=True, width=300)
     notice = "shared GPUs: 2 ranks per GPU over transport ucx, no preallocation"
