@@ -196,7 +196,7 @@ def launch(
 
     Example: jaxcomm launch recipes/digits-dense.yaml --set world.processes=4
     """
-    from jaxcomm_launcher.backends import SlurmBackendRunner, make_backend
+    from jaxcomm_launcher.backends import SlurmBackendRunner
     from jaxcomm_launcher.rundir import default_run_dir
     from jaxcomm_launcher.runner import run_recipe, run_slurm_recipe
 
@@ -229,27 +229,33 @@ def launch(
             run_slurm_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet, detach=detach)
             return
         if dry_run:
-            backend = make_backend(rec, run_dir)
-            typer.echo(f"# recipe {rec.name}: {rec.backend.kind}, run dir {run_dir}")
-            typer.echo(f"# world: {_world_words(rec)}")
-            placement = backend.placement(dry_run=True)
-            if placement is not None:
-                typer.echo(f"# placement: {placement.describe()}")
-            for settings in rec.variants():
-                spec = run_dir / settings.display_label() / "spec.json"
-                typer.echo(f"# {settings.display_label()}")
-                for line in backend.describe(spec):
-                    typer.echo(line)
-            if rec.max_restarts:
-                typer.echo(f"# restarts: up to {rec.max_restarts}, from the newest checkpoint")
-            for fault in rec.faults:
-                when = (
-                    f"at {fault.at_s:g} s" if fault.at_s is not None else f"at step {fault.at_step}"
-                )
-                typer.echo(f"# fault {when}: {fault.describe()}")
+            _echo_launch_table(rec, run_dir)
             _echo_plan_comment(rec, profile)
             return
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)
+
+
+def _echo_launch_table(rec: Recipe, run_dir: pathlib.Path) -> None:
+    """``launch --dry-run`` of a supervised backend: the world, where its ranks run (cores,
+    GPUs, shared GPUs), each entry's commands, restarts and faults."""
+    from jaxcomm_launcher.backends import make_backend
+
+    backend = make_backend(rec, run_dir)
+    typer.echo(f"# recipe {rec.name}: {rec.backend.kind}, run dir {run_dir}")
+    typer.echo(f"# world: {_world_words(rec)}")
+    placement = backend.placement(dry_run=True)
+    if placement is not None:
+        typer.echo(f"# placement: {placement.describe()}")
+    for settings in rec.variants():
+        spec = run_dir / settings.display_label() / "spec.json"
+        typer.echo(f"# {settings.display_label()}")
+        for line in backend.describe(spec):
+            typer.echo(line)
+    if rec.max_restarts:
+        typer.echo(f"# restarts: up to {rec.max_restarts}, from the newest checkpoint")
+    for fault in rec.faults:
+        when = f"at {fault.at_s:g} s" if fault.at_s is not None else f"at step {fault.at_step}"
+        typer.echo(f"# fault {when}: {fault.describe()}")
 
 
 def _world_words(recipe: Recipe) -> str:
@@ -585,6 +591,20 @@ def plan(
         typer.echo(line)
 
 
+def _probe_recipe(rec: Recipe, args: dict[str, Any]) -> Recipe:
+    """`rec`'s world and backend running the probe job with `args` (``jaxcomm probe``)."""
+    data = rec.model_dump(mode="json")
+    data.update(
+        name=f"{rec.name}-probe",
+        job="probe",
+        sweep=[],
+        jaxcomm={"label": "probe"},
+        args=args,
+        metrics={**data["metrics"], "plots": False},
+    )
+    return Recipe.model_validate(data)
+
+
 @app.command(epilog=EXIT_CODES)
 def probe(
     recipe: RecipeArg,
@@ -632,16 +652,7 @@ def probe(
         }
         if sizes:
             args["sizes"] = list(sizes)
-        data = rec.model_dump(mode="json")
-        data.update(
-            name=f"{rec.name}-probe",
-            job="probe",
-            sweep=[],
-            jaxcomm={"label": "probe"},
-            args=args,
-            metrics={**data["metrics"], "plots": False},
-        )
-        probe_recipe = Recipe.model_validate(data)
+        probe_recipe = _probe_recipe(rec, args)
     except (RecipeError, ValueError) as exc:
         _print_error(exc)
         raise typer.Exit(2) from None
