@@ -238,9 +238,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> None:
     from jaxcomm_launcher.context import JobContext, MetricsLogger
-    from jaxcomm_launcher.recipe import JaxcommSettings, Recipe
+    from jaxcomm_launcher.recipe import LIGHT, JaxcommSettings, Recipe
 
-    recipe = Recipe.model_validate(spec["recipe"])
+    # The launcher checked the job's args; a training job's check imports its example, which
+    # must wait until JAX is set up for this rank's platform (_setup_jax).
+    recipe = Recipe.model_validate(spec["recipe"], context={LIGHT: True})
     settings = JaxcommSettings.model_validate(spec["jaxcomm"])
     if size != recipe.world.processes:
         raise RuntimeError(
