@@ -17,6 +17,7 @@ from jaxcomm_launcher.recipe import Recipe, RecipeError, load_recipe
 from launcher_helpers import ROOT, run_cli, write_recipe
 
 GPU_RECIPE = ROOT / "recipes" / "digits-gpu.yaml"
+_NO_SHARING = ["world.processes_per_gpu=1"]
 
 
 def _gpu_recipe(**world) -> Recipe:
@@ -180,6 +181,10 @@ def test_emulated_gpu_nodes_send_over_the_shaped_links(tmp_path):
     assert env0["UCX_TLS"] == "tcp,cuda_copy" and env0["UCX_NET_DEVICES"] == "eth0"
     assert env0["NCCL_P2P_DISABLE"] == env0["NCCL_SHM_DISABLE"] == "1"
     assert runner.placement(dry_run=True).to_json()["gpus"] == ["0", "0"]
+    cpu = load_recipe(GPU_RECIPE, ["backend.kind=emulated", "world.platform=cpu"] + _NO_SHARING)
+    (_, env0), _ = EmulatedBackendRunner(cpu, tmp_path).rank_launches(tmp_path / "s", dry_run=True)
+    assert env0["UCX_TLS"] == "tcp" and "NCCL_P2P_DISABLE" not in env0
+    assert "CUDA_VISIBLE_DEVICES" not in env0
 
 
 _PLATFORM = textwrap.dedent(
