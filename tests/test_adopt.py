@@ -19,13 +19,13 @@ ACCURACY_POINTS = 0.5  # the two runs' test accuracy, in percentage points
 
 
 def changed_lines(a: str, b: str) -> list[str]:
-    """The lines `diff` marks removed (-) or added (+); blank lines are not counted."""
+    """Every line `diff` marks removed (-) or added (+), blank ones included."""
     diff = difflib.unified_diff(a.splitlines(), b.splitlines(), n=0, lineterm="")
-    return [x for x in diff if x[:1] in "+-" and x[:3] not in ("---", "+++") and x[1:].strip()]
+    return [x for x in diff if x[:1] in "+-" and x[:3] not in ("---", "+++")]
 
 
-def test_changed_lines_counts_a_replaced_line_twice_and_skips_blank_ones():
-    assert changed_lines("a\nb\nc\n", "a\nB\n\nc\nd\n") == ["-b", "+B", "+d"]
+def test_changed_lines_counts_a_replaced_line_twice_and_a_blank_one():
+    assert changed_lines("a\nb\nc\n", "a\nB\n\nc\nd\n") == ["-b", "+B", "+", "+d"]
 
 
 def test_the_jaxcomm_loop_changes_at_most_five_lines_of_the_plain_one():

@@ -20,13 +20,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-
-import jaxcomm
 from jaxcomm import algorithms, checkpoints, cost
 from jaxcomm import optax as jc_optax
 

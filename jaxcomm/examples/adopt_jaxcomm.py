@@ -11,13 +11,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from sklearn.datasets import load_digits
-
-import jaxcomm
 
 
 def init_params(key: jax.Array, sizes: tuple = (64, 128, 10)) -> list:

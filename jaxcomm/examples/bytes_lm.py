@@ -30,7 +30,6 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
 from jaxcomm import algorithms, cost
 from jaxcomm.examples import _loop
 from jaxcomm.pacing import DEFAULT_MAX_IN_FLIGHT

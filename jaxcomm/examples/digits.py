@@ -31,7 +31,6 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-
 from jaxcomm import cost
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import ALGORITHMS, GRAD_DTYPES
