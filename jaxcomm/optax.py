@@ -56,6 +56,7 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from jaxcomm import _ordering, _validate, algorithms, cost
+from jaxcomm.cost import measure
 from jaxcomm.collectives import _call, allreduce, compressed_allreduce
 
 AxisName = str | tuple[str, ...]
@@ -504,6 +505,8 @@ def allreduce_gradients(
             rs = [jnp.ravel(r) for r in r_leaves]
         groups = _buckets([x.size for x in xs], bucket_size, first_bucket_size)
         total, wire = sum(x.size for x in xs), dense_wire_of(xs)
+        if _is_auto(algorithm):  # without a profile, auto first measures the world it runs in
+            measure.prepare(algorithm, [sum(xs[i].size for i in g) for g in groups])
         followed, fixed = phases, []
         if len(phases) > 1 and _is_auto(algorithm) and groups:
             followed, fixed = _auto_phases(phases, starts, groups, xs, wire)

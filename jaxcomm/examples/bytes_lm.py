@@ -31,6 +31,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import jaxcomm
 from jaxcomm import algorithms, cost
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import AXIS
@@ -275,6 +276,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
     }
     if cfg.algorithm == algorithms.AUTO:  # what the cost model chose for each bucket
         result["auto_choices"] = cost.auto_decisions()
+        result["auto"] = jaxcomm.metrics()["auto"]  # measurements and learning
     if run_dir is not None and jax.process_index() == 0:
         path = pathlib.Path(run_dir) / f"bytes-lm-{reduction.label()}.json"
         path.write_text(json.dumps(result, indent=2))

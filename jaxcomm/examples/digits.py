@@ -32,6 +32,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import jaxcomm
 from jaxcomm import cost
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import ALGORITHMS, AXIS, GRAD_DTYPES
@@ -321,6 +322,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
     }
     if cfg.algorithm == "auto":  # what the cost model chose for each bucket
         result["auto_choices"] = cost.auto_decisions()
+        result["auto"] = jaxcomm.metrics()["auto"]  # measurements and learning
     if run_dir is not None and jax.process_index() == 0:
         path = pathlib.Path(run_dir) / f"digits-{cfg.model}-{reduction.label()}.json"
         path.write_text(json.dumps(result, indent=2))

@@ -45,7 +45,10 @@ def run(ctx: JobContext) -> None:
                 f"(predicted {w['with_s']:.1f} s with it, {w['without_s']:.1f} s without)"
             )
             continue
+        link = d.get("link", {})
         ctx.print(
             f"digits auto: bucket of {d['elements']} elements -> {d['choice']} "
-            f"(allowed {', '.join(d['allowed'])}; profile: {d['profile']})"
+            f"(allowed {', '.join(d['allowed'])}; profile: {d['profile']}; "
+            f"link {link.get('class')} alpha {link.get('alpha', 0.0):.6g} s "
+            f"beta {link.get('beta', 0.0):.6g} s/B)"
         )
