@@ -8,16 +8,17 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
 
 * A window is ``window`` steps of one arm. The loss decrease per step is the least-squares
   slope of the loss over the window's steps after its first ``settle`` (the switch's
-  transient); its seconds are the window's wall clock (the largest over the ranks). The rate
-  is decrease per step times steps per second.
-* A round runs every arm once; the order rotates by one each round, so that over
-  ``len(arms)`` rounds every arm runs once in each position and the loss's own slowing down
-  does not favour the arm that ran first.
-* The decision takes the arm with the greatest mean rate; a compressor must beat dense's rate
-  by ``margin`` (dense is the guard: auto is never much worse than dense). The decided arm
-  runs ``recheck_every`` steps, then one rotated round re-checks every arm.
-* Steps factors follow from the windows: ``dense's decrease per step / the arm's``, and the
-  seconds per step of each arm: what :class:`~jaxcomm.cost.Auto` otherwise takes as priors.
+  transient); its seconds are the window's wall clock (the largest over the ranks).
+* A round runs every arm once, each round in an order rotated by one arm. The loss falls
+  faster early in training than later, so the windows' decreases are fitted as an effect per
+  arm plus a trend in time (:func:`arm_decrease`); an arm's rate is its decrease per step
+  over its seconds per step.
+* The decision takes the arm with the greatest rate; a compressor must beat dense's rate by
+  ``margin`` (dense is the guard: auto is never much worse than dense). The decided arm
+  runs ``recheck_every`` steps, then one round re-checks every arm.
+* Steps factors follow from the windows: dense's decrease per step over the arm's, what
+  :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
+  only to rank the arms worth a trial).
 
 The error-feedback residuals are shared by every arm (``jaxcomm.learning``): a compressor
 keeps what it did not send for the next arm, and the dense arm sends them with its gradient,
