@@ -56,8 +56,8 @@ from jax import lax
 from jax.sharding import PartitionSpec
 
 from jaxcomm import _ordering, _validate, algorithms, cost
-from jaxcomm.cost import measure
 from jaxcomm.collectives import _call, allreduce, compressed_allreduce
+from jaxcomm.cost import measure
 
 AxisName = str | tuple[str, ...]
 DEFAULT_BUCKET_SIZE = 1 << 24  # elements (64 MiB of float32; docs/benchmarks.md)

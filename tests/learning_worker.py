@@ -30,9 +30,9 @@ params = {"w": jnp.zeros((64, 32), jnp.float32), "b": jnp.zeros((32,), jnp.float
 arms = [None, jaxcomm.GTopK(0.05), jaxcomm.OneBit()]
 tx = learning.learned_gradients("dp", arms, mean=False)
 specs = jc_optax.partition_specs(jax.eval_shape(tx.init, params), "dp")
-state = jax.jit(
-    jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs, check_vma=False)
-)(params)
+state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs, check_vma=False))(
+    params
+)
 grad_specs = {"w": P("dp"), "b": P("dp")}
 
 
@@ -54,7 +54,9 @@ sent = {k: np.zeros(v.shape, np.float64) for k, v in params.items()}
 for arm in schedule:
     state = learning.set_arm(state, arm, replicated)
     g = {k: rng.standard_normal((RANKS, *v.shape)).astype(np.float32) for k, v in params.items()}
-    out, state = step(state, {k: jax.device_put(v, NamedSharding(mesh, P("dp"))) for k, v in g.items()})
+    out, state = step(
+        state, {k: jax.device_put(v, NamedSharding(mesh, P("dp"))) for k, v in g.items()}
+    )
     for k in params:
         given[k] += g[k]
         got = np.asarray(out[k])
@@ -64,15 +66,23 @@ for arm in schedule:
                    for r in jax.tree.leaves(state.inner.residuals))  # fmt: skip
 residuals = {k: np.asarray(state.inner.residuals[k]).astype(np.float64) for k in params}
 gap = max(
-    float(np.abs(given[k].sum(0) - sent[k] - residuals[k].reshape(RANKS, *params[k].shape).sum(0)).max())
+    float(
+        np.abs(
+            given[k].sum(0) - sent[k] - residuals[k].reshape(RANKS, *params[k].shape).sum(0)
+        ).max()
+    )
     for k in params
 )
 scale = max(float(np.abs(given[k].sum(0)).max()) for k in params)
-print(json.dumps({
-    "gap": gap,
-    "scale": scale,
-    "residual_nonzero": any(float(np.abs(r).max()) > 0 for r in residuals.values()),
-    "dense_left_zero_residual": zero,
-    "count": int(np.asarray(state.inner.count)),
-    "steps": len(schedule),
-}))
+print(
+    json.dumps(
+        {
+            "gap": gap,
+            "scale": scale,
+            "residual_nonzero": any(float(np.abs(r).max()) > 0 for r in residuals.values()),
+            "dense_left_zero_residual": zero,
+            "count": int(np.asarray(state.inner.count)),
+            "steps": len(schedule),
+        }
+    )
+)

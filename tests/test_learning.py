@@ -35,7 +35,11 @@ def _feed(learner: learn.Learner, decrease: dict[str, float], seconds: dict[str,
 def test_learner_picks_the_fastest_loss_per_second():
     learner = learn.Learner(["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2))
     # gTop-k: 80 % of dense's decrease per step at a fifth of its seconds.
-    _feed(learner, {"dense": 0.01, "gtopk": 0.008, "onebit": 0.002}, {"dense": 1.0, "gtopk": 0.2, "onebit": 0.2})
+    _feed(
+        learner,
+        {"dense": 0.01, "gtopk": 0.008, "onebit": 0.002},
+        {"dense": 1.0, "gtopk": 0.2, "onebit": 0.2},
+    )
     assert learner.chosen == "gtopk"
     decision = [d for d in learn.decisions() if d["event"] == "decision"][-1]
     assert decision["choice"] == "gtopk"
@@ -63,7 +67,11 @@ def test_learners_fed_the_same_windows_decide_the_same():
     made = []
     for _ in range(2):
         learner = learn.Learner(["dense", "gtopk", "adaptive"], learn.Learning(window=8, settle=0))
-        _feed(learner, {"dense": 0.01, "gtopk": 0.009, "adaptive": 0.0095}, {"dense": 1.0, "gtopk": 0.5, "adaptive": 0.45})
+        _feed(
+            learner,
+            {"dense": 0.01, "gtopk": 0.009, "adaptive": 0.0095},
+            {"dense": 1.0, "gtopk": 0.5, "adaptive": 0.45},
+        )
         made.append((learner.chosen, learner.windows))
     assert made[0] == made[1]
 
@@ -81,7 +89,9 @@ def test_trend_is_taken_out_of_the_comparison():
 
 def test_propose_offers_only_compressors_the_model_predicts_faster():
     slow = World(2, 1, "across_hosts")
-    arms = learn.propose([25_000_000], slow, DEFAULT_PROFILE, ("dense", "gtopk", "topk_allgather", "onebit"))
+    arms = learn.propose(
+        [25_000_000], slow, DEFAULT_PROFILE, ("dense", "gtopk", "topk_allgather", "onebit")
+    )
     assert arms[0] == "dense" and 1 < len(arms) <= 3
     assert learn.propose([100], slow, DEFAULT_PROFILE, ("dense", "gtopk")) == ["dense"]
     one = learn.Learner(["dense"])  # nothing to compare: dense from the start, no window

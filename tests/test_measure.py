@@ -115,3 +115,39 @@ def test_a_100mbit_world_measures_slower_than_a_1gbit_one(tmp_path):
         betas[rate] = float(beta)
     # Ten times the bandwidth: the measured seconds per byte differ by far more than noise.
     assert betas["100mbit"] > 3 * betas["1gbit"], betas
+
+
+def test_every_rank_learns_the_same(tmp_path):
+    # A profile of a slow link makes the model propose compressors, so the run tries them in
+    # windows and decides; each rank logs its trials and decision, which must agree.
+    pytest.importorskip("sklearn")
+    link = cost.Link(1e-4, 8e-8)
+    slow = cost.Profile(
+        links={c: link for c in cost.LINK_CLASSES},
+        gamma=dict(cost.DEFAULT_PROFILE.gamma),
+        psum=link,
+        source="a slow link",
+    )
+    slow.save(tmp_path / "slow.json")
+    recipe = write_recipe(
+        tmp_path / "learn.yaml",
+        job="digits",
+        world={"processes": 2, "devices_per_process": 1},
+        jaxcomm={"algorithm": "auto", "profile": str(tmp_path / "slow.json")},
+        train={"steps": 130, "eval_every": 50, "hidden": 256},
+    )
+    out = tmp_path / "run"
+    done = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    logs = []
+    for log in sorted(out.rglob("rank*.log")):
+        lines = log.read_text().splitlines()
+        logs.append(
+            [ln.split("auto:", 1)[1] for ln in lines if "auto: trials" in ln or "auto: step" in ln]
+        )
+    assert len(logs) == 2 and logs[0] == logs[1]
+    assert logs[0][0].startswith(" trials of dense, ") and " -> " in logs[0][1]
+    (result,) = out.rglob("digits-mlp-auto.json")
+    learned = json.loads(result.read_text())["auto"]["learned"]
+    windows = [d for d in learned if d["event"] == "window"]
+    assert len({w["arm"] for w in windows}) >= 2 and learned[-1]["event"] == "decision"

@@ -174,7 +174,10 @@ def resolve_auto(
         "allowed": list(auto.allowed),
         "profile": profile.source,
         # The link numbers the choice read (measured ones when the world was measured).
-        "link": {"class": world.flat_link(), **dataclasses.asdict(profile.links[world.flat_link()])},
+        "link": {
+            "class": world.flat_link(),
+            **dataclasses.asdict(profile.links[world.flat_link()]),
+        },
     }
     _decisions.append(decision)
     _log.info("jaxcomm auto: %d elements over %d ranks -> %s", n, axis_size, name)

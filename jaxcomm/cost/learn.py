@@ -196,7 +196,9 @@ class Learner:
         per_step = arm_decrease(since, self.arms)
         rate, seconds = {}, {}
         for name in self.arms:
-            seconds[name] = statistics.fmean(w["seconds_per_step"] for w in since if w["arm"] == name)
+            seconds[name] = statistics.fmean(
+                w["seconds_per_step"] for w in since if w["arm"] == name
+            )
             rate[name] = per_step[name] / seconds[name] if seconds[name] > 0 else 0.0
         guard = self.arms[0]
         best = max(self.arms[1:], key=lambda a: rate[a], default=guard)
@@ -258,9 +260,7 @@ def arm_decrease(windows: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> d
     ]
     ys = [float(w["loss_decrease_per_step"]) for w in windows]
     coef = _least_squares(rows, ys)
-    trend = statistics.fmean(
-        sum(coef[k + p] * x ** (p + 1) for p in range(degree)) for x in xs
-    )
+    trend = statistics.fmean(sum(coef[k + p] * x ** (p + 1) for p in range(degree)) for x in xs)
     return {a: coef[i] + trend for i, a in enumerate(arms)}
 
 

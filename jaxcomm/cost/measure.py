@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import platform
 import socket
 import threading
@@ -247,7 +246,9 @@ class _Timer:
         import jaxcomm
 
         self._barrier = _per_device(
-            mesh, lambda v: jaxcomm.allreduce(v, AXIS), np.ones((mesh.local_mesh.size, 1), np.float32)
+            mesh,
+            lambda v: jaxcomm.allreduce(v, AXIS),
+            np.ones((mesh.local_mesh.size, 1), np.float32),
         )
         self.ranks = mesh.size
 
@@ -270,7 +271,12 @@ class _Timer:
 
 
 def fit_link(
-    latency_s: float, times: Mapping[int, float], parts: int, link: str, call: float, sum_gamma: float
+    latency_s: float,
+    times: Mapping[int, float],
+    parts: int,
+    link: str,
+    call: float,
+    sum_gamma: float,
 ) -> Link:
     """Alpha and beta of ``link`` from ``jaxcomm.allreduce`` timed over ``parts`` ranks.
 
@@ -316,7 +322,9 @@ def fit_link(
     return Link(alpha=alpha, beta=max(beta, 0.0))
 
 
-def own_kernels(algorithm: str, n: int, world: World, profile: Profile, options: Options) -> list[str]:
+def own_kernels(
+    algorithm: str, n: int, world: World, profile: Profile, options: Options
+) -> list[str]:
     """The kernels whose gamma ``algorithm``'s predicted time reads (``sum`` aside, which
     every algorithm shares and is measured alone).
 
@@ -555,7 +563,9 @@ def _measure_kernels(
     taken: set[str] = {k for k in profile.measured if k.startswith("gamma.")}
     kernels = {}
     for name in names:
-        own = [k for k in own_kernels(name, n, world, profile, options) if f"gamma.{k}" not in taken]
+        own = [
+            k for k in own_kernels(name, n, world, profile, options) if f"gamma.{k}" not in taken
+        ]
         taken |= {f"gamma.{k}" for k in own}
         if own:
             kernels[name] = (own, options)

@@ -94,12 +94,12 @@ class Reduction:
       min_compression_rate: ``powersgd``: the least gain for which a leaf is compressed.
       start_step: ``powersgd``: steps of dense allreduce first; None: one warm-up phase
         (``warmup_phase_steps``, an epoch) when ``warmup`` is on, else 0.
-      learn: ``auto`` without ``steps_factor``: learn what each compressor costs in steps
-        from the run (:mod:`jaxcomm.cost.learn`): every candidate is compiled into the step
-        (:mod:`jaxcomm.learning`) and the training loop runs the proposed ones in interleaved
-        windows, then keeps the one whose loss falls fastest per second (dense unless a
-        compressor beats it). The warm-up schedule does not apply. False: auto decides once,
-        at trace time, from the model and its prior steps factors.
+      learn: ``auto`` without ``steps_factor`` and with dense allowed: learn what each
+        compressor costs in steps from the run (:mod:`jaxcomm.cost.learn`): every candidate
+        is compiled into the step (:mod:`jaxcomm.learning`) and the training loop runs the
+        proposed ones in interleaved windows, then keeps the one whose loss falls fastest per
+        second (dense unless a compressor beats it). The warm-up schedule does not apply.
+        False: auto decides once, at trace time, from the model and its prior steps factors.
     """
 
     algorithm: str = "dense"
@@ -219,17 +219,21 @@ class Reduction:
 
     def learns(self) -> bool:
         """Whether ``auto`` learns its choice from the run (:attr:`learn`; not with measured
-        ``steps_factor``, nor DiLoCo).
+        ``steps_factor``, nor DiLoCo, nor without dense among ``allowed``: dense is the
+        trials' guard).
 
         Example:
           >>> Reduction("auto").learns(), Reduction("auto", steps_factor={"gtopk": 2.0}).learns()
           (True, False)
+          >>> Reduction("auto", allowed=("gtopk", "onebit")).learns()
+          False
         """
         return (
             self.algorithm == algorithms.AUTO
             and self.learn
             and self.steps_factor is None
             and not self.diloco_every
+            and "dense" in (self.allowed or cost.DEFAULT_ALLOWED)
         )
 
     def auto_arms(self, options: cost.Options) -> dict[str, cost.Auto]:
