@@ -3,7 +3,7 @@
 JAX dispatches jitted steps asynchronously: the host queues step i + 1 while the devices still
 run step i. With several CPU devices in one process, XLA:CPU can deadlock when the host runs
 far ahead of steps that hold collectives, its own ``lax.psum`` and jaxcomm's alike (root cause
-in ``docs/xla-cpu-async-hang.md``): one thread pool, of max(cores, devices) threads, both
+in ``benchmarks/xla_cpu/async-hang.md``): one thread pool, of max(cores, devices) threads, both
 launches the devices' executions and runs them; a running execution holds its thread until its
 collectives complete, and once a device has 32 executions in flight a launch holds its thread
 waiting for a slot. With 2 cores and 2-8 devices, launches waiting for slots take the threads

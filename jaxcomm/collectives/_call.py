@@ -49,8 +49,17 @@ class DeferDone:
       ([], [], [])
     """
 
-    def __init__(self, record: _Splits | None = None) -> None:
+    def __init__(self, record: _Splits | None = None, is_noted: bool = False) -> None:
         self.record = record if record is not None else _Splits()
+        self.is_noted = is_noted
+
+    def noted(self) -> DeferDone:
+        """This ``after`` for a call its caller has already noted (:meth:`note`).
+
+        A collective whose call is emitted inside a body that JAX may trace once for several
+        calls (a ``custom_vmap``'s, cached by type in jax >= 0.11) is noted by its caller
+        instead, outside that body, and passes this on."""
+        return DeferDone(self.record, is_noted=True)
 
     @property
     def splits(self) -> list[bool]:
@@ -64,13 +73,13 @@ class DeferDone:
         """Records one call made with this ``after`` (``aliases``: as for :func:`threaded_call`)."""
         self.record.note(split, aliases)
 
-    def tree_flatten(self) -> tuple[tuple, _Splits]:
-        return (), self.record
+    def tree_flatten(self) -> tuple[tuple, tuple[_Splits, bool]]:
+        return (), (self.record, self.is_noted)
 
     @classmethod
-    def tree_unflatten(cls, record: _Splits, children: tuple) -> DeferDone:
+    def tree_unflatten(cls, aux: tuple[_Splits, bool], children: tuple) -> DeferDone:
         del children
-        return cls(record)
+        return cls(*aux)
 
 
 def collective_call(
@@ -161,11 +170,7 @@ def threaded_call(
         if layout.platform != "cpu" or after is not None:
             raise ValueError(f"{api}: a detached collective runs on CPU, without `after`")
         aliases = None  # its results are never read: the wait fills its own
-    split = (
-        not detach
-        and after is not None
-        and (layout.platform == "cpu" or target in _ffi.GPU_SPLIT_TARGETS)
-    )
+    split = not detach and after is not None and splits_on(layout.platform, target)
     out_types = [_ffi.result_like(like, shape, dtype) for shape, dtype in results]
     out_types.append(_ffi.result_like(like, (), jnp.int32))
     # Data operands follow the two common operands (coordinates, token).
@@ -187,11 +192,20 @@ def threaded_call(
         **attributes,
     )
     data = list(outputs[:-1])
-    if defer:
+    if defer and not after.is_noted:
         after.note(split, aliases)
     if not split or defer:
         return data, outputs[-1]
     return emit_done(outputs[-1], data, kept_operands(operands, aliases), after), outputs[-1]
+
+
+def splits_on(platform: str, target: str) -> bool:
+    """Whether a call of ``target`` on ``platform`` can run split (start, then done).
+
+    Every CPU collective can; on GPU only the targets whose CUDA handler is registered as
+    splittable (``_ffi.GPU_SPLIT_TARGETS``). The others run whole and ignore ``after``.
+    """
+    return platform == "cpu" or target in _ffi.GPU_SPLIT_TARGETS
 
 
 def kept_operands(operands: Sequence[jax.Array], aliases: dict[int, int] | None) -> list:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jaxcomm import _ordering, _validate
 from jaxcomm.algorithms import dense
-from jaxcomm.collectives import _attributes, _mesh
+from jaxcomm.collectives import _attributes, _call, _mesh
 from jaxcomm.collectives._call import DeferDone, threaded_call
 
 # The dense algorithm's targets (jaxcomm/algorithms/dense.py); its 16-bit wire
@@ -97,6 +97,13 @@ def allreduce(
     if x.size == 0:
         return x
     names = axis_name if isinstance(axis_name, str) else tuple(axis_name)
+    if isinstance(after, DeferDone):
+        # Noted here, not where the call is emitted: JAX may trace the rules' body once for
+        # several calls of one type (jax >= 0.11 caches custom_vmap's trace), so a note made
+        # inside it would be lost for every bucket after the first of its shape.
+        plan = _plan(x.dtype, _mesh.resolve(names, "jaxcomm.allreduce").platform, hierarchical)
+        after.note(plan.split, plan.in_place)
+        after = after.noted() if plan.split else None
     rules = _with_rules(names, bool(hierarchical), hierarchical_scheme)
     # The ordering token goes through the rules' body explicitly: custom_vjp and custom_vmap
     # trace their body apart from the caller's trace, which keys the chain (_ordering.py).
@@ -151,6 +158,38 @@ def _with_rules(
     return differentiable
 
 
+class _Plan(NamedTuple):
+    """How one allreduce is emitted: its target key in ``_TARGETS``, whether it is widened to
+    float32 first, whether a call with ``after`` splits, and the data operand it sums in place."""
+
+    target: str
+    widen: bool
+    split: bool
+    in_place: dict[int, int] | None
+
+
+def _plan(dtype: Any, platform: str, hierarchical: bool) -> _Plan:
+    """The :class:`_Plan` of an allreduce of ``dtype`` on ``platform`` called with ``after``.
+
+    A split call on CPU sums in place: its result takes x's buffer. A result of its own is
+    memory XLA:CPU's buffer assignment may take from values that backward work scheduled
+    before the start still reads, and the thunk executor then holds the start until that work
+    is done (a write-after-read edge): the bucket went on the wire a layer late
+    (docs/overlap.md). The flat ring, the 16-bit schedule and their shared-memory forms all sum
+    in place. A 16-bit input on GPU or in the hierarchical form is widened to float32, and the
+    cast back reads the sum, so that call does not split.
+    """
+    cpu = platform == "cpu"
+    if jnp.dtype(dtype) != jnp.float32 and (hierarchical or not cpu):
+        return _Plan("hierarchical" if hierarchical else "flat", True, False, None)
+    target = "hierarchical" if hierarchical else "flat"
+    if jnp.dtype(dtype) != jnp.float32:
+        target = jnp.dtype(dtype).name  # "bfloat16" or "float16"
+    split = _call.splits_on(platform, _TARGETS[target])
+    in_place = {0: 0} if cpu and split and not hierarchical else None
+    return _Plan(target, False, split, in_place)
+
+
 def _emit(
     x: jax.Array,
     axis_name: str | tuple[str, ...],
@@ -159,41 +198,26 @@ def _emit(
     after: Any,
     token: jax.Array,
 ) -> tuple[jax.Array, jax.Array]:
-    """The custom call(s) of one allreduce of non-empty ``x`` (checked), threading ``token``."""
+    """The custom call(s) of one allreduce of non-empty ``x`` (checked), threading ``token``.
+
+    A :class:`DeferDone` ``after`` arrives already noted by :func:`allreduce` (``noted()``);
+    nothing here records anything, so the body may be traced once for many calls."""
     api = "jaxcomm.allreduce"
-    cpu = _mesh.resolve(axis_name, api).platform == "cpu"
-    # A split call on CPU sums in place: its result takes x's buffer. A result of its own is
-    # memory XLA:CPU's buffer assignment may take from values that backward work scheduled
-    # before the start still reads, and the thunk executor then holds the start until that
-    # work is done (a write-after-read edge): the bucket went on the wire a layer late
-    # (docs/overlap.md). x is the caller's bucket; XLA copies it first if it is read later.
-    # The flat ring, the 16-bit schedule and their shared-memory forms all sum in place.
-    in_place = {0: 0} if cpu and after is not None and not hierarchical else None
-    if x.dtype != jnp.float32:
-        if hierarchical or not cpu:
-            if isinstance(after, DeferDone):  # the cast back reads the sum: not deferrable
-                after.note(False)
-                after = None
-            wide, token = _emit(
-                x.astype(jnp.float32), axis_name, hierarchical, scheme, after, token
-            )
-            return wide.astype(x.dtype), token
-        target = _TARGETS[jnp.dtype(x.dtype).name]  # "bfloat16" or "float16"
-        (out,), token = threaded_call(
-            token, target, api, axis_name, [x], [(x.shape, x.dtype)], after=after, aliases=in_place
-        )
-        return out, token
-    target, attrs = _TARGETS["flat"], {}
+    plan = _plan(x.dtype, _mesh.resolve(axis_name, api).platform, hierarchical)
+    if plan.widen:
+        wide, token = _emit(x.astype(jnp.float32), axis_name, hierarchical, scheme, None, token)
+        return wide.astype(x.dtype), token
+    in_place = plan.in_place if after is not None else None
+    attrs = {}
     if hierarchical:
-        target = _TARGETS["hierarchical"]
         attrs = _attributes.hierarchical_attributes(axis_name, scheme, api)
     (out,), token = threaded_call(
         token,
-        target,
+        _TARGETS[plan.target],
         api,
         axis_name,
         [x],
-        [(x.shape, jnp.float32)],
+        [(x.shape, x.dtype if plan.target in ("bfloat16", "float16") else jnp.float32)],
         after=after,
         aliases=in_place,
         **attrs,

@@ -16,11 +16,10 @@ Runs itself in a child process with the thunk executor's log on
 the thunks it waits for (transitively) that are not producers of its operands. Needs only
 jax (seen with jax/jaxlib 0.10.2 on x86-64 Linux).
 
-  python docs/xla_cpu_war_edges.py
-  python docs/xla_cpu_war_edges.py --scalar-result   # the same step, a scalar result
+  python benchmarks/xla_cpu/xla_cpu_war_edges.py
+  python benchmarks/xla_cpu/xla_cpu_war_edges.py --scalar-result   # the same step, a scalar result
 
-See docs/overlap.md ("XLA:CPU: buffer reuse and the FIFO queue order a start after unrelated
-work").
+See benchmarks/xla_cpu/README.md and docs/overlap.md.
 """
 
 import glob

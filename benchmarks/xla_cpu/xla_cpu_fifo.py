@@ -4,7 +4,7 @@ only after the compute that was queued before it (first in, first out).
 The backward pass of an L-layer tanh MLP hands each layer's weight gradient to a host callback
 (``jax.pure_callback``, a custom call) that returns a scalar, the way a communication library
 hands a gradient bucket to its collective's start. A scalar result places nothing where it
-could add a write-after-read edge (``docs/xla_cpu_war_edges.py``), so each callback depends on
+could add a write-after-read edge (``benchmarks/xla_cpu/xla_cpu_war_edges.py``), so each callback depends on
 its gradient only. But when layer i's error exists, the matmuls of its weight gradient and of
 its input gradient become ready together; the weight gradient runs first and makes the
 callback ready, and the callback is queued *behind* the input-gradient matmul, which carries
@@ -18,11 +18,10 @@ the executor's log (``TF_CPP_VMODULE=thunk_executor=6``) and prints, for every c
 its last dependency ended, when it started, and the thunks that ran in between although the
 callback does not depend on them. Needs only jax (seen with jax/jaxlib 0.10.2, x86-64 Linux).
 
-  python docs/xla_cpu_fifo.py
-  python docs/xla_cpu_fifo.py --threads 2   # XLA's NPROC: two executor threads on the one core
+  python benchmarks/xla_cpu/xla_cpu_fifo.py
+  python benchmarks/xla_cpu/xla_cpu_fifo.py --threads 2   # XLA's NPROC: two executor threads on the one core
 
-See docs/overlap.md ("XLA:CPU: buffer reuse and the FIFO queue order a start after unrelated
-work").
+See benchmarks/xla_cpu/README.md and docs/overlap.md.
 """
 
 import json

@@ -1,4 +1,4 @@
-"""Settings matrix for the XLA:CPU multi-device async-dispatch deadlock (docs/xla-cpu-async-hang.md).
+"""Settings matrix for the XLA:CPU multi-device async-dispatch deadlock (benchmarks/xla_cpu/async-hang.md).
 
 Plain JAX, no jaxcomm: the loop of ../shared/repro/xla_cpu_async_psum_hang.py (lax.psum over
 NDEV CPU devices of one process, no per-step sync) with knobs. Prints one RESULT line when the
@@ -8,9 +8,9 @@ XLA_FLAGS="--xla_cpu_collective_call_warn_stuck_timeout_seconds=3
 times out (run it under `timeout -k 5 60`).
 
 Example:
-    python docs/xla_cpu_async_hang_matrix.py 4 --k 32       # finishes
-    python docs/xla_cpu_async_hang_matrix.py 4 --k 33       # hangs
-    PJRT_NPROC=8 python docs/xla_cpu_async_hang_matrix.py 4 # finishes
+    python benchmarks/xla_cpu/xla_cpu_async_hang_matrix.py 4 --k 32       # finishes
+    python benchmarks/xla_cpu/xla_cpu_async_hang_matrix.py 4 --k 33       # hangs
+    PJRT_NPROC=8 python benchmarks/xla_cpu/xla_cpu_async_hang_matrix.py 4 # finishes
 """
 
 import argparse
