@@ -853,6 +853,8 @@ def run_cell(
         "parameters": result["parameters"],
         "predicted": prediction,
         "auto_choices": result.get("auto_choices"),
+        # A learning auto's trial windows and decisions (jaxcomm.cost.learn).
+        "auto_learned": (result.get("auto") or {}).get("learned"),
         "placement": summary.get("placement"),
         "oversubscribed": summary.get("oversubscribed"),
         "wall_s": wall,
@@ -1019,7 +1021,11 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def _auto_picks(cell: dict[str, Any]) -> list[str]:
-    """The algorithms auto chose in a cell, sorted (its warm-up decision aside)."""
+    """The algorithms auto chose in a cell, sorted (its warm-up decision aside): a learning
+    auto's decisions, else each bucket's choice at trace time."""
+    learned = [d["choice"] for d in cell.get("auto_learned") or [] if d["event"] == "decision"]
+    if learned:
+        return sorted(set(learned))
     return sorted({c["choice"] for c in cell.get("auto_choices") or [] if "choice" in c})
 
 

@@ -129,8 +129,12 @@ class Learner:
         self._plan: list[tuple[int, int, int]] = []  # (first step, last step, arm)
         self._rounds = 0  # rounds planned so far: each starts one arm later than the last
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
-        if len(self.arms) == 1:  # nothing to compare
+        if len(self.arms) == 1:  # nothing to compare: decided at once
             self.chosen = self.arms[0]
+            _decisions.append(
+                {"event": "decision", "step": start, "choice": self.chosen,
+                 "loss_decrease_per_s": {}, "seconds_per_step": {}, "steps_factor": {}}
+            )  # fmt: skip
             return
         self._explore(start, self.learning.rounds)
 

@@ -50,7 +50,7 @@ class Trials:
         self.sharding = NamedSharding(mesh, P())
         self.agreed_max, self.read = agreed_max, read
         self.learner: learn.Learner | None = None
-        self.current = 0
+        self.current: int | None = None  # unknown until set (a restored state keeps its own)
         self.losses: list[Any] = []
         self.clock = 0.0
         self.paused = 0.0

@@ -154,8 +154,8 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
             ctx.print(f"{name} auto: trials of {', '.join(d['arms'])} from step {d['step']}")
         elif d["event"] == "decision":
             rates = ", ".join(f"{a} {r:.4g}" for a, r in d["loss_decrease_per_s"].items())
-            ctx.print(f"{name} auto: step {d['step']} -> {d['choice']} (loss decrease per s: "
-                      f"{rates})")  # fmt: skip
+            why = f"loss decrease per s: {rates}" if rates else "no compressor proposed"
+            ctx.print(f"{name} auto: step {d['step']} -> {d['choice']} ({why})")
 
 
 def data_parallel_mesh() -> Mesh:
