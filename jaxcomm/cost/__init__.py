@@ -37,7 +37,10 @@ Layout
   of :mod:`jaxcomm.algorithms`);
 * :mod:`jaxcomm.cost.timemodel`: the time model and the probe's fit;
 * :mod:`jaxcomm.cost.choose`: predictions for every candidate and the fastest one;
-* :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log.
+* :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log;
+* :mod:`jaxcomm.cost.measure`: ``auto`` without a profile measures the run's own world
+  (:func:`measure_world`; it needs JAX when called);
+* :mod:`jaxcomm.cost.learn`: the steps each compressor costs, learned from the run.
 
 The package imports neither JAX nor the compiled library (``jaxcomm plan`` loads it without
 the rest of jaxcomm: ``jaxcomm_launcher._jaxcomm.standalone``); it reads
@@ -61,6 +64,7 @@ from .auto import (
     warmup_pays,
 )
 from .choose import choose, plan
+from .measure import measure_world
 from .ledger import (
     bytes_sent,
     dense_bytes,
@@ -120,6 +124,7 @@ __all__ = [
     "direct_bytes",
     "doubling_bytes",
     "fit_line",
+    "measure_world",
     "gtopk_sends",
     "oneshot_bytes",
     "plan",

@@ -418,7 +418,7 @@ def measure_world(
       measured, ``hardware`` what it ran on, ``source`` says it was measured at start.
 
     Example:
-      >>> profile = jaxcomm.cost.measure.measure_world(("dense", "gtopk"))  # doctest: +SKIP
+      >>> profile = jaxcomm.cost.measure_world(("dense", "gtopk"))  # doctest: +SKIP
       >>> profile.save("profile.json")  # doctest: +SKIP
     """
     global _active
