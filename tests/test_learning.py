@@ -34,11 +34,11 @@ def _feed(learner: learn.Learner, decrease: dict[str, float], seconds: dict[str,
 
 def test_learner_picks_the_fastest_loss_per_second():
     learner = learn.Learner(["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2))
-    # gTop-k: 80 % of dense's decrease per step at a fifth of its seconds.
+    # gTop-k: 80 % of dense's decrease per step at 40 % of its seconds.
     _feed(
         learner,
         {"dense": 0.01, "gtopk": 0.008, "onebit": 0.002},
-        {"dense": 1.0, "gtopk": 0.2, "onebit": 0.2},
+        {"dense": 0.5, "gtopk": 0.2, "onebit": 0.2},
     )
     assert learner.chosen == "gtopk"
     decision = [d for d in learn.decisions() if d["event"] == "decision"][-1]
@@ -48,12 +48,27 @@ def test_learner_picks_the_fastest_loss_per_second():
     trend = sum(0.005 / (1 + s / 100) for s in range(60)) / 60
     expected = (0.01 + trend) / (0.008 + trend)
     assert decision["steps_factor"]["gtopk"] == pytest.approx(expected, rel=0.02)
-    assert decision["seconds_per_step"]["dense"] == pytest.approx(1.0)
+    assert decision["seconds_per_step"]["dense"] == pytest.approx(0.5)
     # After the decision the chosen arm runs until the re-check, which tries every arm again.
     after = decision["step"]
     assert learner.arm_at(after) == learner.arms.index("gtopk")
     recheck = after + learner.learning.recheck_every
     assert {learner.arm_at(recheck + i * 10) for i in range(3)} == {0, 1, 2}
+
+
+def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
+    # Dense at ten times gTop-k's seconds per step (a slow link): even credited with the best
+    # decrease per step of the first round it cannot win, so the second round leaves it out.
+    learner = learn.Learner(["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2))
+    _feed(
+        learner,
+        {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004},
+        {"dense": 1.0, "gtopk": 0.1, "onebit": 0.1},
+    )
+    assert learner.chosen == "gtopk"
+    assert [w["arm"] for w in learner.windows].count("dense") == 1
+    pruned = [d for d in learn.decisions() if d["event"] == "pruned"][-1]
+    assert pruned["arms"] == ["dense"] and pruned["step"] == 30
 
 
 def test_learner_keeps_dense_unless_a_compressor_beats_it_by_the_margin():

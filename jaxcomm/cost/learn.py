@@ -57,6 +57,9 @@ class Learning:
       recheck_every: steps the decided arm runs before a round re-checks every arm.
       margin: a compressor is chosen over dense only when its rate exceeds dense's by this
         factor.
+      prune: after the first round, an arm so slow per step that, even with the greatest
+        decrease per step of any arm, its rate stays below the best's over this factor runs
+        no further window (dense too: on a slow link its windows cost the most).
 
     Example:
       >>> Learning(window=10).window
@@ -68,6 +71,7 @@ class Learning:
     rounds: int = 2
     recheck_every: int = 400
     margin: float = 1.1
+    prune: float = 3.0
 
     def __post_init__(self) -> None:
         if self.window < 4 or not 0 <= self.settle <= self.window - 3:
@@ -79,6 +83,8 @@ class Learning:
             raise ValueError(f"Learning.rounds must be >= 1, got {self.rounds}")
         if self.recheck_every < 1 or not (math.isfinite(self.margin) and self.margin >= 1.0):
             raise ValueError("Learning.recheck_every must be >= 1 and margin finite and >= 1")
+        if not self.prune > 1.0:
+            raise ValueError(f"Learning.prune must be > 1, got {self.prune}")
 
 
 def window_rate(losses: Sequence[float], seconds: float, settle: int = 0) -> tuple[float, float]:
@@ -139,15 +145,56 @@ class Learner:
         self._explore(start, self.learning.rounds)
 
     def _explore(self, start: int, rounds: int) -> None:
-        """Plans ``rounds`` rotated rounds of every arm from ``start``, then the decision."""
-        w, k = self.learning.window, len(self.arms)
-        self._explored_from = step = start
-        for _ in range(rounds):
-            for j in range(k):
-                self._plan.append((step, step + w - 1, (self._rounds + j) % k))
-                step += w
-            self._rounds += 1
-        self._decide_at = step
+        """Plans ``rounds`` rounds of every arm from ``start`` (one at a time: the first
+        may prune), then the decision."""
+        self._explored_from, self._rounds_left = start, rounds
+        self._active = list(range(len(self.arms)))
+        self._plan_round(start)
+
+    def _plan_round(self, start: int) -> None:
+        """One window per active arm from ``start``, in an order rotated by one each round."""
+        w, k = self.learning.window, len(self._active)
+        self._plan = [
+            (start + j * w, start + (j + 1) * w - 1, self._active[(self._rounds + j) % k])
+            for j in range(k)
+        ]
+        self._rounds += 1
+        self._rounds_left -= 1
+        self._round_end = start + k * w
+
+    def _rates(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """Each active arm's (loss decrease per step, seconds per step, decrease per second)
+        over this exploration's windows."""
+        names = [self.arms[i] for i in self._active]
+        since = [
+            w for w in self.windows if w["first_step"] >= self._explored_from and w["arm"] in names
+        ]
+        per_step = arm_decrease(since, names)
+        seconds = {
+            a: statistics.fmean(w["seconds_per_step"] for w in since if w["arm"] == a)
+            for a in names
+        }
+        rate = {a: per_step[a] / seconds[a] if seconds[a] > 0 else 0.0 for a in names}
+        return per_step, seconds, rate
+
+    def _prune(self, step: int) -> None:
+        """Drops the arms too slow per step to win: credited with the greatest decrease per
+        step any arm showed, an arm whose rate is still below the best's over ``prune``.
+        Only its seconds can prune it (a decrease measured in one window is confounded with
+        when the window ran), and further windows of it would only cost time."""
+        per_step, seconds, rate = self._rates()
+        best, most = max(rate.values()), max(per_step.values())
+        if best <= 0:
+            return
+        keep = [
+            i
+            for i in self._active
+            if most / max(seconds[self.arms[i]], 1e-12) * self.learning.prune >= best
+        ]
+        dropped = [self.arms[i] for i in self._active if i not in keep]
+        if dropped:
+            _decisions.append({"event": "pruned", "step": step, "arms": dropped, "rates": rate})
+            self._active = keep
 
     def arm_at(self, step: int) -> int:
         """The arm of ``step`` (steps are asked in increasing order)."""
@@ -191,29 +238,30 @@ class Learner:
         }
         self.windows.append(record)
         _decisions.append(record)
-        if step + 1 == self._decide_at:
+        if step + 1 != self._round_end:
+            return
+        if self._rounds_left > 0:
+            self._prune(step + 1)
+        if self._rounds_left > 0 and len(self._active) > 1:
+            self._plan_round(step + 1)
+        else:
             self._decide(step + 1)
 
     def _decide(self, step: int) -> None:
         """Takes the best arm of the windows since the last decision; plans the re-check."""
-        since = [w for w in self.windows if w["first_step"] >= self._explored_from]
-        per_step = arm_decrease(since, self.arms)
-        rate, seconds = {}, {}
-        for name in self.arms:
-            seconds[name] = statistics.fmean(
-                w["seconds_per_step"] for w in since if w["arm"] == name
-            )
-            rate[name] = per_step[name] / seconds[name] if seconds[name] > 0 else 0.0
+        per_step, seconds, rate = self._rates()
         guard = self.arms[0]
-        best = max(self.arms[1:], key=lambda a: rate[a], default=guard)
-        margin = self.learning.margin
-        # Dense unless a compressor's loss falls faster per second by the margin; a dense
-        # loss that does not fall at all (rate <= 0) says nothing, and dense stays.
-        pick = best if rate[guard] > 0 and rate[best] > margin * rate[guard] else guard
-        factors = {
-            a: (per_step[guard] / per_step[a]) if per_step[a] > 0 and per_step[guard] > 0 else None
-            for a in self.arms
-        }
+        others = [a for a in rate if a != guard]
+        best = max(others, key=lambda a: rate[a], default=guard)
+        if guard not in rate:  # dense was pruned: far slower than the best
+            pick = best
+        else:
+            # Dense unless a compressor's loss falls faster per second by the margin; a dense
+            # loss that does not fall at all (rate <= 0) says nothing, and dense stays.
+            margin = self.learning.margin
+            pick = best if rate[guard] > 0 and rate[best] > margin * rate[guard] else guard
+        base = per_step.get(guard, 0.0)
+        factors = {a: base / d if d > 0 and base > 0 else None for a, d in per_step.items()}
         self.chosen = pick
         record = {
             "event": "decision",
@@ -224,7 +272,6 @@ class Learner:
             "steps_factor": factors,
         }
         _decisions.append(record)
-        self._plan = []
         self._explore(step + self.learning.recheck_every, 1)
 
 

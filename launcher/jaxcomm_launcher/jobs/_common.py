@@ -152,6 +152,9 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
     for d in report.get("learned", []):
         if d["event"] == "arms":
             ctx.print(f"{name} auto: trials of {', '.join(d['arms'])} from step {d['step']}")
+        elif d["event"] == "pruned":
+            ctx.print(f"{name} auto: step {d['step']} stops trying {', '.join(d['arms'])} "
+                      "(too slow per step to win)")  # fmt: skip
         elif d["event"] == "decision":
             rates = ", ".join(f"{a} {r:.4g}" for a, r in d["loss_decrease_per_s"].items())
             why = f"loss decrease per s: {rates}" if rates else "no compressor proposed"
