@@ -1,12 +1,14 @@
 """jaxcomm: communication-efficient collectives for data-parallel JAX training.
 
 Importing the package is light: it imports neither JAX nor the compiled library, so the
-stdlib-only modules (``jaxcomm.cost``, ``jaxcomm.algorithms``, ``jaxcomm.config``) load alone.
-The API that needs JAX loads on first use (PEP 562 ``__getattr__``); the first module that
-calls a jaxcomm FFI target imports ``jaxcomm._ffi``, which loads the library and registers
-every target once. XLA:CPU's launch pool is still sized before JAX creates its CPU client
-(jaxcomm/pacing.py): importing jaxcomm hooks the sizing in as soon as JAX is imported, before
-or after jaxcomm.
+stdlib-only modules (``jaxcomm.cost``, ``jaxcomm.algorithms``, ``jaxcomm.config``,
+``jaxcomm.checkpoints``) are imported plainly, by the launcher too. The API that needs JAX
+loads on first use (PEP 562 ``__getattr__``); the first module that calls a jaxcomm FFI target
+imports ``jaxcomm._ffi``, which checks the ``JAXCOMM_*`` settings, loads the library and
+registers every target once. The one thing importing jaxcomm does besides defining names: it
+hooks XLA:CPU's launch-pool sizing (jaxcomm/pacing.py) into JAX's import, so the pool is sized
+before JAX creates its CPU client whether JAX is imported before or after jaxcomm; a process
+that never imports JAX (the launcher's) never runs it.
 
 Example:
   >>> import jax.numpy as jnp, jaxcomm
@@ -17,18 +19,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
-import types
 from typing import Any
 
 from jaxcomm import _jax_compat, algorithms, config
 from jaxcomm.compressors import Compressor, TopK
 
 __version__ = "0.1.0"
-
-# Before the C++ library (which reads some of the settings) is loaded: a bad JAXCOMM_* value
-# fails here, naming the variable (jaxcomm/config.py SETTINGS).
-config.check_environment()
 
 
 def _size_launch_pool() -> None:
@@ -48,8 +44,8 @@ _LAZY = {
     "start_allreduce": "jaxcomm.collectives",
     "wait": "jaxcomm.collectives",
     "Pending": "jaxcomm.collectives",
-    "metrics": "jaxcomm.metrics",
-    "reset_metrics": "jaxcomm.metrics",
+    "metrics": "jaxcomm._metrics",
+    "reset_metrics": "jaxcomm._metrics",
     "CollectiveError": "jaxcomm.pacing",
     "Paced": "jaxcomm.pacing",
     "paced": "jaxcomm.pacing",
@@ -76,18 +72,6 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
-
-class _Package(types.ModuleType):
-    # The import system binds each submodule on its package once it is loaded; `metrics` names
-    # both the submodule and the function users call, and the function wins (``jaxcomm.metrics()``
-    # works after any import of the submodule, as with an eager package).
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 __all__ = [
     *sorted(set(_SPECS) - {"Adaptive", "GTopK", "OneBit", "Threshold", "TopKAllgather"}),

@@ -6,7 +6,8 @@ handler and, in a CUDA build, CUDA handler, each row added where its handler is 
 (:func:`register_all`, idempotent), so no Python code names a C++ symbol. :data:`C_FUNCTIONS` holds the ctypes
 prototype of every plain C function (the table, metrics, marks, the UCX world, the GPU world,
 NCCL); :func:`library` applies them when it loads the library, so no other module declares a
-prototype.
+prototype. ``tests/test_ffi_prototypes.py`` reads every exported definition in ffi/ and checks
+each row against its C types, and that every exported function has a row.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
+
+from jaxcomm import config
 
 _LIBRARY_NAME = "libjaxcomm_ffi.so"
 _lock = threading.Lock()
@@ -111,6 +114,9 @@ def library() -> ctypes.CDLL:
                     f"jaxcomm's compiled library {path} is missing: install the package with "
                     "`python -m pip install .` from the repository root (it builds the C++ code)."
                 )
+            # The C++ library reads some JAXCOMM_* settings: a bad value fails here, before it
+            # is loaded, naming the variable (jaxcomm/config.py SETTINGS).
+            config.check_environment()
             _preload_ucx()
             lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_LOCAL)
             for name, (restype, argtypes) in C_FUNCTIONS.items():

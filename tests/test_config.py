@@ -61,8 +61,10 @@ def test_settings_parse_and_name_the_variable():
         config.check_environment({"JAXCOMM_UCX_WAIT": "spin"})
 
 
-def test_import_refuses_a_bad_setting_that_cpp_reads():
-    done = _python("import jaxcomm", env={"JAXCOMM_UCX_SPIN_US": "fast"})
+def test_loading_the_library_refuses_a_bad_setting_that_cpp_reads():
+    # Importing jaxcomm loads no C++ (the launcher imports its light modules plainly); the
+    # first use of the library checks every setting before the C++ can read one.
+    done = _python("import jaxcomm\njaxcomm.metrics()", env={"JAXCOMM_UCX_SPIN_US": "fast"})
     assert done.returncode != 0
     assert "JAXCOMM_UCX_SPIN_US='fast' is invalid" in done.stderr, done.stderr[-2000:]
 
@@ -122,7 +124,9 @@ def test_the_package_loads_its_jax_api_on_first_use():
     done = _python(
         "import jaxcomm\n"
         "assert 'jax' not in sys.modules and 'jaxcomm._ffi' not in sys.modules\n"
-        "import jaxcomm.metrics  # the submodule does not hide the function of that name\n"
+        "import types\n"
+        "assert type(jaxcomm) is types.ModuleType  # no class swap\n"
+        "assert callable(jaxcomm.metrics) and callable(jaxcomm.reset_metrics)\n"
         "assert jaxcomm.metrics() == {'totals': [], 'recent': []}\n"
         "assert set(jaxcomm.__all__) <= set(dir(jaxcomm))\n"
         "assert all(getattr(jaxcomm, name) is not None for name in jaxcomm.__all__)\n"

@@ -179,12 +179,12 @@ _TORN_WRITER = textwrap.dedent(
     """
     import sys, time
     import jax, numpy as np
-    from jaxcomm import checkpoints, optax as jc_optax
+    from jaxcomm import checkpoints
 
     directory = sys.argv[1]
     small = {"w": jax.numpy.arange(1000, dtype=jax.numpy.float32)}
     checkpoints.save(directory, 10, small, {"seconds": 1.0})
-    real = jc_optax.save_state
+    real = checkpoints.save_state
 
     def save_then_hang(path, tree):
         print("writing", flush=True)
@@ -192,7 +192,7 @@ _TORN_WRITER = textwrap.dedent(
         print("written", flush=True)
         time.sleep(600)  # killed here at the latest: before the commit (rename)
 
-    jc_optax.save_state = save_then_hang
+    checkpoints.save_state = save_then_hang
     big = {"w": jax.numpy.ones((4 << 20,), jax.numpy.float32)}
     checkpoints.save(directory, 20, big, {"seconds": 2.0})
     """

@@ -201,19 +201,13 @@ def test_hierarchical_is_passed_on():
         _lowered_update(allreduce_gradients(axes, jaxcomm.GTopK(0.01), hierarchical=True), axes)
 
 
-def test_compressor_keyword_is_deprecated():
-
+def test_compressor_keyword_is_gone():
+    # The deprecated alias of `algorithm` was removed; the keyword is an ordinary TypeError.
     import jaxcomm
     from jaxcomm.optax import allreduce_gradients
 
-    with pytest.warns(DeprecationWarning, match="called `algorithm`"):
-        tx = allreduce_gradients("dp", compressor=jaxcomm.GTopK(0.01))
-    # The old keyword builds the same transform as the new one: the same collectives.
-    assert _lowered_update(tx, ("dp",)) == _lowered_update(
-        allreduce_gradients("dp", jaxcomm.GTopK(0.01)), ("dp",)
-    )
-    with pytest.raises(TypeError, match="pass the algorithm once"):
-        allreduce_gradients("dp", jaxcomm.GTopK(0.01), compressor=jaxcomm.GTopK(0.01))
+    with pytest.raises(TypeError, match="compressor"):
+        allreduce_gradients("dp", compressor=jaxcomm.GTopK(0.01))
 
 
 def test_bad_schedules_are_refused():

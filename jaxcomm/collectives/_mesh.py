@@ -10,6 +10,7 @@ after which each handler knows the members of its group in rank order.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import jax
@@ -104,3 +105,16 @@ def _platform(mesh: object) -> str:
     device = getattr(mesh, "abstract_device", None)
     platform = getattr(device, "platform", None) or jax.default_backend()
     return "cpu" if platform == "cpu" else "gpu"
+
+
+def group_size(axis_name: str | Sequence[str]) -> int:
+    """The number of ranks a reduction over ``axis_name`` spans (inside ``jax.shard_map``).
+
+    Args:
+      axis_name: a mesh axis name or a sequence of them.
+
+    Returns:
+      The product of the axes' sizes.
+    """
+    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
+    return math.prod(lax.axis_size(n) for n in names)

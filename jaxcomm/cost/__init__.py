@@ -38,6 +38,8 @@ Layout
 * :mod:`jaxcomm.cost.timemodel`: the time model and the probe's fit;
 * :mod:`jaxcomm.cost.choose`: predictions for every candidate and the fastest one;
 * :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log;
+* :mod:`jaxcomm.cost.schedule`: auto under a density schedule (each phase's ``Auto``, and
+  whether the warm-up is followed);
 * :mod:`jaxcomm.cost.measure`: ``auto`` without a profile measures the run's own world
   (:func:`measure_world`; it needs JAX when called);
 * :mod:`jaxcomm.cost.learn`: the steps each compressor costs, learned from the run.
@@ -64,7 +66,6 @@ from .auto import (
     warmup_pays,
 )
 from .choose import choose, plan
-from .measure import measure_world
 from .ledger import (
     bytes_sent,
     dense_bytes,
@@ -76,6 +77,7 @@ from .ledger import (
     ring_bytes,
     small_allreduce_bytes,
 )
+from .measure import measure_world
 from .model import (
     ALGORITHMS,
     AUTO_CHOICES,
@@ -94,6 +96,7 @@ from .model import (
     World,
     steps_factor_of,
 )
+from .schedule import at_density, follow_schedule
 from .timemodel import Tally, dense_path, fit_line, predict, predict_tree, ring_path
 
 __all__ = [
@@ -114,6 +117,7 @@ __all__ = [
     "Profile",
     "Tally",
     "World",
+    "at_density",
     "auto_algorithm",
     "auto_decisions",
     "warmup_pays",
@@ -124,6 +128,7 @@ __all__ = [
     "direct_bytes",
     "doubling_bytes",
     "fit_line",
+    "follow_schedule",
     "measure_world",
     "gtopk_sends",
     "oneshot_bytes",

@@ -20,9 +20,9 @@ import shutil
 import signal
 import subprocess
 
-from jaxcomm_launcher._jaxcomm import standalone
+from jaxcomm import config
 
-STATE_DIR = pathlib.Path(standalone("config").get("JAXCOMM_STATE_DIR"))
+STATE_DIR = pathlib.Path(config.get("JAXCOMM_STATE_DIR"))
 _NAME = re.compile(r"^jc[mvb]([0-9a-f]+)(?:r\d+|p)?$")  # p: a partition fault's bridge
 
 

@@ -23,7 +23,6 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxcomm_launcher import __version__
-from jaxcomm_launcher._jaxcomm import standalone
 from jaxcomm_launcher.recipe import Recipe, RecipeError, load_recipe
 
 app = typer.Typer(
@@ -378,7 +377,8 @@ def recipe_plan(
         >>> plan["pick"]["algorithm"]  # doctest: +SKIP
         'dense'
     """
-    cost = standalone("cost")
+    from jaxcomm import cost
+
     sizes, source = gradient_sizes(recipe, elements)
     try:
         profile = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE

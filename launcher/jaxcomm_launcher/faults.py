@@ -33,7 +33,6 @@ import threading
 import time
 from typing import Any
 
-from jaxcomm_launcher._jaxcomm import standalone
 from jaxcomm_launcher.context import read_progress
 from jaxcomm_launcher.procs import Supervisor, descendants
 from jaxcomm_launcher.recipe import NETEM_FAULTS, Fault, Recipe
@@ -457,7 +456,9 @@ def read_restarts(variant_dir: pathlib.Path) -> list[dict[str, Any]]:
 
 
 def _checkpoints() -> Any:
-    return standalone("checkpoints")
+    from jaxcomm import checkpoints
+
+    return checkpoints
 
 
 def archive_attempt(variant_dir: pathlib.Path, attempt: int, resume_step: int) -> None:

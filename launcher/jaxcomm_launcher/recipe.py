@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from jaxcomm_launcher._jaxcomm import standalone
+from jaxcomm import algorithms
 
 # Bundled jobs by short name; anything else must be written `module:function`.
 BUNDLED_JOBS: dict[str, str] = {
@@ -160,9 +160,9 @@ Backend = Annotated[
 BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
 
 
-# The algorithm registry's names (jaxcomm/algorithms/, loaded without JAX): a new algorithm
+# The algorithm registry's names (jaxcomm/algorithms/, light: no JAX): a new algorithm
 # module is a valid recipe choice with no edit here.
-_ALGORITHMS = standalone("algorithms")
+_ALGORITHMS = algorithms
 ALGORITHM_NAMES = (*_ALGORITHMS.names(), _ALGORITHMS.AUTO)
 Algorithm = Literal[ALGORITHM_NAMES]  # type: ignore[valid-type]
 AutoChoice = Literal[_ALGORITHMS.auto_choices()]  # type: ignore[valid-type]

@@ -19,7 +19,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from jaxcomm_launcher._jaxcomm import standalone
+from jaxcomm import config
 
 # (rank variable, size variable) of each launch engine, first match wins.
 RANK_ENV = (
@@ -46,7 +46,6 @@ def rank_and_size(env: Mapping[str, str]) -> tuple[int, int]:
         >>> rank_and_size({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"})
         (1, 2)
     """
-    config = standalone("config")
     for rank_var, size_var in RANK_ENV:
         if rank_var in env and size_var in env:
             if rank_var in config.SETTINGS:  # ours: validated, errors name the variable
@@ -109,7 +108,7 @@ def coordinator_address(env: Mapping[str, str]) -> str:
         return env["JAXCOMM_COORDINATOR"]
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
     if "SLURM_PROCID" in env and nodelist:
-        base = standalone("config").get("JAXCOMM_COORDINATOR_PORT", env)
+        base = config.get("JAXCOMM_COORDINATOR_PORT", env)
         if base is None:
             raise RuntimeError(
                 "under srun the coordinator port comes from JAXCOMM_COORDINATOR_PORT (the "
@@ -211,7 +210,7 @@ def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> N
             coordinator_address=coordinator,
             num_processes=size,
             process_id=rank,
-            initialization_timeout=standalone("config").get("JAXCOMM_INIT_TIMEOUT"),
+            initialization_timeout=config.get("JAXCOMM_INIT_TIMEOUT"),
         )
     job = resolve_job(spec["job"])
     metrics = MetricsLogger(
