@@ -1197,6 +1197,36 @@ def env_settings(results: pathlib.Path) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------------------------
+# README's five-line adoption: the diff of the two example programs (not a measurement)
+
+ADOPT_DIFF = ("<!-- adopt-diff:start -->", "<!-- adopt-diff:end -->")
+ADOPT_PROGRAMS = ("jaxcomm/examples/adopt_plain.py", "jaxcomm/examples/adopt_jaxcomm.py")
+
+
+def adopt_diff(root: pathlib.Path = REPO) -> str:
+    """The unified diff from the plain loop to its jaxcomm version, as a Markdown block.
+
+    Example:
+      >>> adopt_diff().splitlines()[0]
+      '```diff'
+    """
+    import difflib
+
+    plain, ours = ((root / p).read_text().splitlines() for p in ADOPT_PROGRAMS)
+    lines = difflib.unified_diff(plain, ours, *ADOPT_PROGRAMS, n=1, lineterm="")
+    return "\n".join(["```diff", *[x for x in lines if not x.startswith(("---", "+++"))], "```"])
+
+
+def render_adopt_diff(text: str, root: pathlib.Path = REPO) -> str:
+    """``text`` with the block between :data:`ADOPT_DIFF`'s markers regenerated (unchanged
+    without the markers)."""
+    begin, end = ADOPT_DIFF
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+    block = f"{begin}\n{adopt_diff(root)}\n{end}"
+    return pattern.sub(lambda _: block, text, count=1)
+
+
 def _region(name: str) -> tuple[str, str]:
     return f"<!-- generated: {name} -->", f"<!-- end generated: {name} -->"
 
@@ -1233,6 +1263,8 @@ def generate(results: pathlib.Path = RESULTS, root: pathlib.Path = REPO) -> dict
         path = root / page
         old = path.read_text() if path.exists() else ""
         out[path] = render_page(old, sections, results)
+    readme = root / "README.md"
+    out[readme] = render_adopt_diff(out.get(readme) or readme.read_text(), root)
     return out
 
 

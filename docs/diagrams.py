@@ -1,4 +1,4 @@
-"""Draws the explanatory diagrams of docs/diagrams.md (schematics, no measurements).
+"""Draws the explanatory diagrams of docs/usage.md and docs/overlap.md (schematics, no measurements).
 
 Usage (from the repository root; needs matplotlib)::
 

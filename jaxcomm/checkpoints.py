@@ -24,6 +24,7 @@ import os
 import pathlib
 import re
 import shutil
+import warnings
 from typing import Any
 
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -269,12 +270,19 @@ def restore_state(path: str | os.PathLike, like: Any) -> Any:
       like: a tree of the same structure whose leaves have ``.shape``, ``.dtype`` and
         ``.sharding`` (e.g. the freshly initialized state, or ``jax.ShapeDtypeStruct``).
 
+    A checkpoint saved by another number of ranks restores too: each per-rank leaf
+    (``P(axis_name)``: residuals, DiLoCo's own parameters and inner state) starts on every
+    rank from the mean of the saved ranks' values (integers: the first rank's), with one
+    warning naming them (:mod:`jaxcomm.resharding`).
+
     Returns:
-      The restored tree of jax.Arrays, bit-identical to what was saved.
+      The restored tree of jax.Arrays, bit-identical to what was saved (but the per-rank
+      leaves of a checkpoint from another world size).
 
     Raises:
-      ValueError: a leaf of ``like`` whose dtype or shape differs from the saved one (Orbax
-        would cast it), or that the checkpoint lacks.
+      ValueError: a leaf of ``like`` whose dtype differs from the saved one (Orbax would cast
+        it), whose shape differs other than by the number of ranks, or that the checkpoint
+        lacks.
       ImportError: Orbax is not installed (the ``checkpoint`` extra).
 
     Example:
@@ -288,24 +296,43 @@ def restore_state(path: str | os.PathLike, like: Any) -> Any:
     import jax
     import numpy as np
 
+    from jaxcomm import resharding
+
     checkpointer = _checkpointer()
     path = os.path.abspath(path)
     metadata = checkpointer.metadata(path)
     saved = {m.name: m for m in jax.tree.leaves(getattr(metadata, "item_metadata", metadata))}
-    for keys, leaf in jax.tree_util.tree_flatten_with_path(like)[0]:
-        name = ".".join(_key_name(k) for k in keys)
+    flat, treedef = jax.tree_util.tree_flatten_with_path(like)
+    names = [".".join(_key_name(k) for k in keys) for keys, _ in flat]
+    abstract, changed = [], {}
+    for name, (_, leaf) in zip(names, flat, strict=True):
         if name not in saved:
             raise ValueError(f"restore_state: {path} has no leaf {name!r}; saved: {sorted(saved)}")
         m = saved[name]
-        if np.dtype(m.dtype) != np.dtype(leaf.dtype) or tuple(m.shape) != tuple(leaf.shape):
+        how = None
+        if np.dtype(m.dtype) == np.dtype(leaf.dtype) and tuple(m.shape) != tuple(leaf.shape):
+            how = resharding.plan(m.shape, m.dtype, leaf)  # another world size?
+        if np.dtype(m.dtype) != np.dtype(leaf.dtype) or (
+            tuple(m.shape) != tuple(leaf.shape) and how is None
+        ):
             raise ValueError(
                 f"restore_state: leaf {name!r} was saved as {np.dtype(m.dtype)}{list(m.shape)}, "
                 f"`like` has {np.dtype(leaf.dtype)}{list(leaf.shape)}"
             )
-    abstract = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like
-    )
-    return checkpointer.restore(path, abstract)
+        if how is None:
+            abstract.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding))
+        else:
+            abstract.append(resharding.replicated(leaf, m.shape, m.dtype))
+            changed[name] = (how, *resharding.world_sizes(m.shape, leaf))
+    restored = checkpointer.restore(path, treedef.unflatten(abstract))
+    if not changed:
+        return restored
+    warnings.warn(resharding.warning(path, changed), stacklevel=2)
+    out = [
+        resharding.convert(x, leaf, changed[name][0]) if name in changed else x
+        for name, (_, leaf), x in zip(names, flat, treedef.flatten_up_to(restored), strict=True)
+    ]
+    return treedef.unflatten(out)
 
 
 def _key_name(key: Any) -> str:
