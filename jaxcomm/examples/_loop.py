@@ -20,15 +20,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-
-import jaxcomm
 from jaxcomm import algorithms, checkpoints, cost, learning
 from jaxcomm import optax as jc_optax
+from jaxcomm.cost import measure
 from jaxcomm.examples import _trials
 
 AXIS = "dp"
@@ -191,9 +191,11 @@ class Reduction:
             return None
         options = self.options(warmup_phase_steps)
         if self.learns():
+            arms = self.auto_arms(options)
+            measure.expect(arms)  # the world's measurement times every arm's kernels at once
             return learning.learned_gradients(
                 AXIS,
-                [None, *self.auto_arms(options).values()],
+                [None, *arms.values()],
                 bucket_size=self.bucket_size,
                 dense_dtype=jnp.dtype(self.grad_dtype),
             )
