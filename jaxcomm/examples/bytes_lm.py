@@ -26,12 +26,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
-import jaxcomm
 from jaxcomm import algorithms, cost
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import AXIS

@@ -27,12 +27,11 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-
-import jaxcomm
 from jaxcomm import cost
 from jaxcomm.examples import _loop
 from jaxcomm.examples._loop import ALGORITHMS, AXIS, GRAD_DTYPES

@@ -13,12 +13,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
-import jaxcomm
 from jaxcomm.examples.digits import load_digits_split
 
 

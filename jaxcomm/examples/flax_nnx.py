@@ -12,13 +12,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
-import jaxcomm
 from jaxcomm.examples.digits import load_digits_split
 
 

@@ -1,8 +1,8 @@
 """The ``jaxcomm`` command: ``launch``, ``probe``, ``plan``, ``recipes``, ``report``, ``cleanup``,
-``--version``.
+``--version``, and shell completion (``jaxcomm --install-completion``).
 
-Exit codes: 0 success, 1 run failed (a rank failed, a backend is unusable), 2 invalid recipe
-or usage, 124 timeout, 130 interrupted.
+Exit codes (:data:`EXIT_CODES`, shown by ``--help``): 0 success, 1 run failed (a rank failed, a
+backend is unusable), 2 invalid recipe or usage, 124 timeout, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -25,11 +25,17 @@ from rich.text import Text
 from jaxcomm_launcher import __version__
 from jaxcomm_launcher.recipe import Recipe, RecipeError, load_recipe
 
+EXIT_CODES = (
+    "Exit codes: 0 success; 1 the run failed (a rank failed, a backend is unusable); "
+    "2 invalid recipe or usage; 124 timeout; 130 interrupted."
+)
+"""What every command may return; the epilog of ``--help``."""
+
 app = typer.Typer(
     name="jaxcomm",
     help="Launch jaxcomm recipes on this machine, an emulated cluster, mpirun or Slurm.",
+    epilog=EXIT_CODES,
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
 # Without a terminal (CI logs, pipes) Rich would wrap tables at 80 columns.
@@ -37,8 +43,35 @@ _width = None if sys.stdout.isatty() else int(os.environ.get("COLUMNS", "120"))
 console = Console(width=_width)
 err_console = Console(stderr=True, width=_width)
 
+
+def complete_recipe(incomplete: str) -> list[str]:
+    """Shell completion of a recipe: bundled names and YAML files that start with `incomplete`.
+
+    Example:
+        >>> "digits-dense" in complete_recipe("digits-")
+        True
+    """
+    names = sorted(p.stem for p in bundled_recipes_dir().glob("*.yaml"))
+    base = pathlib.Path(incomplete)
+    folder = base if incomplete.endswith("/") else base.parent
+    try:
+        files = sorted(
+            str(folder / p.name) if str(folder) != "." else p.name
+            for p in folder.iterdir()
+            if p.suffix in (".yaml", ".yml") or p.is_dir()
+        )
+    except OSError:
+        files = []
+    return [c for c in [*names, *files] if c.startswith(incomplete)]
+
+
 # The arguments and options several commands take, each declared once.
-RecipeArg = Annotated[str, typer.Argument(help="Recipe YAML file, or the name of a bundled one.")]
+RecipeArg = Annotated[
+    str,
+    typer.Argument(
+        help="Recipe YAML file, or the name of a bundled one.", autocompletion=complete_recipe
+    ),
+]
 Overrides = Annotated[
     list[str] | None,
     typer.Option("--set", help="Override a recipe field: --set world.processes=4 (repeatable)."),
@@ -47,8 +80,15 @@ ProfilePath = Annotated[
     pathlib.Path | None,
     typer.Option(
         "--profile",
-        help="Profile JSON from `jaxcomm probe` for the plan (default: built-in; launch: the "
-        "plan of --dry-run).",
+        help="Profile JSON from `jaxcomm probe` for the plan (default: built-in).",
+    ),
+]
+RunProfile = Annotated[
+    pathlib.Path | None,
+    typer.Option(
+        "--profile",
+        help="Profile JSON from `jaxcomm probe` the run uses: the jaxcomm.profile of every "
+        "entry (what `auto` reads), and the --dry-run plan's.",
     ),
 ]
 # launch, probe: the commands that run a recipe.
@@ -124,7 +164,7 @@ def main(
     """jaxcomm: communication-efficient collectives for data-parallel JAX training."""
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def launch(
     recipe: RecipeArg,
     dry_run: Annotated[
@@ -140,7 +180,7 @@ def launch(
         bool,
         typer.Option("--detach", help="slurm: only submit the job (then: jaxcomm report RUN_DIR)."),
     ] = False,
-    profile: ProfilePath = None,
+    profile: RunProfile = None,
     max_restarts: Annotated[
         int | None,
         typer.Option(
@@ -155,7 +195,7 @@ def launch(
 
     Example: jaxcomm launch recipes/digits-dense.yaml --set world.processes=4
     """
-    from jaxcomm_launcher.backends import SlurmBackendRunner, make_backend
+    from jaxcomm_launcher.backends import SlurmBackendRunner
     from jaxcomm_launcher.rundir import default_run_dir
     from jaxcomm_launcher.runner import run_recipe, run_slurm_recipe
 
@@ -165,6 +205,8 @@ def launch(
         if max_restarts is not None:
             overrides.append(f"max_restarts={max_restarts}")
         rec = load_recipe(path, overrides)
+        if profile is not None:
+            rec = with_profile(rec, profile)
     except RecipeError as exc:
         _print_error(exc)
         raise typer.Exit(2) from None
@@ -186,23 +228,74 @@ def launch(
             run_slurm_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet, detach=detach)
             return
         if dry_run:
-            backend = make_backend(rec, run_dir)
-            typer.echo(f"# recipe {rec.name}: {rec.backend.kind}, run dir {run_dir}")
-            for settings in rec.variants():
-                spec = run_dir / settings.display_label() / "spec.json"
-                typer.echo(f"# {settings.display_label()}")
-                for line in backend.describe(spec):
-                    typer.echo(line)
-            if rec.max_restarts:
-                typer.echo(f"# restarts: up to {rec.max_restarts}, from the newest checkpoint")
-            for fault in rec.faults:
-                when = (
-                    f"at {fault.at_s:g} s" if fault.at_s is not None else f"at step {fault.at_step}"
-                )
-                typer.echo(f"# fault {when}: {fault.describe()}")
+            _echo_launch_table(rec, run_dir)
             _echo_plan_comment(rec, profile)
             return
         run_recipe(rec, run_dir, console, timeout=timeout, quiet=quiet)
+
+
+def _echo_launch_table(rec: Recipe, run_dir: pathlib.Path) -> None:
+    """``launch --dry-run`` of a supervised backend: the world, where its ranks run (cores,
+    GPUs, shared GPUs), each entry's commands, restarts and faults."""
+    from jaxcomm_launcher.backends import make_backend
+
+    backend = make_backend(rec, run_dir)
+    typer.echo(f"# recipe {rec.name}: {rec.backend.kind}, run dir {run_dir}")
+    typer.echo(f"# world: {_world_words(rec)}")
+    placement = backend.placement(dry_run=True)
+    if placement is not None:
+        typer.echo(f"# placement: {placement.describe()}")
+    for settings in rec.variants():
+        spec = run_dir / settings.display_label() / "spec.json"
+        typer.echo(f"# {settings.display_label()}")
+        for line in backend.describe(spec):
+            typer.echo(line)
+    if rec.max_restarts:
+        typer.echo(f"# restarts: up to {rec.max_restarts}, from the newest checkpoint")
+    for fault in rec.faults:
+        when = f"at {fault.at_s:g} s" if fault.at_s is not None else f"at step {fault.at_step}"
+        typer.echo(f"# fault {when}: {fault.describe()}")
+
+
+def _world_words(recipe: Recipe) -> str:
+    """``"4 processes × 1 GPU (2 per GPU)"``: the world of the launch table."""
+    w = recipe.world
+    unit = "GPU" if w.platform == "gpu" else "CPU device"
+    text = f"{w.processes} processes × {w.devices_per_process} {unit}"
+    text += "s" if w.devices_per_process != 1 else ""
+    return text + (f" ({w.processes_per_gpu} per GPU)" if w.shares_gpus else "")
+
+
+def with_profile(recipe: Recipe, profile: pathlib.Path) -> Recipe:
+    """Returns `recipe` with every entry's ``jaxcomm.profile`` set to `profile` (``launch
+    --profile``; it wins over a sweep entry's own).
+
+    Args:
+        recipe: The validated recipe.
+        profile: A profile JSON from ``jaxcomm probe``.
+
+    Returns:
+        The new recipe; the path is absolute, as the ranks may run elsewhere.
+
+    Raises:
+        RecipeError: The file is not a profile (the message says why).
+
+    Example:
+        >>> with_profile(Recipe(name="x", job="digits"), pathlib.Path("p.json"))  # doctest: +SKIP
+    """
+    from jaxcomm import cost
+
+    try:
+        cost.Profile.load(profile)
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"--profile {profile}: {exc}") from None
+    path = str(profile.resolve())
+    data = recipe.model_dump(mode="json")
+    data["jaxcomm"]["profile"] = path
+    for entry in data["sweep"]:
+        if entry.get("profile") is not None:
+            entry["profile"] = path
+    return Recipe.model_validate(data)
 
 
 @app.command("recipes")
@@ -213,6 +306,7 @@ def list_recipes() -> None:
     table.add_column("job")
     table.add_column("backend")
     table.add_column("processes", justify="right")
+    table.add_column("platform")
     table.add_column("description")
     for path in sorted(bundled_recipes_dir().glob("*.yaml")):
         data = yaml.safe_load(path.read_text()) or {}
@@ -223,12 +317,13 @@ def list_recipes() -> None:
             str(data.get("job", "?")),
             str(kind),
             str((data.get("world") or {}).get("processes", 2)),
+            str((data.get("world") or {}).get("platform", "cpu")),
             str(data.get("description", "")).strip(),
         )
     console.print(table)
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def report(
     run_dir: Annotated[pathlib.Path, typer.Argument(help="A run directory made by `launch`.")],
 ) -> None:
@@ -257,7 +352,7 @@ def report(
         console.print(f"plot: {p}", highlight=False, soft_wrap=True)
 
 
-@app.command("cleanup")
+@app.command("cleanup", epilog=EXIT_CODES)
 def cleanup_command(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only list what would be removed.")
@@ -315,9 +410,9 @@ def gradient_sizes(recipe: Recipe, elements: list[int] | None = None) -> tuple[l
     if recipe.job == "allreduce":
         if "sizes" in recipe.args:
             return [int(s) for s in recipe.args["sizes"]], "args.sizes"
-        from jaxcomm_launcher.jobs.allreduce import DEFAULT_SIZES
+        from jaxcomm_launcher.jobs.args import ALLREDUCE_SIZES
 
-        return list(DEFAULT_SIZES), "the allreduce job's default sizes"
+        return list(ALLREDUCE_SIZES), "the allreduce job's default sizes"
     if recipe.job == "digits":
         model = str(recipe.args.get("model", "mlp"))
         hidden = int(recipe.args.get("hidden", recipe.train.hidden))
@@ -377,13 +472,16 @@ def recipe_plan(
         >>> plan["pick"]["algorithm"]  # doctest: +SKIP
         'dense'
     """
-    from jaxcomm import cost
+    from jaxcomm import algorithms, cost
 
     sizes, source = gradient_sizes(recipe, elements)
     try:
         profile = cost.Profile.load(profile_path) if profile_path else cost.DEFAULT_PROFILE
     except ValueError as exc:
         raise RecipeError(str(exc)) from None
+    if allowed is None and recipe.world.shares_gpus:
+        # XLA's psum cannot run where ranks share a GPU: the pick is one of auto's choices.
+        allowed = list(algorithms.auto_choices())
     if allowed:
         unknown = sorted(set(allowed) - set(cost.ALGORITHMS))
         if unknown:
@@ -438,7 +536,7 @@ def _echo_plan_comment(recipe: Recipe, profile: pathlib.Path | None) -> None:
         typer.echo(f"# {line}")
 
 
-@app.command()
+@app.command(epilog=EXIT_CODES)
 def plan(
     recipe: RecipeArg,
     profile: ProfilePath = None,
@@ -469,7 +567,7 @@ def plan(
     recipes/emulated-1gbit.yaml --profile p.json
     """
     try:
-        rec = load_recipe(_resolve_recipe(recipe), set_ or [])
+        rec = load_recipe(_resolve_recipe(recipe), set_ or [], light=True)
         names = [a.strip() for a in allowed.split(",") if a.strip()] if allowed else None
         hidden = None if overlap_ms is None else overlap_ms / 1e3
         result, source, prof = recipe_plan(rec, profile, elements, names, hidden)
@@ -495,7 +593,21 @@ def plan(
         typer.echo(line)
 
 
-@app.command()
+def _probe_recipe(rec: Recipe, args: dict[str, Any]) -> Recipe:
+    """`rec`'s world and backend running the probe job with `args` (``jaxcomm probe``)."""
+    data = rec.model_dump(mode="json")
+    data.update(
+        name=f"{rec.name}-probe",
+        job="probe",
+        sweep=[],
+        jaxcomm={"label": "probe"},
+        args=args,
+        metrics={**data["metrics"], "plots": False},
+    )
+    return Recipe.model_validate(data)
+
+
+@app.command(epilog=EXIT_CODES)
 def probe(
     recipe: RecipeArg,
     out: Annotated[
@@ -529,25 +641,20 @@ def probe(
     from jaxcomm_launcher.rundir import default_run_dir
     from jaxcomm_launcher.runner import run_recipe
 
+    out = out.resolve()
+    # The ranks write the new profile beside the old one, which it replaces only once the
+    # probe succeeded (a Slurm job's probe replaces it itself, atomically, when it has run).
+    fresh = out.with_name(f".{out.name}.{os.getpid()}.new")
     try:
         rec = load_recipe(_resolve_recipe(recipe), set_ or [])
         args: dict[str, Any] = {
             "repeats": repeats,
             "kernel_elements": kernel_elements,
-            "out": str(out.resolve()),
+            "out": str(out if rec.backend.kind == "slurm" else fresh),
         }
         if sizes:
             args["sizes"] = list(sizes)
-        data = rec.model_dump(mode="json")
-        data.update(
-            name=f"{rec.name}-probe",
-            job="probe",
-            sweep=[],
-            jaxcomm={"label": "probe"},
-            args=args,
-            metrics={**data["metrics"], "plots": False},
-        )
-        probe_recipe = Recipe.model_validate(data)
+        probe_recipe = _probe_recipe(rec, args)
     except (RecipeError, ValueError) as exc:
         _print_error(exc)
         raise typer.Exit(2) from None
@@ -567,12 +674,14 @@ def probe(
             for line in backend.describe(target / "probe" / "spec.json"):
                 typer.echo(line)
             return
-        if out.exists():
-            out.unlink()  # a stale profile must not pass for this run's
-        run_recipe(probe_recipe, target, console, timeout=timeout, quiet=quiet)
-    if not out.exists():
-        _print_error(f"the probe ran but wrote no profile to {out}")
-        raise typer.Exit(1)
+        try:
+            run_recipe(probe_recipe, target, console, timeout=timeout, quiet=quiet)
+            if not fresh.exists():
+                _print_error(f"the probe ran but wrote no profile; {out} is unchanged")
+                raise typer.Exit(1)
+            os.replace(fresh, out)
+        finally:
+            fresh.unlink(missing_ok=True)
     console.print(f"profile: {out}", highlight=False, soft_wrap=True)
 
 

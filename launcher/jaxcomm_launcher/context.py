@@ -142,7 +142,8 @@ class JobContext:
     Attributes:
         rank: This process's index in ``[0, world_size)``.
         world_size: Number of processes.
-        devices_per_process: CPU devices each process was given.
+        devices_per_process: Devices each process was given (CPU devices, or GPUs on
+            ``world.platform: gpu``).
         run_dir: Directory of this run (one per sweep entry); write artifacts here.
         metrics: Per-rank JSON-lines logger.
         recipe: The validated recipe.

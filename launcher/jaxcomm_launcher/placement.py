@@ -6,13 +6,21 @@ measures the algorithms, not the host, when each emulated node gets its own core
 ``taskset`` (``backend.cpus_per_node``, default: the cores split evenly). A world that needs
 more cores than the host has wraps round and is *oversubscribed*: the launcher says so in its
 table and in ``summary.json``, and the benchmarks mark such rows.
+
+On ``world.platform: gpu`` each rank also gets GPUs of its node: local rank ``l`` takes the
+node's visible GPUs ``[(l // k) * d, (l // k) * d + d)`` for ``d = devices_per_process`` and
+``k = processes_per_gpu`` (:func:`gpu_slots`), as ``CUDA_VISIBLE_DEVICES``. The local and
+emulated backends set it for each rank; under mpirun and Slurm the rank sets it itself from
+its local rank (``jaxcomm_launcher.worker``), out of what the scheduler made visible.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+import pathlib
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -57,6 +65,13 @@ class Placement:
     host_cpus: tuple[int, ...]
     node_cpus: tuple[tuple[int, ...], ...] | None
     oversubscribed: str | None
+    gpus: tuple[str, ...] | None = None
+    shared_gpus: str | None = None
+
+    def with_gpus(self, gpus: Sequence[str], shared: str | None) -> Placement:
+        """Returns this placement with each rank's ``CUDA_VISIBLE_DEVICES`` and the notice of
+        ranks sharing a GPU (:func:`shared_gpu_notice`)."""
+        return dataclasses.replace(self, gpus=tuple(gpus), shared_gpus=shared)
 
     def to_json(self) -> dict[str, Any]:
         """Returns the placement as the JSON of ``run.json`` and ``summary.json``."""
@@ -66,6 +81,8 @@ class Placement:
             "host_cpus": list(self.host_cpus),
             "node_cpus": None if self.node_cpus is None else [list(c) for c in self.node_cpus],
             "oversubscribed": self.oversubscribed,
+            "gpus": None if self.gpus is None else list(self.gpus),
+            "shared_gpus": self.shared_gpus,
         }
 
     def describe(self) -> str:
@@ -81,6 +98,10 @@ class Placement:
             per = len(self.node_cpus[0]) if self.node_cpus else 0
             cores = describe_cores(self.node_cpus)
             text = f"{self.nodes} nodes × {per} core{'s' if per != 1 else ''} ({cores})"
+        if self.gpus is not None:
+            text += f"; GPUs {' | '.join(self.gpus)}"
+        if self.shared_gpus:
+            text += f"; {self.shared_gpus}"
         return f"{text}; {self.oversubscribed}" if self.oversubscribed else text
 
 
@@ -146,3 +167,134 @@ def local_placement(processes: int, cpus: list[int] | None = None) -> Placement:
     cpus = list(cpus if cpus is not None else host_cpus())
     over = _notice(processes, "process", len(cpus)) if processes > len(cpus) else None
     return Placement(1, processes, tuple(cpus), None, over)
+
+
+def gpu_slots(
+    local_ranks: int, devices_per_process: int, processes_per_gpu: int
+) -> list[tuple[int, ...]]:
+    """Returns which of its node's visible GPUs each local rank takes (indices, in order).
+
+    Args:
+        local_ranks: Ranks on the node.
+        devices_per_process: GPUs each rank owns.
+        processes_per_gpu: Ranks that share each GPU (then ``devices_per_process`` is 1).
+
+    Returns:
+        One tuple of GPU indices per local rank.
+
+    Example:
+        >>> gpu_slots(4, 1, 2)
+        [(0,), (0,), (1,), (1,)]
+        >>> gpu_slots(2, 2, 1)
+        [(0, 1), (2, 3)]
+    """
+    d, k = devices_per_process, processes_per_gpu
+    return [tuple(range((r // k) * d, (r // k) * d + d)) for r in range(local_ranks)]
+
+
+def gpus_needed(local_ranks: int, devices_per_process: int, processes_per_gpu: int) -> int:
+    """Returns the GPUs a node with `local_ranks` ranks needs (:func:`gpu_slots`).
+
+    Example:
+        >>> gpus_needed(4, 1, 4), gpus_needed(3, 1, 2), gpus_needed(2, 2, 1)
+        (1, 2, 4)
+    """
+    return -(-local_ranks // processes_per_gpu) * devices_per_process
+
+
+def visible_gpus(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Returns the GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` names them.
+
+    Args:
+        environ: The environment (default ``os.environ``).
+
+    Returns:
+        The entries of ``CUDA_VISIBLE_DEVICES`` when it is set (indices or UUIDs; empty: no
+        GPU), else the index of every ``/dev/nvidiaN`` of the machine.
+
+    Example:
+        >>> visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"})
+        ['2', '3']
+    """
+    env = os.environ if environ is None else environ
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    found = [
+        p.name[6:]
+        for p in pathlib.Path("/dev").glob("nvidia*")
+        if re.fullmatch(r"nvidia\d+", p.name)
+    ]
+    return sorted(found, key=int)
+
+
+def assign_gpus(
+    visible: Sequence[str], local_ranks: int, devices_per_process: int, processes_per_gpu: int
+) -> list[str]:
+    """Returns each local rank's ``CUDA_VISIBLE_DEVICES`` value out of the node's `visible` GPUs.
+
+    Args:
+        visible: The node's GPUs (:func:`visible_gpus`).
+        local_ranks: Ranks on the node.
+        devices_per_process: GPUs each rank owns.
+        processes_per_gpu: Ranks that share each GPU.
+
+    Returns:
+        One comma-separated value per local rank.
+
+    Raises:
+        ValueError: The node has fewer GPUs than its ranks need; the message names the
+            recipe keys that decide it.
+
+    Example:
+        >>> assign_gpus(["0"], 2, 1, 2)
+        ['0', '0']
+    """
+    need = gpus_needed(local_ranks, devices_per_process, processes_per_gpu)
+    if len(visible) < need:
+        shown = ",".join(visible) if visible else "none"
+        raise ValueError(
+            f"{local_ranks} ranks with world.devices_per_process={devices_per_process} and "
+            f"world.processes_per_gpu={processes_per_gpu} need {need} GPUs per node; this node "
+            f"shows {len(visible)} (CUDA_VISIBLE_DEVICES / /dev/nvidia*: {shown}). Let ranks "
+            "share a GPU with world.processes_per_gpu, or use world.platform: cpu"
+        )
+    slots = gpu_slots(local_ranks, devices_per_process, processes_per_gpu)
+    return [",".join(visible[i] for i in slot) for slot in slots]
+
+
+def shared_gpu_notice(processes_per_gpu: int, transport: str) -> str | None:
+    """The launch table's line for ranks sharing a GPU (None when every rank has its own).
+
+    Example:
+        >>> shared_gpu_notice(4, "ucx")
+        'shared GPUs: 4 ranks per GPU over transport ucx, no preallocation'
+    """
+    if processes_per_gpu <= 1:
+        return None
+    return (
+        f"shared GPUs: {processes_per_gpu} ranks per GPU over transport {transport}, "
+        "no preallocation"
+    )
+
+
+def gpu_rule(devices_per_process: int, processes_per_gpu: int, local_rank: str) -> str:
+    """One line saying how a rank picks its GPUs from its local rank (mpirun, Slurm).
+
+    Args:
+        devices_per_process: GPUs each rank owns.
+        processes_per_gpu: Ranks that share each GPU.
+        local_rank: The variable the rank reads its local rank from.
+
+    Returns:
+        The line, e.g. for the ``--dry-run`` output.
+
+    Example:
+        >>> print(gpu_rule(1, 2, "SLURM_LOCALID"))
+        GPUs: local rank L (SLURM_LOCALID) takes its node's visible GPU L // 2
+    """
+    d, k = devices_per_process, processes_per_gpu
+    if d == 1:
+        pick = "GPU L" if k == 1 else f"GPU L // {k}"
+    else:
+        pick = f"GPUs L*{d} .. L*{d}+{d - 1}"
+    return f"GPUs: local rank L ({local_rank}) takes its node's visible {pick}"

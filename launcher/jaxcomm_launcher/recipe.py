@@ -20,12 +20,14 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
 )
 
-from jaxcomm import algorithms
+from jaxcomm import algorithms, config
+from jaxcomm_launcher.jobs.args import check_args
 
 # Bundled jobs by short name; anything else must be written `module:function`.
 BUNDLED_JOBS: dict[str, str] = {
@@ -64,6 +66,10 @@ TcSize = Annotated[str, _tc_word(r"^\d+(b|kb|mb|k|m)?$", "a size such as 128kb, 
 """A tc size (``128kb``, ``131072``), lower-cased."""
 
 
+LIGHT = "light"
+"""Validation context key: True skips the checks that import JAX (a training job's args)."""
+
+
 class RecipeError(Exception):
     """A recipe that cannot be used; ``str(err)`` is a user-facing, multi-line message."""
 
@@ -72,11 +78,55 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+PLATFORMS = ("cpu", "gpu")
+"""What a rank's devices are: CPU devices of its process, or NVIDIA GPUs."""
+
+
 class World(_Strict):
-    """How many processes (ranks) and how many CPU devices each one owns."""
+    """How many processes (ranks), on which platform, and how many devices each one owns.
+
+    On ``gpu`` each rank gets ``devices_per_process`` GPUs of its node (``CUDA_VISIBLE_DEVICES``,
+    see ``placement.py``); ``processes_per_gpu`` > 1 lets that many ranks share one GPU, which
+    only the UCX transport can serve (NCCL refuses two ranks on one GPU).
+    """
 
     processes: int = Field(2, ge=1, le=1024, description="number of processes (ranks)")
-    devices_per_process: int = Field(1, ge=1, le=512, description="CPU devices per process")
+    devices_per_process: int = Field(
+        1, ge=1, le=512, description="devices each process owns: CPU devices (cpu) or GPUs (gpu)"
+    )
+    platform: Literal["cpu", "gpu"] = Field(
+        "cpu", description="cpu: each rank runs on CPU devices; gpu: on NVIDIA GPUs (CUDA)"
+    )
+    processes_per_gpu: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="gpu: ranks that share each GPU (> 1: devices_per_process must be 1 and "
+        "the transport ucx; no rank preallocates the GPU's memory)",
+    )
+
+    @model_validator(mode="after")
+    def _check_gpu(self) -> World:
+        if self.processes_per_gpu > 1 and self.platform != "gpu":
+            raise ValueError(
+                "world.processes_per_gpu applies to GPUs: set world.platform: gpu, or remove it"
+            )
+        if self.processes_per_gpu > self.processes:
+            raise ValueError(
+                f"world.processes_per_gpu={self.processes_per_gpu} is more than "
+                f"world.processes={self.processes}: at most every rank shares one GPU"
+            )
+        if self.processes_per_gpu > 1 and self.devices_per_process > 1:
+            raise ValueError(
+                "world.processes_per_gpu > 1 shares one GPU among ranks: each rank then owns "
+                "exactly one device, so world.devices_per_process must be 1"
+            )
+        return self
+
+    @property
+    def shares_gpus(self) -> bool:
+        """True when several ranks share one GPU (``processes_per_gpu`` > 1)."""
+        return self.platform == "gpu" and self.processes_per_gpu > 1
 
 
 class LocalBackend(_Strict):
@@ -440,6 +490,14 @@ class Fault(_Strict):
         return f"{self.kind} {where}{what}{during}"
 
 
+TRANSPORT_SETTING = "JAXCOMM_TRANSPORT"
+"""The ranks' setting that picks the transport of GPU collectives (ucx, nccl or auto)."""
+SHARED_GPU_TRANSPORTS = ("ucx", "auto")
+"""Transports that serve ranks sharing one GPU (auto picks UCX when a GPU is shared)."""
+PREALLOCATE_SETTING = "XLA_PYTHON_CLIENT_PREALLOCATE"
+"""JAX's switch for taking most of a GPU's memory at start; off where ranks share a GPU."""
+
+
 class Recipe(_Strict):
     """A complete run description. See ``recipes/*.yaml`` for examples."""
 
@@ -454,7 +512,10 @@ class Recipe(_Strict):
     )
     train: Train = Field(default_factory=Train)
     metrics: Metrics = Field(default_factory=Metrics)
-    args: dict[str, Any] = Field(default_factory=dict, description="free-form job arguments")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the job's arguments, checked against what it declares (jobs/args.py)",
+    )
     pythonpath: list[str] = Field(
         default_factory=list, description="directories added to the ranks' PYTHONPATH"
     )
@@ -523,6 +584,57 @@ class Recipe(_Strict):
                     f"faults[{i}] (partition): groups must list every node 0..{n - 1} once"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _check_args(self, info: ValidationInfo) -> Recipe:
+        # A typo'd argument exits 2 here, not inside every rank. The training jobs' keys come
+        # from their examples, which import JAX: `jaxcomm plan` skips those (LIGHT).
+        if self.args:
+            light = (info.context or {}).get(LIGHT, False)
+            check_args(self.job, self.args, examples=not light)
+        return self
+
+    @model_validator(mode="after")
+    def _check_env(self) -> Recipe:
+        # The ranks' JAXCOMM_* settings fail here, before any rank starts, not in every rank.
+        for name in self.env:
+            if name in config.SETTINGS:
+                try:
+                    config.get(name, self.env)
+                except config.ConfigError as exc:
+                    raise ValueError(f"env.{name}: {exc}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_shared_gpus(self) -> Recipe:
+        if not self.world.shares_gpus:
+            return self
+        k = self.world.processes_per_gpu
+        transport = self.env.get(TRANSPORT_SETTING, "")
+        if transport not in ("", *SHARED_GPU_TRANSPORTS):
+            raise ValueError(
+                f"env.{TRANSPORT_SETTING}={transport!r}: world.processes_per_gpu={k} puts {k} "
+                f"ranks on one GPU, which NCCL refuses; use {' or '.join(SHARED_GPU_TRANSPORTS)}"
+            )
+        if self.env.get(PREALLOCATE_SETTING, "false").lower() not in ("false", "0"):
+            raise ValueError(
+                f"env.{PREALLOCATE_SETTING}: ranks sharing a GPU must not preallocate it "
+                f"(world.processes_per_gpu={k}); remove the setting"
+            )
+        for where, settings in self._variant_sources():
+            if settings.algorithm == "psum":
+                raise ValueError(
+                    f"{where}.algorithm: psum runs XLA's NCCL collectives, which refuse "
+                    f"several ranks on one GPU (world.processes_per_gpu={k}); use a jaxcomm "
+                    "algorithm (dense, ...), which goes over UCX"
+                )
+        return self
+
+    def _variant_sources(self) -> list[tuple[str, JaxcommSettings]]:
+        """Each run's settings with the recipe key they come from (``jaxcomm``, ``sweep[i]``)."""
+        if not self.sweep:
+            return [("jaxcomm", self.jaxcomm)]
+        return [(f"sweep[{i}]", v) for i, v in enumerate(self.variants())]
 
     def job_target(self) -> str:
         """Returns the ``module:function`` the ranks call.
@@ -648,6 +760,10 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         elif etype == "union_tag_invalid":
             tag = (e.get("ctx") or {}).get("tag")
             line = f"  {field}.kind: {tag!r} is not a backend"
+        elif etype == "value_error" and isinstance(e.get("input"), dict | list):
+            # A section's own check (its message names the keys): not the section's contents.
+            text = msg.removeprefix("Value error, ")
+            line = f"  {text}" if field == "(recipe)" else f"  {field}: {text}"
         else:
             value = e.get("input")
             line = f"  {field}: {value!r} is not allowed ({msg})"
@@ -713,12 +829,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[tuple[list[str], Any]]
     return data
 
 
-def load_recipe(path: str | pathlib.Path, overrides: list[str] | None = None) -> Recipe:
+def load_recipe(
+    path: str | pathlib.Path, overrides: list[str] | None = None, *, light: bool = False
+) -> Recipe:
     """Reads, overrides and validates a recipe file.
 
     Args:
         path: The YAML file.
         overrides: ``--set`` strings applied before validation.
+        light: Skip the checks that import JAX (a training job's ``args``), for commands
+            that start no rank (``jaxcomm plan``).
 
     Returns:
         The validated recipe; relative ``pythonpath`` entries are resolved against the file.
@@ -750,11 +870,13 @@ def load_recipe(path: str | pathlib.Path, overrides: list[str] | None = None) ->
         )
     data = apply_overrides(data, parse_set(overrides or []))
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data, context={LIGHT: light})
     except ValidationError as exc:
         raise RecipeError(format_validation_error(exc, str(path))) from None
     except ValueError as exc:  # raised by sweep expansion outside pydantic's wrapper
         raise RecipeError(f"invalid recipe {path}: {exc}") from None
     base = path.resolve().parent
-    recipe.pythonpath = [str((base / p).resolve()) for p in recipe.pythonpath]
-    return recipe
+    # A copy, not an assignment: that would validate the recipe again, without `light`.
+    return recipe.model_copy(
+        update={"pythonpath": [str((base / p).resolve()) for p in recipe.pythonpath]}
+    )

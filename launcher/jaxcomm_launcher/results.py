@@ -167,11 +167,16 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
     world = summary.get("world") or {}
     title = (
         f"{summary.get('recipe')} · {summary.get('backend')} · "
-        f"{world.get('processes', '?')} processes × {world.get('devices_per_process', '?')} devices"
+        f"{world.get('processes', '?')} processes × {world.get('devices_per_process', '?')} "
+        + ("GPUs" if world.get("platform") == "gpu" else "devices")
     )
     placement = summary.get("placement")
     if placement and placement.get("node_cpus"):
         title += " · cores " + describe_cores(placement["node_cpus"])
+    if placement and placement.get("gpus"):
+        title += " · GPUs " + " | ".join(placement["gpus"])
+    if placement and placement.get("shared_gpus"):
+        title += f" · {placement['shared_gpus']}"
     if summary.get("oversubscribed"):
         title += f" · [bold yellow]{summary['oversubscribed']}[/]"
     table = Table(title=title)

@@ -89,7 +89,7 @@ def run_recipe(
         with _sigterm_interrupts(), make_backend(recipe, run_dir) as backend:
             placement = backend.placement()
             run["placement"] = None if placement is None else placement.to_json()
-            if placement is not None and placement.oversubscribed:
+            if placement is not None and (placement.oversubscribed or placement.gpus):
                 console.print(f"[yellow]{placement.describe()}[/]")
             for settings in variants:
                 label = settings.display_label()

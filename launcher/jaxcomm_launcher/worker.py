@@ -1,8 +1,9 @@
 """Rank entry point: ``python -m jaxcomm_launcher.worker --spec RUN_DIR/spec.json``.
 
 Every backend starts this module once per rank. It finds its rank and the world size in the
-environment of whichever launch engine started it, sets up JAX (CPU devices per process,
-``jax.distributed``), calls the job and records how it ended.
+environment of whichever launch engine started it, sets up JAX (the recipe's platform: CPU
+devices per process, or its GPUs; ``jax.distributed``), calls the job and records how it
+ended.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxcomm import config
+from jaxcomm_launcher.placement import gpu_slots, visible_gpus
 
 # (rank variable, size variable) of each launch engine, first match wins.
 RANK_ENV = (
@@ -53,6 +55,51 @@ def rank_and_size(env: Mapping[str, str]) -> tuple[int, int]:
             return int(env[rank_var]), int(env[size_var])
     names = ", ".join(f"{r}/{s}" for r, s in RANK_ENV)
     raise RuntimeError(f"cannot tell this process's rank: none of {names} is set")
+
+
+# Each rank's index on its node under the engines that start several per node themselves.
+LOCAL_RANK_ENV = ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID")
+# Backends whose ranks pick their own GPUs by local rank; local and emulated ranks are given
+# theirs by the launcher (CUDA_VISIBLE_DEVICES in their environment).
+SELF_PLACED = ("mpirun", "slurm")
+
+
+def local_gpus(env: Mapping[str, str], devices_per_process: int, processes_per_gpu: int) -> str:
+    """Returns this rank's ``CUDA_VISIBLE_DEVICES`` out of its node's visible GPUs.
+
+    Local rank ``L`` takes the GPUs :func:`jaxcomm_launcher.placement.gpu_slots` gives it, the
+    same rule the local backend applies to its ranks.
+
+    Args:
+        env: The environment (its local rank variable and ``CUDA_VISIBLE_DEVICES``).
+        devices_per_process: GPUs each rank owns (``world.devices_per_process``).
+        processes_per_gpu: Ranks that share each GPU (``world.processes_per_gpu``).
+
+    Returns:
+        The comma-separated GPUs.
+
+    Raises:
+        RuntimeError: No local rank variable is set, or the node shows too few GPUs.
+
+    Example:
+        >>> local_gpus({"SLURM_LOCALID": "3", "CUDA_VISIBLE_DEVICES": "0,1"}, 1, 2)
+        '1'
+    """
+    var = next((v for v in LOCAL_RANK_ENV if v in env), None)
+    if var is None:
+        raise RuntimeError(
+            f"cannot tell this rank's GPU: none of {', '.join(LOCAL_RANK_ENV)} is set"
+        )
+    local = int(env[var])
+    visible = visible_gpus(env)
+    slot = gpu_slots(local + 1, devices_per_process, processes_per_gpu)[local]
+    if slot[-1] >= len(visible):
+        raise RuntimeError(
+            f"local rank {local} ({var}) needs GPU {slot[-1]} of its node, which shows "
+            f"{len(visible)} ({','.join(visible) or 'none'}): ask the scheduler for more GPUs "
+            "per node or set world.processes_per_gpu"
+        )
+    return ",".join(visible[i] for i in slot)
 
 
 def first_host(nodelist: str) -> str:
@@ -190,9 +237,11 @@ def main(argv: list[str] | None = None) -> None:
 
 def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> None:
     from jaxcomm_launcher.context import JobContext, MetricsLogger
-    from jaxcomm_launcher.recipe import JaxcommSettings, Recipe
+    from jaxcomm_launcher.recipe import LIGHT, JaxcommSettings, Recipe
 
-    recipe = Recipe.model_validate(spec["recipe"])
+    # The launcher checked the job's args; a training job's check imports its example, which
+    # must wait until JAX is set up for this rank's platform (_setup_jax).
+    recipe = Recipe.model_validate(spec["recipe"], context={LIGHT: True})
     settings = JaxcommSettings.model_validate(spec["jaxcomm"])
     if size != recipe.world.processes:
         raise RuntimeError(
@@ -200,10 +249,7 @@ def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> N
             f"world.processes={recipe.world.processes}"
         )
 
-    import jax
-
-    # Must happen before any backend is initialized (the first jax.devices() call).
-    jax.config.update("jax_num_cpu_devices", recipe.world.devices_per_process)
+    jax = _setup_jax(recipe)
     if size > 1:
         coordinator = coordinator_address(os.environ)
         jax.distributed.initialize(
@@ -212,6 +258,7 @@ def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> N
             process_id=rank,
             initialization_timeout=config.get("JAXCOMM_INIT_TIMEOUT"),
         )
+    _check_devices(jax, recipe)
     job = resolve_job(spec["job"])
     metrics = MetricsLogger(
         run_dir / f"rank{rank}.jsonl", rank, spec["variant"], recipe.metrics.log_every
@@ -234,6 +281,44 @@ def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> N
     if size > 1:
         # A clean shutdown waits for every rank to finish its collectives.
         jax.distributed.shutdown()
+
+
+def _setup_jax(recipe: Any) -> Any:
+    """Imports JAX on the recipe's platform; must run before any JAX backend starts."""
+    world = recipe.world
+    if world.platform == "gpu" and recipe.backend.kind in SELF_PLACED:
+        os.environ["CUDA_VISIBLE_DEVICES"] = local_gpus(
+            os.environ, world.devices_per_process, world.processes_per_gpu
+        )
+    import jax
+
+    if world.platform == "gpu":
+        # CUDA first (the default device), the host's CPU for host-side work. JAX skips a
+        # platform it has no plugin for: _check_devices fails such a rank instead of letting
+        # it train on the CPU.
+        jax.config.update("jax_platforms", "cuda,cpu")
+    else:
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", world.devices_per_process)
+    return jax
+
+
+def _check_devices(jax: Any, recipe: Any) -> None:
+    """Fails when this rank is not on the recipe's platform or got another number of devices
+    than the recipe gives it."""
+    if recipe.world.platform == "gpu" and jax.default_backend() != "gpu":
+        raise RuntimeError(
+            "world.platform is gpu but JAX found no CUDA GPU here (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): install jax[cuda13] or "
+            "jax[cuda12], or use world.platform: cpu"
+        )
+    have, want = jax.local_device_count(), recipe.world.devices_per_process
+    if have != want:
+        raise RuntimeError(
+            f"this rank has {have} {jax.default_backend()} devices but "
+            f"world.devices_per_process={want} (CUDA_VISIBLE_DEVICES="
+            f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+        )
 
 
 if __name__ == "__main__":

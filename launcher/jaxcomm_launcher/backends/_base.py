@@ -14,9 +14,15 @@ import socket
 import sys
 from typing import Any
 
-from jaxcomm_launcher.placement import Placement
+from jaxcomm_launcher.placement import (
+    Placement,
+    assign_gpus,
+    gpus_needed,
+    shared_gpu_notice,
+    visible_gpus,
+)
 from jaxcomm_launcher.procs import Supervisor
-from jaxcomm_launcher.recipe import Recipe
+from jaxcomm_launcher.recipe import PREALLOCATE_SETTING, TRANSPORT_SETTING, Recipe
 
 
 class BackendError(RuntimeError):
@@ -55,9 +61,10 @@ class BackendRunner:
     def __enter__(self) -> BackendRunner:
         return self
 
-    def placement(self) -> Placement | None:
-        """Returns which cores the ranks run on, or None where the launcher does not place
-        them (mpirun, slurm: the scheduler does)."""
+    def placement(self, *, dry_run: bool = False) -> Placement | None:
+        """Returns which cores (and GPUs) the ranks run on, or None where the launcher does
+        not place them (mpirun, slurm: the scheduler does, and each rank takes its GPUs by
+        its local rank). `dry_run`: only describing, the host need not have the GPUs."""
         return None
 
     def __exit__(self, *exc_info: object) -> None:
@@ -111,6 +118,48 @@ class PerRankBackend(SupervisedBackend):
             spec_path: The run's spec.json.
             dry_run: Only describing (``--dry-run``): probe or create nothing.
         """
+
+    def device_env(self, *, dry_run: bool = False) -> list[dict[str, str]]:
+        """Returns each rank's device variables: its ``CUDA_VISIBLE_DEVICES`` and, where ranks
+        share a GPU, :func:`gpu_env` (empty dicts on CPU)."""
+        gpus = self.rank_gpus(dry_run=dry_run)
+        if gpus is None:
+            return [{} for _ in range(self.recipe.world.processes)]
+        shared = gpu_env(self.recipe)
+        return [{"CUDA_VISIBLE_DEVICES": g, **shared} for g in gpus]
+
+    def rank_gpus(self, *, dry_run: bool = False) -> list[str] | None:
+        """Returns each rank's ``CUDA_VISIBLE_DEVICES`` (None on ``world.platform: cpu``).
+
+        The ranks share this one host, so rank ``r`` is local rank ``r`` (:func:`gpu_slots`).
+
+        Args:
+            dry_run: Only describing: a host without GPUs shows GPUs 0, 1, ... it would need.
+
+        Raises:
+            BackendError: The host has fewer GPUs than the world needs.
+        """
+        w = self.recipe.world
+        if w.platform != "gpu":
+            return None
+        visible = visible_gpus()
+        if dry_run and not visible:
+            need = gpus_needed(w.processes, w.devices_per_process, w.processes_per_gpu)
+            visible = [str(i) for i in range(need)]
+        try:
+            return assign_gpus(visible, w.processes, w.devices_per_process, w.processes_per_gpu)
+        except ValueError as exc:
+            raise BackendError(str(exc)) from None
+
+    def gpu_placement(self, placement: Placement, *, dry_run: bool = False) -> Placement:
+        """Returns `placement` with each rank's GPUs and the shared-GPU notice (GPU worlds)."""
+        gpus = self.rank_gpus(dry_run=dry_run)
+        if gpus is None:
+            return placement
+        transport = gpu_env(self.recipe).get(TRANSPORT_SETTING, "")
+        return placement.with_gpus(
+            gpus, shared_gpu_notice(self.recipe.world.processes_per_gpu, transport)
+        )
 
     def start(self, supervisor: Supervisor, spec_path: pathlib.Path) -> None:
         """Starts every rank of one run under `supervisor`.
@@ -231,6 +280,7 @@ def base_env(recipe: Recipe) -> dict[str, str]:
     """
     env = dict(os.environ)
     env.update(recipe.env)
+    env.update(gpu_env(recipe))
     env["PYTHONUNBUFFERED"] = "1"  # logs must stream line by line, not at exit
     if recipe.pythonpath:
         parts = [*recipe.pythonpath]
@@ -245,6 +295,32 @@ def base_env(recipe: Recipe) -> dict[str, str]:
             f for f in flags.split() if "xla_force_host_platform_device_count" not in f
         )
     return env
+
+
+def gpu_env(recipe: Recipe) -> dict[str, str]:
+    """Returns what every rank of a world whose ranks share GPUs must have (else nothing).
+
+    Ranks sharing a GPU take the UCX transport (NCCL refuses two ranks on one GPU; the
+    recipe may say ``auto``, which picks UCX there) and allocate GPU memory as they need it
+    instead of taking most of the GPU at start.
+
+    Args:
+        recipe: The recipe (its ``world`` and ``env``).
+
+    Returns:
+        ``JAXCOMM_TRANSPORT`` and ``XLA_PYTHON_CLIENT_PREALLOCATE``, or ``{}``.
+
+    Example:
+        >>> gpu_env(Recipe(name="x", job="smoke", world={"platform": "gpu",
+        ...                                              "processes_per_gpu": 2}))
+        {'JAXCOMM_TRANSPORT': 'ucx', 'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'}
+    """
+    if not recipe.world.shares_gpus:
+        return {}
+    return {
+        TRANSPORT_SETTING: recipe.env.get(TRANSPORT_SETTING) or "ucx",
+        PREALLOCATE_SETTING: "false",
+    }
 
 
 def shell_join(cmd: list[str], env: dict[str, Any] | None = None) -> str:

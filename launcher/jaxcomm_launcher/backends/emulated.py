@@ -8,6 +8,12 @@ rank its own IPC namespace, so UCX cannot fall back to shared memory between "no
 ``taskset`` pins each node to cores of its own (``backend.cpus_per_node``; a world that needs
 more cores than the host has is reported as oversubscribed: ``placement.py``).
 
+On ``world.platform: gpu`` the nodes share this machine's GPUs as local ranks do (each its
+``CUDA_VISIBLE_DEVICES``, several per GPU with ``world.processes_per_gpu``), and what they
+send still crosses the emulated links: UCX over ``tcp`` on ``eth0`` (device buffers staged
+through host memory, ``cuda_copy``), NCCL over sockets (``NCCL_P2P_DISABLE``,
+``NCCL_SHM_DISABLE``). NVLink and CUDA IPC between nodes are never used, as between hosts.
+
 Names carry a random run id (``jcm<id>r<rank>``, bridge ``jcb<id>``) so concurrent runs do
 not collide; everything created is recorded and removed in ``__exit__``, also after a failure,
 a timeout or Ctrl-C.
@@ -72,9 +78,10 @@ class EmulatedBackendRunner(PerRankBackend):
         self._log: list[str] = []
         self._placement = emulated_placement(n, self.opts.cpus_per_node, pin=self.opts.pin_cpus)
 
-    def placement(self) -> Placement:
-        """Returns each node's cores (``backend.cpus_per_node``) and the oversubscription."""
-        return self._placement
+    def placement(self, *, dry_run: bool = False) -> Placement:
+        """Returns each node's cores (``backend.cpus_per_node``), its GPUs and the
+        oversubscription."""
+        return self.gpu_placement(self._placement, dry_run=dry_run)
 
     # -- set-up and tear-down -------------------------------------------------------------
 
@@ -203,13 +210,22 @@ class EmulatedBackendRunner(PerRankBackend):
             cmd += ["unshare", "--ipc"]
         return cmd + worker_command(spec_path)
 
-    def _rank_env(self, rank: int) -> dict[str, str]:
+    def _rank_env(self, rank: int, devices: dict[str, str]) -> dict[str, str]:
         port = COORDINATOR_PORT + self.attempt  # a restart gets a fresh port
         n, coordinator = self.recipe.world.processes, f"{self.addresses[0]}:{port}"
         env = {**rank_env(rank, n, coordinator), "JAXCOMM_NODE_ADDRESS": self.addresses[rank]}
+        env.update(devices)
+        gpu = self.recipe.world.platform == "gpu"
         if self.opts.ucx_tls:
-            env["UCX_TLS"] = self.opts.ucx_tls
+            # On GPUs UCX may stage device buffers through host memory (cuda_copy); the wire
+            # between nodes stays the shaped link.
+            tls = self.opts.ucx_tls
+            env["UCX_TLS"] = f"{tls},cuda_copy" if gpu and "cuda" not in tls else tls
             env["UCX_NET_DEVICES"] = "eth0"
+        if gpu:
+            # The nodes share one machine's GPUs, but what they send must cross the emulated
+            # network: NCCL (XLA's psum) over sockets on eth0, not peer-to-peer or shared memory.
+            env.update(NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1", NCCL_SOCKET_IFNAME="eth0")
         return env
 
     def rank_launches(
@@ -219,10 +235,12 @@ class EmulatedBackendRunner(PerRankBackend):
 
         Args:
             spec_path: The run's spec.json.
-            dry_run: Unused: the namespaces' names and addresses are fixed at construction.
+            dry_run: Only describing: a host without GPUs shows the GPUs a GPU world would
+                take (the namespaces' names and addresses are fixed at construction).
         """
+        devices = self.device_env(dry_run=dry_run)
         return [
-            (self.rank_command(rank, spec_path), self._rank_env(rank))
+            (self.rank_command(rank, spec_path), self._rank_env(rank, devices[rank]))
             for rank in range(self.recipe.world.processes)
         ]
 

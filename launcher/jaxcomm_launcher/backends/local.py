@@ -25,9 +25,10 @@ class LocalBackendRunner(PerRankBackend):
 
     kind = "local"
 
-    def placement(self) -> Placement:
-        """Returns the world as one node: its processes share the host's cores, unpinned."""
-        return local_placement(self.recipe.world.processes)
+    def placement(self, *, dry_run: bool = False) -> Placement:
+        """Returns the world as one node: its processes share the host's cores, unpinned (and
+        on GPUs each rank's ``CUDA_VISIBLE_DEVICES``)."""
+        return self.gpu_placement(local_placement(self.recipe.world.processes), dry_run=dry_run)
 
     def rank_launches(
         self, spec_path: pathlib.Path, *, dry_run: bool = False
@@ -41,4 +42,8 @@ class LocalBackendRunner(PerRankBackend):
         # A fresh port per sweep entry: the previous coordinator's socket may linger.
         coordinator = f"127.0.0.1:{29500 if dry_run else self.hold_port()}"
         n = self.recipe.world.processes
-        return [(worker_command(spec_path), rank_env(rank, n, coordinator)) for rank in range(n)]
+        devices = self.device_env(dry_run=dry_run)
+        return [
+            (worker_command(spec_path), {**rank_env(rank, n, coordinator), **devices[rank]})
+            for rank in range(n)
+        ]

@@ -2,7 +2,9 @@
 
 Ranks take their rank and size from OMPI_COMM_WORLD_RANK/SIZE and rank 0's coordinator
 address from JAXCOMM_COORDINATOR (exported with ``-x``). ``--tag-output`` prefixes every line
-with ``[job,rank]<stdout>:``, which the supervisor turns back into per-rank logs.
+with ``[job,rank]<stdout>:``, which the supervisor turns back into per-rank logs. On GPUs
+each rank takes its host's GPUs by ``OMPI_COMM_WORLD_LOCAL_RANK`` (``placement.gpu_slots``),
+out of the GPUs visible on that host.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ from jaxcomm_launcher.backends._base import (
     BackendError,
     SupervisedBackend,
     base_env,
+    gpu_env,
     shell_join,
     worker_command,
 )
+from jaxcomm_launcher.placement import gpu_rule, shared_gpu_notice
 from jaxcomm_launcher.procs import Supervisor
-from jaxcomm_launcher.recipe import MpirunBackend
+from jaxcomm_launcher.recipe import TRANSPORT_SETTING, MpirunBackend
+
+LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+"""Each rank's index on its host; on GPUs it picks the rank's GPUs (placement.py)."""
 
 # OpenMPI 4: "[1,0]<stdout>:text"; OpenMPI 5 (PRRTE): "[1,0]<stdout>: text". A rank's chunk
 # without a newline gets the next chunk, maybe another rank's, glued to it with its own tag.
@@ -125,7 +132,13 @@ class MpirunBackendRunner(SupervisedBackend):
         Returns:
             The argv list.
         """
-        env_names = ["JAXCOMM_COORDINATOR", "PYTHONUNBUFFERED", "PYTHONPATH", *self.recipe.env]
+        env_names = [
+            "JAXCOMM_COORDINATOR",
+            "PYTHONUNBUFFERED",
+            "PYTHONPATH",
+            *self.recipe.env,
+            *gpu_env(self.recipe),
+        ]
         cmd = [
             mpirun,
             "--hostfile",
@@ -176,4 +189,13 @@ class MpirunBackendRunner(SupervisedBackend):
         """Returns the mpirun line that ``start`` would run (for ``--dry-run``)."""
         coordinator = self._coordinator(probe=False)
         cmd = self.command(spec_path, coordinator, self.opts.mpirun, write=False)
-        return [shell_join(cmd, {"JAXCOMM_COORDINATOR": coordinator})]
+        lines = [shell_join(cmd, {"JAXCOMM_COORDINATOR": coordinator, **gpu_env(self.recipe)})]
+        w = self.recipe.world
+        if w.platform == "gpu":
+            lines.append(f"# {gpu_rule(w.devices_per_process, w.processes_per_gpu, LOCAL_RANK)}")
+            shared = shared_gpu_notice(
+                w.processes_per_gpu, gpu_env(self.recipe).get(TRANSPORT_SETTING, "")
+            )
+            if shared:
+                lines.append(f"# {shared}")
+        return lines

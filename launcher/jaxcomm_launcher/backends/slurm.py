@@ -12,6 +12,10 @@ shows the job's state and the running entry's progress, echoes the rank logs as 
 runs ``scancel`` on Ctrl-C or timeout, and at the end reads the step files
 (:func:`collect`) into ``run.json`` and writes ``summary.json``, the table and the plots as
 the other backends do. The run directory must be on a filesystem the compute nodes share.
+
+On ``world.platform: gpu`` the job asks for each node's GPUs with ``--gres=gpu:N``, and every
+task takes its own by ``SLURM_LOCALID`` (``placement.gpu_slots``; several tasks per GPU with
+``world.processes_per_gpu``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from typing import Any
 from rich.console import Console
 
 from jaxcomm_launcher import faults, rundir
-from jaxcomm_launcher.backends._base import BackendError, BackendRunner
+from jaxcomm_launcher.backends._base import BackendError, BackendRunner, gpu_env
+from jaxcomm_launcher.placement import gpu_rule, gpus_needed
 from jaxcomm_launcher.procs import Interrupted, Outcome, RankEcho
 from jaxcomm_launcher.recipe import SlurmBackend
 from jaxcomm_launcher.results import read_run
@@ -61,6 +66,8 @@ _SIGNAL_BY_TEXT = {signal.strsignal(s): s for s in signal.Signals if signal.strs
 STATE_POLL_S = 2.0  # slurmctld is shared by every user of the cluster: ask it sparingly
 UNKNOWN_POLLS = 5  # consecutive polls without an answer before the job counts as gone
 FILE_POLL_S = 0.3
+LOCAL_RANK = "SLURM_LOCALID"
+"""Each task's index on its node; on GPUs it picks the task's GPUs (placement.py)."""
 
 
 @dataclasses.dataclass
@@ -383,6 +390,9 @@ class SlurmBackendRunner(BackendRunner):
         ]
         if o.cpus_per_task:
             lines.append(f"#SBATCH --cpus-per-task={o.cpus_per_task}")
+        gres = self.gpu_gres()
+        if gres:
+            lines.append(f"#SBATCH --gres={gres}")
         lines.append(f"#SBATCH --time={o.time}")
         if o.partition:
             lines.append(f"#SBATCH --partition={o.partition}")
@@ -396,8 +406,11 @@ class SlurmBackendRunner(BackendRunner):
             *o.setup,
             "export PYTHONUNBUFFERED=1",
         ]
-        for k, v in r.env.items():
+        for k, v in {**r.env, **gpu_env(r)}.items():
             lines.append(f"export {k}={shlex.quote(v)}")
+        if gres:
+            w = r.world
+            lines.append(f"# {gpu_rule(w.devices_per_process, w.processes_per_gpu, LOCAL_RANK)}")
         if r.pythonpath:
             lines.append(
                 f'export PYTHONPATH={shlex.quote(":".join(r.pythonpath))}"${{PYTHONPATH:+:$PYTHONPATH}}"'
@@ -427,7 +440,8 @@ class SlurmBackendRunner(BackendRunner):
             # --kill-on-bad-exit: one failed rank ends the step instead of hanging it.
             srun = (
                 f"step {vdir} srun --kill-on-bad-exit=1 --ntasks={n} "
-                f"--job-name={shlex.quote(label)} --output={out} "
+                + (f"--gres={gres} " if gres else "")
+                + f"--job-name={shlex.quote(label)} --output={out} "
                 # A restarted step appends to the rank logs instead of truncating them.
                 + ("--open-mode=append " if r.max_restarts else "")
                 + f"{shlex.quote(py)} -P -m jaxcomm_launcher.worker --spec {spec}"
@@ -455,6 +469,23 @@ class SlurmBackendRunner(BackendRunner):
             'exit "$status"',
         ]
         return "\n".join(lines) + "\n"
+
+    def gpu_gres(self) -> str | None:
+        """Returns the GPUs each node needs as a ``--gres`` value (None on CPU worlds).
+
+        Every task of a node sees the node's GPUs and takes its own by ``SLURM_LOCALID``
+        (``jaxcomm_launcher.worker.local_gpus``), so ranks may share a GPU, which
+        ``--gpus-per-task`` cannot express.
+
+        Example:
+            >>> SlurmBackendRunner(recipe, run_dir).gpu_gres()  # doctest: +SKIP
+            'gpu:4'
+        """
+        w, o = self.recipe.world, self.opts
+        if w.platform != "gpu":
+            return None
+        per_node = o.tasks_per_node or -(-w.processes // o.nodes)
+        return f"gpu:{gpus_needed(per_node, w.devices_per_process, w.processes_per_gpu)}"
 
     def write(self) -> pathlib.Path:
         """Writes the script, the run description and one spec.json per sweep entry.

@@ -18,8 +18,10 @@ warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
   dense, single-leader dense, multi-leader with Adaptive(proportion) across nodes. Compare
   them with ``dense``/``psum`` in a world with ``devices_per_process`` > 1 (flat over all ranks).
 
-Recipe ``args``: sizes (float32 elements per device), repeats (>= 5), density (default
-0.001), algorithms, tau (threshold), proportion (adaptive), allowed and profile (``auto``),
+Recipe ``args`` (declared in ``jobs/args.py``, ``AllreduceArgs``): sizes (float32 elements per
+device), repeats, density (default 0.001), algorithms, tau (threshold), proportion (adaptive),
+every other algorithm setting of the cost model, allowed and profile (``auto``; the profile
+defaults to the run's ``jaxcomm.profile``),
 chain (default 1: allreduces per timed call, each on the previous one's result scaled by
 1/P, so that latency-bound sizes are timed back to back instead of each behind the Python
 work and rank skew between calls). One metrics line per timed call: algorithm, size_bytes,
@@ -48,8 +50,9 @@ from jaxcomm_launcher.jobs._common import (
     ring_allreduce_bytes,
     shard_batch,
 )
+from jaxcomm_launcher.jobs.args import ALLREDUCE_SIZES, AllreduceArgs
 
-DEFAULT_SIZES = [1 << 20, 1 << 22, 25_000_000]
+DEFAULT_SIZES = ALLREDUCE_SIZES  # declared with the job's other args (jobs/args.py)
 # The algorithms run by default, from the registry (jaxcomm/algorithms/); every registered name
 # (e.g. hier_onebit) is accepted in args.algorithms.
 # A leaf-shaped algorithm (PowerSGD: factors of each gradient matrix) has no flat-vector
@@ -165,12 +168,13 @@ def run(ctx: JobContext) -> None:
     """
     import jaxcomm
 
-    sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
-    repeats = int(ctx.args.get("repeats", 5))
-    chain = int(ctx.args.get("chain", 1))
-    if chain < 1:
-        raise ValueError(f"args.chain must be an integer >= 1, got {chain}")
-    algorithms = list(ctx.args.get("algorithms", ALL_ALGORITHMS))
+    args = AllreduceArgs.model_validate(ctx.args)  # the recipe validator checked them already
+    sizes, repeats, chain = args.sizes, args.repeats, args.chain
+    algorithms = list(ALL_ALGORITHMS if args.algorithms is None else args.algorithms)
+    # auto's profile: args.profile, else the run's (jaxcomm.profile, `launch --profile`).
+    step_args = dict(ctx.args)
+    if args.profile is None and ctx.jaxcomm.profile:
+        step_args["profile"] = ctx.jaxcomm.profile
     variants = {entry: parse_variant(entry) for entry in algorithms}  # raises on bad ones
     flat_mesh = data_parallel_mesh()
     # Nodes x local ranks: jax.devices() lists each process's devices together, in order.
@@ -191,7 +195,7 @@ def run(ctx: JobContext) -> None:
                 mesh, spec = flat_mesh, P(AXIS)
                 x = shard_batch(local, mesh)
                 zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
-            fn = _chained(_step(algorithm, ctx.args), chain, mesh.size)
+            fn = _chained(_step(algorithm, step_args), chain, mesh.size)
             if name != AUTO and not registry.get(name).residual:
                 # Nothing to carry: passing a donated residual through unchanged made XLA
                 # alias it to the sum and copy both (2 x 100 MB per call at 25M floats).

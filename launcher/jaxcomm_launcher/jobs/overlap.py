@@ -28,11 +28,12 @@ collective (``jaxcomm.metrics()["recent"]``), relative to the host's dispatch of
 A compute-only step is recorded the same way (and a ``start`` mark on the input says when
 each device program began), and so is one ``comm`` call (collectives only).
 
-Recipe ``args``: layers, width, batch (rows per device), algorithms (``dense``, ``gtopk``),
-density, bucket_sizes (elements; 0 = single bucket), first_bucket_size (elements of the first
-bucket of every bucketed step; default: bucket size), max_in_flight, in_flight_bucket,
-no_overlap_baseline (default true), repeats (>= 3), lr. Metrics lines: ``kind="time"`` (what, algorithm, bucket_size,
-max_in_flight, step_time_s) and ``kind="timeline"`` (algorithm, bucket_size, timeline).
+Recipe ``args`` (declared in ``jobs/args.py``, ``OverlapArgs``): layers, width, batch (rows per
+device), algorithms (``dense``, ``gtopk``), density, bucket_sizes (elements; 0 = single
+bucket), first_bucket_size (elements of the first bucket of every bucketed step; default:
+bucket size), max_in_flight, in_flight_bucket, no_overlap_baseline (default true), repeats
+(>= 3), lr. Metrics lines: ``kind="time"`` (what, algorithm, bucket_size, max_in_flight,
+step_time_s) and ``kind="timeline"`` (algorithm, bucket_size, timeline).
 ``benchmarks/overlap.py`` runs this job and computes the hidden fraction.
 """
 
@@ -49,10 +50,13 @@ from jax.sharding import PartitionSpec as P
 
 from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh, replicate, shard_batch
+from jaxcomm_launcher.jobs.args import OverlapArgs
 
-ALGORITHMS = ("dense", "gtopk")  # the comparison this job draws: registry names
-DEFAULT_BUCKET_SIZES = [1 << 20, 1 << 22, 1 << 24, 0]
-DEFAULT_MAX_IN_FLIGHT = [0, 1, 2, 4]
+# The comparison this job draws (registry names) and its default buckets and pacing: its args
+# are declared in jobs/args.py.
+ALGORITHMS = tuple(OverlapArgs.model_fields["algorithms"].default_factory())
+DEFAULT_BUCKET_SIZES = OverlapArgs.model_fields["bucket_sizes"].default_factory()
+DEFAULT_MAX_IN_FLIGHT = OverlapArgs.model_fields["max_in_flight"].default_factory()
 
 
 def _layer(i: int) -> str:
@@ -145,16 +149,10 @@ class _Bench:
     def __init__(self, ctx: JobContext) -> None:
         import jaxcomm
 
-        a = ctx.args
+        a = self.args = OverlapArgs.model_validate(ctx.args)  # checked by the validator
         self.ctx = ctx
-        self.layers = int(a.get("layers", 25))
-        self.width = int(a.get("width", 1000))
-        self.batch = int(a.get("batch", 128))
-        self.density = float(a.get("density", 0.001))
-        self.repeats = int(a.get("repeats", 5))
-        self.lr = float(a.get("lr", 1e-4))
-        if self.repeats < 3:
-            raise ValueError(f"args.repeats must be >= 3 (medians), got {self.repeats}")
+        self.layers, self.width, self.batch = a.layers, a.width, a.batch
+        self.density, self.repeats, self.lr = a.density, a.repeats, a.lr
         self.mesh = data_parallel_mesh()
         self.host_params = init_params(self.layers, self.width)
         self.elements = sum(v.size for v in jax.tree.leaves(self.host_params))
@@ -298,17 +296,11 @@ def run(ctx: JobContext) -> None:
     from jaxcomm.optax import DEFAULT_BUCKET_SIZE, partition_specs
 
     b = _Bench(ctx)
-    a = ctx.args
-    algorithms = list(a.get("algorithms", ALGORITHMS))
-    unknown = sorted(set(algorithms) - set(ALGORITHMS))
-    if unknown:
-        raise ValueError(f"args.algorithms: unknown {unknown}; allowed: {list(ALGORITHMS)}")
-    bucket_sizes = [int(s) for s in a.get("bucket_sizes", DEFAULT_BUCKET_SIZES)]
-    in_flight = [int(m) for m in a.get("max_in_flight", DEFAULT_MAX_IN_FLIGHT)]
-    in_flight_bucket = int(a.get("in_flight_bucket", DEFAULT_BUCKET_SIZE))
-    serial = bool(a.get("no_overlap_baseline", True))  # also time overlap=False steps
-    first = a.get("first_bucket_size")  # None: every bucket of bucket_size
-    first = None if first is None else int(first)
+    a = b.args
+    algorithms, bucket_sizes, in_flight = a.algorithms, a.bucket_sizes, a.max_in_flight
+    in_flight_bucket = DEFAULT_BUCKET_SIZE if a.in_flight_bucket is None else a.in_flight_bucket
+    serial = a.no_overlap_baseline  # also time overlap=False steps
+    first = a.first_bucket_size  # None: every bucket of bucket_size
     if in_flight_bucket not in bucket_sizes:
         raise ValueError(
             f"args.in_flight_bucket ({in_flight_bucket}) must be one of args.bucket_sizes "

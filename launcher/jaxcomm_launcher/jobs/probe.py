@@ -35,9 +35,10 @@ fits the model (:mod:`jaxcomm.cost`) and writes the profile:
   their kernels' gamma (the ops' ratio of quantize to decode is kept): the kernels' cost
   inside the collective, which is what the model predicts.
 
-Recipe ``args`` (all optional): sizes (ring/psum elements per rank, default 4096, 65536,
-1048576, 4194304), kernel_elements (default 4194304), repeats (default 5), out (a path rank 0
-also writes the profile to). The profile goes to ``profile.json`` in the run directory.
+Recipe ``args`` (all optional; declared in ``jobs/args.py``, ``ProbeArgs``): sizes (ring/psum
+elements per rank, default 4096, 65536, 1048576, 4194304), kernel_elements (default 4194304),
+repeats (default 5), out (a path rank 0 also writes the profile to, replacing an older one only
+once the new one is written). The profile goes to ``profile.json`` in the run directory.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import pathlib
 import socket
 import statistics
@@ -62,14 +64,13 @@ from jax.sharding import PartitionSpec as P
 from jaxcomm.cost.measure import calibrate_gamma, fit_link, hardware
 from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh
+from jaxcomm_launcher.jobs.args import ProbeArgs
 
-DEFAULT_SIZES = [1 << 12, 1 << 16, 1 << 20, 1 << 22]
 LATENCY_ELEMENTS = 2  # the latency test's allreduce: one 8-byte message per round
 # lax.psum of a tree: this many leaves of PSUM_TREE_ELEMENTS each (a model's gradient tree,
 # e.g. bytes-lm's 70 leaves), to measure what each operand of its all-reduce costs.
 PSUM_TREE_LEAVES, PSUM_TREE_ELEMENTS = 64, 1 << 12
 WIDE_DENSITY = 0.25  # top-k at the warm-up's first density, for gamma["topk.entry"]
-DEFAULT_KERNEL_ELEMENTS = 1 << 22
 MATMUL_RANK = 4  # PowerSGD's thin products are timed at this rank (a typical one)
 LOCAL = ("proc", "local")
 
@@ -134,13 +135,8 @@ def run(ctx: JobContext) -> None:
     from jaxcomm import algorithms, cost
     from jaxcomm.algorithms.powersgd import matrix_of
 
-    sizes = [int(s) for s in ctx.args.get("sizes", DEFAULT_SIZES)]
-    kernel_n = int(ctx.args.get("kernel_elements", DEFAULT_KERNEL_ELEMENTS))
-    repeats = int(ctx.args.get("repeats", 5))
-    if not sizes or min(sizes) < 1 or kernel_n < 64 or repeats < 1:
-        raise ValueError(
-            "args: sizes must be positive element counts, kernel_elements >= 64, repeats >= 1"
-        )
+    args = ProbeArgs.model_validate(ctx.args)  # the recipe validator checked them already
+    sizes, kernel_n, repeats = args.sizes, args.kernel_elements, args.repeats
     flat = data_parallel_mesh()
     ranks, local = flat.size, ctx.devices_per_process
     spec = P(AXIS)
@@ -379,11 +375,14 @@ def run(ctx: JobContext) -> None:
     full = {**profile.to_json(), "world": data["world"], "samples": samples}
     text = json.dumps(full, indent=2) + "\n"
     paths = [ctx.run_dir / "profile.json"]
-    if ctx.args.get("out"):
-        paths.append(pathlib.Path(str(ctx.args["out"])))
+    if args.out:
+        paths.append(pathlib.Path(args.out))
     for path in paths:
+        # Whole or not at all: a profile already there stays until the new one is complete.
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
     for name, link in profile.links.items():
         ctx.print(
             f"probe link {name:13s} alpha {link.alpha * 1e6:9.2f} us  "

@@ -4,7 +4,7 @@ Each step checks the sum and logs what ``jaxcomm.metrics()`` measured for it: by
 received by this process's devices, the time inside the collective (mean over its devices)
 and the compression ratio (1.0: dense).
 
-Recipe ``args`` (all optional):
+Recipe ``args`` (all optional; declared in ``jobs/args.py``, :class:`SmokeArgs`):
   size: float32 elements per device (default 4096)
   fail_rank / fail_at_step: make that rank raise at that step (fault-handling tests)
   fail_mode: ``raise`` (default), ``exit`` (os._exit(3)) or ``kill`` (SIGKILL itself)
@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 import jaxcomm
 from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh, shard_batch
+from jaxcomm_launcher.jobs.args import SmokeArgs
 
 _MEASURED = ("bytes_sent", "bytes_received", "dense_bytes_sent", "seconds")
 
@@ -39,11 +40,11 @@ def _measured() -> dict[str, Any]:
     return out
 
 
-def _maybe_fail(ctx: JobContext, step: int) -> None:
-    if ctx.args.get("fail_rank") != ctx.rank or int(ctx.args.get("fail_at_step", 0)) != step:
+def _maybe_fail(ctx: JobContext, args: SmokeArgs, step: int) -> None:
+    if args.fail_rank != ctx.rank or args.fail_at_step != step:
         return
-    mode = ctx.args.get("fail_mode", "raise")
-    if ctx.args.get("fail_once"):
+    mode = args.fail_mode
+    if args.fail_once:
         marker = ctx.run_dir / f"smoke-failed-rank{ctx.rank}"
         if marker.exists():
             return
@@ -68,10 +69,10 @@ def run(ctx: JobContext) -> None:
     Example:
         >>> # recipe: {name: smoke, job: smoke, world: {processes: 2}, train: {steps: 5}}
     """
+    args = SmokeArgs.model_validate(ctx.args)
     mesh = data_parallel_mesh()
     n_dev = mesh.size
-    size = int(ctx.args.get("size", 4096))
-    sleep_s = float(ctx.args.get("sleep_s", 0.0))
+    size, sleep_s = args.size, args.sleep_s
     # Device d holds the value d + 1, so the sum must equal n(n+1)/2 everywhere.
     first = ctx.rank * ctx.devices_per_process
     local = np.repeat(
@@ -91,7 +92,7 @@ def run(ctx: JobContext) -> None:
         f"affinity {affinity}"
     )
     for step in range(ctx.train.steps):
-        _maybe_fail(ctx, step)
+        _maybe_fail(ctx, args, step)
         ctx.metrics.progress(step + 1)
         if sleep_s:
             time.sleep(sleep_s)
