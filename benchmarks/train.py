@@ -88,12 +88,16 @@ class Workload:
       metric: the result's key (``test_accuracy``, ``validation_bits_per_byte``).
       higher_is_better: accuracy (True) or bits per byte (False).
       result_glob: the rank-0 result file the job writes in its run directory.
+      held_out: kept out of everything that fits or tunes ``auto``: its auto cells get no
+        profile, compute step or steps factors (auto measures its world and learns the steps
+        from the run), and its cells feed nothing else.
     """
 
     recipe: str
     metric: str
     higher_is_better: bool
     result_glob: str
+    held_out: bool = False
 
     def load(self) -> dict[str, Any]:
         return yaml.safe_load((REPO / "recipes" / self.recipe).read_text())
@@ -103,6 +107,9 @@ WORKLOADS = {
     "lbann-mlp": Workload("lbann-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json"),
     "bytes-lm": Workload("bytes-lm.yaml", "validation_bits_per_byte", False, "bytes-lm-*.json"),
     "digits-small": Workload("digits-small.yaml", "test_accuracy", True, "digits-mlp-*.json"),
+    # Held out: auto is judged on them, never tuned on them (recipes/heldout-*.yaml).
+    "heldout-mlp": Workload("heldout-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
+    "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
 }
 
 # The algorithm registry (jaxcomm/algorithms/, loaded without JAX): a new algorithm joins the
@@ -278,11 +285,14 @@ def cell_recipe(
     entry = dict(VARIANTS[label])
     # A variant's example arguments (not jaxcomm settings) go to the recipe's args.
     recipe["args"] = {**recipe.get("args", {}), **entry.pop("args", {})}
-    if label in AUTO_LABELS and profile is not None:
+    # A held-out workload's auto is given nothing measured beforehand: it measures its world
+    # and learns the steps from the run.
+    tuned = label in AUTO_LABELS and not WORKLOADS[workload].held_out
+    if tuned and profile is not None:
         entry["profile"] = str(profile)
-    if label in AUTO_LABELS and compute_s is not None:
+    if tuned and compute_s is not None:
         entry["compute_seconds"] = compute_s
-    if label in AUTO_LABELS and steps_factor:
+    if tuned and steps_factor:
         entry["steps_factor"] = dict(steps_factor)
     recipe["sweep"] = [entry]
     recipe["world"] = {"processes": nodes, "devices_per_process": devices}
@@ -330,7 +340,11 @@ def leaf_shapes(workload: str, recipe: dict[str, Any]) -> list[tuple[int, ...]]:
         fields = ("width", "layers", "heads", "seq_len")
         model = tuple((k, args[k]) for k in fields if k in args)
     else:
-        model = (("hidden", recipe["train"]["hidden"]), ("layers", args.get("layers", 1)))
+        model = (
+            ("hidden", recipe["train"]["hidden"]),
+            ("layers", args.get("layers", 1)),
+            ("model", args.get("model", "mlp")),
+        )
     return list(_leaf_shapes(workload, model))
 
 
@@ -351,10 +365,13 @@ def _leaf_shapes(workload: str, model: tuple[tuple[str, Any], ...]) -> tuple[tup
             model.init, jax.random.key(0), jnp.zeros((1, cfg.seq_len), jnp.int32)
         )
     else:
-        from jaxcomm.examples.digits import MLP
+        from jaxcomm.examples.digits import CNN, MLP
 
-        mlp = MLP(fields["hidden"], fields["layers"])
-        shapes = jax.eval_shape(mlp.init, jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
+        if fields["model"] == "cnn":  # the digits example's CNN: channels are half the width
+            net = CNN(fields["hidden"] // 2)
+        else:
+            net = MLP(fields["hidden"], fields["layers"])
+        shapes = jax.eval_shape(net.init, jax.random.key(0), jnp.zeros((1, 64), jnp.float32))
     return tuple(tuple(int(d) for d in x.shape) for x in jax.tree.leaves(shapes))
 
 
@@ -831,7 +848,7 @@ def run_cell(
     cap = cap_of(args, label, network)
     factors = None
     warmup_choice: dict[str, Any] = {}
-    if label in AUTO_LABELS:
+    if label in AUTO_LABELS and not WORKLOADS[workload].held_out:
         half = VARIANTS[label].get("grad_dtype") == "bfloat16"
         warmup = VARIANTS[label].get("args", {}).get("warmup", True)
         world = (args.out, workload, args.nodes, seed, half)
@@ -905,6 +922,8 @@ def run_cell(
         "parameters": result["parameters"],
         "predicted": prediction,
         "auto_choices": result.get("auto_choices"),
+        # A learning auto's trial windows and decisions (jaxcomm.cost.learn).
+        "auto_learned": (result.get("auto") or {}).get("learned"),
         "placement": summary.get("placement"),
         "oversubscribed": summary.get("oversubscribed"),
         "wall_s": wall,
@@ -1074,7 +1093,11 @@ def _median(values: list[float | None]) -> float | None:
 
 
 def _auto_picks(cell: dict[str, Any]) -> list[str]:
-    """The algorithms auto chose in a cell, sorted (its warm-up decision aside)."""
+    """The algorithms auto chose in a cell, sorted (its warm-up decision aside): a learning
+    auto's decisions, else each bucket's choice at trace time."""
+    learned = [d["choice"] for d in cell.get("auto_learned") or [] if d["event"] == "decision"]
+    if learned:
+        return sorted(set(learned))
     return sorted({c["choice"] for c in cell.get("auto_choices") or [] if "choice" in c})
 
 

@@ -31,7 +31,8 @@ def metrics() -> dict[str, Any]:
       (``dense_bytes_sent / bytes_sent``, 1.0 when nothing was sent). ``recent`` lists the
       last 4096 calls individually (with ``seq``; ``queued``: when XLA ran the call's handler,
       which queued it on the engine; ``started``/``finished``: when the engine started and
-      finished it; all in seconds of ``time.monotonic()``'s clock).
+      finished it; all in seconds of ``time.monotonic()``'s clock). ``auto``: what
+      ``algorithm="auto"`` measured and decided in this process (:func:`auto_report`).
 
     Example:
       >>> import jaxcomm
@@ -41,7 +42,31 @@ def metrics() -> dict[str, Any]:
     for record in result["totals"] + result["recent"]:
         sent = record["bytes_sent"]
         record["compression_ratio"] = record["dense_bytes_sent"] / sent if sent else 1.0
+    result["auto"] = auto_report()
     return result
+
+
+def auto_report() -> dict[str, Any]:
+    """What ``algorithm="auto"`` measured and decided in this process.
+
+    Returns:
+      ``{"measured", "decisions", "learned"}``: the world's measurement
+      (:func:`jaxcomm.cost.measure.measured`: the profile, its seconds; None when auto had a
+      profile), each bucket's choice with the link numbers it read
+      (:func:`jaxcomm.cost.auto_decisions`), and the learner's windows and decisions
+      (:func:`jaxcomm.cost.learn.decisions`).
+
+    Example:
+      >>> sorted(auto_report())
+      ['decisions', 'learned', 'measured']
+    """
+    from jaxcomm.cost import auto_decisions, learn, measure
+
+    return {
+        "measured": measure.measured(),
+        "decisions": auto_decisions(),
+        "learned": learn.decisions(),
+    }
 
 
 def reset_metrics() -> None:

@@ -39,7 +39,10 @@ Layout
 * :mod:`jaxcomm.cost.choose`: predictions for every candidate and the fastest one;
 * :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log;
 * :mod:`jaxcomm.cost.schedule`: auto under a density schedule (each phase's ``Auto``, and
-  whether the warm-up is followed).
+  whether the warm-up is followed);
+* :mod:`jaxcomm.cost.measure`: ``auto`` without a profile measures the run's own world
+  (:func:`measure_world`; it needs JAX when called);
+* :mod:`jaxcomm.cost.learn`: the steps each compressor costs, learned from the run.
 
 The package imports neither JAX nor the compiled library (``jaxcomm plan`` imports it plainly
 and stays fast); it reads
@@ -74,6 +77,7 @@ from .ledger import (
     ring_bytes,
     small_allreduce_bytes,
 )
+from .measure import measure_world
 from .model import (
     ALGORITHMS,
     AUTO_CHOICES,
@@ -125,6 +129,7 @@ __all__ = [
     "doubling_bytes",
     "fit_line",
     "follow_schedule",
+    "measure_world",
     "gtopk_sends",
     "oneshot_bytes",
     "plan",

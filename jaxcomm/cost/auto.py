@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import algorithms
 from ..algorithms._hierarchical import name_of as hierarchical_name
+from . import measure
 from .choose import choose
 from .model import (
     AUTO_CHOICES,
@@ -50,8 +51,9 @@ class Auto:
     Args:
       allowed: names from :data:`AUTO_CHOICES` the choice may be (the convergence cost you
         accept); default :data:`DEFAULT_ALLOWED`.
-      profile: a :class:`Profile`, a path to ``jaxcomm probe``'s JSON, or None for
-        :data:`DEFAULT_PROFILE`.
+      profile: a :class:`Profile`, a path to ``jaxcomm probe``'s JSON, or None: the run
+        measures its own world before it decides (:mod:`jaxcomm.cost.measure`; until then,
+        and where nothing could be measured, :data:`DEFAULT_PROFILE`).
       options: compressor settings of the candidates (density, proportion, tau, ...).
       steps_factor: steps each algorithm needs to reach dense's accuracy, relative to dense
         (default :data:`~jaxcomm.cost.DEFAULT_STEPS_FACTOR`); the pick minimizes
@@ -108,8 +110,11 @@ class Auto:
             object.__setattr__(self, "profile", Profile.load(self.profile))
 
     def resolved_profile(self) -> Profile:
-        """The profile in use (:data:`DEFAULT_PROFILE` when none was given)."""
-        return self.profile if isinstance(self.profile, Profile) else DEFAULT_PROFILE
+        """The profile in use: the one given, else the one measured for this world
+        (:func:`jaxcomm.cost.measure.measure_world`), else :data:`DEFAULT_PROFILE`."""
+        if isinstance(self.profile, Profile):
+            return self.profile
+        return measure.active() or DEFAULT_PROFILE
 
 
 _decisions: list[dict[str, Any]] = []
@@ -168,6 +173,11 @@ def resolve_auto(
         "element_bytes": element_bytes,
         "allowed": list(auto.allowed),
         "profile": profile.source,
+        # The link numbers the choice read (measured ones when the world was measured).
+        "link": {
+            "class": world.flat_link(),
+            **dataclasses.asdict(profile.links[world.flat_link()]),
+        },
     }
     _decisions.append(decision)
     _log.info("jaxcomm auto: %d elements over %d ranks -> %s", n, axis_size, name)

@@ -243,6 +243,8 @@ class Profile:
       inter_process: the link class the probe found between processes.
       source: where the numbers come from (a command and a date).
       measured: which entries were measured (the others come from :data:`DEFAULT_PROFILE`).
+      hardware: what it was measured on (``platform``, ``device_kind``, ``cpu``, the world's
+        shape; :func:`jaxcomm.cost.measure.hardware`), or None when not recorded.
 
     Example:
       >>> DEFAULT_PROFILE.links["across_hosts"].beta > DEFAULT_PROFILE.links["same_host"].beta
@@ -256,6 +258,7 @@ class Profile:
     inter_process: str = "same_host"
     source: str = ""
     measured: tuple[str, ...] = ()
+    hardware: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         missing = [c for c in LINK_CLASSES if c not in self.links]
@@ -272,13 +275,13 @@ class Profile:
 
         Returns:
           ``{"version", "source", "inter_process", "links", "psum", "call", "gamma",
-          "measured"}``.
+          "measured"}``, and ``"hardware"`` when recorded.
 
         Example:
           >>> sorted(DEFAULT_PROFILE.to_json()["links"])
           ['across_hosts', 'same_host', 'same_process']
         """
-        return {
+        data = {
             "version": 1,
             "source": self.source,
             "inter_process": self.inter_process,
@@ -288,6 +291,9 @@ class Profile:
             "gamma": {k: self.gamma[k] for k in KERNELS},
             "measured": list(self.measured),
         }
+        if self.hardware is not None:
+            data["hardware"] = dict(self.hardware)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Profile:
@@ -322,6 +328,7 @@ class Profile:
                 inter_process=data.get("inter_process", "same_host"),
                 source=str(data.get("source", "")),
                 measured=tuple(data.get("measured", ())),
+                hardware=data.get("hardware"),
             )
         except (TypeError, KeyError) as exc:
             raise ValueError(f"malformed jaxcomm profile: {exc}") from None

@@ -26,8 +26,10 @@ import optax
 from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from jaxcomm import algorithms, checkpoints, cost
+from jaxcomm import algorithms, checkpoints, cost, learning
 from jaxcomm import optax as jc_optax
+from jaxcomm.cost import measure
+from jaxcomm.examples import _trials
 
 AXIS = "dp"
 # DiLoCo over sites (Reduction.diloco_sites): a process is a site, its devices the inner axis.
@@ -98,6 +100,12 @@ class Reduction:
       min_compression_rate: ``powersgd``: the least gain for which a leaf is compressed.
       start_step: ``powersgd``: steps of dense allreduce first; None: one warm-up phase
         (``warmup_phase_steps``, an epoch) when ``warmup`` is on, else 0.
+      learn: ``auto`` without ``steps_factor`` and with dense allowed: learn what each
+        compressor costs in steps from the run (:mod:`jaxcomm.cost.learn`): every candidate
+        is compiled into the step (:mod:`jaxcomm.learning`) and the training loop runs the
+        proposed ones in interleaved windows, then keeps the one whose loss falls fastest per
+        second (dense unless a compressor beats it). The warm-up schedule does not apply.
+        False: auto decides once, at trace time, from the model and its prior steps factors.
     """
 
     algorithm: str = "dense"
@@ -119,6 +127,7 @@ class Reduction:
     rank: int = cost.Options.rank
     min_compression_rate: float = cost.Options.min_compression_rate
     start_step: int | None = None
+    learn: bool = True
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -190,6 +199,15 @@ class Reduction:
         if a == "psum":
             return None
         options = self.options(warmup_phase_steps)
+        if self.learns():
+            arms = self.auto_arms(options)
+            measure.expect(arms)  # the world's measurement times every arm's kernels at once
+            return learning.learned_gradients(
+                AXIS,
+                [None, *arms.values()],
+                bucket_size=self.bucket_size,
+                dense_dtype=jnp.dtype(self.grad_dtype),
+            )
         schedule = None
         if a == algorithms.AUTO:
             given = {n: getattr(self, n) for n in AUTO_SETTINGS if getattr(self, n) is not None}
@@ -209,6 +227,46 @@ class Reduction:
             bucket_size=self.bucket_size,
             dense_dtype=jnp.dtype(self.grad_dtype),
         )
+
+    def learns(self) -> bool:
+        """Whether ``auto`` learns its choice from the run (:attr:`learn`; not with measured
+        ``steps_factor``, nor DiLoCo, nor without dense among ``allowed``: dense is the
+        trials' guard).
+
+        Example:
+          >>> Reduction("auto").learns(), Reduction("auto", steps_factor={"gtopk": 2.0}).learns()
+          (True, False)
+          >>> Reduction("auto", allowed=("gtopk", "onebit")).learns()
+          False
+        """
+        return (
+            self.algorithm == algorithms.AUTO
+            and self.learn
+            and self.steps_factor is None
+            and not self.diloco_every
+            and "dense" in (self.allowed or cost.DEFAULT_ALLOWED)
+        )
+
+    def auto_arms(self, options: cost.Options) -> dict[str, cost.Auto]:
+        """The compressors a learning ``auto`` compiles, each as auto between dense and it
+        (a bucket too small for the compressor to pay goes dense; the steps it costs are what
+        the trials measure, so none is charged here), in the order of ``allowed``.
+
+        Example:
+          >>> list(Reduction("auto", allowed=("dense", "gtopk")).auto_arms(cost.Options()))
+          ['gtopk']
+        """
+        given = {n: getattr(self, n) for n in AUTO_SETTINGS if getattr(self, n) is not None}
+        allowed = given.pop("allowed", cost.DEFAULT_ALLOWED)
+        given.pop("steps_factor", None)
+        return {
+            name: cost.Auto(
+                **{**given, "allowed": ("dense", name), "steps_factor": {name: 1.0}},
+                options=options,
+            )
+            for name in allowed
+            if name != "dense" and algorithms.get(name).leafwise is None
+        }
 
     def gradient_buckets(self, leaf_sizes: list[int]) -> list[int]:
         """Elements of each collective call that reduces a step's gradient.
@@ -441,6 +499,16 @@ class Step:
             self._init_diloco(loss_fn)
             return
         reducer = reduction.reducer(warmup_phase_steps)
+        # A learning auto: the loop sets each step's arm (jaxcomm/examples/_trials.py).
+        self.trials: _trials.Trials | None = None
+        if reduction.learns():
+            self.trials = _trials.Trials(
+                reduction,
+                reduction.options(warmup_phase_steps),
+                mesh,
+                _AgreedMax(mesh),
+                host_scalar,
+            )
         # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
         widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
         self.tx = optax.chain(*([reducer] if reducer is not None else []), widen, optimizer)
@@ -714,7 +782,12 @@ def train_loop(
     agreed_max = _AgreedMax(step.mesh) if time_cap_s is not None else None
     stopped, time_to_target, done = "steps", None, steps
     for i in range(start, steps):
+        trials = getattr(step, "trials", None)
+        if trials is not None:
+            state = trials.before(i, state, paced.wait)
         params, state, loss_d, metric_d = paced(params, state, *batch(i))
+        if trials is not None:
+            trials.after(i, params, loss_d, paced.wait)
         if progress is not None:
             progress(i + 1)
         evaluate_now = i % eval_every == 0 or i == steps - 1
@@ -732,6 +805,8 @@ def train_loop(
             step_time = (now - clock) / window_steps
             comm = _collective_seconds()
             evaluation = float(evaluate(params))
+            if trials is not None:  # the evaluation is no part of a trial window's seconds
+                trials.pause(time.perf_counter() - now)
             total = seconds_before + seconds
             history.append({"step": i, "seconds": total, "loss": loss, eval_name: evaluation})
             if logger is not None:

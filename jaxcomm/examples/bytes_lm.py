@@ -26,6 +26,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from jax.sharding import NamedSharding
@@ -273,6 +274,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
     }
     if cfg.algorithm == algorithms.AUTO:  # what the cost model chose for each bucket
         result["auto_choices"] = cost.auto_decisions()
+        result["auto"] = jaxcomm.metrics()["auto"]  # measurements and learning
     if run_dir is not None and jax.process_index() == 0:
         path = pathlib.Path(run_dir) / f"bytes-lm-{reduction.label()}.json"
         path.write_text(json.dumps(result, indent=2))

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import jaxcomm
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding
@@ -320,6 +321,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
     }
     if cfg.algorithm == "auto":  # what the cost model chose for each bucket
         result["auto_choices"] = cost.auto_decisions()
+        result["auto"] = jaxcomm.metrics()["auto"]  # measurements and learning
     if run_dir is not None and jax.process_index() == 0:
         path = pathlib.Path(run_dir) / f"digits-{cfg.model}-{reduction.label()}.json"
         path.write_text(json.dumps(result, indent=2))

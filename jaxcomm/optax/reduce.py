@@ -40,6 +40,7 @@ from jax import lax
 from jaxcomm import _ordering, _validate, cost
 from jaxcomm.collectives import _call, allreduce, compressed_allreduce
 from jaxcomm.collectives._mesh import group_size
+from jaxcomm.cost import measure
 from jaxcomm.optax import leafwise
 from jaxcomm.optax.plan import (
     DEFAULT_BUCKET_SIZE,
@@ -178,6 +179,8 @@ def _update(
         r_leaves = treedef.flatten_up_to(state.residuals)
         rs = [jnp.ravel(r) for r in r_leaves]
     groups = _buckets([x.size for x in xs], plan.bucket_size, plan.first_bucket_size)
+    if is_auto(plan.algorithm):  # without a profile, auto first measures the world it runs in
+        measure.prepare(plan.algorithm, [sum(xs[i].size for i in g) for g in groups])
     flat = _Flat(xs, rs, state.count, sum(x.size for x in xs), plan.dense_wire_of(xs))
     phases, fixed = plan.phases, []
     if len(phases) > 1 and is_auto(plan.algorithm) and groups:

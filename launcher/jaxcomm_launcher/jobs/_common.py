@@ -115,6 +115,52 @@ def train_example(
     return result
 
 
+def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
+    """Logs, on every rank (so that a run shows they agree), what ``algorithm: auto`` measured
+    and decided: each bucket's choice with the link numbers it read, the warm-up decision,
+    the world's measurement and the learner's decisions (``result["auto"]``,
+    ``jaxcomm.metrics()["auto"]``).
+
+    Args:
+        ctx: The job context.
+        result: The example's result (nothing is logged without ``auto_choices``).
+        name: The job's name, first on each line.
+
+    Example:
+        >>> print_auto(ctx, result, "digits")  # doctest: +SKIP
+    """
+    for d in result.get("auto_choices", []):
+        if "warmup_decision" in d:  # jaxcomm.cost.warmup_pays: the schedule's warm-up or not
+            w = d["warmup_decision"]
+            ctx.print(
+                f"{name} auto: {'keeps' if w['warmup'] else 'drops'} the warm-up "
+                f"(predicted {w['with_s']:.1f} s with it, {w['without_s']:.1f} s without)"
+            )
+            continue
+        link = d.get("link", {})
+        ctx.print(
+            f"{name} auto: bucket of {d['elements']} elements -> {d['choice']} "
+            f"(allowed {', '.join(d['allowed'])}; profile: {d['profile']}; "
+            f"link {link.get('class')} alpha {link.get('alpha', 0.0):.6g} s "
+            f"beta {link.get('beta', 0.0):.6g} s/B)"
+        )
+    report = result.get("auto") or {}
+    measured = report.get("measured")
+    if measured:
+        ctx.print(f"{name} auto: measured the world in {sum(measured['seconds']):.1f} s: "
+                  f"{measured['summary']}")  # fmt: skip
+    for d in report.get("learned", []):
+        if d["event"] == "arms":
+            ctx.print(f"{name} auto: trials of {', '.join(d['arms'])} from step {d['step']}")
+        elif d["event"] == "pruned":
+            ctx.print(f"{name} auto: step {d['step']} stops trying {', '.join(d['arms'])} "
+                      "(too slow per step to win)")  # fmt: skip
+        elif d["event"] == "decision":
+            rates = ", ".join(f"{a} {r:.4g}" for a, r in d["loss_decrease_per_s"].items())
+            why = f"loss decrease per s: {rates}" if rates else "no compressor proposed"
+            ctx.print(f"{name} auto: step {d['step']} -> {d['choice']} ({why})")
+
+
 def data_parallel_mesh() -> Mesh:
     """Returns a 1-D mesh named ``dp`` over every device of every process.
 

@@ -11,7 +11,12 @@ eval_every, warmup_phase_steps, max_corpus_bytes, proportion, ...). ``train.step
 from __future__ import annotations
 
 from jaxcomm_launcher.context import JobContext
-from jaxcomm_launcher.jobs._common import JAXCOMM_FIELDS, example_settings, train_example
+from jaxcomm_launcher.jobs._common import (
+    JAXCOMM_FIELDS,
+    example_settings,
+    print_auto,
+    train_example,
+)
 
 
 def run(ctx: JobContext) -> None:
@@ -35,10 +40,11 @@ def run(ctx: JobContext) -> None:
         ("steps", "batch_size", "eval_every", "seed", "target", "time_cap_s", "checkpoint_every"),
         JAXCOMM_FIELDS,
     )
-    train_example(
+    result = train_example(
         ctx,
         train,
         settings,
         "bytes-lm",
         lambda r: f"validation {r['validation_bits_per_byte']:.3f} bits/byte",
     )
+    print_auto(ctx, result, "bytes-lm")

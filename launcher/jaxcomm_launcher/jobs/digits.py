@@ -13,7 +13,7 @@ set model (mlp/cnn), warmup, proportion, tau, epochs.
 from __future__ import annotations
 
 from jaxcomm_launcher.context import JobContext
-from jaxcomm_launcher.jobs._common import example_settings
+from jaxcomm_launcher.jobs._common import example_settings, print_auto
 
 
 def run(ctx: JobContext) -> None:
@@ -36,16 +36,4 @@ def run(ctx: JobContext) -> None:
             f"digits {result['algorithm']}: test accuracy {result['test_accuracy']:.4f}, "
             f"{result['bytes_sent_per_step']:.0f} bytes sent per rank and step"
         )
-    # Every rank logs its own choices, so a run shows they agree.
-    for d in result.get("auto_choices", []):
-        if "warmup_decision" in d:  # jaxcomm.cost.warmup_pays: the schedule's warm-up or not
-            w = d["warmup_decision"]
-            ctx.print(
-                f"digits auto: {'keeps' if w['warmup'] else 'drops'} the warm-up "
-                f"(predicted {w['with_s']:.1f} s with it, {w['without_s']:.1f} s without)"
-            )
-            continue
-        ctx.print(
-            f"digits auto: bucket of {d['elements']} elements -> {d['choice']} "
-            f"(allowed {', '.join(d['allowed'])}; profile: {d['profile']})"
-        )
+    print_auto(ctx, result, "digits")

@@ -61,6 +61,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxcomm.cost.measure import calibrate_gamma, fit_link, hardware
 from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs._common import AXIS, data_parallel_mesh
 from jaxcomm_launcher.jobs.args import ProbeArgs
@@ -116,62 +117,6 @@ def _inter_process_link(ctx: JobContext) -> str:
     mine = np.asarray([zlib.crc32(socket.gethostname().encode())], np.int64)
     hosts = np.asarray(multihost_utils.process_allgather(mine)).reshape(-1)
     return "same_host" if len(set(hosts.tolist())) == 1 else "across_hosts"
-
-
-def calibrate_gamma(
-    gamma: dict[str, float],
-    kernels: dict[str, tuple[tuple[str, ...], Any]],
-    times: dict[str, float],
-    base: dict[str, Any],
-    world: Any,
-    n: int,
-) -> dict[str, float]:
-    """Rescales the kernels' gamma (in place) to what they cost inside their collective.
-
-    Each calibration (``"gtopk"``, ``"gtopk.wide"``, a quantizer's kind) is a compressed
-    allreduce of ``n`` elements timed on this world; its time beyond what the links and the
-    other kernels explain, over what its own kernels predict, scales those kernels' gamma.
-    Calibrations run in order, each on the gammas the ones before it set; one whose time the
-    rest already explains (a noisy sample on a loaded machine) leaves its kernels as the ops
-    measured them.
-
-    Args:
-      gamma: kernel -> seconds per element, as the ops measured them; updated in place.
-      kernels: calibration -> (its kernels, its ``cost.Options``); the algorithm is the
-        calibration's name before any ``"."``.
-      times: calibration -> measured seconds of its collective.
-      base: the profile's other fields (``version``, ``links``, ``call``, ``inter_process``).
-      world: the ``cost.World`` the collectives ran on.
-      n: elements per rank of each calibration.
-
-    Returns:
-      calibration -> the scale applied (only those applied).
-
-    Example:
-      >>> from jaxcomm import cost
-      >>> gamma = dict(cost.DEFAULT_PROFILE.gamma)
-      >>> base = {"version": 1, "links": {}, "call": 0.0, "inter_process": "same_host"}
-      >>> world = cost.World(2, 1, "same_host")
-      >>> calibrate_gamma(gamma, {"gtopk": (("topk",), cost.Options())}, {"gtopk": 0.0},
-      ...                 base, world, 1 << 20)  # explained by the rest: nothing scaled
-      {}
-    """
-    from jaxcomm import cost  # as run() does: the launcher imports jaxcomm only in its jobs
-
-    scales: dict[str, float] = {}
-    for calibration, (names, opts) in kernels.items():
-        algorithm = calibration.split(".")[0]  # "gtopk.wide" is gTop-k at another density
-        profile = cost.Profile.from_json(dict(base, gamma=gamma))
-        without = dict(profile.gamma, **{name: 0.0 for name in names})
-        rest = cost.predict(
-            algorithm, n, world, dataclasses.replace(profile, gamma=without), opts
-        ).seconds
-        unit = cost.predict(algorithm, n, world, profile, opts).seconds - rest
-        if unit > 0 and times[calibration] > rest:
-            scales[calibration] = (times[calibration] - rest) / unit
-            for name in names:
-                gamma[name] *= scales[calibration]
-    return scales
 
 
 def run(ctx: JobContext) -> None:
@@ -368,26 +313,16 @@ def run(ctx: JobContext) -> None:
     measured += [f"gamma.{name}" for name in gamma]
     links: dict[str, dict[str, float]] = {}
     for name, (parts, ns) in rings.items():
-
-        def seconds(n: int, name: str = name, parts: int = parts) -> tuple[int, int, float]:
-            # The schedule jaxcomm.allreduce took at this size (ring, doubling, direct, one-shot)
-            # and its time beyond the call and the reduction kernel.
-            steps, nbytes, summed = cost.dense_path(n, parts, name != "across_hosts")
-            y = max(0.0, t[f"ring.{name}.{n}"] - call - gamma["sum"] * (n + summed))
-            return steps, nbytes, y
-
-        lat_steps, _, lat_y = seconds(LATENCY_ELEMENTS)
-        alpha = lat_y / lat_steps
-        rows = [seconds(n) for n in ns]
-        # Least squares of beta alone, alpha fixed: sum(b (y - alpha s)) / sum(b^2).
-        num = sum(b * (y - alpha * st) for st, b, y in rows)
-        den = sum(b * b for _, b, _ in rows)
-        beta = num / den if den else 0.0
-        if beta <= 0.0:
-            # Noise at small sizes can leave no slope: charge the largest size's time to
-            # bandwidth alone, so the link is never modeled as infinitely fast.
-            alpha, beta = 0.0, max(rows[-1][2], 1e-9) / rows[-1][1]
-        links[name] = {"alpha": alpha, "beta": beta}
+        # Alpha from the latency test, beta by least squares with alpha fixed (fit_link).
+        link = fit_link(
+            t[f"ring.{name}.{LATENCY_ELEMENTS}"],
+            {n: t[f"ring.{name}.{n}"] for n in ns},
+            parts,
+            name,
+            call,
+            gamma["sum"],
+        )
+        links[name] = dataclasses.asdict(link)
         measured.append(f"links.{name}")
     psum_line = None
     if ranks > 1:
@@ -426,6 +361,7 @@ def run(ctx: JobContext) -> None:
         "call": call,
         "gamma": gamma,
         "measured": measured,
+        "hardware": hardware(),  # a run on other hardware is warned about (jaxcomm.cost.measure)
         "world": {
             "processes": jax.process_count(),
             "devices_per_process": local,

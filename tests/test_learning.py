@@ -1,0 +1,131 @@
+"""auto learns what each compressor costs in steps from the run (jaxcomm.cost.learn,
+jaxcomm.learning): the learner's schedule and decisions, the guard that keeps dense unless a
+compressor beats it, identical decisions from identical inputs, and error feedback conserved
+across every switch of the compiled step (tests/learning_worker.py, 2 CPU devices)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from collectives_harness import run_script
+
+from jaxcomm.cost import DEFAULT_PROFILE, World, learn
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _feed(learner: learn.Learner, decrease: dict[str, float], seconds: dict[str, float]) -> None:
+    """Runs every planned window of the first exploration: each arm's loss falls
+    ``decrease[arm]`` per step, on top of a trend that slows down over training."""
+    window = learner.learning.window
+    step = 0
+    while learner.chosen is None:
+        name = learner.arms[learner.arm_at(step)]
+        assert learner.window_start(step)
+        losses, loss = [], 10.0 - 0.001 * step
+        for i in range(window):
+            loss -= decrease[name] + 0.005 / (1 + (step + i) / 100)  # training slows down
+            losses.append(loss)
+        learner.close(step + window - 1, losses, seconds[name] * window)
+        step += window
+
+
+def test_learner_picks_the_fastest_loss_per_second():
+    learner = learn.Learner(["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2))
+    # gTop-k: 80 % of dense's decrease per step at 40 % of its seconds.
+    _feed(
+        learner,
+        {"dense": 0.01, "gtopk": 0.008, "onebit": 0.002},
+        {"dense": 0.5, "gtopk": 0.2, "onebit": 0.2},
+    )
+    assert learner.chosen == "gtopk"
+    decision = [d for d in learn.decisions() if d["event"] == "decision"][-1]
+    assert decision["choice"] == "gtopk"
+    # The steps factor: dense's decrease per step over gTop-k's, each with the training's own
+    # mean decrease over the six windows (0.005 / (1 + s / 100) over steps 0-59).
+    trend = sum(0.005 / (1 + s / 100) for s in range(60)) / 60
+    expected = (0.01 + trend) / (0.008 + trend)
+    assert decision["steps_factor"]["gtopk"] == pytest.approx(expected, rel=0.02)
+    assert decision["seconds_per_step"]["dense"] == pytest.approx(0.5)
+    # After the decision the chosen arm runs until the re-check, which tries every arm again.
+    after = decision["step"]
+    assert learner.arm_at(after) == learner.arms.index("gtopk")
+    recheck = after + learner.learning.recheck_every
+    assert {learner.arm_at(recheck + i * 10) for i in range(3)} == {0, 1, 2}
+
+
+def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
+    # Dense at ten times gTop-k's seconds per step (a slow link): even credited with the best
+    # decrease per step of the first round it cannot win, so the second round leaves it out.
+    learner = learn.Learner(["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2))
+    _feed(
+        learner,
+        {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004},
+        {"dense": 1.0, "gtopk": 0.1, "onebit": 0.1},
+    )
+    assert learner.chosen == "gtopk"
+    assert [w["arm"] for w in learner.windows].count("dense") == 1
+    pruned = [d for d in learn.decisions() if d["event"] == "pruned"][-1]
+    assert pruned["arms"] == ["dense"] and pruned["step"] == 30
+
+
+def test_learner_keeps_dense_unless_a_compressor_beats_it_by_the_margin():
+    learner = learn.Learner(["dense", "gtopk"], learn.Learning(window=10, settle=2, margin=1.1))
+    # gTop-k's loss falls 5 % faster per second: within the margin, dense stays.
+    _feed(learner, {"dense": 0.01, "gtopk": 0.0105}, {"dense": 1.0, "gtopk": 1.0})
+    assert learner.chosen == "dense"
+
+
+def test_learners_fed_the_same_windows_decide_the_same():
+    made = []
+    for _ in range(2):
+        learner = learn.Learner(["dense", "gtopk", "adaptive"], learn.Learning(window=8, settle=0))
+        _feed(
+            learner,
+            {"dense": 0.01, "gtopk": 0.009, "adaptive": 0.0095},
+            {"dense": 1.0, "gtopk": 0.5, "adaptive": 0.45},
+        )
+        made.append((learner.chosen, learner.windows))
+    assert made[0] == made[1]
+
+
+def test_trend_is_taken_out_of_the_comparison():
+    # Two equal arms on a loss that slows down: the one that ran first would look better by
+    # its raw mean; the fit says they are equal.
+    ws = []
+    for i, arm in enumerate(["A", "B", "B", "A", "A", "B"]):
+        ws.append({"arm": arm, "first_step": 10 * i, "last_step": 10 * i + 9,
+                   "loss_decrease_per_step": 1.0 - 0.1 * i})  # fmt: skip
+    fitted = learn.arm_decrease(ws, ["A", "B"])
+    assert fitted["A"] == pytest.approx(fitted["B"])
+
+
+def test_propose_offers_only_compressors_the_model_predicts_faster():
+    slow = World(2, 1, "across_hosts")
+    arms = learn.propose(
+        [25_000_000], slow, DEFAULT_PROFILE, ("dense", "gtopk", "topk_allgather", "onebit")
+    )
+    assert arms[0] == "dense" and 1 < len(arms) <= 3
+    assert learn.propose([100], slow, DEFAULT_PROFILE, ("dense", "gtopk")) == ["dense"]
+    one = learn.Learner(["dense"])  # nothing to compare: dense from the start, no window
+    assert one.chosen == "dense" and not one.window_start(0)
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(ValueError, match="window"):
+        learn.Learning(window=2)
+    with pytest.raises(ValueError, match="arms"):
+        learn.Learner(["dense", "dense"])
+
+
+def test_error_feedback_is_conserved_across_switches():
+    done = run_script(HERE / "learning_worker.py", timeout=300, cwd=HERE.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["count"] == out["steps"]  # one update per step, whatever the arm
+    # Every rank: sum of its gradients == what was sent + its residual, to float32 rounding.
+    assert out["gap"] <= 1e-5 * out["scale"]
+    assert out["residual_nonzero"]  # the compressors did hold signal back
+    assert out["dense_left_zero_residual"]  # and dense sent all of it
