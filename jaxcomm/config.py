@@ -123,6 +123,17 @@ SETTINGS: dict[str, Setting] = {
             _choice("1", "0"),
         ),
         Setting(
+            "JAXCOMM_TRANSPORT",
+            "auto",
+            "auto, ucx or nccl",
+            "C++ ffi/transport/settings.cc (ReadTransportName; the table: "
+            "ffi/transport/registry.cc)",
+            "Which transport moves a collective's buffers: auto takes ucx for CPU buffers and "
+            "nccl for GPU buffers; a named one that cannot move a call's buffers fails the "
+            "call, naming this variable.",
+            _choice("auto", "ucx", "nccl"),
+        ),
+        Setting(
             "JAXCOMM_SMALL_ALLREDUCE_BYTES",
             "32768",
             "bytes, an integer >= 0",
