@@ -45,8 +45,8 @@ ffi::Error Fail(const char* name, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(name) + ": " + message);
 }
 
-// A transport failure breaks the links it touched (ffi/transport/transport.h): stop the engine so every
-// collective queued behind this one fails at once with the same message.
+// A transport failure breaks the links it touched (ffi/transport/transport.h): stop the engine so
+// every collective queued behind this one fails at once with the same message.
 ffi::Error FromStatus(const transport::Status& status) {
   if (status.code() == transport::StatusCode::kDeadlineExceeded ||
       status.code() == transport::StatusCode::kPeerFailed) {
@@ -73,12 +73,12 @@ ffi::Error DiscoverMesh(transport::Transport& world, RankState& state, const cha
   for (int peer = 0; peer < world_size; ++peer) {
     if (peer == self) continue;
     requests.push_back(world.PostRecv(self, peer, MakeControlTag(control_seq, 0, peer),
-                                   &positions[peer], sizeof(int64_t)));
+                                      &positions[peer], sizeof(int64_t)));
   }
   for (int peer = 0; peer < world_size; ++peer) {
     if (peer == self) continue;
     requests.push_back(world.PostSend(self, peer, MakeControlTag(control_seq, 0, self),
-                                   &positions[self], sizeof(int64_t)));
+                                      &positions[self], sizeof(int64_t)));
   }
   const std::string context = std::string(name) +
                               " (mesh discovery; every device of the "
@@ -204,8 +204,8 @@ transport::Request Group::PostSend(int dst, const void* data, size_t bytes, uint
 }
 
 transport::Request Group::PostRecv(int src, void* data, size_t capacity, uint32_t step) {
-  return wire_->PostRecv(self_world_rank_, members_[src], MakeTag(seq_, step, members_[src]),
-                         data, capacity);
+  return wire_->PostRecv(self_world_rank_, members_[src], MakeTag(seq_, step, members_[src]), data,
+                         capacity);
 }
 
 bool Group::SharesMemoryWithAll() const {
@@ -285,8 +285,7 @@ ffi::Error Group::WaitNotices(uint32_t step, std::vector<transport::Transport::N
 
 ffi::Error Group::Wait(transport::Request* requests, size_t count, size_t* received) {
   const auto waiting = std::chrono::steady_clock::now();
-  transport::Status status =
-      wire_->Wait(self_world_rank_, requests, count, deadline_, Context());
+  transport::Status status = wire_->Wait(self_world_rank_, requests, count, deadline_, Context());
   metrics_.wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
   if (!status.ok()) return WaitOutcome(status);

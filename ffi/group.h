@@ -169,7 +169,7 @@ class Group {
   // "jaxcomm.allreduce (group rank r of P)", for transport messages.
   std::string Context() const;
   int64_t world_handle_ = 0;
-  std::vector<int64_t> world_devices_;  // device id of each world rank
+  std::vector<int64_t> world_devices_;           // device id of each world rank
   std::shared_ptr<transport::Transport> world_;  // bootstrap, control, same-host memory
   transport::Transport* wire_ = nullptr;         // messages (world_ unless UseTransport)
   const char* name_ = "";

@@ -32,10 +32,10 @@ inline ffi::Error ReceiveSet(const char* op, Group& group, int from, uint32_t ta
   size_t got = 0;
   JAXCOMM_RETURN_IF_ERROR(group.Recv(from, into, set_bytes, &got, tag));
   if (got != set_bytes) {
-    return ffi_common::InvalidArgument(
-        op, "group rank " + std::to_string(from) + " sent " + std::to_string(got) +
-                " bytes instead of " + std::to_string(set_bytes) +
-                "; every rank must pass the same shape and density");
+    return ffi_common::InvalidArgument(op, "group rank " + std::to_string(from) + " sent " +
+                                               std::to_string(got) + " bytes instead of " +
+                                               std::to_string(set_bytes) +
+                                               "; every rank must pass the same shape and density");
   }
   return ffi::Error::Success();
 }

@@ -1,8 +1,9 @@
-// C API over the world's transport (ffi/transport/registry.h) for Python's ctypes bootstrap (jaxcomm/_world.py): create a
-// world, publish local worker addresses, connect, read counters, destroy. Worlds live in the
-// process-global registry (ffi/transport/world_registry.h) where FFI handlers find them by
-// handle. Every function returns a status code (0 = OK, < 0 = error) and never aborts; the
-// message of the last error on the calling thread is read with jaxcomm_world_last_error().
+// C API over the world's transport (ffi/transport/registry.h) for Python's ctypes bootstrap
+// (jaxcomm/_world.py): create a world, publish local worker addresses, connect, read counters,
+// destroy. Worlds live in the process-global registry (ffi/transport/world_registry.h) where FFI
+// handlers find them by handle. Every function returns a status code (0 = OK, < 0 = error) and
+// never aborts; the message of the last error on the calling thread is read with
+// jaxcomm_world_last_error().
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -154,12 +155,12 @@ JAXCOMM_C_API int jaxcomm_world_sendrecv(int64_t handle, int self, int send_peer
                     : DefaultDeadline();
   std::vector<Request> requests;
   if (recv_peer >= 0) {
-    requests.push_back(world->PostRecv(self, recv_peer, MakeControlTag(seq, 0, recv_peer), recv_data,
-                                    static_cast<size_t>(recv_capacity)));
+    requests.push_back(world->PostRecv(self, recv_peer, MakeControlTag(seq, 0, recv_peer),
+                                       recv_data, static_cast<size_t>(recv_capacity)));
   }
   if (send_peer >= 0) {
     requests.push_back(world->PostSend(self, send_peer, MakeControlTag(seq, 0, self), send_data,
-                                    static_cast<size_t>(send_bytes)));
+                                       static_cast<size_t>(send_bytes)));
   }
   Status s = world->Wait(self, requests, deadline, "jaxcomm_world_sendrecv");
   if (received != nullptr) {

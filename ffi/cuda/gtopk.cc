@@ -64,8 +64,8 @@ struct DeviceSets {
     const DeviceSet& in = received[merge];
     const DeviceSet& out = merged[merge];
     JAXCOMM_RETURN_IF_ERROR(
-        Launched(cuda::SparseMergeTopK(current_set.idx(), current_set.val(), k, in.idx(),
-                                       in.val(), k, k, out.idx(), out.val(), merge_scratch, stream),
+        Launched(cuda::SparseMergeTopK(current_set.idx(), current_set.val(), k, in.idx(), in.val(),
+                                       k, k, out.idx(), out.val(), merge_scratch, stream),
                  "SparseMergeTopK"));
     JAXCOMM_RETURN_IF_ERROR(Launched(
         cuda::CollectDropped(current_set.idx(), current_set.val(), k, in.idx(), in.val(), k,
@@ -137,10 +137,10 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
 
   // The schedule, through the driver the CPU handler runs (ffi/gtopk_run.h): its messages are
   // NCCL sends and receives on `stream` (the group's transport), each merge a pair of kernels.
-  DeviceSets sets{k, stream, merge_scratch, local, global, merged, received, dropped_idx,
-                  dropped_val};
-  JAXCOMM_RETURN_IF_ERROR(gtopk::RunSchedule(kOp, group->group(),
-                                             sizeof(uint32_t) * static_cast<size_t>(2 * k), sets));
+  DeviceSets sets{k,      stream,   merge_scratch, local,      global,
+                  merged, received, dropped_idx,   dropped_val};
+  JAXCOMM_RETURN_IF_ERROR(
+      gtopk::RunSchedule(kOp, group->group(), sizeof(uint32_t) * static_cast<size_t>(2 * k), sets));
   const DeviceSet current = sets.current_set;
   JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
 

@@ -56,8 +56,8 @@ Request NcclTransport::Post(Request::Kind kind, int self, int peer, uint64_t tag
   r.code = send ? api_.send(data, bytes, ncclUint8, nccl_rank, comm_, stream_)
                 : api_.recv(data, bytes, ncclUint8, nccl_rank, comm_, stream_);
   if (r.code != ncclSuccess) {
-    r.error = NcclErrorString(api_, send ? "ncclSend" : "ncclRecv",
-                              static_cast<ncclResult_t>(r.code));
+    r.error =
+        NcclErrorString(api_, send ? "ncclSend" : "ncclRecv", static_cast<ncclResult_t>(r.code));
     return request;
   }
   // The whole message, once the stream runs it (file comment).
@@ -72,8 +72,7 @@ Request NcclTransport::Post(Request::Kind kind, int self, int peer, uint64_t tag
   return request;
 }
 
-Request NcclTransport::PostSend(int self, int peer, uint64_t tag, const void* data,
-                                size_t bytes) {
+Request NcclTransport::PostSend(int self, int peer, uint64_t tag, const void* data, size_t bytes) {
   // NCCL takes a non-const pointer for both directions; a send only reads it.
   return Post(Request::Kind::kSend, self, peer, tag, const_cast<void*>(data), bytes);
 }
@@ -90,8 +89,8 @@ Status NcclTransport::Wait(int self, Request* requests, size_t count,
     if (r.code == ncclSuccess) continue;
     status = Status(StatusCode::kInternal,
                     std::string(context) + ": " +
-                        (r.kind == Request::Kind::kSend ? "send to" : "receive from") +
-                        " rank " + std::to_string(r.peer) + " (" + transport::DescribeTag(r.tag) +
+                        (r.kind == Request::Kind::kSend ? "send to" : "receive from") + " rank " +
+                        std::to_string(r.peer) + " (" + transport::DescribeTag(r.tag) +
                         ") on rank " + std::to_string(self) + " failed: " + r.error);
   }
   if (grouped_) {

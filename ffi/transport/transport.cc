@@ -38,8 +38,7 @@ std::string Transport::SetRanks(int world_size, std::vector<int> local_ranks) {
   for (size_t i = 0; i < local_ranks.size(); ++i) {
     const int r = local_ranks[i];
     if (r < 0 || r >= world_size) {
-      return "local rank " + std::to_string(r) + " outside [0, " + std::to_string(world_size) +
-             ")";
+      return "local rank " + std::to_string(r) + " outside [0, " + std::to_string(world_size) + ")";
     }
     if (index_of[r] != -1) return "local rank " + std::to_string(r) + " listed twice";
     index_of[r] = static_cast<int>(i);

@@ -110,10 +110,10 @@ class Request {
     size_t bytes = 0;     // send size or receive capacity
     size_t received = 0;  // receive length once done
     bool done = true;
-    int code = 0;                    // the implementation's status of the completed operation
-    void* pending = nullptr;         // the implementation's handle while not done
-    Transport* owner = nullptr;      // who releases `pending`
-    std::string error;               // set when posting failed (reported by Wait)
+    int code = 0;                // the implementation's status of the completed operation
+    void* pending = nullptr;     // the implementation's handle while not done
+    Transport* owner = nullptr;  // who releases `pending`
+    std::string error;           // set when posting failed (reported by Wait)
   };
 
  private:

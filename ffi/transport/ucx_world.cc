@@ -318,7 +318,8 @@ Counters UcxWorld::GetCounters(int self) const {
   return c;
 }
 
-int UcxWorld::StartRequest(Request::State& r, int self, int peer, uint64_t tag, size_t bytes) const {
+int UcxWorld::StartRequest(Request::State& r, int self, int peer, uint64_t tag,
+                           size_t bytes) const {
   r.self = self;
   r.peer = peer;
   r.tag = tag;
@@ -393,8 +394,7 @@ Status UcxWorld::Wait(int self, Request* requests, size_t count, Deadline deadli
   int index = LocalIndex(self);
   auto describe = [&](const Request::State& r) {
     return std::string((r.kind == Request::Kind::kSend) ? "send to" : "receive from") + " rank " +
-           std::to_string(r.peer) + " (" + DescribeTag(r.tag) + ") on rank " +
-           std::to_string(self);
+           std::to_string(r.peer) + " (" + DescribeTag(r.tag) + ") on rank " + std::to_string(self);
   };
   if (index < 0) {
     return Status(StatusCode::kInvalidArgument,
