@@ -129,8 +129,8 @@ SETTINGS: dict[str, Setting] = {
             "C++ ffi/transport/settings.cc (ReadTransportName; the table: "
             "ffi/transport/registry.cc)",
             "Which transport moves a collective's buffers: auto takes ucx for CPU buffers and "
-            "nccl for GPU buffers; a named one that cannot move a call's buffers fails the "
-            "call, naming this variable.",
+            "nccl for GPU buffers; ucx on GPU stages the dense allreduce through pinned host "
+            "memory (other GPU collectives refuse it); nccl refuses CPU buffers.",
             _choice("auto", "ucx", "nccl"),
         ),
         Setting(

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "ffi/common.h"
+#include "ffi/cuda/host_staged.h"
 #include "ffi/transport/settings.h"
 #include "ffi/transport/transport.h"
 #include "kernels/cuda_kernels.h"
@@ -278,6 +279,12 @@ ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, const Caller& cal
 
 ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
                            std::unique_ptr<GpuGroup>* out) {
+  if (HostStagedSelected()) {
+    return Fail(site.name,
+                "JAXCOMM_TRANSPORT=ucx moves GPU buffers (host-staged) for the dense allreduce "
+                "only, and this collective has no such path yet; unset JAXCOMM_TRANSPORT or set "
+                "it to auto or nccl");
+  }
   auto result = std::make_unique<GpuGroup>();
   JAXCOMM_RETURN_IF_ERROR(Group::Begin(site, &result->group_));
   Group& group = *result->group_;
@@ -306,9 +313,9 @@ ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
   result->device_ordinal_ = gpu.device_ordinal;
   result->comm_ = state->comm;
   result->nccl_ = state->nccl;
-  result->wire_ = std::make_unique<nccl::NcclTransport>(
-      *state->nccl, state->comm, state->members, group.wire().world_size(),
-      group.world_rank(group.rank()), gpu.stream);
+  result->wire_ = std::make_unique<nccl::NcclTransport>(*state->nccl, state->comm, state->members,
+                                                        group.wire().world_size(),
+                                                        group.world_rank(group.rank()), gpu.stream);
   group.UseTransport(result->wire_.get());
   result->state_ = std::move(state);
   *out = std::move(result);

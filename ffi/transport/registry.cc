@@ -13,11 +13,11 @@ std::unique_ptr<Transport> CreateUcxWorld(int world_size, std::vector<int> local
   return UcxWorld::Create(world_size, std::move(local_ranks), error);
 }
 
-// One row per transport; "auto" takes the first that accepts the buffers' memory kind.
+// One row per transport; "auto" takes the first that moves the buffers' memory kind.
 const std::vector<TransportEntry>& Table() {
   static const std::vector<TransportEntry>* table = new std::vector<TransportEntry>{
-      {"ucx", /*host=*/true, /*device=*/false, &CreateUcxWorld},
-      {"nccl", /*host=*/false, /*device=*/true, nullptr},
+      {"ucx", /*host=*/true, /*device=*/false, /*device_staged=*/true, &CreateUcxWorld},
+      {"nccl", /*host=*/false, /*device=*/true, /*device_staged=*/false, nullptr},
   };
   return *table;
 }
@@ -37,7 +37,7 @@ Selection SelectFromSetting(MemoryKind kind) {
 Selection SelectTransport(MemoryKind kind, std::string_view name) {
   Selection out;
   for (const TransportEntry& entry : Table()) {
-    if (name == "auto" ? entry.Accepts(kind) : name == entry.name) {
+    if (name == "auto" ? entry.Moves(kind) : name == entry.name) {
       out.entry = &entry;
       break;
     }
@@ -85,7 +85,8 @@ const Selection& SelectedTransport(MemoryKind kind) {
   static std::once_flag once;
   static Selection* selections = nullptr;
   std::call_once(once, [] {
-    selections = new Selection[2]{SelectFromSetting(MemoryKind::kHost), SelectFromSetting(MemoryKind::kDevice)};
+    selections = new Selection[2]{SelectFromSetting(MemoryKind::kHost),
+                                  SelectFromSetting(MemoryKind::kDevice)};
   });
   return selections[kind == MemoryKind::kHost ? 0 : 1];
 }

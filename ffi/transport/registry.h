@@ -16,13 +16,21 @@ namespace jaxcomm::transport {
 
 struct TransportEntry {
   const char* name;
-  bool host;    // accepts MemoryKind::kHost
-  bool device;  // accepts MemoryKind::kDevice
+  bool host;    // moves MemoryKind::kHost buffers
+  bool device;  // moves MemoryKind::kDevice buffers
+  // Moves device buffers through pinned host memory, for the GPU handlers that have such a
+  // path (ffi/cuda/host_staged.h); "auto" never picks a row for this.
+  bool device_staged;
   // Creates the world's transport, or null for a transport made per group by its handlers
   // (the nccl row: ffi/cuda/nccl_transport.h).
   std::unique_ptr<Transport> (*create_world)(int world_size, std::vector<int> local_ranks,
                                              std::string* error);
-  bool Accepts(MemoryKind kind) const { return kind == MemoryKind::kHost ? host : device; }
+  // Whether the row moves `kind` itself (what "auto" asks).
+  bool Moves(MemoryKind kind) const { return kind == MemoryKind::kHost ? host : device; }
+  // Whether the row can be chosen for `kind` at all.
+  bool Accepts(MemoryKind kind) const {
+    return Moves(kind) || (kind == MemoryKind::kDevice && device_staged);
+  }
 };
 
 // Every transport, in the order "auto" prefers them.
@@ -38,9 +46,9 @@ std::unique_ptr<Transport> CreateWorld(int world_size, std::vector<int> local_ra
                                        std::string* error);
 
 // The transport that moves a collective's buffers of `kind` under JAXCOMM_TRANSPORT: the named
-// row, or with "auto" the first row that accepts `kind`. Read once per process (the first
-// collective chooses); `error` names the setting and the fix where the choice cannot move
-// `kind`.
+// row, or with "auto" the first row that moves `kind` itself (ucx for host, nccl for device). Read
+// once per process (the first collective chooses); `error` names the setting and the fix where the
+// choice cannot move `kind`.
 struct Selection {
   const TransportEntry* entry = nullptr;
   std::string error;

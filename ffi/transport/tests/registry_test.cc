@@ -27,10 +27,12 @@ class ScopedEnv {
 TEST(Registry, NamesEveryTransportOnce) {
   EXPECT_EQ(TransportChoices(), "auto, ucx, nccl");
   ASSERT_NE(FindTransport("ucx"), nullptr);
-  EXPECT_TRUE(FindTransport("ucx")->Accepts(MemoryKind::kHost));
-  EXPECT_FALSE(FindTransport("ucx")->Accepts(MemoryKind::kDevice));
+  EXPECT_TRUE(FindTransport("ucx")->Moves(MemoryKind::kHost));
+  EXPECT_FALSE(FindTransport("ucx")->Moves(MemoryKind::kDevice));
+  EXPECT_TRUE(FindTransport("ucx")->Accepts(MemoryKind::kDevice));  // host-staged
   ASSERT_NE(FindTransport("nccl"), nullptr);
-  EXPECT_TRUE(FindTransport("nccl")->Accepts(MemoryKind::kDevice));
+  EXPECT_TRUE(FindTransport("nccl")->Moves(MemoryKind::kDevice));
+  EXPECT_FALSE(FindTransport("nccl")->Accepts(MemoryKind::kHost));
   EXPECT_EQ(FindTransport("nccl")->create_world, nullptr);  // made per group by its handlers
   EXPECT_EQ(FindTransport("auto"), nullptr);
   EXPECT_EQ(FindTransport("tcp"), nullptr);
@@ -51,9 +53,14 @@ TEST(Registry, RefusesATransportThatCannotMoveTheKind) {
   EXPECT_NE(nccl_on_host.error.find("JAXCOMM_TRANSPORT='nccl' cannot move host"), std::string::npos)
       << nccl_on_host.error;
   EXPECT_NE(nccl_on_host.error.find("ucx can"), std::string::npos) << nccl_on_host.error;
+}
+
+TEST(Registry, UcxTakesDeviceBuffersOnlyWhenNamed) {
+  // Host-staged (ffi/cuda/host_staged.h): chosen by name, never by "auto".
   const Selection ucx_on_device = SelectTransport(MemoryKind::kDevice, "ucx");
-  EXPECT_EQ(ucx_on_device.entry, nullptr);
-  EXPECT_NE(ucx_on_device.error.find("nccl can"), std::string::npos) << ucx_on_device.error;
+  ASSERT_NE(ucx_on_device.entry, nullptr) << ucx_on_device.error;
+  EXPECT_STREQ(ucx_on_device.entry->name, "ucx");
+  EXPECT_STREQ(SelectTransport(MemoryKind::kDevice, "auto").entry->name, "nccl");
 }
 
 TEST(Registry, SettingTakesTheTableNamesOnly) {
