@@ -16,7 +16,7 @@
 #include "ffi/group.h"
 #include "ffi/ring_schedule.h"
 #include "ffi/transport/settings.h"
-#include "ffi/transport/ucx_world.h"
+#include "ffi/transport/transport.h"
 #include "kernels/reduce.h"
 #include "xla/ffi/api/ffi.h"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ffi/common.h"
-#include "ffi/transport/ucx_world.h"
+#include "ffi/transport/transport.h"
 #include "kernels/half.h"
 #include "kernels/reduce.h"
 
@@ -18,7 +18,7 @@ namespace {
 // inputs make half as many bytes per block, with a float32 accumulator of the same size.
 constexpr int64_t kBlock = 1 << 16;
 
-using Notice = transport::UcxWorld::Notice;
+using Notice = transport::Transport::Notice;
 
 // Waits for group rank q's notice of `step` (ffi/transport/shm.h, "Notices") and checks that it
 // passed `n` elements before this rank reads a byte of its memory. One peer at a time, so a
@@ -37,14 +37,14 @@ ffi::Error WaitForPeer(Group& group, int q, int64_t n, uint32_t step, Notice* no
   return ffi::Error::Success();
 }
 
-// Whether this call stages n elements of T through shared areas (ucx_world.h, "Staging
+// Whether this call stages n elements of T through shared areas (ffi/transport/shm.h, "Staging
 // areas"): when a member lives in another process (process_vm_readv would pin every page it
 // reads) and the vector fits. The same on every rank of the group: n is checked, the members
 // are the same.
 template <typename T = float>
 bool Staged(const Group& group, int64_t n) {
   return group.SpansProcesses() &&
-         static_cast<size_t>(n) * sizeof(T) <= transport::UcxWorld::kStagingBytes &&
+         static_cast<size_t>(n) * sizeof(T) <= transport::Transport::kStagingBytes &&
          group.StagingArea(group.rank()) != nullptr;
 }
 
@@ -119,7 +119,7 @@ ffi::Error ReduceScatter(Group& group, const T* x, T* out, int64_t n, uint32_t* 
   }
   // Both addresses at once: the allgather's "my slice is final" then needs no payload.
   const uint32_t ready = (*step)++;
-  const Notice mine{transport::UcxWorld::AddressOf(x), transport::UcxWorld::AddressOf(out), n};
+  const Notice mine{transport::Transport::AddressOf(x), transport::Transport::AddressOf(out), n};
   group.PostNotice(ready, &mine);
   PeerInputs<T> inputs(group, x, n, ready, staging != nullptr);
   const bool aliased = out == x && staging == nullptr;
@@ -242,7 +242,7 @@ ffi::Error DirectBroadcast(Group& group, int root, float* out, int64_t n, uint32
       TimedWork timed(group, Work::kCopy);
       std::memcpy(group.StagingArea(root), out, sizeof(float) * n);
     }
-    const Notice notice{0, transport::UcxWorld::AddressOf(out), n};
+    const Notice notice{0, transport::Transport::AddressOf(out), n};
     group.PostNotice(address_step, &notice);
     JAXCOMM_RETURN_IF_ERROR(group.WaitNotices(done_step, nullptr, -1));
     group.CountTraffic(sizeof(float) * static_cast<uint64_t>(n) * (group.size() - 1), 0);
@@ -282,7 +282,7 @@ ffi::Error DirectAllreduceOneShot(Group& group, const float* x, float* out, int6
   }
   uint32_t step = 0;
   const uint32_t ready = step++;
-  const Notice mine{transport::UcxWorld::AddressOf(x), transport::UcxWorld::AddressOf(out), n};
+  const Notice mine{transport::Transport::AddressOf(x), transport::Transport::AddressOf(out), n};
   group.PostNotice(ready, &mine);
   PeerInputs<float> inputs(group, x, n, ready, staging != nullptr);
   // Peers may read x itself (unstaged): when out is x, sum into `acc` and copy after the done

@@ -16,11 +16,11 @@
 //     (the ordering token chain), so their sequence numbers and tags are what they were when
 //     the handlers ran them inline;
 //   - each device's UCX worker is touched by its engine thread only (the transport's workers
-//     are single-threaded, see ffi/transport/ucx_world.h);
+//     are single-threaded, see ffi/transport/transport.h);
 //   - the deadline of a collective starts when the engine starts it, not when it was queued.
 //
 // Failure: the first transport failure (a deadline, a dead peer) stops the engine of the whole
-// process for good (the links it touched are broken: ffi/transport/ucx_world.h; restart the
+// process for good (the links it touched are broken: ffi/transport/transport.h; restart the
 // process, as after any lost peer). Every collective that was queued behind it, or is called
 // later, fails at once with the same short message instead of waiting for its own deadline.
 #pragma once

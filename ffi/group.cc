@@ -10,6 +10,8 @@
 #include "ffi/common.h"
 #include "ffi/engine.h"
 #include "ffi/metrics.h"
+#include "ffi/transport/registry.h"
+#include "ffi/transport/settings.h"
 #include "ffi/transport/world_registry.h"
 
 namespace jaxcomm::collectives {
@@ -43,8 +45,8 @@ ffi::Error Fail(const char* name, const std::string& message) {
   return ffi::Error::InvalidArgument(std::string(name) + ": " + message);
 }
 
-// A transport failure breaks the links it touched (ucx_world.h): stop the engine so every
-// collective queued behind this one fails at once with the same message.
+// A transport failure breaks the links it touched (ffi/transport/transport.h): stop the engine so
+// every collective queued behind this one fails at once with the same message.
 ffi::Error FromStatus(const transport::Status& status) {
   if (status.code() == transport::StatusCode::kDeadlineExceeded ||
       status.code() == transport::StatusCode::kPeerFailed) {
@@ -60,7 +62,7 @@ std::string JoinInts(const std::vector<int64_t>& values) {
 }
 
 // One-time exchange of mesh positions among all world ranks (once per mesh shape).
-ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char* name, int self,
+ffi::Error DiscoverMesh(transport::Transport& world, RankState& state, const char* name, int self,
                         int64_t position, std::vector<int>* table) {
   const int world_size = world.world_size();
   const uint32_t control_seq = state.next_control_seq++;
@@ -70,18 +72,18 @@ ffi::Error DiscoverMesh(transport::UcxWorld& world, RankState& state, const char
   requests.reserve(2 * world_size);
   for (int peer = 0; peer < world_size; ++peer) {
     if (peer == self) continue;
-    requests.push_back(world.Irecv(self, peer, MakeControlTag(control_seq, 0, peer),
-                                   &positions[peer], sizeof(int64_t)));
+    requests.push_back(world.PostRecv(self, peer, MakeControlTag(control_seq, 0, peer),
+                                      &positions[peer], sizeof(int64_t)));
   }
   for (int peer = 0; peer < world_size; ++peer) {
     if (peer == self) continue;
-    requests.push_back(world.Isend(self, peer, MakeControlTag(control_seq, 0, self),
-                                   &positions[self], sizeof(int64_t)));
+    requests.push_back(world.PostSend(self, peer, MakeControlTag(control_seq, 0, self),
+                                      &positions[self], sizeof(int64_t)));
   }
   const std::string context = std::string(name) +
                               " (mesh discovery; every device of the "
                               "world must run this collective)";
-  transport::Status status = world.WaitAll(self, requests, transport::DefaultDeadline(), context);
+  transport::Status status = world.Wait(self, requests, transport::DefaultDeadline(), context);
   if (!status.ok()) return FromStatus(status);
   table->assign(world_size, -1);
   for (int rank = 0; rank < world_size; ++rank) {
@@ -111,7 +113,11 @@ ffi::Error Group::Begin(const CallSite& site, std::unique_ptr<Group>* out) {
                                " is not initialized in this process (was the function traced "
                                "in another process? call it again after jaxcomm initializes)");
   }
-  transport::UcxWorld& world = *group->world_;
+  transport::Transport& world = *group->world_;
+  group->wire_ = &world;
+  if (const auto& chosen = transport::SelectedTransport(site.memory); chosen.entry == nullptr) {
+    return Fail(site.name, chosen.error);
+  }
   const auto& devices = site.world_devices;
   const auto found = std::find(devices.begin(), devices.end(), site.device_id);
   if (found == devices.end()) {
@@ -193,13 +199,13 @@ ffi::Error Group::SendRecv(int dst, const void* send, size_t send_bytes, int src
 
 transport::Request Group::PostSend(int dst, const void* data, size_t bytes, uint32_t step) {
   metrics_.bytes_sent += bytes;
-  return world_->Isend(self_world_rank_, members_[dst], MakeTag(seq_, step, self_world_rank_), data,
-                       bytes);
+  return wire_->PostSend(self_world_rank_, members_[dst], MakeTag(seq_, step, self_world_rank_),
+                         data, bytes);
 }
 
 transport::Request Group::PostRecv(int src, void* data, size_t capacity, uint32_t step) {
-  return world_->Irecv(self_world_rank_, members_[src], MakeTag(seq_, step, members_[src]), data,
-                       capacity);
+  return wire_->PostRecv(self_world_rank_, members_[src], MakeTag(seq_, step, members_[src]), data,
+                         capacity);
 }
 
 bool Group::SharesMemoryWithAll() const {
@@ -255,7 +261,7 @@ ffi::Error Group::WaitOutcome(const transport::Status& status) {
   return FromStatus(status);
 }
 
-ffi::Error Group::WaitNotices(uint32_t step, std::vector<transport::UcxWorld::Notice>* notices,
+ffi::Error Group::WaitNotices(uint32_t step, std::vector<transport::Transport::Notice>* notices,
                               int only) {
   std::vector<int> waited;  // group ranks
   for (int q = 0; q < size(); ++q) {
@@ -263,7 +269,7 @@ ffi::Error Group::WaitNotices(uint32_t step, std::vector<transport::UcxWorld::No
   }
   std::vector<int> peers;
   for (int q : waited) peers.push_back(members_[q]);
-  std::vector<transport::UcxWorld::Notice> got(peers.size());
+  std::vector<transport::Transport::Notice> got(peers.size());
   const auto waiting = std::chrono::steady_clock::now();
   const transport::Status status = world_->WaitNotices(
       self_world_rank_, peers.data(), peers.size(), seq_, step, got.data(), deadline_, Context());
@@ -271,7 +277,7 @@ ffi::Error Group::WaitNotices(uint32_t step, std::vector<transport::UcxWorld::No
       std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
   if (!status.ok()) return WaitOutcome(status);
   if (notices != nullptr) {
-    notices->assign(size(), transport::UcxWorld::Notice{});
+    notices->assign(size(), transport::Transport::Notice{});
     for (size_t i = 0; i < waited.size(); ++i) (*notices)[waited[i]] = got[i];
   }
   return ffi::Error::Success();
@@ -279,8 +285,7 @@ ffi::Error Group::WaitNotices(uint32_t step, std::vector<transport::UcxWorld::No
 
 ffi::Error Group::Wait(transport::Request* requests, size_t count, size_t* received) {
   const auto waiting = std::chrono::steady_clock::now();
-  transport::Status status =
-      world_->WaitAll(self_world_rank_, requests, count, deadline_, Context());
+  transport::Status status = wire_->Wait(self_world_rank_, requests, count, deadline_, Context());
   metrics_.wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - waiting).count();
   if (!status.ok()) return WaitOutcome(status);

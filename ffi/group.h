@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "ffi/transport/ucx_world.h"
+#include "ffi/transport/transport.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jaxcomm::collectives {
@@ -32,6 +32,9 @@ struct CallSite {
   ffi::Span<const int64_t> reduce_axes;  // 1 = reduced over
   const int32_t* coordinates;            // this device's coordinate per mesh axis
   int64_t num_coordinates;
+  // Where the collective's buffers live: the transport that moves them is chosen for this kind
+  // (ffi/transport/registry.h, SelectedTransport).
+  transport::MemoryKind memory = transport::MemoryKind::kHost;
 };
 
 // Per-call bytes and time, accumulated by Group and recorded by Finish().
@@ -79,8 +82,8 @@ class Group {
     return SendRecv(-1, nullptr, 0, src, data, capacity, received, step);
   }
 
-  // Adds traffic that did not go through this Group's transport (NCCL on GPU, whose message
-  // sizes the algorithm knows on the host).
+  // Adds traffic that did not go through this Group's messages (NCCL's collectives on GPU,
+  // whose sizes the algorithm knows on the host).
   void CountTraffic(uint64_t sent, uint64_t received) {
     metrics_.bytes_sent += sent;
     metrics_.bytes_received += received;
@@ -101,6 +104,14 @@ class Group {
     CountDenseEquivalent(sub.metrics_.has_dense_equivalent ? sub.metrics_.dense_bytes_sent
                                                            : sub.metrics_.bytes_sent);
   }
+
+  // The transport that moves this group's messages (ffi/transport/transport.h): the world's
+  // (UCX) from Begin, until a device handler hands the group its own (UseTransport).
+  transport::Transport& wire() const { return *wire_; }
+  // Moves this group's later messages to `wire` (the GPU's NCCL transport over the group's
+  // communicator, ffi/cuda/nccl_transport.h), which must outlive the group's use of it and
+  // accept the call's memory kind. Mesh discovery and setup messages went over the world's.
+  void UseTransport(transport::Transport* wire) { wire_ = wire; }
 
   // Nonblocking halves of SendRecv for pipelined algorithms: post, then Wait() on each
   // request (any order). Every posted request must be waited on before its buffer is reused.
@@ -130,10 +141,10 @@ class Group {
   // `step` of this call (with `notice`: and here are its buffers), and the wait until every
   // other member did (or only group rank `only`); `notices` (optional) gets each member's, by
   // group rank (this rank's entry zero). Waiting counts as wait time, like Wait().
-  void PostNotice(uint32_t step, const transport::UcxWorld::Notice* notice = nullptr) {
+  void PostNotice(uint32_t step, const transport::Transport::Notice* notice = nullptr) {
     world_->PostNotice(self_world_rank_, seq_, step, notice);
   }
-  ffi::Error WaitNotices(uint32_t step, std::vector<transport::UcxWorld::Notice>* notices,
+  ffi::Error WaitNotices(uint32_t step, std::vector<transport::Transport::Notice>* notices,
                          int only = -1);
   // Group rank q's staging area for this call (ffi/transport/shm.h, "Staging areas"), or null, as
   // an array of T (the collective's element type).
@@ -158,8 +169,9 @@ class Group {
   // "jaxcomm.allreduce (group rank r of P)", for transport messages.
   std::string Context() const;
   int64_t world_handle_ = 0;
-  std::vector<int64_t> world_devices_;  // device id of each world rank
-  std::shared_ptr<transport::UcxWorld> world_;
+  std::vector<int64_t> world_devices_;           // device id of each world rank
+  std::shared_ptr<transport::Transport> world_;  // bootstrap, control, same-host memory
+  transport::Transport* wire_ = nullptr;         // messages (world_ unless UseTransport)
   const char* name_ = "";
   int self_world_rank_ = -1;
   int rank_ = -1;

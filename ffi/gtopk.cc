@@ -21,7 +21,7 @@
 #include "ffi/common.h"
 #include "ffi/engine.h"
 #include "ffi/group.h"
-#include "ffi/gtopk_schedule.h"
+#include "ffi/gtopk_run.h"
 #include "kernels/reduce.h"
 #include "kernels/sparse_merge.h"
 #include "kernels/topk.h"
@@ -87,44 +87,23 @@ class GTopKRun {
   }
 
   // Reduces `current` (this rank's local set in, the global set out) across the group, step by
-  // step as ffi/gtopk_schedule.h lays out (the GPU handler runs the same schedule).
+  // step as ffi/gtopk_schedule.h lays out, through the driver the GPU handler runs too
+  // (ffi/gtopk_run.h).
   ffi::Error Run(SparseSet* current) {
     current_ = current;
-    for (const gtopk::Step& step : gtopk::Schedule(group_.rank(), group_.size())) {
-      ffi::Error e = ffi::Error::Success();
-      switch (step.op) {
-        case gtopk::Op::kSend:
-          e = group_.Send(step.peer, current_->words.data(), current_->bytes(), step.tag);
-          break;
-        case gtopk::Op::kReceiveMerge:
-          e = ReceiveAndMerge(step.peer, step.tag);
-          break;
-        case gtopk::Op::kReceiveExact:
-          e = ReceiveExact(step.peer, current_, step.tag);
-          break;
-      }
-      JAXCOMM_RETURN_IF_ERROR(e);
-    }
-    return ffi::Error::Success();
+    return gtopk::RunSchedule(kOp, group_, current->bytes(), *this);
   }
 
   const std::vector<Dropped>& dropped() const { return dropped_; }
 
- private:
-  ffi::Error ReceiveExact(int from, SparseSet* into, uint32_t step) {
-    size_t got = 0;
-    JAXCOMM_RETURN_IF_ERROR(group_.Recv(from, into->words.data(), into->bytes(), &got, step));
-    if (got != into->bytes()) {
-      return ffi_common::InvalidArgument(
-          kOp, "group rank " + std::to_string(from) + " sent " + std::to_string(got) +
-                   " bytes instead of " + std::to_string(into->bytes()) +
-                   "; every rank must pass the same shape and density");
-    }
-    return ffi::Error::Success();
-  }
+  // The sets of gtopk::RunSchedule: one receive buffer for every merge; the global set is
+  // received in place of `current`.
+  const void* current() { return current_->words.data(); }
+  void* merge_input(int /*merge*/) { return received_.words.data(); }
+  void* global() { return current_->words.data(); }
+  void TakeGlobal() {}
 
-  ffi::Error ReceiveAndMerge(int from, uint32_t step) {
-    JAXCOMM_RETURN_IF_ERROR(ReceiveExact(from, &received_, step));
+  ffi::Error Merge(int /*merge*/, int from) {
     const kernels::SparseMergeScratch scratch{scratch_indices_.data(), scratch_values_.data(),
                                               scratch_keys_.data(), 2 * k_};
     const kernels::SparseMergeStatus status = kernels::SparseMergeTopK(
@@ -139,6 +118,7 @@ class GTopKRun {
     return ffi::Error::Success();
   }
 
+ private:
   Group& group_;
   int64_t k_;
   SparseSet* current_ = nullptr;

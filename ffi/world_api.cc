@@ -1,8 +1,9 @@
-// C API over the UCX transport for Python's ctypes bootstrap (jaxcomm/_world.py): create a
-// world, publish local worker addresses, connect, read counters, destroy. Worlds live in the
-// process-global registry (ffi/transport/world_registry.h) where FFI handlers find them by
-// handle. Every function returns a status code (0 = OK, < 0 = error) and never aborts; the
-// message of the last error on the calling thread is read with jaxcomm_world_last_error().
+// C API over the world's transport (ffi/transport/registry.h) for Python's ctypes bootstrap
+// (jaxcomm/_world.py): create a world, publish local worker addresses, connect, read counters,
+// destroy. Worlds live in the process-global registry (ffi/transport/world_registry.h) where FFI
+// handlers find them by handle. Every function returns a status code (0 = OK, < 0 = error) and
+// never aborts; the message of the last error on the calling thread is read with
+// jaxcomm_world_last_error().
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -10,18 +11,18 @@
 #include <vector>
 
 #include "ffi/common.h"
-#include "ffi/transport/ucx_world.h"
+#include "ffi/transport/registry.h"
+#include "ffi/transport/settings.h"
 #include "ffi/transport/world_registry.h"
 
 namespace {
 
 using jaxcomm::transport::GetWorld;
-using jaxcomm::transport::UcxWorld;
 
 // Error codes of the C API (mirrored in jaxcomm/_world.py).
 constexpr int kOk = 0;
 constexpr int kErrInvalid = -1;    // bad argument or unknown handle
-constexpr int kErrTransport = -2;  // UCX failed
+constexpr int kErrTransport = -2;  // the transport failed
 constexpr int kErrTimeout = -3;
 constexpr int kErrPeerFailed = -4;
 
@@ -67,8 +68,8 @@ JAXCOMM_C_API int jaxcomm_world_create(int world_size, const int* local_ranks, i
     return Fail(kErrInvalid, "jaxcomm_world_create: null pointer or no local ranks");
   }
   std::string error;
-  auto world =
-      UcxWorld::Create(world_size, std::vector<int>(local_ranks, local_ranks + num_local), &error);
+  auto world = jaxcomm::transport::CreateWorld(
+      world_size, std::vector<int>(local_ranks, local_ranks + num_local), &error);
   if (!world) return Fail(kErrTransport, error);
   *handle = jaxcomm::transport::RegisterWorld(std::move(world));
   return kOk;
@@ -154,14 +155,14 @@ JAXCOMM_C_API int jaxcomm_world_sendrecv(int64_t handle, int self, int send_peer
                     : DefaultDeadline();
   std::vector<Request> requests;
   if (recv_peer >= 0) {
-    requests.push_back(world->Irecv(self, recv_peer, MakeControlTag(seq, 0, recv_peer), recv_data,
-                                    static_cast<size_t>(recv_capacity)));
+    requests.push_back(world->PostRecv(self, recv_peer, MakeControlTag(seq, 0, recv_peer),
+                                       recv_data, static_cast<size_t>(recv_capacity)));
   }
   if (send_peer >= 0) {
-    requests.push_back(world->Isend(self, send_peer, MakeControlTag(seq, 0, self), send_data,
-                                    static_cast<size_t>(send_bytes)));
+    requests.push_back(world->PostSend(self, send_peer, MakeControlTag(seq, 0, self), send_data,
+                                       static_cast<size_t>(send_bytes)));
   }
-  Status s = world->WaitAll(self, requests, deadline, "jaxcomm_world_sendrecv");
+  Status s = world->Wait(self, requests, deadline, "jaxcomm_world_sendrecv");
   if (received != nullptr) {
     *received = s.ok() && recv_peer >= 0 ? static_cast<int64_t>(requests[0].received_bytes()) : 0;
   }

@@ -123,6 +123,17 @@ SETTINGS: dict[str, Setting] = {
             _choice("1", "0"),
         ),
         Setting(
+            "JAXCOMM_TRANSPORT",
+            "auto",
+            "auto, ucx or nccl",
+            "C++ ffi/transport/settings.cc (ReadTransportName; the table: "
+            "ffi/transport/registry.cc)",
+            "Which transport moves a collective's buffers: auto takes ucx for CPU buffers and "
+            "nccl for GPU buffers; ucx on GPU stages the dense allreduce through pinned host "
+            "memory (other GPU collectives refuse it); nccl refuses CPU buffers.",
+            _choice("auto", "ucx", "nccl"),
+        ),
+        Setting(
             "JAXCOMM_SMALL_ALLREDUCE_BYTES",
             "32768",
             "bytes, an integer >= 0",

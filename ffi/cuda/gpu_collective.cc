@@ -10,7 +10,9 @@
 #include <tuple>
 
 #include "ffi/common.h"
-#include "ffi/transport/ucx_world.h"
+#include "ffi/cuda/host_staged.h"
+#include "ffi/transport/settings.h"
+#include "ffi/transport/transport.h"
 #include "kernels/cuda_kernels.h"
 
 namespace jaxcomm::collectives::gpu {
@@ -264,7 +266,8 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, const Caller& c
                        attrs.mesh_axis_sizes,
                        attrs.reduce_axes,
                        out->coordinates.data(),
-                       static_cast<int64_t>(out->coordinates.size())};
+                       static_cast<int64_t>(out->coordinates.size()),
+                       transport::MemoryKind::kDevice};
   return ffi::Error::Success();
 }
 
@@ -276,6 +279,12 @@ ffi::Error BeginGpuCall(const char* name, cudaStream_t stream, const Caller& cal
 
 ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
                            std::unique_ptr<GpuGroup>* out) {
+  if (HostStagedSelected()) {
+    return Fail(site.name,
+                "JAXCOMM_TRANSPORT=ucx moves GPU buffers (host-staged) for the dense allreduce "
+                "only, and this collective has no such path yet; unset JAXCOMM_TRANSPORT or set "
+                "it to auto or nccl");
+  }
   auto result = std::make_unique<GpuGroup>();
   JAXCOMM_RETURN_IF_ERROR(Group::Begin(site, &result->group_));
   Group& group = *result->group_;
@@ -304,6 +313,10 @@ ffi::Error GpuGroup::Begin(const GpuSite& gpu, const CallSite& site,
   result->device_ordinal_ = gpu.device_ordinal;
   result->comm_ = state->comm;
   result->nccl_ = state->nccl;
+  result->wire_ = std::make_unique<nccl::NcclTransport>(*state->nccl, state->comm, state->members,
+                                                        group.wire().world_size(),
+                                                        group.world_rank(group.rank()), gpu.stream);
+  group.UseTransport(result->wire_.get());
   result->state_ = std::move(state);
   *out = std::move(result);
   return ffi::Error::Success();

@@ -32,6 +32,7 @@
 #include "ffi/collective_handler.h"
 #include "ffi/common.h"
 #include "ffi/cuda/nccl_api.h"
+#include "ffi/cuda/nccl_transport.h"
 #include "ffi/group.h"
 #include "ffi/ring_schedule.h"
 #include "xla/ffi/api/ffi.h"
@@ -76,7 +77,10 @@ ffi::Error ResolveGpuSite(const char* name, cudaStream_t stream, const Caller& c
                           GpuSite* out);
 
 // One group of a GPU call: membership, sequence number and metrics as on CPU, plus its NCCL
-// communicator (NCCL rank == group rank).
+// communicator (NCCL rank == group rank) and the transport over it on the call's stream
+// (ffi/cuda/nccl_transport.h), which carries the group's messages: group().Send, Recv,
+// PostSend, PostRecv and Wait enqueue NCCL operations, as they move host buffers over UCX on
+// CPU.
 class GpuGroup {
  public:
   // Group::Begin for `site`, then the group's communicator (created on first use).
@@ -104,6 +108,7 @@ class GpuGroup {
   ncclComm_t comm_ = nullptr;
   const nccl::NcclApi* nccl_ = nullptr;
   std::shared_ptr<struct CommState> state_;
+  std::unique_ptr<nccl::NcclTransport> wire_;  // the group's messages (group().UseTransport)
 };
 
 // Counts the traffic of a dense float32 allreduce of n elements over `group` as the CPU ring's

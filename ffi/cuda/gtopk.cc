@@ -1,5 +1,6 @@
 // gTop-k allreduce on the GPU (platform "CUDA" of target jaxcomm_gtopk), the same algorithm as
-// ffi/gtopk.cc with NCCL send/recv on XLA's stream instead of UCX:
+// ffi/gtopk.cc, driven by the same code (ffi/gtopk_run.h) over the group's NCCL transport on
+// XLA's stream instead of UCX:
 //
 //   local top-k with error feedback (CUDA TopKAbs)
 //   -> the fold / binomial-tree / broadcast schedule of ffi/gtopk_schedule.h (the CPU's), each
@@ -22,7 +23,7 @@
 
 #include "ffi/common.h"
 #include "ffi/cuda/gpu_collective.h"
-#include "ffi/gtopk_schedule.h"
+#include "ffi/gtopk_run.h"
 #include "kernels/cuda_kernels.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -41,6 +42,38 @@ struct DeviceSet {
   int64_t k = 0;
   int32_t* idx() const { return reinterpret_cast<int32_t*>(words); }
   float* val() const { return reinterpret_cast<float*>(words + k); }
+};
+
+// The sets of gtopk::RunSchedule on the device: one receive, merge and dropped slot array per
+// merge step (the kernels of a step run after its receive, in stream order).
+struct DeviceSets {
+  int64_t k;
+  cudaStream_t stream;
+  void* merge_scratch;
+  DeviceSet current_set;  // local, then each merge result, then the global set
+  DeviceSet global_set;
+  std::vector<DeviceSet> merged, received;
+  std::vector<int32_t*> dropped_idx;
+  std::vector<float*> dropped_val;
+
+  const void* current() const { return current_set.words; }
+  void* merge_input(int merge) const { return received[merge].words; }
+  void* global() const { return global_set.words; }
+  void TakeGlobal() { current_set = global_set; }
+  ffi::Error Merge(int merge, int /*from*/) {
+    const DeviceSet& in = received[merge];
+    const DeviceSet& out = merged[merge];
+    JAXCOMM_RETURN_IF_ERROR(
+        Launched(cuda::SparseMergeTopK(current_set.idx(), current_set.val(), k, in.idx(), in.val(),
+                                       k, k, out.idx(), out.val(), merge_scratch, stream),
+                 "SparseMergeTopK"));
+    JAXCOMM_RETURN_IF_ERROR(Launched(
+        cuda::CollectDropped(current_set.idx(), current_set.val(), k, in.idx(), in.val(), k,
+                             out.idx(), k, dropped_idx[merge], dropped_val[merge], stream),
+        "CollectDropped"));
+    current_set = out;
+    return ffi::Error::Success();
+  }
 };
 
 ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const Caller& caller,
@@ -102,49 +135,13 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
                              r_out, topk_scratch, stream),
                "TopKAbs"));
 
-  // The schedule. `current` is this rank's set so far: local, then each merge result, then the
-  // global set (ffi/gtopk.cc GTopKRun::Run).
-  const nccl::NcclApi& api = group->nccl();
-  const size_t words = static_cast<size_t>(2 * k);
-  const uint64_t message_bytes = sizeof(uint32_t) * words;
-  uint64_t sent = 0, got = 0;
-  DeviceSet current = local;
-  int merge = 0;
-  for (const gtopk::Step& step : schedule) {
-    switch (step.op) {
-      case gtopk::Op::kSend:
-        JAXCOMM_RETURN_IF_ERROR(group->Check(
-            api.send(current.words, words, ncclUint32, step.peer, group->comm(), stream),
-            "ncclSend"));
-        sent += message_bytes;
-        break;
-      case gtopk::Op::kReceiveMerge: {
-        const DeviceSet& in = received[merge];
-        const DeviceSet& out = merged[merge];
-        JAXCOMM_RETURN_IF_ERROR(group->Check(
-            api.recv(in.words, words, ncclUint32, step.peer, group->comm(), stream), "ncclRecv"));
-        got += message_bytes;
-        JAXCOMM_RETURN_IF_ERROR(
-            Launched(cuda::SparseMergeTopK(current.idx(), current.val(), k, in.idx(), in.val(), k,
-                                           k, out.idx(), out.val(), merge_scratch, stream),
-                     "SparseMergeTopK"));
-        JAXCOMM_RETURN_IF_ERROR(Launched(
-            cuda::CollectDropped(current.idx(), current.val(), k, in.idx(), in.val(), k, out.idx(),
-                                 k, dropped_idx[merge], dropped_val[merge], stream),
-            "CollectDropped"));
-        current = out;
-        ++merge;
-        break;
-      }
-      case gtopk::Op::kReceiveExact:
-        JAXCOMM_RETURN_IF_ERROR(group->Check(
-            api.recv(global.words, words, ncclUint32, step.peer, group->comm(), stream),
-            "ncclRecv"));
-        got += message_bytes;
-        current = global;
-        break;
-    }
-  }
+  // The schedule, through the driver the CPU handler runs (ffi/gtopk_run.h): its messages are
+  // NCCL sends and receives on `stream` (the group's transport), each merge a pair of kernels.
+  DeviceSets sets{k,      stream,   merge_scratch, local,      global,
+                  merged, received, dropped_idx,   dropped_val};
+  JAXCOMM_RETURN_IF_ERROR(
+      gtopk::RunSchedule(kOp, group->group(), sizeof(uint32_t) * static_cast<size_t>(2 * k), sets));
+  const DeviceSet current = sets.current_set;
   JAXCOMM_RETURN_IF_ERROR(group->Watch(stream));
 
   // `current` is now the global set (ascending), on every rank.
@@ -165,7 +162,8 @@ ffi::Error GTopKCuda(cudaStream_t stream, ffi::ScratchAllocator& scratch, const 
                                 current.idx(), k, r_out, n, stream),
                  "AddBySet(inside)"));
   }
-  return FinishSparse(*group, kOp, "gtopk", n, bad, out, sent, got, stream);
+  // The group counted the messages as they were posted.
+  return FinishSparse(*group, kOp, "gtopk", n, bad, out, 0, 0, stream);
 }
 
 }  // namespace

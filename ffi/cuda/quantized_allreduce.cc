@@ -12,10 +12,11 @@
 //     per column of slack for Adaptive, but for Threshold it is 1 + ceil(max_density * len)
 //     words whatever the data: with the default max_density = 1 a Threshold slice costs as much
 //     as a dense float slice. Pass a small max_density to Threshold on GPU.
-//   - Reduce-scatter (step 3): one NCCL group with a send of slice s to its owner s and a
-//     receive of my slice from every other rank. Allgather (step 5): one NCCL group in which
-//     every owner sends its quantized sum to every other rank (slices differ in length, so no
-//     ncclAllGather without padding). Both move what the CPU's pairwise/ring schedules move.
+//   - Reduce-scatter (step 3): a send of slice s to its owner s and a receive of my slice from
+//     every other rank, posted together over the group's transport (one NCCL group). Allgather
+//     (step 5): the same, in which every owner sends its quantized sum to every other rank
+//     (slices differ in length, so no ncclAllGather without padding). Both move what the
+//     CPU's pairwise/ring schedules move.
 //   - The owner decodes the P contributions in rank order into a float sum starting at +0.0f
 //     with the accumulate decoders (out += decoded, the CPU's float add), requantizes it with
 //     a zero residual (the CPU's QuantizeSlice with a null residual for OneBit/Threshold: acc =
@@ -110,6 +111,10 @@ cudaError_t DequantizeAccumulateGpu(const kc::CudaQuantizer& q, const QuantizerS
   return q.dequantize_accumulate(spec, packed, words, n, out, scratch, stream);
 }
 
+// Steps (tags) of the quantized allreduce's messages; NCCL pairs them in posting order.
+constexpr uint32_t kReduceScatterStep = 0;
+constexpr uint32_t kAllgatherStep = 1;
+
 // Runs `body` (which enqueues NCCL operations and returns the first failure) between
 // ncclGroupStart and ncclGroupEnd; the group is closed even after a failure.
 template <typename Body>
@@ -185,24 +190,21 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
         "quantizing a slice"));
   }
 
-  // 3. Reduce-scatter: slice s to its owner, my slice from every other rank.
-  const ncclComm_t comm = g.comm();
-  const nccl::NcclApi& api = g.nccl();
-  uint64_t sent = 0, received = 0;
+  // 3. Reduce-scatter: slice s to its owner, my slice from every other rank, posted together
+  // over the group's transport (one NCCL group on `stream`: ffi/cuda/nccl_transport.h), which
+  // counts the traffic.
+  Group& group = g.group();
+  std::vector<transport::Request> requests;
+  requests.reserve(static_cast<size_t>(2 * (parts - 1)));
   if (parts > 1) {
-    JAXCOMM_RETURN_IF_ERROR(NcclGroup(g, [&]() -> ffi::Error {
-      for (int k = 1; k < parts; ++k) {
-        const auto [dst, src] = quantized::PairwiseExchange(rank, parts, k);
-        JAXCOMM_RETURN_IF_ERROR(g.Check(
-            api.send(mine + offsets[dst], words(dst), ncclUint32, dst, comm, stream), "ncclSend"));
-        JAXCOMM_RETURN_IF_ERROR(
-            g.Check(api.recv(incoming + my_words * src, my_words, ncclUint32, src, comm, stream),
-                    "ncclRecv"));
-        sent += sizeof(uint32_t) * words(dst);
-        received += sizeof(uint32_t) * my_words;
-      }
-      return ffi::Error::Success();
-    }));
+    for (int k = 1; k < parts; ++k) {
+      const auto [dst, src] = quantized::PairwiseExchange(rank, parts, k);
+      requests.push_back(group.PostSend(dst, mine + offsets[dst], sizeof(uint32_t) * words(dst),
+                                        kReduceScatterStep));
+      requests.push_back(group.PostRecv(src, incoming + my_words * src, sizeof(uint32_t) * my_words,
+                                        kReduceScatterStep));
+    }
+    JAXCOMM_RETURN_IF_ERROR(group.Wait(requests.data(), requests.size()));
   }
 
   // 4. The owner sums the P contributions in rank order, requantizes, keeps the error.
@@ -227,20 +229,15 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
 
   // 5. Allgather: every owner sends its quantized sum to every other rank.
   if (parts > 1) {
-    JAXCOMM_RETURN_IF_ERROR(NcclGroup(g, [&]() -> ffi::Error {
-      for (int k = 1; k < parts; ++k) {
-        const auto [dst, src] = quantized::PairwiseExchange(rank, parts, k);
-        JAXCOMM_RETURN_IF_ERROR(
-            g.Check(api.send(gathered + offsets[rank], my_words, ncclUint32, dst, comm, stream),
-                    "ncclSend"));
-        JAXCOMM_RETURN_IF_ERROR(
-            g.Check(api.recv(gathered + offsets[src], words(src), ncclUint32, src, comm, stream),
-                    "ncclRecv"));
-        sent += sizeof(uint32_t) * my_words;
-        received += sizeof(uint32_t) * words(src);
-      }
-      return ffi::Error::Success();
-    }));
+    requests.clear();
+    for (int k = 1; k < parts; ++k) {
+      const auto [dst, src] = quantized::PairwiseExchange(rank, parts, k);
+      requests.push_back(group.PostSend(dst, gathered + offsets[rank], sizeof(uint32_t) * my_words,
+                                        kAllgatherStep));
+      requests.push_back(group.PostRecv(src, gathered + offsets[src], sizeof(uint32_t) * words(src),
+                                        kAllgatherStep));
+    }
+    JAXCOMM_RETURN_IF_ERROR(group.Wait(requests.data(), requests.size()));
   }
 
   // 6. Decode every quantized sum into the zero-filled result.
@@ -253,8 +250,7 @@ ffi::Error QuantizedAllreduceGpu(GpuGroup& g, ffi::ScratchAllocator& alloc, cuda
                                           layout.Length(q), out + layout.Begin(q), work, stream),
                   "decoding a quantized sum"));
   }
-  g.CountTraffic(sent, received);
-  g.group().CountDenseEquivalent(ring::DenseRingBytes(n, parts, rank));
+  group.CountDenseEquivalent(ring::DenseRingBytes(n, parts, rank));
   return ffi::Error::Success();
 }
 

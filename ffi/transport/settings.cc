@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ffi/transport/registry.h"
+
 namespace jaxcomm::transport {
 
 std::string Read(const NumberSetting& setting, double* value) {
@@ -54,11 +56,23 @@ bool SharedMemoryEnabled() {
   return env == nullptr || *env == '\0' || std::strcmp(env, "0") != 0;
 }
 
+std::string ReadTransportName(std::string* name) {
+  *name = "auto";
+  const char* env = std::getenv("JAXCOMM_TRANSPORT");
+  if (env == nullptr || *env == '\0') return "";
+  if (std::strcmp(env, "auto") != 0 && FindTransport(env) == nullptr) {
+    return std::string(kTransportVariable) + "='" + env + "' is not one of " + TransportChoices();
+  }
+  *name = env;
+  return "";
+}
+
 std::string CheckWorldSettings() {
   WaitMode mode;
   double value = 0;
-  for (std::string error :
-       {ReadWaitMode(&mode), Read(kSpinMicroseconds, &value), Read(kTimeoutSeconds, &value)}) {
+  std::string transport;
+  for (std::string error : {ReadWaitMode(&mode), Read(kSpinMicroseconds, &value),
+                            Read(kTimeoutSeconds, &value), ReadTransportName(&transport)}) {
     if (!error.empty()) return error;
   }
   return "";

@@ -46,6 +46,14 @@ const char* WaitModeName(WaitMode mode);
 // memory (env JAXCOMM_SHARED_MEMORY; anything but "0" is on, the default).
 bool SharedMemoryEnabled();
 
+// Which transport moves a collective's buffers (env JAXCOMM_TRANSPORT): "auto" (the default:
+// the first transport of registry.h's table that accepts the buffers' memory kind, i.e. ucx
+// for host buffers, nccl for GPU buffers) or the name of a row of that table.
+inline constexpr char kTransportVariable[] = "JAXCOMM_TRANSPORT";
+// Reads JAXCOMM_TRANSPORT into *name ("auto" when unset or empty); "" or the error naming the
+// variable and its choices (and *name is "auto").
+std::string ReadTransportName(std::string* name);
+
 // "" when every setting a world reads is valid, else the first error (UcxWorld::Create fails
 // with it, so a bad value fails early rather than at the first wait).
 std::string CheckWorldSettings();

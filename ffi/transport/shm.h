@@ -1,6 +1,7 @@
 // Shared memory between the ranks of one host: direct reads of a peer's buffers, notices and
-// staging areas. No UCX (and no XLA) types; UcxWorld (ucx_world.h) owns one SharedMemory and
-// offers it to the collectives next to its UCX endpoints.
+// staging areas. No UCX (and no XLA) types; the UCX transport (ucx_world.h) owns one
+// SharedMemory and offers it to the collectives next to its UCX endpoints (transport.h,
+// "Same-host memory").
 //
 // Why. Bulk data between ranks of one host need not go through UCX: cross-process endpoints
 // keep UCP_ERR_HANDLING_MODE_PEER (so a dead peer fails the waits), and in that mode UCX 1.22
@@ -41,7 +42,7 @@ class SharedMemory {
  public:
   // What a rank tells its group in a shared-memory collective (ffi/direct_allreduce.h).
   struct Notice {
-    uint64_t input = 0;  // addresses as UcxWorld::AddressOf gives them
+    uint64_t input = 0;  // addresses as Transport::AddressOf gives them
     uint64_t output = 0;
     int64_t elements = 0;
   };

@@ -45,12 +45,6 @@ void SleepNs(int64_t ns) {
 
 }  // namespace
 
-std::string DescribeTag(uint64_t tag) {
-  std::string s = TagIsControl(tag) ? "control " : "";
-  return s + "seq " + std::to_string(TagSeq(tag)) + " step " + std::to_string(TagStep(tag)) +
-         " src " + std::to_string(TagSource(tag));
-}
-
 // ---- UCX state ---------------------------------------------------------------------------
 
 struct PeerLink {
@@ -73,7 +67,7 @@ struct UcxWorld::Impl {
   ucp_context_h context = nullptr;
   WaitMode mode = WaitMode::kWakeup;
   int64_t spin_ns = 0;
-  std::vector<std::unique_ptr<LocalRank>> locals;  // parallel to local_ranks_
+  std::vector<std::unique_ptr<LocalRank>> locals;  // parallel to local_ranks()
 };
 
 namespace {
@@ -95,61 +89,42 @@ bool ProgressUntilDone(ucp_worker_h worker, void* request, Deadline until) {
 
 }  // namespace
 
-// ---- Request -----------------------------------------------------------------------------
+// ---- Requests ----------------------------------------------------------------------------
 
-Request& Request::operator=(Request&& other) noexcept {
-  if (this != &other) {
-    Abandon();
-    kind_ = other.kind_;
-    self_ = other.self_;
-    peer_ = other.peer_;
-    tag_ = other.tag_;
-    bytes_ = other.bytes_;
-    received_ = other.received_;
-    done_ = other.done_;
-    ucs_status_ = other.ucs_status_;
-    ucp_request_ = std::exchange(other.ucp_request_, nullptr);
-    worker_ = other.worker_;
-    error_ = std::move(other.error_);
-    other.done_ = true;
-    other.kind_ = Kind::kNone;
-  }
-  return *this;
-}
+namespace {
 
-bool Request::Posted(void* ucp_result, const char* call) {
+// Files what UCX's `call` (ucp_tag_send_nbx or ucp_tag_recv_nbx) returned into `r`: done in
+// place (returns true: the caller counts the traffic), failed, or pending on a UCX request.
+bool Posted(Request::State& r, void* ucp_result, const char* call) {
   if (ucp_result == nullptr) {  // completed in place
-    ucs_status_ = UCS_OK;
+    r.code = UCS_OK;
     return true;
   }
   if (UCS_PTR_IS_ERR(ucp_result)) {
-    ucs_status_ = UCS_PTR_STATUS(ucp_result);
-    error_ = std::string(call) + ": " + UcsError(UCS_PTR_STATUS(ucp_result));
+    r.code = UCS_PTR_STATUS(ucp_result);
+    r.error = std::string(call) + ": " + UcsError(UCS_PTR_STATUS(ucp_result));
   } else {
-    ucp_request_ = ucp_result;
-    done_ = false;
+    r.pending = ucp_result;
+    r.done = false;
   }
   return false;
 }
 
-void Request::Abandon() {
-  if (ucp_request_ == nullptr) return;
+}  // namespace
+
+void UcxWorld::Release(Request::State& r) {
   // A receive still pending would write into a buffer its owner is about to drop: cancel it.
   // Either way UCX frees the request object once the operation finished.
-  if (kind_ == Kind::kRecv && ucp_request_check_status(ucp_request_) == UCS_INPROGRESS) {
-    ucp_request_cancel(static_cast<ucp_worker_h>(worker_), ucp_request_);
+  if (r.kind == Request::Kind::kRecv && ucp_request_check_status(r.pending) == UCS_INPROGRESS) {
+    const int index = LocalIndex(r.self);
+    if (index >= 0) ucp_request_cancel(impl_->locals[index]->worker, r.pending);
   }
-  ucp_request_free(ucp_request_);
-  ucp_request_ = nullptr;
-  done_ = true;
+  ucp_request_free(r.pending);
+  r.pending = nullptr;
+  r.done = true;
 }
 
 // ---- UcxWorld ----------------------------------------------------------------------------
-
-int UcxWorld::LocalIndex(int rank) const {
-  if (rank < 0 || rank >= world_size_) return -1;
-  return local_index_of_rank_[rank];
-}
 
 const char* UcxWorld::wait_mode_name() const {
   return WaitModeName(impl_ ? impl_->mode : WaitMode::kWakeup);
@@ -161,30 +136,14 @@ std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> loca
     if (error) *error = "jaxcomm UcxWorld::Create: " + std::move(message);
     return nullptr;
   };
-  if (world_size <= 0 || world_size > kMaxWorldSize) {
-    return fail("world_size " + std::to_string(world_size) + " not in [1, " +
-                std::to_string(kMaxWorldSize) + "] (the tag holds 16 bits of source rank)");
-  }
-  if (local_ranks.empty()) return fail("no local ranks");
   std::unique_ptr<UcxWorld> world(new UcxWorld());
-  world->world_size_ = world_size;
-  world->local_index_of_rank_.assign(world_size, -1);
-  for (size_t i = 0; i < local_ranks.size(); ++i) {
-    int r = local_ranks[i];
-    if (r < 0 || r >= world_size) {
-      return fail("local rank " + std::to_string(r) + " outside [0, " + std::to_string(world_size) +
-                  ")");
-    }
-    if (world->local_index_of_rank_[r] != -1) {
-      return fail("local rank " + std::to_string(r) + " listed twice");
-    }
-    world->local_index_of_rank_[r] = static_cast<int>(i);
+  if (std::string bad = world->SetRanks(world_size, std::move(local_ranks)); !bad.empty()) {
+    return fail(bad);
   }
-  world->local_ranks_ = std::move(local_ranks);
   world->impl_ = std::make_unique<Impl>();
   Impl& impl = *world->impl_;
 
-  // Wait strategy (see WaitAll) and how long a wait spins: env JAXCOMM_UCX_WAIT and
+  // Wait strategy (see Wait) and how long a wait spins: env JAXCOMM_UCX_WAIT and
   // JAXCOMM_UCX_SPIN_US. JAXCOMM_TIMEOUT_S is read by DefaultTimeout(); all are checked here
   // so that a bad value fails early.
   if (std::string bad = CheckWorldSettings(); !bad.empty()) return fail(bad);
@@ -211,13 +170,13 @@ std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> loca
   // Workers of one context are driven by different threads concurrently.
   params.mt_workers_shared = 1;
   params.estimated_num_eps = static_cast<size_t>(world_size);
-  params.estimated_num_ppn = world->local_ranks_.size();
+  params.estimated_num_ppn = world->local_ranks().size();
   params.name = "jaxcomm";
   status = ucp_init(&params, config, &impl.context);
   ucp_config_release(config);
   if (status != UCS_OK) return fail("ucp_init: " + UcsError(status));
 
-  for (int rank : world->local_ranks_) {
+  for (int rank : world->local_ranks()) {
     auto local = std::make_unique<LocalRank>();
     local->rank = rank;
     ucp_worker_params_t wparams{};
@@ -241,7 +200,8 @@ std::unique_ptr<UcxWorld> UcxWorld::Create(int world_size, std::vector<int> loca
   }
   // Shared memory (shm.h). Without a notice segment nothing is shared: Connect then leaves
   // every shared-memory path off.
-  world->shm_ = std::make_unique<SharedMemory>(world->local_index_of_rank_, impl.spin_ns);
+  world->shm_ = std::make_unique<SharedMemory>(world->local_index_of_rank(), impl.spin_ns);
+  world->set_memory(world->shm_.get());
   return world;
 }
 
@@ -254,7 +214,7 @@ UcxWorld::~UcxWorld() {
   std::vector<std::pair<ucp_worker_h, void*>> closing;
   for (auto& local : impl.locals) {
     if (!local->links) continue;
-    for (int r = 0; r < world_size_; ++r) {
+    for (int r = 0; r < world_size(); ++r) {
       PeerLink& link = local->links[r];
       if (link.ep == nullptr) continue;
       ucp_request_param_t p{};
@@ -310,11 +270,11 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
     return false;
   };
   if (connected_) return fail("already connected");
-  if (static_cast<int>(addresses.size()) != world_size_) {
+  if (static_cast<int>(addresses.size()) != world_size()) {
     return fail("got " + std::to_string(addresses.size()) + " addresses for a world of " +
-                std::to_string(world_size_) + " ranks");
+                std::to_string(world_size()) + " ranks");
   }
-  for (int r = 0; r < world_size_; ++r) {
+  for (int r = 0; r < world_size(); ++r) {
     if (addresses[r].empty()) return fail("empty address for rank " + std::to_string(r));
   }
   // Split each address into UCX's part and the shared-memory trailer (Address()); decide which
@@ -322,8 +282,8 @@ bool UcxWorld::Connect(const std::vector<std::string>& addresses, std::string* e
   std::vector<std::string> ucx_addresses(addresses);
   if (std::string bad = shm_->Connect(&ucx_addresses); !bad.empty()) return fail(bad);
   for (auto& local : impl_->locals) {
-    local->links.reset(new PeerLink[world_size_]);
-    for (int r = 0; r < world_size_; ++r) {
+    local->links.reset(new PeerLink[world_size()]);
+    for (int r = 0; r < world_size(); ++r) {
       PeerLink& link = local->links[r];
       link.peer = r;
       link.same_process = IsLocal(r);
@@ -358,80 +318,83 @@ Counters UcxWorld::GetCounters(int self) const {
   return c;
 }
 
-int UcxWorld::StartRequest(Request& r, int self, int peer, uint64_t tag, size_t bytes) const {
-  r.self_ = self;
-  r.peer_ = peer;
-  r.tag_ = tag;
-  r.bytes_ = bytes;
-  r.done_ = true;
+int UcxWorld::StartRequest(Request::State& r, int self, int peer, uint64_t tag,
+                           size_t bytes) const {
+  r.self = self;
+  r.peer = peer;
+  r.tag = tag;
+  r.bytes = bytes;
+  r.done = true;
   const int index = LocalIndex(self);
-  if (index < 0 || peer < 0 || peer >= world_size_ || !connected_) {
-    r.ucs_status_ = UCS_ERR_INVALID_PARAM;
-    r.error_ = !connected_ ? "world not connected"
-                           : "invalid self " + std::to_string(self) + " (local?) or peer " +
-                                 std::to_string(peer);
+  if (index < 0 || peer < 0 || peer >= world_size() || !connected_) {
+    r.code = UCS_ERR_INVALID_PARAM;
+    r.error = !connected_ ? "world not connected"
+                          : "invalid self " + std::to_string(self) + " (local?) or peer " +
+                                std::to_string(peer);
     return -1;
   }
   // A send is tagged with its own rank, a receive with the peer it expects.
-  const int source = r.is_send() ? self : peer;
+  const bool send = r.kind == Request::Kind::kSend;
+  const int source = send ? self : peer;
   if (TagSource(tag) != static_cast<uint32_t>(source % kMaxWorldSize)) {
-    r.ucs_status_ = UCS_ERR_INVALID_PARAM;
-    r.error_ = std::string(r.is_send() ? "send tag source " : "receive tag source ") +
-               std::to_string(TagSource(tag)) + (r.is_send() ? " is not self" : " is not the peer");
+    r.code = UCS_ERR_INVALID_PARAM;
+    r.error = std::string(send ? "send tag source " : "receive tag source ") +
+              std::to_string(TagSource(tag)) + (send ? " is not self" : " is not the peer");
     return -1;
   }
   return index;
 }
 
-Request UcxWorld::Isend(int self, int peer, uint64_t tag, const void* data, size_t bytes) {
-  Request r;
-  r.kind_ = Request::Kind::kSend;
+Request UcxWorld::PostSend(int self, int peer, uint64_t tag, const void* data, size_t bytes) {
+  Request request;
+  Request::State& r = StateOf(request);
+  r.kind = Request::Kind::kSend;
+  r.owner = this;
   const int index = StartRequest(r, self, peer, tag, bytes);
-  if (index < 0) return r;
+  if (index < 0) return request;
   LocalRank& l = *impl_->locals[index];
   PeerLink& link = l.links[peer];
-  r.worker_ = l.worker;
   if (int f = link.failure.load(); f != UCS_OK || link.ep == nullptr) {
-    r.ucs_status_ = f != UCS_OK ? f : UCS_ERR_CANCELED;
-    r.error_ = "link to peer already failed: " + UcsError(static_cast<ucs_status_t>(r.ucs_status_));
-    return r;
+    r.code = f != UCS_OK ? f : UCS_ERR_CANCELED;
+    r.error = "link to peer already failed: " + UcsError(static_cast<ucs_status_t>(r.code));
+    return request;
   }
   ucp_request_param_t p{};
-  if (r.Posted(ucp_tag_send_nbx(link.ep, data, bytes, tag, &p), "ucp_tag_send_nbx")) {
+  if (Posted(r, ucp_tag_send_nbx(link.ep, data, bytes, tag, &p), "ucp_tag_send_nbx")) {
     l.bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
     l.messages_sent.fetch_add(1, std::memory_order_relaxed);
   }
-  return r;
+  return request;
 }
 
-Request UcxWorld::Irecv(int self, int peer, uint64_t tag, void* data, size_t capacity) {
-  Request r;
-  r.kind_ = Request::Kind::kRecv;
+Request UcxWorld::PostRecv(int self, int peer, uint64_t tag, void* data, size_t capacity) {
+  Request request;
+  Request::State& r = StateOf(request);
+  r.kind = Request::Kind::kRecv;
+  r.owner = this;
   const int index = StartRequest(r, self, peer, tag, capacity);
-  if (index < 0) return r;
+  if (index < 0) return request;
   LocalRank& l = *impl_->locals[index];
-  r.worker_ = l.worker;
   ucp_tag_recv_info_t info{};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
   p.recv_info.tag_info = &info;
   // Full 64-bit mask: seq, step and source must all match.
-  if (r.Posted(ucp_tag_recv_nbx(l.worker, data, capacity, tag, ~uint64_t{0}, &p),
-               "ucp_tag_recv_nbx")) {
-    r.received_ = info.length;
+  if (Posted(r, ucp_tag_recv_nbx(l.worker, data, capacity, tag, ~uint64_t{0}, &p),
+             "ucp_tag_recv_nbx")) {
+    r.received = info.length;
     l.bytes_received.fetch_add(info.length, std::memory_order_relaxed);
     l.messages_received.fetch_add(1, std::memory_order_relaxed);
   }
-  return r;
+  return request;
 }
 
-Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline deadline,
-                         std::string_view context) {
+Status UcxWorld::Wait(int self, Request* requests, size_t count, Deadline deadline,
+                      std::string_view context) {
   int index = LocalIndex(self);
-  auto describe = [&](const Request& r) {
-    return std::string(r.is_send() ? "send to" : "receive from") + " rank " +
-           std::to_string(r.peer_) + " (" + DescribeTag(r.tag_) + ") on rank " +
-           std::to_string(self);
+  auto describe = [&](const Request::State& r) {
+    return std::string((r.kind == Request::Kind::kSend) ? "send to" : "receive from") + " rank " +
+           std::to_string(r.peer) + " (" + DescribeTag(r.tag) + ") on rank " + std::to_string(self);
   };
   if (index < 0) {
     return Status(StatusCode::kInvalidArgument,
@@ -441,24 +404,24 @@ Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline dea
   const Impl& impl = *impl_;
 
   // Completes request `r` if UCX finished it; returns whether it is done.
-  auto poll_request = [&](Request& r) {
-    if (r.done_) return true;
-    ucs_status_t st = ucp_request_check_status(r.ucp_request_);
+  auto poll_request = [&](Request::State& r) {
+    if (r.done) return true;
+    ucs_status_t st = ucp_request_check_status(r.pending);
     if (st == UCS_INPROGRESS) return false;
-    if (r.is_recv() && st == UCS_OK) {
+    if ((r.kind == Request::Kind::kRecv) && st == UCS_OK) {
       ucp_tag_recv_info_t info{};
-      ucp_tag_recv_request_test(r.ucp_request_, &info);
-      r.received_ = info.length;
+      ucp_tag_recv_request_test(r.pending, &info);
+      r.received = info.length;
       l.bytes_received.fetch_add(info.length, std::memory_order_relaxed);
       l.messages_received.fetch_add(1, std::memory_order_relaxed);
-    } else if (r.is_send() && st == UCS_OK) {
-      l.bytes_sent.fetch_add(r.bytes_, std::memory_order_relaxed);
+    } else if ((r.kind == Request::Kind::kSend) && st == UCS_OK) {
+      l.bytes_sent.fetch_add(r.bytes, std::memory_order_relaxed);
       l.messages_sent.fetch_add(1, std::memory_order_relaxed);
     }
-    ucp_request_free(r.ucp_request_);
-    r.ucp_request_ = nullptr;
-    r.ucs_status_ = st;
-    r.done_ = true;
+    ucp_request_free(r.pending);
+    r.pending = nullptr;
+    r.code = st;
+    r.done = true;
     return true;
   };
 
@@ -468,32 +431,32 @@ Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline dea
   for (;;) {
     size_t pending = 0;
     for (size_t i = 0; i < count && error.ok(); ++i) {
-      Request& r = requests[i];
+      Request::State& r = StateOf(requests[i]);
       if (!poll_request(r)) {
         ++pending;
         // A receive is not bound to an endpoint, so UCX cannot fail it when the sender dies:
         // check the link's error flag ourselves (sends to that peer fail inside UCX).
-        int f = l.links ? l.links[r.peer_].failure.load() : UCS_OK;
+        int f = l.links ? l.links[r.peer].failure.load() : UCS_OK;
         if (f != UCS_OK) {
           error =
               Status(StatusCode::kPeerFailed,
-                     std::string(context) + ": peer rank " + std::to_string(r.peer_) + " failed (" +
+                     std::string(context) + ": peer rank " + std::to_string(r.peer) + " failed (" +
                          UcsError(static_cast<ucs_status_t>(f)) + ") during " + describe(r));
         }
-      } else if (r.ucs_status_ != UCS_OK) {
-        auto st = static_cast<ucs_status_t>(r.ucs_status_);
+      } else if (r.code != UCS_OK) {
+        auto st = static_cast<ucs_status_t>(r.code);
         bool peer_down = st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT ||
                          st == UCS_ERR_UNREACHABLE || st == UCS_ERR_CANCELED;
-        std::string what = !r.error_.empty() ? r.error_ : UcsError(st);
+        std::string what = !r.error.empty() ? r.error : UcsError(st);
         if (st == UCS_ERR_MESSAGE_TRUNCATED) {
           what =
-              "message longer than the receive capacity of " + std::to_string(r.bytes_) + " bytes";
+              "message longer than the receive capacity of " + std::to_string(r.bytes) + " bytes";
         }
         StatusCode code = peer_down                     ? StatusCode::kPeerFailed
                           : st == UCS_ERR_INVALID_PARAM ? StatusCode::kInvalidArgument
                                                         : StatusCode::kInternal;
         error = Status(code, std::string(context) + ": " + describe(r) + " failed: " + what +
-                                 (peer_down ? " (peer rank " + std::to_string(r.peer_) + " failed)"
+                                 (peer_down ? " (peer rank " + std::to_string(r.peer) + " failed)"
                                             : std::string()));
       }
     }
@@ -501,7 +464,7 @@ Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline dea
       // A dead peer anywhere in the world dooms this program too, even while this rank waits
       // on a live one (a ring rank only hears from its left neighbour, who may be waiting on
       // the dead one): fail now and name the dead peer, not the neighbour that went quiet.
-      for (int peer = 0; peer < world_size_ && error.ok(); ++peer) {
+      for (int peer = 0; peer < world_size() && error.ok(); ++peer) {
         if (int f = l.links[peer].failure.load(); f != UCS_OK) {
           error = Status(StatusCode::kPeerFailed, std::string(context) + ": peer rank " +
                                                       std::to_string(peer) + " failed (" +
@@ -518,9 +481,10 @@ Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline dea
       std::string which;
       std::set<int> peers;
       for (size_t i = 0; i < count; ++i) {
-        if (requests[i].done_) continue;
-        if (which.empty()) which = describe(requests[i]);
-        peers.insert(requests[i].peer_);
+        const Request::State& r = StateOf(requests[i]);
+        if (r.done) continue;
+        if (which.empty()) which = describe(r);
+        peers.insert(r.peer);
       }
       std::string peer_list;
       for (int p : peers) peer_list += (peer_list.empty() ? "" : ", ") + std::to_string(p);
@@ -564,14 +528,14 @@ Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline dea
   // Failure: cancel what is still pending so no buffer of the caller stays referenced.
   std::set<int> stuck_send_peers;
   for (size_t i = 0; i < count; ++i) {
-    Request& r = requests[i];
-    if (!r.done_ && r.ucp_request_ != nullptr) ucp_request_cancel(l.worker, r.ucp_request_);
+    Request::State& r = StateOf(requests[i]);
+    if (!r.done && r.pending != nullptr) ucp_request_cancel(l.worker, r.pending);
   }
   auto drain = [&](Deadline until) {
     bool all = false;
     while (!all) {
       all = true;
-      for (size_t i = 0; i < count; ++i) all = poll_request(requests[i]) && all;
+      for (size_t i = 0; i < count; ++i) all = poll_request(StateOf(requests[i])) && all;
       if (all || Clock::now() >= until) break;
       if (ucp_worker_progress(l.worker) == 0) SleepNs(20000);
     }
@@ -581,9 +545,9 @@ Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline dea
     // Sends UCX could not cancel (e.g. rendezvous waiting for a receiver that never comes):
     // force-close those endpoints, which completes their requests with an error.
     for (size_t i = 0; i < count; ++i) {
-      Request& r = requests[i];
-      if (r.done_ || !r.is_send()) continue;
-      PeerLink& link = l.links[r.peer_];
+      Request::State& r = StateOf(requests[i]);
+      if (r.done || !(r.kind == Request::Kind::kSend)) continue;
+      PeerLink& link = l.links[r.peer];
       if (link.ep == nullptr) continue;
       int expected = UCS_OK;
       link.failure.compare_exchange_strong(expected, UCS_ERR_CANCELED);
@@ -600,36 +564,10 @@ Status UcxWorld::WaitAll(int self, Request* requests, size_t count, Deadline dea
     drain(Clock::now() + kCancelGrace);
   }
   for (size_t i = 0; i < count; ++i) {
-    if (!requests[i].done_) requests[i].Abandon();  // last resort: UCX frees it later
+    Request::State& r = StateOf(requests[i]);
+    if (r.pending != nullptr) Release(r);  // last resort: UCX frees it later
   }
   return error;
-}
-
-Status UcxWorld::SendRecv(int self, int send_peer, uint64_t send_tag, const void* send_data,
-                          size_t send_bytes, int recv_peer, uint64_t recv_tag, void* recv_data,
-                          size_t recv_capacity, size_t* received, Deadline deadline,
-                          std::string_view context) {
-  // Post the receive first so an eager message from recv_peer lands directly in place.
-  Request requests[2];
-  requests[0] = Irecv(self, recv_peer, recv_tag, recv_data, recv_capacity);
-  requests[1] = Isend(self, send_peer, send_tag, send_data, send_bytes);
-  Status status = WaitAll(self, requests, 2, deadline, context);
-  if (received != nullptr) *received = status.ok() ? requests[0].received_bytes() : 0;
-  return status;
-}
-
-Status UcxWorld::Send(int self, int peer, uint64_t tag, const void* data, size_t bytes,
-                      Deadline deadline, std::string_view context) {
-  Request request = Isend(self, peer, tag, data, bytes);
-  return WaitAll(self, &request, 1, deadline, context);
-}
-
-Status UcxWorld::Recv(int self, int peer, uint64_t tag, void* data, size_t capacity,
-                      size_t* received, Deadline deadline, std::string_view context) {
-  Request request = Irecv(self, peer, tag, data, capacity);
-  Status status = WaitAll(self, &request, 1, deadline, context);
-  if (received != nullptr) *received = status.ok() ? request.received_bytes() : 0;
-  return status;
 }
 
 }  // namespace jaxcomm::transport

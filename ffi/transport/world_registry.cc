@@ -10,7 +10,7 @@ namespace {
 struct Registry {
   std::mutex mu;
   int64_t next_handle = 1;
-  std::map<int64_t, std::shared_ptr<UcxWorld>> worlds;
+  std::map<int64_t, std::shared_ptr<Transport>> worlds;
 };
 
 Registry& GlobalRegistry() {
@@ -21,15 +21,15 @@ Registry& GlobalRegistry() {
 
 }  // namespace
 
-int64_t RegisterWorld(std::unique_ptr<UcxWorld> world) {
+int64_t RegisterWorld(std::unique_ptr<Transport> world) {
   Registry& r = GlobalRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   int64_t handle = r.next_handle++;
-  r.worlds.emplace(handle, std::shared_ptr<UcxWorld>(std::move(world)));
+  r.worlds.emplace(handle, std::shared_ptr<Transport>(std::move(world)));
   return handle;
 }
 
-std::shared_ptr<UcxWorld> GetWorld(int64_t handle) {
+std::shared_ptr<Transport> GetWorld(int64_t handle) {
   Registry& r = GlobalRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.worlds.find(handle);
@@ -37,7 +37,7 @@ std::shared_ptr<UcxWorld> GetWorld(int64_t handle) {
 }
 
 bool UnregisterWorld(int64_t handle) {
-  std::shared_ptr<UcxWorld> doomed;  // destroyed outside the lock (teardown may take a while)
+  std::shared_ptr<Transport> doomed;  // destroyed outside the lock (teardown may take a while)
   Registry& r = GlobalRegistry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.worlds.find(handle);

@@ -167,19 +167,19 @@ TEST(UcxWorld, MatchesFullTag) {
   ASSERT_NE(world, nullptr);
   uint32_t a = 1, b = 2, x = 0, y = 0;
   std::vector<Request> sends;
-  sends.push_back(world->Isend(0, 1, MakeTag(9, 1, 0), &a, 4));
-  sends.push_back(world->Isend(0, 1, MakeTag(10, 1, 0), &b, 4));
+  sends.push_back(world->PostSend(0, 1, MakeTag(9, 1, 0), &a, 4));
+  sends.push_back(world->PostSend(0, 1, MakeTag(10, 1, 0), &b, 4));
   std::vector<Request> recvs;
-  recvs.push_back(world->Irecv(1, 0, MakeTag(10, 1, 0), &y, 4));
-  recvs.push_back(world->Irecv(1, 0, MakeTag(9, 1, 0), &x, 4));
-  std::thread t([&] { EXPECT_TRUE(world->WaitAll(0, sends, In(20s), "s").ok()); });
-  EXPECT_TRUE(world->WaitAll(1, recvs, In(20s), "r").ok());
+  recvs.push_back(world->PostRecv(1, 0, MakeTag(10, 1, 0), &y, 4));
+  recvs.push_back(world->PostRecv(1, 0, MakeTag(9, 1, 0), &x, 4));
+  std::thread t([&] { EXPECT_TRUE(world->Wait(0, sends, In(20s), "s").ok()); });
+  EXPECT_TRUE(world->Wait(1, recvs, In(20s), "r").ok());
   t.join();
   EXPECT_EQ(x, 1u);
   EXPECT_EQ(y, 2u);
   // A tag whose source is not the sender is refused.
-  Request bad = world->Isend(0, 1, MakeTag(1, 1, 1), &a, 4);
-  Status s = world->WaitAll(0, &bad, 1, In(1s), "bad tag");
+  Request bad = world->PostSend(0, 1, MakeTag(1, 1, 1), &a, 4);
+  Status s = world->Wait(0, &bad, 1, In(1s), "bad tag");
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
 }
 
