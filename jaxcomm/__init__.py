@@ -22,7 +22,7 @@ import importlib.util
 from typing import Any
 
 from jaxcomm import _jax_compat, algorithms, config
-from jaxcomm.compressors import Compressor, TopK
+from jaxcomm.algorithms._sparse import TopK
 
 __version__ = "0.1.0"
 
@@ -46,6 +46,7 @@ _LAZY = {
     "Pending": "jaxcomm.collectives",
     "metrics": "jaxcomm._metrics",
     "reset_metrics": "jaxcomm._metrics",
+    "Compressor": "jaxcomm.ops.compress",
     "CollectiveError": "jaxcomm.pacing",
     "Paced": "jaxcomm.pacing",
     "paced": "jaxcomm.pacing",

@@ -154,7 +154,7 @@ def of(spec: Any) -> Algorithm:
       TypeError: not a registered algorithm's spec (the message lists them).
 
     Example:
-      >>> from jaxcomm.compressors import GTopK
+      >>> from jaxcomm.algorithms.gtopk import GTopK
       >>> of(GTopK(0.01)).name
       'gtopk'
     """

@@ -46,7 +46,7 @@ class BlockQuant:
     counter-based hash of ``(seed, step, rank, element index)``, so a run is reproducible given
     its seed and step (``jaxcomm.compressed_allreduce(..., step=)``;
     ``jaxcomm.optax.allreduce_gradients`` passes its update count). Wire format:
-    :mod:`jaxcomm.compressors`.
+    :mod:`jaxcomm.ops.compress`.
 
     Args:
       bits: 8 (int8, 1 byte per element) or 4 (packed int4, half a byte).
