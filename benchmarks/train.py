@@ -64,11 +64,11 @@ from typing import Any
 
 import yaml
 from _bench import jaxcomm_cli, pyplot
-from jaxcomm_launcher._jaxcomm import standalone
 from jaxcomm_launcher.recipe import apply_overrides, parse_set
 
 from docs import e2e_cells, e2e_columns
 from docs import main as docs_main
+from jaxcomm import algorithms
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "e2e"
@@ -100,9 +100,9 @@ WORKLOADS = {
     "digits-small": Workload("digits-small.yaml", "test_accuracy", True, "digits-mlp-*.json"),
 }
 
-# The algorithm registry (jaxcomm/algorithms/, loaded without JAX): a new algorithm joins the
+# The algorithm registry (jaxcomm/algorithms/, light: no JAX): a new algorithm joins the
 # grid with nothing edited here.
-ALGORITHMS = standalone("algorithms")
+ALGORITHMS = algorithms
 
 # label -> the recipe sweep entry of that reduction: XLA's pmean and jaxcomm's dense allreduce
 # in fp32 and 16-bit, then every other registered algorithm, then auto (tests/test_workloads.py

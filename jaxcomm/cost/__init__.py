@@ -41,8 +41,8 @@ Layout
 * :mod:`jaxcomm.cost.schedule`: auto under a density schedule (each phase's ``Auto``, and
   whether the warm-up is followed).
 
-The package imports neither JAX nor the compiled library (``jaxcomm plan`` loads it without
-the rest of jaxcomm: ``jaxcomm_launcher._jaxcomm.standalone``); it reads
+The package imports neither JAX nor the compiled library (``jaxcomm plan`` imports it in the
+launcher's own process, which never loads JAX); it reads
 ``JAXCOMM_SMALL_ALLREDUCE_BYTES`` through :mod:`jaxcomm.config`, as the library does.
 
 Example:
