@@ -757,6 +757,72 @@ def cap_of(args: argparse.Namespace, label: str, network: str) -> float:
     return args.label_caps.get((label, network), args.caps[network])
 
 
+def auto_factors(
+    args: argparse.Namespace, workload: str, label: str, seed: int
+) -> tuple[dict | None, dict[str, Any]]:
+    """An auto cell's measured steps factors (None: none measured) and what it decides the
+    warm-up from (empty: it follows the schedule)."""
+    if label not in AUTO_LABELS:
+        return None, {}
+    half = VARIANTS[label].get("grad_dtype") == "bfloat16"
+    warmup = VARIANTS[label].get("args", {}).get("warmup", True)
+    factors = measured_steps_factor(args.out, workload, args.nodes, seed, half, warmup)
+    factors = factors or None
+    dense_steps = measured_dense_steps(args.out, workload, args.nodes, seed, half)
+    without = measured_steps_factor(args.out, workload, args.nodes, seed, half, False)
+    if warmup and dense_steps and set(without) - {"dense"}:
+        # auto decides the warm-up from what was measured: its seconds per step against
+        # the steps dropping it costs (jaxcomm.cost.warmup_pays).
+        return factors, {"dense_steps": dense_steps, "steps_factor_no_warmup": without}
+    return factors, {}
+
+
+def cell_of(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    summary: dict[str, Any],
+    keys: dict[str, Any],
+    recipe: dict[str, Any],
+) -> dict[str, Any]:
+    """The cell's record: ``keys`` (workload, network, nodes, label, seed, time_cap_s,
+    predicted, wall_s, started_at) and what the run reported."""
+    workload = keys["workload"]
+    metric = WORKLOADS[workload].metric
+    higher = WORKLOADS[workload].higher_is_better
+    values = [h[metric] for h in result["history"] if h[metric] is not None]
+    return {
+        "workload": workload,
+        "network": keys["network"],
+        "nodes": keys["nodes"],
+        "label": keys["label"],
+        "seed": keys["seed"],
+        "metric": metric,
+        "higher_is_better": higher,
+        "target": result.get("target"),
+        "time_cap_s": keys["time_cap_s"],
+        "stopped": result.get("stopped"),
+        "time_to_target_s": result.get("time_to_target_s"),
+        "training_s": result["seconds"],
+        "steps": result["steps"],
+        "best": (max(values) if higher else min(values)) if values else None,
+        "final": result[metric],
+        "step_s": result["step_seconds"],
+        "comm_s": result.get("comm_seconds_per_step"),
+        "bytes_sent_per_step": result["bytes_sent_per_step"],
+        "dense_bytes_per_step": result.get("dense_bytes_per_step"),
+        "parameters": result["parameters"],
+        "predicted": keys["predicted"],
+        "auto_choices": result.get("auto_choices"),
+        "placement": summary.get("placement"),
+        "oversubscribed": summary.get("oversubscribed"),
+        "wall_s": keys["wall_s"],
+        "started_at": keys["started_at"],
+        "history": result["history"],
+        "recipe": recipe,
+        "command": " ".join(sys.argv),
+    }
+
+
 def run_cell(
     args: argparse.Namespace,
     workload: str,
@@ -773,19 +839,7 @@ def run_cell(
         return json.loads(path.read_text())
     compute_s = compute()
     cap = cap_of(args, label, network)
-    factors = None
-    warmup_choice: dict[str, Any] = {}
-    if label in AUTO_LABELS:
-        half = VARIANTS[label].get("grad_dtype") == "bfloat16"
-        warmup = VARIANTS[label].get("args", {}).get("warmup", True)
-        factors = measured_steps_factor(args.out, workload, args.nodes, seed, half, warmup)
-        factors = factors or None
-        dense_steps = measured_dense_steps(args.out, workload, args.nodes, seed, half)
-        without = measured_steps_factor(args.out, workload, args.nodes, seed, half, False)
-        if warmup and dense_steps and set(without) - {"dense"}:
-            # auto decides the warm-up from what was measured: its seconds per step against
-            # the steps dropping it costs (jaxcomm.cost.warmup_pays).
-            warmup_choice = {"dense_steps": dense_steps, "steps_factor_no_warmup": without}
+    factors, warmup_choice = auto_factors(args, workload, label, seed)
     recipe = cell_recipe(
         workload, network, args.nodes, label, seed, cap, profile, args.set, compute_s, factors
     )
@@ -810,40 +864,12 @@ def run_cell(
         log = (run_dir / "launch.log").read_text()[-2000:]
         print(f"  {label}: launch failed (exit {code}); cell not written. Log tail:\n{log}")
         return None
-    metric = WORKLOADS[workload].metric
-    higher = WORKLOADS[workload].higher_is_better
-    values = [h[metric] for h in result["history"] if h[metric] is not None]
-    cell = {
-        "workload": workload,
-        "network": network,
-        "nodes": args.nodes,
-        "label": label,
-        "seed": seed,
-        "metric": metric,
-        "higher_is_better": higher,
-        "target": result.get("target"),
-        "time_cap_s": cap,
-        "stopped": result.get("stopped"),
-        "time_to_target_s": result.get("time_to_target_s"),
-        "training_s": result["seconds"],
-        "steps": result["steps"],
-        "best": (max(values) if higher else min(values)) if values else None,
-        "final": result[metric],
-        "step_s": result["step_seconds"],
-        "comm_s": result.get("comm_seconds_per_step"),
-        "bytes_sent_per_step": result["bytes_sent_per_step"],
-        "dense_bytes_per_step": result.get("dense_bytes_per_step"),
-        "parameters": result["parameters"],
-        "predicted": prediction,
-        "auto_choices": result.get("auto_choices"),
-        "placement": summary.get("placement"),
-        "oversubscribed": summary.get("oversubscribed"),
-        "wall_s": wall,
+    keys = {
+        "workload": workload, "network": network, "nodes": args.nodes, "label": label,
+        "seed": seed, "time_cap_s": cap, "predicted": prediction, "wall_s": wall,
         "started_at": started_at,
-        "history": result["history"],
-        "recipe": recipe,
-        "command": " ".join(sys.argv),
-    }
+    }  # fmt: skip
+    cell = cell_of(args, result, summary, keys, recipe)
     write_json(path, cell)
     return cell
 
