@@ -148,7 +148,7 @@ DILOCO_EVERY, DILOCO_DELAY, DILOCO_DENSITY = 20, 5, 0.05
 # The outer step: plain averaging of the ranks' weights (SGD, lr 1, no momentum). With DiLoCo's
 # default (Nesterov, lr 0.7, momentum 0.9, tuned for H = 500 on 8 workers), bytes-lm at H = 20 on
 # 2 nodes plateaued at 3.99 bits per byte at the global weights in 1851 steps while each rank's
-# own loss matched dense training's (results/e2e/archive/diloco-nesterov/).
+# own loss matched dense training's (docs/e2e.md; the runs are in git history).
 DILOCO_OUTER = {"outer_lr": 1.0, "outer_momentum": 0.0}
 VARIANTS.update(
     {
@@ -1148,13 +1148,12 @@ def draw_pays(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
 
 
 def _profiles_by_source(out: pathlib.Path) -> dict[str, pathlib.Path]:
-    """Every profile of the grid, current and archived, by its ``source`` (the probe's run)."""
-    paths = sorted((out / "archive").rglob("*.json")) + sorted((out / "cells").glob("profiles/*"))
-    found = {}
-    for path in paths:
-        if "profiles" in path.parent.name:
-            found[json.loads(path.read_text()).get("source")] = path
-    return found
+    """Every profile of the grid by its ``source`` (the probe's run): the current ones
+    (``cells/profiles/<network>.json``) and the earlier ones that cells' auto runs read
+    (``cells/profiles/read/``); a current one wins."""
+    profiles = out / "cells" / "profiles"
+    paths = sorted((profiles / "read").glob("*.json")) + sorted(profiles.glob("*.json"))
+    return {json.loads(path.read_text()).get("source"): path for path in paths}
 
 
 def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
