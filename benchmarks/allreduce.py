@@ -56,7 +56,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_world_arguments(parser)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 25_000_000])
@@ -86,24 +86,23 @@ def main() -> None:
         except ValueError as error:
             parser.error(str(error))
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
-    if args.devices_per_process > 1:
-        tag += f"-{args.processes}x{args.devices_per_process}"
-    tag = args.name or tag
-    records, wall = run_recipe(lambda path: write_recipe(args, path))
+    return args
 
+
+def _order(algorithm: str) -> tuple[int, str]:
+    """Rows and curves in the registry's order, variants after their base."""
+    name = parse_variant(algorithm)[0]
+    return (ALGORITHMS.index(name) if name in ALGORITHMS else len(ALGORITHMS), algorithm)
+
+
+def rows_of(records: list[dict]) -> list[dict]:
+    """One row per (algorithm, size): the median time and bytes of its records."""
     grouped: dict[tuple[str, int], list[dict]] = collections.defaultdict(list)
     for r in records:
         grouped[(r["algorithm"], r["size_bytes"])].append(r)
     rows = []
-
-    def order(algorithm: str) -> tuple[int, str]:
-        name = parse_variant(algorithm)[0]
-        return (ALGORITHMS.index(name) if name in ALGORITHMS else len(ALGORITHMS), algorithm)
-
     for (algorithm, size_bytes), rs in sorted(
-        grouped.items(), key=lambda kv: (kv[0][1], order(kv[0][0]))
+        grouped.items(), key=lambda kv: (kv[0][1], _order(kv[0][0]))
     ):
         times = [r["step_time_s"] for r in rs]
         rows.append(
@@ -117,6 +116,11 @@ def main() -> None:
                 "bytes_received": statistics.median(r["bytes_received"] for r in rs),
             }
         )
+    return rows
+
+
+def print_rows(args: argparse.Namespace, tag: str, rows: list[dict]) -> None:
+    """Prints the table, and adds each row's ``speedup_vs_psum``."""
     psum = {r["size_bytes"]: r["median_s"] for r in rows if r["algorithm"] == "psum"}
     print(
         f"\n{tag}: P={args.processes} x {args.devices_per_process} devices, "
@@ -132,6 +136,18 @@ def main() -> None:
             f"{r['elements']:10d} {r['algorithm']:22s} {r['median_s'] * 1e3:10.2f} "
             f"{r['bytes_sent'] / 1e6:13.3f} {speedup:8.2f}x"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
+    if args.devices_per_process > 1:
+        tag += f"-{args.processes}x{args.devices_per_process}"
+    tag = args.name or tag
+    records, wall = run_recipe(lambda path: write_recipe(args, path))
+    rows = rows_of(records)
+    print_rows(args, tag, rows)
     result = {
         **setup_fields(args),
         "devices_per_process": args.devices_per_process,
@@ -142,10 +158,9 @@ def main() -> None:
         "wall_s": wall,
         "rows": rows,
     }
-
     curves = {
         algorithm: [r for r in rows if r["algorithm"] == algorithm]
-        for algorithm in sorted({r["algorithm"] for r in rows}, key=order)
+        for algorithm in sorted({r["algorithm"] for r in rows}, key=_order)
     }
     write_time_per_allreduce(
         args.out,

@@ -88,10 +88,11 @@ def _cli(*argv: str) -> None:
         sys.exit(f"jaxcomm {argv[0]} failed with exit code {done.returncode}")
 
 
-def measure_world(
-    args: argparse.Namespace, processes: int, devices: int, tmp: pathlib.Path, profiles: dict
-) -> list[dict]:
-    """Probes, measures and predicts one world; returns one row per (algorithm, size)."""
+def _probe_and_run(
+    args: argparse.Namespace, processes: int, devices: int, tmp: pathlib.Path
+) -> tuple[dict[tuple[str, int], list[dict]], pathlib.Path]:
+    """Probes one world and runs its recipe; returns its records by (algorithm, elements) and
+    the probed profile's path."""
     algorithms = [a for a in args.algorithms if devices > 1 or a not in HIER]
     recipe_path = tmp / f"{processes}x{devices}.yaml"
     profile_path = tmp / f"{processes}x{devices}-profile.json"
@@ -120,6 +121,34 @@ def measure_world(
     for r in records:
         if "algorithm" in r:
             grouped[(r["algorithm"], r["size_bytes"] // 4)].append(r)
+    return grouped, profile_path
+
+
+def _mark_auto_picks(
+    rows: list[dict], world: Any, profile: Any, options: Any, auto_measured: dict[int, float]
+) -> None:
+    """Marks, per size, the row of the model's pick among the allowed algorithms, with how it
+    compares with the best measured one (and the job's own ``auto`` run)."""
+    for n in sorted({r["elements"] for r in rows}):
+        here = {r["algorithm"]: r for r in rows if r["elements"] == n}
+        allowed = [a for a in cost.DEFAULT_ALLOWED if a in here]
+        if not allowed:
+            continue
+        pick = cost.choose(n, world, allowed, profile, options)
+        best = min(here[a]["measured_s"] for a in allowed)
+        for r in rows:
+            if r["elements"] == n and r["algorithm"] == pick:
+                r["auto_pick"] = True
+                r["auto_vs_best"] = r["measured_s"] / best
+                if n in auto_measured:  # the job's own `auto` run, with its own choice
+                    r["auto_run_vs_best"] = auto_measured[n] / best
+
+
+def measure_world(
+    args: argparse.Namespace, processes: int, devices: int, tmp: pathlib.Path, profiles: dict
+) -> list[dict]:
+    """Probes, measures and predicts one world; returns one row per (algorithm, size)."""
+    grouped, profile_path = _probe_and_run(args, processes, devices, tmp)
     profile = cost.Profile.load(profile_path)
     inter = "across_hosts" if args.backend == "emulated" else "same_host"
     world = cost.World(processes, devices, inter)
@@ -161,19 +190,7 @@ def measure_world(
                 ),
             }
         )
-    for n in sorted({r["elements"] for r in rows}):
-        here = {r["algorithm"]: r for r in rows if r["elements"] == n}
-        allowed = [a for a in cost.DEFAULT_ALLOWED if a in here]
-        if not allowed:
-            continue
-        pick = cost.choose(n, world, allowed, profile, options)
-        best = min(here[a]["measured_s"] for a in allowed)
-        for r in rows:
-            if r["elements"] == n and r["algorithm"] == pick:
-                r["auto_pick"] = True
-                r["auto_vs_best"] = r["measured_s"] / best
-                if n in auto_measured:  # the job's own `auto` run, with its own choice
-                    r["auto_run_vs_best"] = auto_measured[n] / best
+    _mark_auto_picks(rows, world, profile, options, auto_measured)
     return rows
 
 
@@ -225,7 +242,7 @@ def extrapolate(profile_path: pathlib.Path | None, n: int, density: float) -> di
     }
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--extrapolate",
@@ -255,28 +272,22 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
-    if args.extrapolate:
-        result = extrapolate(args.profile, 25_000_000, args.density)
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = write_result(args.out, "cost-model-extrapolation", result)
-        print(f"\nwrote {path}")
-        return
+    return args, parser
+
+
+def parse_worlds(parser: argparse.ArgumentParser, specs: list[str]) -> list[tuple[int, int]]:
+    """(processes, devices) of each ``PxD`` of ``--worlds``."""
     worlds = []
-    for w in args.worlds:
+    for w in specs:
         try:
             p, d = (int(v) for v in w.lower().split("x"))
         except ValueError:
             parser.error(f"--worlds: {w!r} is not PROCESSESxDEVICES, e.g. 4x1")
         worlds.append((p, d))
+    return worlds
 
-    start = time.monotonic()
-    rows: list[dict] = []
-    profiles: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for p, d in worlds:
-            rows += measure_world(args, p, d, pathlib.Path(tmp), profiles)
-    wall = time.monotonic() - start
 
+def print_rows(rows: list[dict]) -> None:
     header = (
         f"{'world':8s} {'algorithm':17s} {'elements':>9s} {'measured':>10s} {'predicted':>10s} "
         f"{'error':>7s} {'bytes meas.':>12s} {'bytes pred.':>12s}  auto"
@@ -291,6 +302,10 @@ def main() -> None:
             f"{r['elements']:>9d} {r['measured_s'] * 1e3:>7.2f} ms {r['predicted_s'] * 1e3:>7.2f} ms "
             f"{r['error'] * 100:>6.1f}% {r['measured_bytes']:>12.0f} {r['predicted_bytes']:>12.0f}  {auto}"
         )
+
+
+def summarize(rows: list[dict], wall: float) -> dict[str, Any]:
+    """The model's error and auto's picks over every row; printed in one line."""
     errors = [abs(r["error"]) for r in rows]
     picks = [r["auto_vs_best"] for r in rows if r.get("auto_pick")]
     runs = [r["auto_run_vs_best"] for r in rows if "auto_run_vs_best" in r]
@@ -316,7 +331,44 @@ def main() -> None:
         f"run: {summary['auto_run_within_10pct']}/{summary['auto_run_cases']}); bytes "
         f"exact in {bytes_exact}/{summary['bytes_cases']} (wall {wall:.0f} s)"
     )
+    return summary
 
+
+def draw_scatter(ax: Any, rows: list[dict]) -> None:
+    """Predicted against measured seconds per call, one colour per algorithm, ±20 % dotted."""
+    for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
+        pts = [r for r in rows if r["algorithm"] == algorithm]
+        ax.scatter(
+            [r["measured_s"] * 1e3 for r in pts],
+            [r["predicted_s"] * 1e3 for r in pts],
+            label=algorithm,
+            s=22,
+        )
+    lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
+    hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.25
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.plot([lo, hi], [lo * 1.2, hi * 1.2], "k:", lw=0.6)
+    ax.plot([lo, hi], [lo / 1.2, hi / 1.2], "k:", lw=0.6)
+
+
+def main() -> None:
+    args, parser = parse_args()
+    if args.extrapolate:
+        result = extrapolate(args.profile, 25_000_000, args.density)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = write_result(args.out, "cost-model-extrapolation", result)
+        print(f"\nwrote {path}")
+        return
+    worlds = parse_worlds(parser, args.worlds)
+    start = time.monotonic()
+    rows: list[dict] = []
+    profiles: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for p, d in worlds:
+            rows += measure_world(args, p, d, pathlib.Path(tmp), profiles)
+    wall = time.monotonic() - start
+    print_rows(rows)
+    summary = summarize(rows, wall)
     args.out.mkdir(parents=True, exist_ok=True)
     tag = (
         "cost-model-" + args.backend + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
@@ -327,27 +379,11 @@ def main() -> None:
         "profiles": profiles,
         "rows": rows,
     }
-
-    def draw(ax: Any) -> None:
-        for algorithm in dict.fromkeys(r["algorithm"] for r in rows):
-            pts = [r for r in rows if r["algorithm"] == algorithm]
-            ax.scatter(
-                [r["measured_s"] * 1e3 for r in pts],
-                [r["predicted_s"] * 1e3 for r in pts],
-                label=algorithm,
-                s=22,
-            )
-        lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 0.8
-        hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1e3 * 1.25
-        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-        ax.plot([lo, hi], [lo * 1.2, hi * 1.2], "k:", lw=0.6)
-        ax.plot([lo, hi], [lo / 1.2, hi / 1.2], "k:", lw=0.6)
-
     write_result_and_plot(
         args.out,
         tag,
         result,
-        draw,
+        lambda ax: draw_scatter(ax, rows),
         figsize=(6.5, 6),
         xlabel="measured ms per call",
         ylabel="predicted ms per call",

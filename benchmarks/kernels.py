@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import platform
 import statistics
@@ -79,7 +80,7 @@ def select_device(parser: argparse.ArgumentParser, kind: str) -> jax.Device:
     return gpus[0]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=25_000_000)
     parser.add_argument("--density", type=float, default=0.001)
@@ -100,19 +101,24 @@ def main() -> None:
         help="where x lives and the kernels run (gpu needs a CUDA build)",
     )
     args = parser.parse_args()
-    device = select_device(parser, args.device)
-    calls = args.calls or (20 if args.device == "gpu" else 1)
+    args.device_obj = select_device(parser, args.device)
+    args.calls = args.calls or (20 if args.device == "gpu" else 1)
+    return args
 
-    n, k = args.n, max(1, int(np.ceil(args.density * args.n)))
-    x_np = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    x = jax.device_put(x_np, device)
-    rows: list[dict] = []
+
+class Recorder:
+    """Times kernels over ``n`` floats and keeps one row per kernel."""
+
+    def __init__(self, n: int, repeats: int, calls: int) -> None:
+        self.n, self.repeats, self.calls = n, repeats, calls
+        self.rows: list[dict] = []
 
     def record(
-        group: str, name: str, fn: Callable[[], object], baseline: str | None = None
+        self, group: str, name: str, fn: Callable[[], object], baseline: str | None = None
     ) -> None:
-        median, times = median_seconds(fn, args.repeats, calls)
-        rows.append(
+        n = self.n
+        median, times = median_seconds(fn, self.repeats, self.calls)
+        self.rows.append(
             {
                 "group": group,
                 "name": name,
@@ -127,25 +133,34 @@ def main() -> None:
             flush=True,
         )
 
-    print(f"n = {n}, k = {k}, repeats = {args.repeats} x {calls} calls, device = {device}")
+
+def time_topk_and_copy(rec: Recorder, x: jax.Array, x_np: np.ndarray, k: int, gpu: bool) -> None:
+    """jaxcomm's top-k against lax's (and NumPy's on CPU), and the copy baseline."""
+    n = rec.n
     topk_jaxcomm = jax.jit(jaxcomm.ops.topk_abs, static_argnums=1)
     topk_lax = jax.jit(lambda v: jax.lax.top_k(jnp.abs(v), k))
-    record("topk", "jaxcomm.ops.topk_abs", lambda: topk_jaxcomm(x, k))
-    record("topk", "lax.top_k(jnp.abs(x), k)", lambda: topk_lax(x), baseline="lax")
-    if args.device == "cpu":
-        record(
+    rec.record("topk", "jaxcomm.ops.topk_abs", lambda: topk_jaxcomm(x, k))
+    rec.record("topk", "lax.top_k(jnp.abs(x), k)", lambda: topk_lax(x), baseline="lax")
+    if not gpu:
+        rec.record(
             "topk",
             "numpy argpartition",
             lambda: np.argpartition(np.abs(x_np), n - k)[n - k :],
             baseline="numpy",
         )
         copy_dst = np.empty_like(x_np)
-        record("quantize", "memcpy (np.copyto)", lambda: np.copyto(copy_dst, x_np), baseline="copy")
+        rec.record(
+            "quantize", "memcpy (np.copyto)", lambda: np.copyto(copy_dst, x_np), baseline="copy"
+        )
     else:  # device memory bandwidth: a device-to-device copy of x (reads n, writes n floats)
         device_copy = jax.jit(jnp.copy)
-        record("quantize", "device copy (jnp.copy)", lambda: device_copy(x), baseline="copy")
+        rec.record("quantize", "device copy (jnp.copy)", lambda: device_copy(x), baseline="copy")
+
+
+def time_compressors(rec: Recorder, x: jax.Array, density: float) -> None:
+    """Every compressor's compress, and block quantization's compress + decompress."""
     compressors = [
-        jaxcomm.TopK(args.density),
+        jaxcomm.TopK(density),
         jaxcomm.OneBit(),
         jaxcomm.OneBit(sample_size=64),
         jaxcomm.Threshold(2.5),
@@ -164,7 +179,7 @@ def main() -> None:
             packed, state["residual"] = compress(x, state["residual"], c)
             return packed
 
-        record("quantize", f"compress {c}", step)
+        rec.record("quantize", f"compress {c}", step)
 
     # Block quantization's whole local work in a quantized allreduce, per element: quantize
     # with error feedback, then dequantize (issue 25's target: >= 50 % of copy bandwidth).
@@ -174,10 +189,13 @@ def main() -> None:
 
         def roundtrip(c=c, state=state):
             packed, state["residual"] = compress(x, state["residual"], c)
-            return decompress(packed, c, n)
+            return decompress(packed, c, rec.n)
 
-        record("quantize", f"compress + decompress {c}", roundtrip)
+        rec.record("quantize", f"compress + decompress {c}", roundtrip)
 
+
+def summarize(rows: list[dict]) -> dict:
+    """Top-k's speedup over lax, each quantizer's fraction of copy bandwidth; prints the table."""
     lax_row = next(r for r in rows if r["baseline"] == "lax")
     ours = next(r for r in rows if r["name"] == "jaxcomm.ops.topk_abs")
     copy_row = next(r for r in rows if r["baseline"] == "copy")
@@ -197,6 +215,36 @@ def main() -> None:
         else:
             rel = f"{r['gbps'] / copy_row['gbps']:.2f} of copy"
         print(f"{r['name']:44s} {r['median_s'] * 1e3:10.2f} {r['gbps']:8.2f} {rel:>12s}")
+    return summary
+
+
+def plot(out: pathlib.Path, rows: list[dict], title: str) -> pathlib.Path | None:
+    """The bar chart beside ``out`` (None without matplotlib)."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    png = out.with_suffix(".png")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for is_baseline, color, label in [(False, "C0", "jaxcomm"), (True, "0.6", "baseline")]:
+        chosen = [r for r in rows if bool(r["baseline"]) == is_baseline]
+        ax.barh([r["name"] for r in chosen], [r["gbps"] for r in chosen], color=color, label=label)
+    ax.invert_yaxis()
+    save_plot(fig, ax, png, xlabel="GB/s of x read (higher is better)", ylabel="", title=title)
+    return png
+
+
+def main() -> None:
+    args = parse_args()
+    device, calls = args.device_obj, args.calls
+    n, k = args.n, max(1, int(np.ceil(args.density * args.n)))
+    x_np = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    x = jax.device_put(x_np, device)
+    rec = Recorder(n, args.repeats, calls)
+    print(f"n = {n}, k = {k}, repeats = {args.repeats} x {calls} calls, device = {device}")
+    time_topk_and_copy(rec, x, x_np, k, gpu=args.device == "gpu")
+    time_compressors(rec, x, args.density)
+    rows = rec.rows
+    summary = summarize(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
@@ -207,9 +255,9 @@ def main() -> None:
                 "repeats": args.repeats,
                 "calls_per_sample": calls,
                 "machine": {
-                    "cpus": __import__("os").cpu_count(),
+                    "cpus": os.cpu_count(),
                     # the cores this run may use (1 under `taskset -c 1`: issue 25's one core)
-                    "cores_used": len(__import__("os").sched_getaffinity(0)),
+                    "cores_used": len(os.sched_getaffinity(0)),
                     "platform": platform.platform(),
                 },
                 "jax": jax.__version__,
@@ -220,27 +268,8 @@ def main() -> None:
             indent=2,
         )
     )
-    plt = pyplot()
-    if plt is not None:
-        png = args.out.with_suffix(".png")
-        fig, ax = plt.subplots(figsize=(8, 4.5))
-        for is_baseline, color, label in [(False, "C0", "jaxcomm"), (True, "0.6", "baseline")]:
-            chosen = [r for r in rows if bool(r["baseline"]) == is_baseline]
-            ax.barh(
-                [r["name"] for r in chosen], [r["gbps"] for r in chosen], color=color, label=label
-            )
-        ax.invert_yaxis()
-        save_plot(
-            fig,
-            ax,
-            png,
-            xlabel="GB/s of x read (higher is better)",
-            ylabel="",
-            title=f"{device}: n = {n}, k = {k}",
-        )
-        print(f"\nwrote {args.out} and {png}")
-    else:
-        print(f"\nwrote {args.out}")
+    png = plot(args.out, rows, f"{device}: n = {n}, k = {k}")
+    print(f"\nwrote {args.out} and {png}" if png else f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

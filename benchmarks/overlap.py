@@ -37,6 +37,7 @@ import json
 import os
 import pathlib
 import statistics
+from typing import Any
 
 from _bench import (
     add_repeats_argument,
@@ -93,6 +94,59 @@ def paired_difference(step: list[float], serial: list[float]) -> float:
     return statistics.median(a - b for a, b in zip(step, serial, strict=True))
 
 
+def _row(
+    times: dict[tuple, list[float]],
+    algorithm: str,
+    bucket: int,
+    ts: list[float],
+    run_compute: float,
+    run_forward: float | None,
+) -> dict:
+    """One (algorithm, bucket) row: its medians, hidden fraction and overlap=False baseline."""
+    t_comm = statistics.median(times[("comm", algorithm, bucket, 0)])
+    t_step = statistics.median(ts)
+    # The compute and forward steps timed in turns with this row's steps (older results:
+    # the run's one block of each).
+    row_compute = times.get(("compute", algorithm, bucket, 0))
+    t_compute = statistics.median(row_compute) if row_compute else run_compute
+    row_forward = times.get(("forward", algorithm, bucket, 0))
+    t_forward = statistics.median(row_forward) if row_forward else run_forward
+    hidden = (t_compute + t_comm - t_step) / min(t_compute, t_comm)
+    serial = times.get(("step_no_overlap", algorithm, bucket, 0))
+    t_serial = statistics.median(serial) if serial else None
+    paired = paired_difference(ts, serial) if row_compute and serial else None
+    row = {
+        "algorithm": algorithm,
+        "bucket_size": bucket,
+        "bucket": bucket_label(bucket),
+        "t_compute_s": t_compute,
+        "t_forward_s": t_forward,
+        "t_comm_s": t_comm,
+        "t_step_s": t_step,
+        "comm_over_compute": t_comm / t_compute,
+        "hidden_fraction": hidden,
+        "comm_times_s": times[("comm", algorithm, bucket, 0)],
+        "step_times_s": ts,
+        "t_step_no_overlap_s": t_serial,
+        "step_no_overlap_times_s": serial,
+        # Timed in rounds: the median of each round's difference, which the machine's drift
+        # between rounds does not move; older results: the medians.
+        "overlap_minus_no_overlap_s": paired,
+        # overlap=True must never be slower than overlap=False.
+        "not_slower_than_no_overlap": (
+            None
+            if t_serial is None
+            else (paired <= 0 if paired is not None else t_step <= t_serial)
+        ),
+    }
+    if t_forward is not None:
+        # Where nothing can hide (T_comm >> T_compute): the step may cost only the forward
+        # pass, which no bucket can overlap, on top of the communication.
+        row["comm_plus_forward_s"] = t_comm + t_forward
+        row["step_over_comm_plus_forward"] = t_step / (t_comm + t_forward)
+    return row
+
+
 def summarize(records: list[dict]) -> dict:
     """Medians and hidden fractions from rank 0's metrics lines."""
     times: dict[tuple, list[float]] = collections.defaultdict(list)
@@ -106,52 +160,11 @@ def summarize(records: list[dict]) -> dict:
     run_compute = statistics.median(times[("compute", None, None, None)])
     forward = times.get(("forward", None, None, None))
     run_forward = statistics.median(forward) if forward else None
-    rows = []
-    for (what, algorithm, bucket, _), ts in times.items():
-        if what != "step":
-            continue
-        t_comm = statistics.median(times[("comm", algorithm, bucket, 0)])
-        t_step = statistics.median(ts)
-        # The compute and forward steps timed in turns with this row's steps (older results:
-        # the run's one block of each).
-        row_compute = times.get(("compute", algorithm, bucket, 0))
-        t_compute = statistics.median(row_compute) if row_compute else run_compute
-        row_forward = times.get(("forward", algorithm, bucket, 0))
-        t_forward = statistics.median(row_forward) if row_forward else run_forward
-        hidden = (t_compute + t_comm - t_step) / min(t_compute, t_comm)
-        serial = times.get(("step_no_overlap", algorithm, bucket, 0))
-        t_serial = statistics.median(serial) if serial else None
-        paired = paired_difference(ts, serial) if row_compute and serial else None
-        row = {
-            "algorithm": algorithm,
-            "bucket_size": bucket,
-            "bucket": bucket_label(bucket),
-            "t_compute_s": t_compute,
-            "t_forward_s": t_forward,
-            "t_comm_s": t_comm,
-            "t_step_s": t_step,
-            "comm_over_compute": t_comm / t_compute,
-            "hidden_fraction": hidden,
-            "comm_times_s": times[("comm", algorithm, bucket, 0)],
-            "step_times_s": ts,
-            "t_step_no_overlap_s": t_serial,
-            "step_no_overlap_times_s": serial,
-            # Timed in rounds: the median of each round's difference, which the machine's drift
-            # between rounds does not move; older results: the medians.
-            "overlap_minus_no_overlap_s": paired,
-            # overlap=True must never be slower than overlap=False.
-            "not_slower_than_no_overlap": (
-                None
-                if t_serial is None
-                else (paired <= 0 if paired is not None else t_step <= t_serial)
-            ),
-        }
-        if t_forward is not None:
-            # Where nothing can hide (T_comm >> T_compute): the step may cost only the forward
-            # pass, which no bucket can overlap, on top of the communication.
-            row["comm_plus_forward_s"] = t_comm + t_forward
-            row["step_over_comm_plus_forward"] = t_step / (t_comm + t_forward)
-        rows.append(row)
+    rows = [
+        _row(times, algorithm, bucket, ts, run_compute, run_forward)
+        for (what, algorithm, bucket, _), ts in times.items()
+        if what == "step"
+    ]
     # Baseline without overlap: one bucket, whose collective needs the whole backward first.
     single = {r["algorithm"]: r for r in rows if r["bucket_size"] == 0}
     for r in rows:
@@ -227,77 +240,62 @@ def print_table(tag: str, args: argparse.Namespace, result: dict) -> None:
             )
 
 
-def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
-    """The timeline PNG (rank 0's first device) and the hidden-fraction bar chart."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    timelines = result["timelines"]
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(10, 2.2 + 1.6 * len(timelines)))
-    axes = axes if len(timelines) > 1 else [axes]
-    for ax, tl in zip(axes, timelines, strict=True):
-        device = (
-            tl["timeline"]["0"] if "0" in tl["timeline"] else next(iter(tl["timeline"].values()))
+def _draw_timeline(ax: Any, tl: dict) -> None:
+    """One step's timeline: when backward produced the gradients, and each bucket's collective."""
+    device = tl["timeline"]["0"] if "0" in tl["timeline"] else next(iter(tl["timeline"].values()))
+    marks = sorted(device["marks"], key=lambda m: m["t"])
+    grads = [m["t"] * 1e3 for m in marks if m["label"].startswith("grad/")]
+    start = [m["t"] * 1e3 for m in marks if m["label"] == "start"]
+    if grads:
+        # Backward produces the gradients last layer first: the span of grad marks.
+        first = start[0] if start else min(grads)
+        ax.barh(1, max(grads) - first, left=first, color="tab:blue", alpha=0.3)
+        ax.plot(grads, [1] * len(grads), "|", color="tab:blue", markersize=14)
+    span = tl["step_time_s"] * 1e3
+    for i, c in enumerate(sorted(device["collectives"], key=lambda c: c["seq"])):
+        if "queued" in c:  # when XLA issued the start (the handler queued it)
+            ax.plot([c["queued"] * 1e3], [0.5], "v", color=f"C{1 + i % 8}", markersize=7)
+        ax.barh(
+            0,
+            (c["finished"] - c["started"]) * 1e3,
+            left=c["started"] * 1e3,
+            color=f"C{1 + i % 8}",
+            edgecolor="black",
         )
-        marks = sorted(device["marks"], key=lambda m: m["t"])
-        grads = [m["t"] * 1e3 for m in marks if m["label"].startswith("grad/")]
-        start = [m["t"] * 1e3 for m in marks if m["label"] == "start"]
-        if grads:
-            # Backward produces the gradients last layer first: the span of grad marks.
-            first = start[0] if start else min(grads)
-            ax.barh(1, max(grads) - first, left=first, color="tab:blue", alpha=0.3)
-            ax.plot(grads, [1] * len(grads), "|", color="tab:blue", markersize=14)
-        span = tl["step_time_s"] * 1e3
-        for i, c in enumerate(sorted(device["collectives"], key=lambda c: c["seq"])):
-            if "queued" in c:  # when XLA issued the start (the handler queued it)
-                ax.plot([c["queued"] * 1e3], [0.5], "v", color=f"C{1 + i % 8}", markersize=7)
-            ax.barh(
-                0,
-                (c["finished"] - c["started"]) * 1e3,
-                left=c["started"] * 1e3,
-                color=f"C{1 + i % 8}",
-                edgecolor="black",
-            )
-            if (c["finished"] - c["started"]) * 1e3 < 0.04 * span:
-                continue  # too narrow to label
-            ax.text(
-                (c["started"] + c["finished"]) / 2 * 1e3,
-                -0.42,
-                f"{c['elements'] / 1e6:.1f}M",
-                ha="center",
-                va="top",
-                fontsize=7,
-            )
-        for m in marks:
-            if m["label"] == "start":
-                ax.plot([m["t"] * 1e3], [1], ">", color="black", markersize=8)
-        ax.axvline(tl["step_time_s"] * 1e3, color="gray", ls="--", lw=1)
-        ax.set_xlim(0, tl["step_time_s"] * 1e3 * 1.02)
-        ax.set_yticks([0, 1], ["collectives\n(per bucket)", "layer gradients\nexist"])
-        ax.set_ylim(-0.9, 1.6)
-        label = {
-            "compute": "compute only (no communication)",
-            "comm": f"{tl.get('algorithm')} allreduce_gradients alone",
-            "step": f"{tl.get('algorithm')} training step",
-        }[tl["what"]]
-        if tl["what"] != "compute":
-            label += f", bucket {bucket_label(tl['bucket_size'])}"
-        ax.set_title(
-            f"{label}: {tl['step_time_s'] * 1e3:.0f} ms (>: program starts; v: start issued; "
-            "dashed: done)",
-            fontsize=10,
+        if (c["finished"] - c["started"]) * 1e3 < 0.04 * span:
+            continue  # too narrow to label
+        ax.text(
+            (c["started"] + c["finished"]) / 2 * 1e3,
+            -0.42,
+            f"{c['elements'] / 1e6:.1f}M",
+            ha="center",
+            va="top",
+            fontsize=7,
         )
-        ax.grid(True, axis="x", alpha=0.3)
-    axes[-1].set_xlabel("ms since the host dispatched the step (world rank 0)")
-    fig.suptitle(tag)
-    fig.tight_layout()
-    paths.append(out / f"{tag}-timeline.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    for m in marks:
+        if m["label"] == "start":
+            ax.plot([m["t"] * 1e3], [1], ">", color="black", markersize=8)
+    ax.axvline(tl["step_time_s"] * 1e3, color="gray", ls="--", lw=1)
+    ax.set_xlim(0, tl["step_time_s"] * 1e3 * 1.02)
+    ax.set_yticks([0, 1], ["collectives\n(per bucket)", "layer gradients\nexist"])
+    ax.set_ylim(-0.9, 1.6)
+    label = {
+        "compute": "compute only (no communication)",
+        "comm": f"{tl.get('algorithm')} allreduce_gradients alone",
+        "step": f"{tl.get('algorithm')} training step",
+    }[tl["what"]]
+    if tl["what"] != "compute":
+        label += f", bucket {bucket_label(tl['bucket_size'])}"
+    ax.set_title(
+        f"{label}: {tl['step_time_s'] * 1e3:.0f} ms (>: program starts; v: start issued; "
+        "dashed: done)",
+        fontsize=10,
+    )
+    ax.grid(True, axis="x", alpha=0.3)
 
+
+def _draw_hidden(plt: Any, tag: str, result: dict, path: pathlib.Path) -> None:
+    """The hidden fraction and the saving over one bucket, per algorithm and bucket size."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     algorithms = [c for c in ALGORITHMS if any(r["algorithm"] == c for r in result["rows"])]
     buckets = sorted({r["bucket_size"] for r in result["rows"]}, key=lambda b: b or 1 << 62)
@@ -324,13 +322,33 @@ def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
     axes[0].legend()
     fig.suptitle(tag)
     fig.tight_layout()
-    paths.append(out / f"{tag}-hidden.png")
-    fig.savefig(paths[-1], dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def draw(tag: str, result: dict, out: pathlib.Path) -> list[pathlib.Path]:
+    """The timeline PNG (rank 0's first device) and the hidden-fraction bar chart."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timelines = result["timelines"]
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(10, 2.2 + 1.6 * len(timelines)))
+    axes = axes if len(timelines) > 1 else [axes]
+    for ax, tl in zip(axes, timelines, strict=True):
+        _draw_timeline(ax, tl)
+    axes[-1].set_xlabel("ms since the host dispatched the step (world rank 0)")
+    fig.suptitle(tag)
+    fig.tight_layout()
+    paths = [out / f"{tag}-timeline.png", out / f"{tag}-hidden.png"]
+    fig.savefig(paths[0], dpi=110)
+    plt.close(fig)
+    _draw_hidden(plt, tag, result, paths[1])
     return paths
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_world_arguments(parser)
     parser.add_argument("--layers", type=int, default=25)
@@ -374,6 +392,11 @@ def main() -> None:
         "--redraw", type=pathlib.Path, help="only redraw the PNGs of a JSON this script wrote"
     )
     args = parser.parse_args()
+    return args, parser
+
+
+def main() -> None:
+    args, parser = parse_args()
     if args.redraw:
         result = json.loads(args.redraw.read_text())
         print("wrote", *draw(args.redraw.stem, result, args.redraw.parent))

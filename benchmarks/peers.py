@@ -146,7 +146,7 @@ def worker(args: argparse.Namespace) -> None:
     jax.distributed.shutdown()
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.Namespace, argparse.ArgumentParser]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 25_000_000])
@@ -159,15 +159,12 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        worker(args)
-        return
-    if args.repeats < 5:
-        parser.error("--repeats must be >= 5")
-    if args.calls < 1:
-        parser.error("--calls must be >= 1")
-    ensure_peers()
+    return args, parser
 
+
+def run_rounds(args: argparse.Namespace) -> dict[tuple[int, str, int], list[float]]:
+    """Launches the workers with mpirun, ``--rounds`` times per P; returns every sample by
+    (P, implementation, elements)."""
     samples: dict[tuple[int, str, int], list[float]] = collections.defaultdict(list)
     for p in args.processes:
         for _ in range(args.rounds):
@@ -189,11 +186,11 @@ def main() -> None:
                 for n, ts in per_size.items():
                     samples[(p, name, int(n))] += ts
 
-    rows = []
-    for (p, name, n), ts in sorted(samples.items()):
-        rows.append({"processes": p, "implementation": name, "elements": n,
-                     "median_s": statistics.median(ts), "times_s": ts})  # fmt: skip
-    median = {(r["processes"], r["implementation"], r["elements"]): r["median_s"] for r in rows}
+    return samples
+
+
+def print_ratios(args: argparse.Namespace, median: dict) -> list[dict]:
+    """Prints each implementation's median per (P, size) and returns jaxcomm's ratios."""
     print(f"\ndense allreduce, loopback, P processes x 1 CPU device, float32, median of "
           f"{args.repeats * args.rounds} samples of {args.calls} calls")  # fmt: skip
     header = f"{'P':>2s} {'elements':>10s}" + "".join(f" {i:>10s}" for i in IMPLEMENTATIONS)
@@ -219,12 +216,11 @@ def main() -> None:
                 + f"   {ratio['jaxcomm_vs_openmpi']:.2f}x / {ratio['jaxcomm_vs_psum']:.2f}x; "
                 + (f"{beyond:.2f}x" if beyond else "-")
             )
-    args.out.mkdir(parents=True, exist_ok=True)
-    json_path = args.out / "peers-local.json"
-    json_path.write_text(json.dumps({"repeats": args.repeats, "rounds": args.rounds,
-                                     "calls": args.calls,
-                                     "host_cores": os.cpu_count(), "rows": rows,
-                                     "ratios": ratios}, indent=2))  # fmt: skip
+    return ratios
+
+
+def plot(args: argparse.Namespace, median: dict) -> None:
+    """One log-log panel per P (without matplotlib: a note, no PNG)."""
     try:
         import matplotlib
 
@@ -247,6 +243,32 @@ def main() -> None:
         fig.savefig(args.out / "peers-local.png", dpi=120)
     except ImportError:
         print("matplotlib missing: no PNG")
+
+
+def main() -> None:
+    args, parser = parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.repeats < 5:
+        parser.error("--repeats must be >= 5")
+    if args.calls < 1:
+        parser.error("--calls must be >= 1")
+    ensure_peers()
+    samples = run_rounds(args)
+    rows = []
+    for (p, name, n), ts in sorted(samples.items()):
+        rows.append({"processes": p, "implementation": name, "elements": n,
+                     "median_s": statistics.median(ts), "times_s": ts})  # fmt: skip
+    median = {(r["processes"], r["implementation"], r["elements"]): r["median_s"] for r in rows}
+    ratios = print_ratios(args, median)
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / "peers-local.json"
+    json_path.write_text(json.dumps({"repeats": args.repeats, "rounds": args.rounds,
+                                     "calls": args.calls,
+                                     "host_cores": os.cpu_count(), "rows": rows,
+                                     "ratios": ratios}, indent=2))  # fmt: skip
+    plot(args, median)
     print(f"\nwrote {json_path} and {args.out / 'peers-local.png'}")
 
 

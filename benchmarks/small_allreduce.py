@@ -84,7 +84,7 @@ def crossover(rows: list[dict], path: str) -> int | None:
     return best
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_world_arguments(parser)
     parser.add_argument(
@@ -98,12 +98,11 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"small-allreduce-{args.backend}" + (
-        f"-{args.bandwidth}" if args.backend == "emulated" else ""
-    )
-    tag += f"-{args.processes}x{args.devices_per_process}"
+    return args
 
+
+def measure_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each path's rows: both schedules of the dense allreduce, and psum, per size."""
     rows: list[dict[str, Any]] = []
     for path in args.paths:
         psum: dict[int, list[float]] = collections.defaultdict(list)
@@ -141,6 +140,10 @@ def main() -> None:
                 }
             )
 
+    return rows
+
+
+def print_rows(args: argparse.Namespace, tag: str, rows: list[dict[str, Any]]) -> None:
     print(f"\n{tag}: median ms per allreduce, repeats={args.repeats} per launch")
     print(f"{'path':10s} {'elements':>9s} {'psum':>8s} {'large':>8s} {'small':>8s}  small vs large")
     for path in args.paths:
@@ -154,6 +157,17 @@ def main() -> None:
                 f"{path:10s} {size // 4:9d} {t['psum'] * 1e3:8.3f} {t['large'] * 1e3:8.3f} "
                 f"{t['small'] * 1e3:8.3f}  {t['large'] / t['small']:.2f}x"
             )
+
+
+def main() -> None:
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = f"small-allreduce-{args.backend}" + (
+        f"-{args.bandwidth}" if args.backend == "emulated" else ""
+    )
+    tag += f"-{args.processes}x{args.devices_per_process}"
+    rows = measure_rows(args)
+    print_rows(args, tag, rows)
     crossovers = {path: crossover(rows, path) for path in args.paths}
     for path, size in crossovers.items():
         print(f"{path}: the small schedule wins up to {size} bytes" if size else

@@ -73,7 +73,7 @@ from jaxcomm_launcher.recipe import apply_overrides, parse_set
 
 from docs import e2e_cells, e2e_columns
 from docs import main as docs_main
-from jaxcomm import algorithms as ALGORITHMS
+from jaxcomm import algorithms
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "e2e"
@@ -112,8 +112,9 @@ WORKLOADS = {
     "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
 }
 
-# The algorithm registry (jaxcomm/algorithms/, loaded without JAX): a new algorithm joins the
+# The algorithm registry (jaxcomm/algorithms/, light: no JAX): a new algorithm joins the
 # grid with nothing edited here.
+ALGORITHMS = algorithms
 
 # label -> the recipe sweep entry of that reduction: XLA's pmean and jaxcomm's dense allreduce
 # in fp32 and 16-bit, then every other registered algorithm, then auto (tests/test_workloads.py
@@ -159,7 +160,7 @@ DILOCO_EVERY, DILOCO_DELAY, DILOCO_DENSITY = 20, 5, 0.05
 # The outer step: plain averaging of the ranks' weights (SGD, lr 1, no momentum). With DiLoCo's
 # default (Nesterov, lr 0.7, momentum 0.9, tuned for H = 500 on 8 workers), bytes-lm at H = 20 on
 # 2 nodes plateaued at 3.99 bits per byte at the global weights in 1851 steps while each rank's
-# own loss matched dense training's (results/e2e/archive/diloco-nesterov/).
+# own loss matched dense training's (docs/e2e.md; the runs are in git history).
 DILOCO_OUTER = {"outer_lr": 1.0, "outer_momentum": 0.0}
 VARIANTS.update(
     {
@@ -830,6 +831,75 @@ def cap_of(args: argparse.Namespace, label: str, network: str) -> float:
     return args.label_caps.get((label, network), args.caps[network])
 
 
+def auto_factors(
+    args: argparse.Namespace, workload: str, label: str, seed: int
+) -> tuple[dict | None, dict[str, Any]]:
+    """An auto cell's measured steps factors (None: none measured) and what it decides the
+    warm-up from (empty: it follows the schedule)."""
+    if label not in AUTO_LABELS or WORKLOADS[workload].held_out:
+        return None, {}  # a held-out workload's auto is given nothing measured on it
+    half = VARIANTS[label].get("grad_dtype") == "bfloat16"
+    warmup = VARIANTS[label].get("args", {}).get("warmup", True)
+    world = (args.out, workload, args.nodes, seed, half)
+    factors = measured_steps_factor(*world, warmup, args.devices) or None
+    dense_steps = measured_dense_steps(*world, args.devices)
+    without = measured_steps_factor(*world, False, args.devices)
+    if warmup and dense_steps and set(without) - {"dense"}:
+        # auto decides the warm-up from what was measured: its seconds per step against
+        # the steps dropping it costs (jaxcomm.cost.warmup_pays).
+        return factors, {"dense_steps": dense_steps, "steps_factor_no_warmup": without}
+    return factors, {}
+
+
+def cell_of(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    summary: dict[str, Any],
+    keys: dict[str, Any],
+    recipe: dict[str, Any],
+) -> dict[str, Any]:
+    """The cell's record: ``keys`` (workload, network, nodes, label, seed, time_cap_s,
+    predicted, wall_s, started_at) and what the run reported."""
+    workload = keys["workload"]
+    metric = WORKLOADS[workload].metric
+    higher = WORKLOADS[workload].higher_is_better
+    values = [h[metric] for h in result["history"] if h[metric] is not None]
+    return {
+        "workload": workload,
+        "network": keys["network"],
+        "nodes": keys["nodes"],
+        "devices": args.devices,
+        "label": keys["label"],
+        "seed": keys["seed"],
+        "metric": metric,
+        "higher_is_better": higher,
+        "target": result.get("target"),
+        "time_cap_s": keys["time_cap_s"],
+        "stopped": result.get("stopped"),
+        "time_to_target_s": result.get("time_to_target_s"),
+        "training_s": result["seconds"],
+        "steps": result["steps"],
+        "best": (max(values) if higher else min(values)) if values else None,
+        "final": result[metric],
+        "step_s": result["step_seconds"],
+        "comm_s": result.get("comm_seconds_per_step"),
+        "bytes_sent_per_step": result["bytes_sent_per_step"],
+        "dense_bytes_per_step": result.get("dense_bytes_per_step"),
+        "parameters": result["parameters"],
+        "predicted": keys["predicted"],
+        "auto_choices": result.get("auto_choices"),
+        # A learning auto's trial windows and decisions (jaxcomm.cost.learn).
+        "auto_learned": (result.get("auto") or {}).get("learned"),
+        "placement": summary.get("placement"),
+        "oversubscribed": summary.get("oversubscribed"),
+        "wall_s": keys["wall_s"],
+        "started_at": keys["started_at"],
+        "history": result["history"],
+        "recipe": recipe,
+        "command": " ".join(sys.argv),
+    }
+
+
 def run_cell(
     args: argparse.Namespace,
     workload: str,
@@ -846,19 +916,7 @@ def run_cell(
         return json.loads(path.read_text())
     compute_s = compute()
     cap = cap_of(args, label, network)
-    factors = None
-    warmup_choice: dict[str, Any] = {}
-    if label in AUTO_LABELS and not WORKLOADS[workload].held_out:
-        half = VARIANTS[label].get("grad_dtype") == "bfloat16"
-        warmup = VARIANTS[label].get("args", {}).get("warmup", True)
-        world = (args.out, workload, args.nodes, seed, half)
-        factors = measured_steps_factor(*world, warmup, args.devices) or None
-        dense_steps = measured_dense_steps(*world, args.devices)
-        without = measured_steps_factor(*world, False, args.devices)
-        if warmup and dense_steps and set(without) - {"dense"}:
-            # auto decides the warm-up from what was measured: its seconds per step against
-            # the steps dropping it costs (jaxcomm.cost.warmup_pays).
-            warmup_choice = {"dense_steps": dense_steps, "steps_factor_no_warmup": without}
+    factors, warmup_choice = auto_factors(args, workload, label, seed)
     recipe = cell_recipe(
         workload,
         network,
@@ -895,43 +953,12 @@ def run_cell(
         log = (run_dir / "launch.log").read_text()[-2000:]
         print(f"  {label}: launch failed (exit {code}); cell not written. Log tail:\n{log}")
         return None
-    metric = WORKLOADS[workload].metric
-    higher = WORKLOADS[workload].higher_is_better
-    values = [h[metric] for h in result["history"] if h[metric] is not None]
-    cell = {
-        "workload": workload,
-        "network": network,
-        "nodes": args.nodes,
-        "devices": args.devices,
-        "label": label,
-        "seed": seed,
-        "metric": metric,
-        "higher_is_better": higher,
-        "target": result.get("target"),
-        "time_cap_s": cap,
-        "stopped": result.get("stopped"),
-        "time_to_target_s": result.get("time_to_target_s"),
-        "training_s": result["seconds"],
-        "steps": result["steps"],
-        "best": (max(values) if higher else min(values)) if values else None,
-        "final": result[metric],
-        "step_s": result["step_seconds"],
-        "comm_s": result.get("comm_seconds_per_step"),
-        "bytes_sent_per_step": result["bytes_sent_per_step"],
-        "dense_bytes_per_step": result.get("dense_bytes_per_step"),
-        "parameters": result["parameters"],
-        "predicted": prediction,
-        "auto_choices": result.get("auto_choices"),
-        # A learning auto's trial windows and decisions (jaxcomm.cost.learn).
-        "auto_learned": (result.get("auto") or {}).get("learned"),
-        "placement": summary.get("placement"),
-        "oversubscribed": summary.get("oversubscribed"),
-        "wall_s": wall,
+    keys = {
+        "workload": workload, "network": network, "nodes": args.nodes, "label": label,
+        "seed": seed, "time_cap_s": cap, "predicted": prediction, "wall_s": wall,
         "started_at": started_at,
-        "history": result["history"],
-        "recipe": recipe,
-        "command": " ".join(sys.argv),
-    }
+    }  # fmt: skip
+    cell = cell_of(args, result, summary, keys, recipe)
     write_json(path, cell)
     return cell
 
@@ -1222,13 +1249,12 @@ def draw_pays(rows: list[dict[str, Any]], path: pathlib.Path) -> None:
 
 
 def _profiles_by_source(out: pathlib.Path) -> dict[str, pathlib.Path]:
-    """Every profile of the grid, current and archived, by its ``source`` (the probe's run)."""
-    paths = sorted((out / "archive").rglob("*.json")) + sorted((out / "cells").glob("profiles/*"))
-    found = {}
-    for path in paths:
-        if "profiles" in path.parent.name:
-            found[json.loads(path.read_text()).get("source")] = path
-    return found
+    """Every profile of the grid by its ``source`` (the probe's run): the current ones
+    (``cells/profiles/<network>.json``) and the earlier ones that cells' auto runs read
+    (``cells/profiles/read/``); a current one wins."""
+    profiles = out / "cells" / "profiles"
+    paths = sorted((profiles / "read").glob("*.json")) + sorted(profiles.glob("*.json"))
+    return {json.loads(path.read_text()).get("source"): path for path in paths}
 
 
 def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:

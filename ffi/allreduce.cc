@@ -49,9 +49,9 @@ ffi::Error CheckReceived(const Group& group, size_t got, size_t expected, int fr
 //
 // No copy of x into out first: the first send reads x, and each reduction writes
 // out = x + received in one pass. Every chunk of out is written by the reduce-scatter or the
-// allgather before it is read. A copy-in of 100 MB into a fresh output cost 15-30 ms before
-// the first byte left (and up to 270 ms when the cores were busy: page faults), on the
-// critical path of every rank; fused, those page faults overlap the wire.
+// allgather before it is read. A copy-in into a fresh output would delay the first byte by
+// a full pass over memory plus its page faults (far more on busy cores), on the critical
+// path of every rank; fused, those page faults overlap the wire.
 ffi::Error RingAllreduce(Group& group, const float* x, float* data, int64_t n,
                          std::vector<float>* scratch) {
   const int parts = group.size();

@@ -22,7 +22,7 @@ import importlib.util
 from typing import Any
 
 from jaxcomm import _jax_compat, algorithms, config
-from jaxcomm.compressors import Compressor, TopK
+from jaxcomm.algorithms._sparse import TopK
 
 __version__ = "0.1.0"
 
@@ -49,6 +49,7 @@ _LAZY = {
     "DataParallelStep": "jaxcomm.parallel_step",
     "data_parallel": "jaxcomm.parallel_step",
     "data_parallel_step": "jaxcomm.parallel_step",
+    "Compressor": "jaxcomm.ops.compress",
     "CollectiveError": "jaxcomm.pacing",
     "Paced": "jaxcomm.pacing",
     "paced": "jaxcomm.pacing",

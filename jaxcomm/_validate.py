@@ -83,7 +83,7 @@ def compressor_of(compressor: Any, kind: type) -> None:
     """Raises TypeError unless `compressor` is a `kind` (e.g. ``jaxcomm.OneBit``).
 
     Example:
-      >>> from jaxcomm.compressors import OneBit
+      >>> from jaxcomm.algorithms.onebit import OneBit
       >>> compressor_of(OneBit(32), OneBit)
     """
     if not isinstance(compressor, kind):
@@ -158,7 +158,7 @@ def compress_inputs(x: Any, residual: Any, compressor: Any) -> tuple[jnp.ndarray
       ``(x as float32, residual, packed words of compressor for x.size)``.
 
     Example:
-      >>> from jaxcomm.compressors import TopK
+      >>> from jaxcomm.algorithms._sparse import TopK
       >>> compress_inputs(jnp.ones(8), jnp.zeros(8), TopK(0.25))[2]
       5
     """
@@ -182,7 +182,7 @@ def packed_input(
       ``(packed as a JAX array, shape)``.
 
     Example:
-      >>> from jaxcomm.compressors import TopK
+      >>> from jaxcomm.algorithms._sparse import TopK
       >>> packed_input(jnp.zeros(5, jnp.uint32), TopK(0.25), 8)[1]
       (8,)
     """

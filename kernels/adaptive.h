@@ -1,8 +1,9 @@
 // Adaptive quantization (Dryden et al. 2016, §3.3) with fused error feedback.
 //
-// Semantics and the packed layout are defined by the docstrings of jaxcomm/compressors.py
-// (module docstring and class Adaptive); every count computed here must agree with that
-// Python code exactly, because XLA sizes the packed buffer from it.
+// Semantics and the packed layout are defined by the docstrings of jaxcomm/ops/compress.py
+// (module docstring) and jaxcomm/algorithms/adaptive.py (class Adaptive); every count
+// computed here must agree with that Python code exactly, because XLA sizes the packed
+// buffer from it.
 #pragma once
 
 #include <cstdint>
@@ -58,7 +59,7 @@ int64_t AdaptiveExactUsed(const AdaptiveLayout& layout, const int64_t* positives
 int64_t AdaptiveExactUsed(const AdaptiveLayout& layout, const float* x, const float* residual_in);
 
 // Quantizes acc = x + residual_in (or x when residual_in is null) column by column into
-// `packed` (layout.PackedWords() words, format in compressors.py) and writes
+// `packed` (layout.PackedWords() words, format in jaxcomm/ops/compress.py) and writes
 // residual_out = acc - decoded, computed from the very floats that were encoded. residual_out
 // is required and may alias residual_in (not x).
 //

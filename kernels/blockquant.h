@@ -1,7 +1,7 @@
 // Block-wise integer quantization (int8 or packed int4, one float scale per block) with fused
 // error feedback: the compressor of DeepSpeed ZeRO++ qgZ, EQuARX and INTELLECT-1.
 //
-// Packed layout (jaxcomm/compressors.py, BlockQuant), nblocks = ceil(n / block):
+// Packed layout (jaxcomm/ops/compress.py, BlockQuant), nblocks = ceil(n / block):
 //   [used = 1 + nblocks + ceil(n * bits / 32)] [nblocks x scale f32 bits] [codes]
 // The codes are n two's-complement integers of `bits` bits, element i at byte i (int8) or at
 // nibble i (int4: the low nibble of byte i / 2 for even i, the high one for odd i), bytes in

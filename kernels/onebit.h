@@ -1,6 +1,6 @@
 // One-bit quantization (Seide et al.; Dryden et al. 2016 §3.1) with fused error feedback.
 //
-// Packed layout (jaxcomm/compressors.py, OneBit), ncols = ceil(n / column_size):
+// Packed layout (jaxcomm/ops/compress.py, OneBit), ncols = ceil(n / column_size):
 //   [used = 1 + 2*ncols + ceil(n/32)] [ncols x (mean_nonneg f32 bits, mean_neg f32 bits)] [bits]
 // Bit i % 32 of bit word i / 32 is 1 when acc[i] >= 0 (decodes to its column's mean_nonneg),
 // 0 otherwise (decodes to mean_neg). Columns are column_size consecutive flat elements; the

@@ -23,9 +23,9 @@ void ScatterAdd(float* dst, const int32_t* indices, const float* values, int64_t
 
 // Asks the kernel for transparent huge pages behind the 2 MiB-aligned interior of
 // [data, data + bytes) (madvise MADV_HUGEPAGE). A collective's output is usually fresh memory
-// that XLA just mapped: writing it first-touches one 4 KiB page at a time, which cost 40-60 ms
-// per 100 MB here, against ~10 ms with huge pages. Only a hint: memory already mapped stays as
-// it is, and failures are ignored.
+// that XLA just mapped: writing it first-touches one 4 KiB page at a time, several times
+// slower than with huge pages. Only a hint: memory already mapped stays as it is, and
+// failures are ignored.
 void AdviseHugePages(void* data, size_t bytes);
 
 }  // namespace jaxcomm::kernels

@@ -196,7 +196,7 @@ int64_t ThresholdDecompress(const uint32_t* packed, int64_t n, float tau, float*
 namespace {
 
 // Entries a slice of n elements can send. Same expression as Threshold.capacity in
-// jaxcomm/compressors.py.
+// jaxcomm/ops/compress.py.
 int64_t ThresholdCapacity(double max_density, int64_t n) {
   return std::min<int64_t>(n,
                            std::max<int64_t>(1, static_cast<int64_t>(std::ceil(max_density * n))));

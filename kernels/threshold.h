@@ -1,6 +1,6 @@
 // Threshold quantization (Strom 2015; Dryden et al. 2016 §3.2) with fused error feedback.
 //
-// Packed layout (jaxcomm/compressors.py, Threshold), capacity = packed words - 1:
+// Packed layout (jaxcomm/ops/compress.py, Threshold), capacity = packed words - 1:
 //   [used = 1 + m] [m entries, ascending index] [zeros up to 1 + capacity]
 // entry = sign << 31 | index; sign 1 encodes acc > tau (decodes to +tau), sign 0 encodes
 // acc < -tau (decodes to -tau). Entries with |acc| <= tau are not sent. When more than

@@ -1,4 +1,4 @@
-// The packed wire format shared by every compressor (documented in jaxcomm/compressors.py).
+// The packed wire format shared by every compressor (documented in jaxcomm/ops/compress.py).
 //
 // A packed buffer is an array of uint32 words. Word 0 holds `used`, the number of meaningful
 // words including word 0; collectives send words [0, used). Floats travel as their bits.

@@ -1,5 +1,5 @@
 """Adaptive quantization against a NumPy reference written from Dryden et al. §3.3 and the
-format documented in jaxcomm/compressors.py."""
+format documented in jaxcomm/ops/compress.py."""
 
 from __future__ import annotations
 

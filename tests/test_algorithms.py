@@ -4,6 +4,7 @@ and a new algorithm module is picked up everywhere without another edit."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import pathlib
 import shutil
 import subprocess
@@ -213,7 +214,7 @@ ALGORITHM = Algorithm(
     bytes_sent=_bytes,
     time=_time,
     residual=True,
-    kernels={"halve": 1e-9},
+    kernels=("halve",),
     auto_rank=6,
     auto_default=True,
 )
@@ -221,8 +222,9 @@ ALGORITHM = Algorithm(
 
 
 def test_a_new_algorithm_is_one_module(tmp_path):
-    # A copy of jaxcomm's light modules plus one new module, loaded the launcher's way (a
-    # stand-in parent package; no JAX): every listing and the cost model see the newcomer.
+    # A copy of jaxcomm's light modules plus one new module (and its measured constants in
+    # the cost model's data), loaded under another package name without JAX: every listing
+    # and the cost model see the newcomer.
     copy = tmp_path / "jaxcomm_copy"
     shutil.copytree(
         ROOT / "jaxcomm",
@@ -232,6 +234,11 @@ def test_a_new_algorithm_is_one_module(tmp_path):
         ],
     )
     (copy / "algorithms" / "halfsum.py").write_text(_NEW_MODULE)
+    # Its measured constants are data beside the cost model, not code.
+    measured = json.loads((copy / "cost" / "default_profile.json").read_text())
+    measured["profile"]["gamma"]["halve"] = 1e-9
+    measured["profile_measured"]["gamma.halve"] = "made up for this test"
+    (copy / "cost" / "default_profile.json").write_text(json.dumps(measured))
     code = f"""
 import sys, types, importlib
 pkg = types.ModuleType("light"); pkg.__path__ = [{str(copy)!r}]; sys.modules["light"] = pkg

@@ -665,3 +665,22 @@ def test_probe_calibrates_each_kernel_with_its_own_collective():
     # The calibrated profile predicts the measured time of the wide collective.
     after = cost.Profile.from_json(dict(base, gamma=gamma))
     assert cost.predict("gtopk", n, world, after, wide).seconds == pytest.approx(3 * predicted)
+
+
+def test_measured_constants_are_data_that_say_where_they_come_from():
+    # The default profile and the steps factors live in jaxcomm/cost/default_profile.json, each
+    # value with where and how it was measured; no algorithm module holds a measured number.
+    data = json.loads(cost.model.MEASURED_FILE.read_text())
+    notes = data["profile_measured"]
+    assert set(cost.KERNELS) == set(data["profile"]["gamma"])
+    for kernel in cost.KERNELS:
+        assert notes[f"gamma.{kernel}"].strip(), kernel
+    for key in ("psum", "call", *(f"links.{c}" for c in cost.LINK_CLASSES)):
+        assert notes[key].strip(), key
+    assert set(data["steps_factor"]) == set(cost.AUTO_CHOICES)
+    for name, entry in data["steps_factor"].items():
+        assert entry["measured"].strip() and cost.DEFAULT_STEPS_FACTOR[name] == entry["factor"]
+    assert cost.DEFAULT_PROFILE.gamma == {k: data["profile"]["gamma"][k] for k in cost.KERNELS}
+    for record in algorithms.registered():
+        assert all(isinstance(k, str) for k in record.kernels), record.name
+        assert not hasattr(record, "steps_factor"), record.name

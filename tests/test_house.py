@@ -1,5 +1,10 @@
-"""The code's shape: no function over 80 lines (docstrings excluded) and no module of
-``jaxcomm/optax`` over 400 lines, counted with ``ast`` on the source tree."""
+"""The code's shape: no function over 80 lines (docstrings excluded) in ``jaxcomm/``,
+``benchmarks/`` and ``launcher/``, and no module of ``jaxcomm/optax`` over 400 lines, counted
+with ``ast`` on the source tree.
+
+:data:`NOT_YET` names the functions still over the limit, each with why; the test fails when
+one of them is fixed (drop it from the list) as well as when any other function grows past
+the limit."""
 
 from __future__ import annotations
 
@@ -11,8 +16,22 @@ from conftest import REPO_ROOT
 MAX_FUNCTION_LINES = 80
 MAX_OPTAX_MODULE_LINES = 400
 
-CHECKED = ["jaxcomm/optax"]
+CHECKED = ["jaxcomm", "benchmarks", "launcher"]
 """Trees whose every function is held to :data:`MAX_FUNCTION_LINES`."""
+
+NOT_YET = {
+    # Being made the public data-parallel step in another change; split there.
+    "jaxcomm/examples/_loop.py train_loop": "owned by the simple-path change",
+    # The launcher is being edited for GPU placement; its long functions are split after.
+    "launcher/jaxcomm_launcher/jobs/probe.py run": "launcher edits in flight",
+    "launcher/jaxcomm_launcher/jobs/overlap.py run": "launcher edits in flight",
+    "launcher/jaxcomm_launcher/backends/slurm.py follow": "launcher edits in flight",
+    "launcher/jaxcomm_launcher/backends/slurm.py collect": "launcher edits in flight",
+    "launcher/jaxcomm_launcher/backends/slurm.py render": "launcher edits in flight",
+    "launcher/jaxcomm_launcher/runner.py _run_entry": "launcher edits in flight",
+    "launcher/jaxcomm_launcher/jobs/allreduce.py run": "launcher edits in flight",
+}
+"""``path name`` of each function still over the limit -> why it is not split yet."""
 
 
 def function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -29,17 +48,16 @@ def function_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
     return lines
 
 
-def long_functions(paths: list[pathlib.Path], limit: int = MAX_FUNCTION_LINES) -> list[str]:
-    """``path:line name (lines)`` of every function (nested ones included) over ``limit``."""
-    found = []
+def long_functions(paths: list[pathlib.Path], limit: int = MAX_FUNCTION_LINES) -> dict[str, int]:
+    """``path name`` -> lines of every function (nested ones included) over ``limit``."""
+    found = {}
     for path in paths:
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = function_lines(node)
                 if lines > limit:
-                    where = path.relative_to(REPO_ROOT)
-                    found.append(f"{where}:{node.lineno} {node.name} ({lines})")
+                    found[f"{path.relative_to(REPO_ROOT)} {node.name}"] = lines
     return found
 
 
@@ -56,7 +74,9 @@ def test_the_counter_counts_without_the_docstring():
 def test_no_function_is_over_80_lines():
     paths = [p for tree in CHECKED for p in _sources(tree)]
     assert paths, CHECKED
-    assert long_functions(paths) == []
+    found = long_functions(paths)
+    assert {k: v for k, v in found.items() if k not in NOT_YET} == {}, "split these"
+    assert sorted(set(NOT_YET) - set(found)) == [], "now short enough: drop from NOT_YET"
 
 
 def test_no_optax_module_is_over_400_lines():

@@ -154,7 +154,7 @@ def of(spec: Any) -> Algorithm:
       TypeError: not a registered algorithm's spec (the message lists them).
 
     Example:
-      >>> from jaxcomm.compressors import GTopK
+      >>> from jaxcomm.algorithms.gtopk import GTopK
       >>> of(GTopK(0.01)).name
       'gtopk'
     """
@@ -219,17 +219,17 @@ def quantizers() -> tuple[Algorithm, ...]:
     return tuple(a for a in flat if a.quantizer is not None)
 
 
-def kernels() -> Mapping[str, float]:
-    """Every local kernel a time model uses: name -> default seconds per element.
+def kernels() -> tuple[str, ...]:
+    """Every local kernel a time model uses, by name (the shared ones first, each once).
 
     Example:
       >>> {"sum", "merge", "quantize.onebit"} <= set(kernels())
       True
     """
-    table = dict(SHARED_KERNELS)
+    names = list(SHARED_KERNELS)
     for a in _REGISTRY.values():
-        table.update(a.kernels)
-    return table
+        names += [k for k in a.kernels if k not in names]
+    return tuple(names)
 
 
 def settings() -> tuple[Setting, ...]:

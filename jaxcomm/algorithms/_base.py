@@ -18,19 +18,11 @@ from typing import Any
 F32 = 4
 """Bytes per float32 value or uint32 word."""
 
-SHARED_KERNELS: Mapping[str, float] = {
-    # One elementwise pass over float32 memory (a reduction, a copy, a memset, a scatter) and
-    # the top-k selection with error feedback, per element. Default seconds per element,
-    # measured by `python benchmarks/cost_model.py` on the 2-core development machine
-    # (2026-11-22), like every algorithm module's `kernels`.
-    "topk": 2.08e-9,
-    # Beyond the selection's pass over n: per selected entry (the partition around the k-th
-    # magnitude, packing the k pairs, clearing their residuals). Negligible at the final
-    # densities, it dominates the warm-up's 25 %: top-k of 16.8M took 0.06 s at rho = 0.001
-    # and 0.54 s at 0.25 (2-core machine, 2026-11-24).
-    "topk.entry": 1.1e-7,
-    "sum": 3.8e-10,
-}
+SHARED_KERNELS: tuple[str, ...] = ("topk", "topk.entry", "sum")
+"""Local kernels several algorithms use: the top-k selection with error feedback (per element,
+and per selected entry beyond that pass) and one elementwise pass over float32 memory (a
+reduction, a copy, a memset, a scatter). Their measured seconds per element are the cost
+model's data (jaxcomm/cost/default_profile.json), as every algorithm module's ``kernels``."""
 """Local kernels several algorithms use: name -> default seconds per element."""
 
 
@@ -180,12 +172,9 @@ class Algorithm:
       uses_density: it is configured by a density (the sparse ones; warm-up schedules apply).
       quantizer: a quantizer's name in the C++ quantizer table (kernels/quantizer_table.h),
         else None; its hierarchical forms keep their base's.
-      kernels: its own local kernels: name -> default seconds per element (the gamma of
-        ``cost.Profile``).
+      kernels: the names of its own local kernels (their seconds per element are the gamma
+        of ``cost.Profile``; the defaults are measured data, jaxcomm/cost/default_profile.json).
       auto_rank: its place among ``algorithm="auto"``'s candidates (None: never chosen).
-      steps_factor: steps it needs to reach dense's accuracy, relative to dense (1.0), as the
-        end-to-end grid measured them (docs/e2e.md); ``auto`` and ``jaxcomm plan`` pick by
-        predicted time to target, ``steps_factor × seconds``.
       auto_default: ``auto`` may choose it unless told otherwise.
       planned: ``jaxcomm plan`` and the benchmarks list it by default.
       in_recipes: a recipe's ``jaxcomm.algorithm`` may name it.
@@ -229,9 +218,8 @@ class Algorithm:
     stepped: bool = False
     uses_density: bool = False
     quantizer: str | None = None
-    kernels: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    kernels: tuple[str, ...] = ()
     auto_rank: int | None = None
-    steps_factor: float = 1.0
     auto_default: bool = False
     planned: bool = True
     in_recipes: bool = True

@@ -86,7 +86,7 @@ def variant(base: Algorithm, scheme: str, order: int) -> Algorithm:
         inter_bytes=None,
         inter_time=None,
         hierarchical_planned=(),
-        kernels={},
+        kernels=(),
         ops=None,
         auto_rank=None,
         auto_default=False,

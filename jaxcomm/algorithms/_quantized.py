@@ -161,7 +161,7 @@ def quantizer_attributes(spec: Any, kind: int) -> dict[str, Any]:
       ``{"quantizer": ...}``, to pass as keyword attributes of the FFI call.
 
     Example:
-      >>> from jaxcomm.compressors import OneBit
+      >>> from jaxcomm.algorithms.onebit import OneBit
       >>> sorted(quantizer_attributes(OneBit(column_size=64), 0)["quantizer"])[:3]
       ['bits', 'column_size', 'error_feedback']
     """

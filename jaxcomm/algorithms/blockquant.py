@@ -46,7 +46,7 @@ class BlockQuant:
     counter-based hash of ``(seed, step, rank, element index)``, so a run is reproducible given
     its seed and step (``jaxcomm.compressed_allreduce(..., step=)``;
     ``jaxcomm.optax.allreduce_gradients`` passes its update count). Wire format:
-    :mod:`jaxcomm.compressors`.
+    :mod:`jaxcomm.ops.compress`.
 
     Args:
       bits: 8 (int8, 1 byte per element) or 4 (packed int4, half a byte).
@@ -114,17 +114,9 @@ ALGORITHM = Schedule("blockquant", _words, unit=lambda options: options.block).a
     stepped=True,
     build=lambda options: BlockQuant(bits=options.bits, block=options.block),
     settings=(BITS, BLOCK),
-    # Seconds per element, int8, block 256, one core, 25M floats (2026-11-24): quantize with
-    # error feedback 33.3 ms through jaxcomm.ops.compress (benchmarks/results/
-    # kernels-1core.json); dequantize-accumulate into an existing sum 11.5 ms, timed on the
-    # kernel alone (ops.decompress also pays its fresh output's first touch). int4 within 25 %.
     # `jaxcomm probe` measures both on a cluster.
-    kernels={"quantize.blockquant": 1.33e-9, "decode.blockquant": 4.6e-10},
+    kernels=("quantize.blockquant", "decode.blockquant"),
     hierarchical_planned=("multi_leader",),
     auto_rank=6,  # after the others on an exact tie of predicted time to target
-    # Not yet measured end to end here: 1.0 from the literature, where int8 block quantization
-    # trains like dense (ZeRO++ qgZ, arXiv 2306.10209; EQuARX, arXiv 2506.17615; INTELLECT-1,
-    # arXiv 2412.01152). Replace it with the end-to-end grid's ratio (docs/e2e.md) once measured.
-    steps_factor=1.0,
     auto_default=True,
 )

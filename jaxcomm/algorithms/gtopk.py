@@ -122,10 +122,7 @@ ALGORITHM = sparse_algorithm(
     order=30,
     bytes_sent=_bytes,
     time=_time,
-    # gTop-k's sparse ⊤ merge, per input entry (seconds; measured like _base.SHARED_KERNELS).
-    kernels={"merge": 1.95e-8},
+    kernels=("merge",),  # gTop-k's sparse merge, per input entry
     auto_rank=1,
-    # Steps to digits-small's target on 2 nodes: 451 against dense's 211 (docs/e2e.md).
-    steps_factor=2.1,
     auto_default=True,
 )

@@ -72,10 +72,7 @@ ALGORITHM = Schedule("onebit", _words, unit=lambda options: options.column_size)
     spec=OneBit,
     build=lambda options: OneBit(column_size=options.column_size),
     settings=(COLUMN_SIZE,),
-    # Seconds per element (measured like _base.SHARED_KERNELS).
-    kernels={"quantize.onebit": 3.31e-9, "decode.onebit": 5.6e-10},
+    kernels=("quantize.onebit", "decode.onebit"),
     auto_rank=4,
-    # Steps to digits-small's target on 2 nodes: 1081 against dense's 211 (docs/e2e.md).
-    steps_factor=5.1,
     auto_default=True,
 )

@@ -392,13 +392,6 @@ ALGORITHM = Algorithm(
     tree_time=tree_time,
     residual=True,
     leafwise="powersgd",
-    # Seconds per multiply-add of the thin products ((R x C) by (C x 4), XLA:CPU matmul):
-    # the fastest of 30 calls on 4M elements on the shared 2-core development machine
-    # (2026-11-24, niced under load, so an estimate; the same run gave 5.5e-10 for "sum",
-    # whose quiet-machine default is 3.8e-10). `jaxcomm probe` measures it as gamma.matmul.
-    kernels={"matmul": 6e-11},
-    # Not measured by the end-to-end grid yet: 1.0 from the paper, where rank 2 reaches the
-    # accuracy of SGD in the same epochs (ResNet-18 / CIFAR-10, Vogels et al. 2019, Table 3).
-    # auto never chooses it (it is not a per-bucket compressor); `jaxcomm plan` lists it.
-    steps_factor=1.0,
+    # Per multiply-add of the thin products; `jaxcomm probe` measures it as gamma.matmul.
+    kernels=("matmul",),
 )

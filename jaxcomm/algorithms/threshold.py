@@ -97,10 +97,7 @@ ALGORITHM = Schedule("threshold", _words, unit=lambda options: 1).algorithm(
     spec=Threshold,
     build=lambda options: Threshold(options.tau, max_density=options.max_density),
     settings=(TAU, MAX_DENSITY, THRESHOLD_FRACTION),
-    # Seconds per element (measured like _base.SHARED_KERNELS).
-    kernels={"quantize.threshold": 3.17e-9, "decode.threshold": 3.3e-10},
+    kernels=("quantize.threshold", "decode.threshold"),
     auto_rank=5,
-    # Not measured end to end (threshold needs its tau tuned); as the sparse ones.
-    steps_factor=2.0,
     auto_default=False,  # its bytes hang on a user-tuned tau: auto picks it only when allowed
 )

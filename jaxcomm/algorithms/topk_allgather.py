@@ -49,7 +49,5 @@ ALGORITHM = sparse_algorithm(
     bytes_sent=_bytes,
     time=_time,
     auto_rank=2,
-    # Steps to digits-small's target on 2 nodes: 421 against dense's 211 (docs/e2e.md).
-    steps_factor=2.0,
     auto_default=True,
 )

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomm import _ffi, _jax_compat, _ordering, _world
+from jaxcomm import _ffi, _jax_compat, _world
 from jaxcomm.collectives import _mesh
 
 
@@ -82,45 +82,6 @@ class DeferDone:
         return cls(*aux)
 
 
-def collective_call(
-    target: str,
-    api: str,
-    axis_name: str | Sequence[str],
-    operands: Sequence[jax.Array],
-    results: Sequence[tuple[tuple[int, ...], Any]],
-    **options: Any,
-) -> list[jax.Array]:
-    """Emits one ordered collective custom call and returns its data results.
-
-    With ``after``, the call is split in two (ffi/engine.h, "Tickets"; on GPU
-    ffi/cuda/gpu_collective.h, "Split calls", for the targets of ``_ffi.GPU_SPLIT_TARGETS``):
-    the collective call itself only queues the work (on jaxcomm's engine thread, or on
-    jaxcomm's own CUDA stream behind an event) and returns; a second call,
-    ``jaxcomm_collective_done``, takes the ticket, the results, the data operands (so their
-    buffers stay alive while the engine reads them) and ``after`` (so XLA schedules it after
-    those values exist), and returns the results once the engine has written them. XLA runs
-    whatever computes ``after`` while the collective is on the wire.
-
-    Args:
-      target: registered FFI target name.
-      api: public API name, for errors.
-      axis_name: mesh axis (or axes) reduced over.
-      operands: data operands (after the common coordinate and token operands).
-      results: (shape, dtype) of each data result.
-      **options: ``aliases``, ``after``, ``detach`` and extra FFI attributes, as for
-        :func:`threaded_call`.
-
-    Returns:
-      The data results (the output token is consumed by the ordering chain); with ``detach``,
-      ``[handle]``.
-    """
-    data, token = threaded_call(
-        _ordering.token_in(), target, api, axis_name, operands, results, **options
-    )
-    _ordering.token_out(token)
-    return [token] if options.get("detach") else data
-
-
 def threaded_call(
     token: jax.Array,
     target: str,
@@ -133,15 +94,30 @@ def threaded_call(
     detach: int = 0,
     **attributes: Any,
 ) -> tuple[list[jax.Array], jax.Array]:
-    """:func:`collective_call` with the ordering token passed in and returned.
+    """Emits one ordered collective custom call; returns its data results and output token.
 
-    For a collective emitted inside a JAX transformation that traces its body separately
-    (``jax.custom_vjp``, ``jax.custom_batching.custom_vmap``): the body's trace is not the
-    caller's, so the caller threads the chain's token through it (jaxcomm/_ordering.py).
+    The caller threads the ordering chain's token (jaxcomm/_ordering.py): usually
+    ``_ordering.token_in()`` in and ``_ordering.token_out(token)`` after; inside a JAX
+    transformation that traces its body separately (``jax.custom_vjp``,
+    ``jax.custom_batching.custom_vmap``) the body's trace is not the caller's, so the token is
+    passed through it.
+
+    With ``after``, the call is split in two (ffi/engine.h, "Tickets"; on GPU
+    ffi/cuda/gpu_collective.h, "Split calls", for the targets of ``_ffi.GPU_SPLIT_TARGETS``):
+    the collective call itself only queues the work (on jaxcomm's engine thread, or on
+    jaxcomm's own CUDA stream behind an event) and returns; a second call,
+    ``jaxcomm_collective_done``, takes the ticket, the results, the data operands (so their
+    buffers stay alive while the engine reads them) and ``after`` (so XLA schedules it after
+    those values exist), and returns the results once the engine has written them. XLA runs
+    whatever computes ``after`` while the collective is on the wire.
 
     Args:
       token: the ordering token the call consumes.
-      target, api, axis_name, operands, results: as for :func:`collective_call`.
+      target: registered FFI target name.
+      api: public API name, for errors.
+      axis_name: mesh axis (or axes) reduced over.
+      operands: data operands (after the common coordinate and token operands).
+      results: (shape, dtype) of each data result.
       aliases: data operand index -> data result index that may reuse its buffer (a donated
         residual is then updated in place instead of allocating a new array).
       after: a pytree of arrays to compute before the results are awaited (``None``: one

@@ -11,10 +11,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcomm import _validate, algorithms
+from jaxcomm import _ordering, _validate, algorithms
+from jaxcomm.algorithms.adaptive import Adaptive
+from jaxcomm.algorithms.blockquant import BlockQuant
+from jaxcomm.algorithms.gtopk import GTopK
+from jaxcomm.algorithms.onebit import OneBit
+from jaxcomm.algorithms.threshold import Threshold
+from jaxcomm.algorithms.topk_allgather import TopKAllgather
 from jaxcomm.collectives import _attributes, _mesh
-from jaxcomm.collectives._call import DeferDone, collective_call
-from jaxcomm.compressors import Adaptive, BlockQuant, GTopK, OneBit, Threshold, TopKAllgather
+from jaxcomm.collectives._call import DeferDone, threaded_call
 
 
 def compressed_allreduce(
@@ -139,7 +144,8 @@ def _compressed_f32(
     operands = [x, residual]
     if record.stepped:  # the step operand of a counter-based stochastic rounding
         operands.append(_validate.step_operand(step, api))
-    summed, new_residual = collective_call(
+    (summed, new_residual), token = threaded_call(
+        _ordering.token_in(),
         target,
         api,
         axis_name,
@@ -151,4 +157,5 @@ def _compressed_f32(
         after=after,
         **attrs,
     )
+    _ordering.token_out(token)
     return summed, new_residual

@@ -30,9 +30,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxcomm import _ffi, _validate, algorithms
+from jaxcomm import _ffi, _ordering, _validate, algorithms
 from jaxcomm.algorithms import dense
-from jaxcomm.collectives._call import collective_call
+from jaxcomm.collectives._call import threaded_call
 
 _WAIT_TARGET = "jaxcomm_handle_wait"
 _atexit_lock = threading.Lock()
@@ -123,7 +123,11 @@ def start_allreduce(
         attrs = dict(record.attributes(algorithm, x.size)) if record.attributes else {}
         operands = [x32, residual]
         results = [(x.shape, jnp.float32), (x.shape, jnp.float32)]
-    (handle,) = collective_call(target, api, axis_name, operands, results, detach=stream, **attrs)
+    # A detached call's output token is its handle; it also heads the ordering chain.
+    _, handle = threaded_call(
+        _ordering.token_in(), target, api, axis_name, operands, results, detach=stream, **attrs
+    )
+    _ordering.token_out(handle)
     _report_open_handles_at_exit()
     static = tuple((tuple(shape), jnp.dtype(d).name) for shape, d in results)
     epoch = jnp.full((), _ffi.library().jaxcomm_process_epoch(), jnp.int32)

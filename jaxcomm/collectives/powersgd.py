@@ -16,7 +16,6 @@ step compiles once and only the taken branch's collectives run, the same branch 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from jax import lax
 
 from jaxcomm import _ordering
 from jaxcomm.algorithms.powersgd import PowerSGD, leaf_plan
+from jaxcomm.collectives._mesh import group_size
 from jaxcomm.collectives.allreduce import allreduce
 
 AxisName = str | tuple[str, ...]
@@ -138,11 +138,6 @@ def orthogonalize(matrix: jax.Array, epsilon: float = 0.0) -> jax.Array:
         for j in range(i + 1, len(columns)):
             columns[j] = columns[j] - jnp.sum(col * columns[j]) * col
     return jnp.stack(columns, axis=1)
-
-
-def _group_size(axis_name: AxisName) -> int:
-    names = (axis_name,) if isinstance(axis_name, str) else tuple(axis_name)
-    return math.prod(lax.axis_size(n) for n in names)
 
 
 def _allreduce_all(
@@ -292,7 +287,7 @@ def reduce(
     """
     leaves, errors, qs = list(leaves), list(errors), list(qs)
     plans = [_plan(jnp.shape(g), spec, n) for g, n in zip(leaves, names, strict=True)]
-    size = _group_size(axis_name)
+    size = group_size(axis_name)
 
     def compressed(token: jax.Array, leaves: list, errors: list, qs: list) -> tuple:
         _ordering.token_out(token)

@@ -44,8 +44,8 @@ Layout
   (:func:`measure_world`; it needs JAX when called);
 * :mod:`jaxcomm.cost.learn`: the steps each compressor costs, learned from the run.
 
-The package imports neither JAX nor the compiled library (``jaxcomm plan`` imports it plainly
-and stays fast); it reads
+The package imports neither JAX nor the compiled library (``jaxcomm plan`` imports it in the
+launcher's own process, which never loads JAX); it reads
 ``JAXCOMM_SMALL_ALLREDUCE_BYTES`` through :mod:`jaxcomm.config`, as the library does.
 
 Example:

@@ -39,9 +39,19 @@ DEFAULT_ALLOWED = algorithms.default_allowed()
 """The default candidates of ``auto``: every algorithm whose bytes do not depend on a
 user-tuned threshold (``threshold`` must be allowed explicitly, with its ``tau``)."""
 
-DEFAULT_STEPS_FACTOR = {name: algorithms.get(name).steps_factor for name in AUTO_CHOICES}
-"""Steps each of ``auto``'s choices needs to reach dense's accuracy, relative to dense (each
-algorithm's record holds its own, ``Algorithm.steps_factor``).
+MEASURED_FILE = pathlib.Path(__file__).with_name("default_profile.json")
+"""The measured constants the model starts from, each named with where and how it was
+measured: :data:`DEFAULT_PROFILE` and :data:`DEFAULT_STEPS_FACTOR`."""
+
+_MEASURED = json.loads(MEASURED_FILE.read_text())
+
+DEFAULT_STEPS_FACTOR = {
+    name: float(_MEASURED["steps_factor"][name]["factor"])
+    for name in AUTO_CHOICES
+    if name in _MEASURED["steps_factor"]
+}
+"""Steps each of ``auto``'s choices needs to reach dense's accuracy, relative to dense (read
+from :data:`MEASURED_FILE`).
 
 What users pay is the time to a target accuracy, ``steps × step time``: an algorithm whose
 call is a little faster but that needs twice the steps loses end to end. ``auto`` and
@@ -359,23 +369,21 @@ class Profile:
         pathlib.Path(path).write_text(json.dumps(self.to_json(), indent=2) + "\n")
 
 
-# Measured on the development machine (2 cores shared with other jobs, jax 0.10.2, 2026-11-22),
-# by `python benchmarks/cost_model.py` (its probes are saved in benchmarks/results/
-# cost-model-*.json): kernels (each algorithm module holds its own kernels' values), call
-# overhead, psum and same_host from the local 2 x 1 world, same_process from the local 2 x 2
-# world, across_hosts from the emulated 4 x 1 world on 1 Gbit/s tbf links (network namespaces:
-# its alpha includes the emulation's CPU cost).
+# Where and how each value was measured: MEASURED_FILE's "profile_measured".
+_DEFAULT = _MEASURED["profile"]
+_UNMEASURED = [k for k in algorithms.kernels() if k not in _DEFAULT["gamma"]]
+if _UNMEASURED:
+    raise ValueError(
+        f"kernels {_UNMEASURED} of the algorithm registry have no measured seconds per element: "
+        f"add them to {MEASURED_FILE} (profile.gamma, and profile_measured saying how)"
+    )
 DEFAULT_PROFILE = Profile(
-    links={
-        "same_process": Link(alpha=4.6e-5, beta=6.2e-10),
-        "same_host": Link(alpha=1.9e-4, beta=1.17e-9),
-        "across_hosts": Link(alpha=1.15e-3, beta=9.28e-9),
-    },
-    gamma=dict(algorithms.kernels()),
-    psum=Link(alpha=0.0, beta=1.62e-9),
-    call=6.2e-5,
-    inter_process="same_host",
-    source="built-in default (jaxcomm/cost/model.py: 2-core development machine, 2026-11-22)",
+    links={c: Link(**v) for c, v in _DEFAULT["links"].items()},
+    gamma={k: float(_DEFAULT["gamma"][k]) for k in algorithms.kernels()},
+    psum=Link(**_DEFAULT["psum"]),
+    call=float(_DEFAULT["call"]),
+    inter_process=_DEFAULT["inter_process"],
+    source=_DEFAULT["source"],
 )
 
 

@@ -19,7 +19,6 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-
 from jaxcomm import cost, learning
 from jaxcomm.cost import learn
 

@@ -166,6 +166,20 @@ def _windows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
     return np.stack([data[s : s + length] for s in starts]).astype(np.int32)
 
 
+def _batch(
+    cfg: BytesLMConfig, train_bytes: np.ndarray, sharding: NamedSharding, global_step: int
+) -> tuple[jax.Array]:
+    """The training windows of ``global_step``: every process draws the same global windows
+    and feeds its contiguous slice."""
+    span = cfg.seq_len + 1
+    per_process = cfg.batch_size // jax.process_count()
+    starts = np.random.default_rng([cfg.seed, global_step]).integers(
+        0, len(train_bytes) - span, cfg.batch_size
+    )
+    mine = starts[jax.process_index() * per_process : (jax.process_index() + 1) * per_process]
+    return (jax.make_array_from_process_local_data(sharding, _windows(train_bytes, mine, span)),)
+
+
 def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> dict[str, Any]:
     """Trains the byte LM and returns the final metrics.
 
@@ -214,20 +228,8 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         model.init(jax.random.key(cfg.seed), jnp.zeros((1, cfg.seq_len), jnp.int32))
     )
     n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
-    per_process = cfg.batch_size // jax.process_count()
-    sharding = NamedSharding(mesh, _loop.batch_spec(mesh))
     span = cfg.seq_len + 1
-
-    def batch(global_step: int) -> tuple[jax.Array]:
-        # Every process draws the same global windows and feeds its contiguous slice.
-        starts = np.random.default_rng([cfg.seed, global_step]).integers(
-            0, len(train_bytes) - span, cfg.batch_size
-        )
-        mine = starts[jax.process_index() * per_process : (jax.process_index() + 1) * per_process]
-        return (
-            jax.make_array_from_process_local_data(sharding, _windows(train_bytes, mine, span)),
-        )
-
+    batch = functools.partial(_batch, cfg, train_bytes, NamedSharding(mesh, _loop.batch_spec(mesh)))
     val_starts = np.random.default_rng([cfg.seed, 1 << 30]).integers(
         0, len(val_bytes) - span, cfg.eval_sequences
     )

@@ -166,11 +166,6 @@ def total_steps(config: DigitsConfig) -> int:
     return config.steps if config.steps is not None else config.epochs * steps_per_epoch(config)
 
 
-def make_reducer(config: DigitsConfig) -> optax.GradientTransformation | None:
-    """The gradient allreduce of ``config.algorithm`` (None for the ``psum`` baseline)."""
-    return config.reduction().reducer(warmup_phase_steps(config))
-
-
 class Trainer(NamedTuple):
     """Compiled pieces of a run (see :func:`build`).
 

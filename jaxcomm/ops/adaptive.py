@@ -1,6 +1,6 @@
 """Adaptive quantization (Dryden et al. 2016, §3.3): C++ kernels behind XLA FFI.
 
-The semantics and the packed layout are those documented in :mod:`jaxcomm.compressors`
+The semantics and the packed layout are those documented in :mod:`jaxcomm.ops.compress`
 (class :class:`jaxcomm.Adaptive`). :func:`jaxcomm.ops.compress` and
 :func:`jaxcomm.ops.decompress` dispatch here for ``Adaptive`` compressors.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm.compressors import Adaptive
+from jaxcomm.algorithms.adaptive import Adaptive
 from jaxcomm.ops import _kernels
 
 

@@ -2,7 +2,7 @@
 behind XLA FFI, kernels/blockquant.cc).
 
 Each block of ``block`` elements of ``acc = x + residual`` becomes ``bits``-bit integers and
-one float32 scale (its largest magnitude over 127 or 7). See :mod:`jaxcomm.compressors` for
+one float32 scale (its largest magnitude over 127 or 7). See :mod:`jaxcomm.ops.compress` for
 the packed layout. :func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch
 here for ``BlockQuant``.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm.compressors import BlockQuant
+from jaxcomm.algorithms.blockquant import BlockQuant
 from jaxcomm.ops import _kernels
 
 

@@ -2,7 +2,7 @@
 
 Seide et al.'s scheme as described by Dryden et al. (2016, §3.1): every element of
 ``acc = x + residual`` becomes one bit (``acc >= 0``), decoded to the mean of its column's
-non-negative or negative values. See :mod:`jaxcomm.compressors` for the packed layout.
+non-negative or negative values. See :mod:`jaxcomm.ops.compress` for the packed layout.
 :func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch here for ``OneBit``.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm.compressors import OneBit
+from jaxcomm.algorithms.onebit import OneBit
 from jaxcomm.ops import _kernels
 
 

@@ -2,7 +2,7 @@
 
 As described by Dryden et al. (2016, §3.2): entries of ``acc = x + residual`` above ``tau``
 are sent as ``+tau``, below ``-tau`` as ``-tau``, each as one 32-bit word (sign bit + 31-bit
-index); the rest stay in the residual. See :mod:`jaxcomm.compressors` for the packed layout.
+index); the rest stay in the residual. See :mod:`jaxcomm.ops.compress` for the packed layout.
 :func:`jaxcomm.ops.compress` and :func:`jaxcomm.ops.decompress` dispatch here for
 ``Threshold``.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from jaxcomm.compressors import Threshold
+from jaxcomm.algorithms.threshold import Threshold
 from jaxcomm.ops import _kernels
 
 

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxcomm import _ffi, _validate
-from jaxcomm.compressors import TopK
+from jaxcomm.algorithms._sparse import TopK
 
 
 def topk_abs(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:

@@ -70,7 +70,7 @@ void ExpectErrorFeedback(const std::vector<float>& x, const std::vector<float>& 
 }
 
 TEST(AdaptiveLayoutTest, MatchesPythonCapacities) {
-  // Adaptive(64).capacity(1024) == 34 and packed_words in compressors.py.
+  // Adaptive(64).capacity(1024) == 34 and packed_words in jaxcomm/algorithms/adaptive.py.
   EXPECT_EQ((AdaptiveLayout{1024, 1024, 64.0}).Capacity(), 34);
   EXPECT_EQ((AdaptiveLayout{1024, 1024, 64.0}).PackedWords(), 1 + 2 + 34);
   // 2500 = 2 full columns + a tail of 452: 2 * 34 + (2 * ceil(452 / 64) + 2 = 18).
