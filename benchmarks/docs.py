@@ -805,7 +805,11 @@ def readme_headline(results: pathlib.Path) -> str:
 # docs/which-algorithm.md: the end-to-end results as a recommendation per cell
 
 # What the JSON does not record: each workload's optimizer (its recipe's).
-WORKLOAD_OPTIMIZER = {"lbann-mlp": "SGD+momentum", "bytes-lm": "AdamW", "digits-small": "SGD+momentum"}
+WORKLOAD_OPTIMIZER = {
+    "lbann-mlp": "SGD+momentum",
+    "bytes-lm": "AdamW",
+    "digits-small": "SGD+momentum",
+}
 # Reductions that are not a compressor of the gradient: baselines and the cost model's pick.
 NOT_COMPRESSORS = ("psum", "psum-bf16", "dense", "dense-bf16")
 
@@ -874,7 +878,9 @@ def recommendation(rows: list[dict[str, Any]]) -> list[str]:
     auto = next((r for r in rows if r["label"] == "auto-bf16"), None)
     diloco = [r for r in reached if r["label"].startswith("diloco")]
     compressors = [
-        r for r in rows if r["label"] not in NOT_COMPRESSORS and not r["label"].startswith(("auto", "diloco"))
+        r
+        for r in rows
+        if r["label"] not in NOT_COMPRESSORS and not r["label"].startswith(("auto", "diloco"))
     ]
     lost = [_speed(r) for r in compressors if r["speedup"] is not None and r["speedup"] < 1]
     never = [f"`{r['label']}`" for r in compressors if r["time_to_target_s"] is None]
@@ -916,7 +922,10 @@ def which_algorithm(results: pathlib.Path) -> str:
     ]
     order = {"100mbit": 0, "1gbit": 1, "host": 2}
     cells.sort(
-        key=lambda rows: (order.get(rows[0]["network"].split("-")[0], 9), -(gradient_bytes(rows) or 0))
+        key=lambda rows: (
+            order.get(rows[0]["network"].split("-")[0], 9),
+            -(gradient_bytes(rows) or 0),
+        )
     )
     body = [recommendation(rows) for rows in cells]
     for _, rows in e2e_cells(load(results / "e2e-burst4kb", "e2e")["rows"]):
