@@ -1027,7 +1027,7 @@ def load_cells(out: pathlib.Path) -> list[dict[str, Any]]:
 
 
 def summarize(
-    cells: list[dict[str, Any]], computes: dict[tuple[str, int], float] | None = None
+    cells: list[dict[str, Any]], computes: dict[tuple[str, int, int], float] | None = None
 ) -> list[dict[str, Any]]:
     """One row per (workload, network, label): seeds pooled (median time to target, spread),
     the speedup over the fastest dense 16-bit run of the same cell, and the bound on any
@@ -1037,81 +1037,87 @@ def summarize(
     for c in cells:
         net = network_dir(c["network"], c["nodes"], c.get("devices", 1))
         groups.setdefault((c["workload"], net, c["label"]), []).append(c)
-    rows = []
-    for (workload, net, label), runs in groups.items():
-        reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
-        caps = [r["training_s"] for r in runs if r["time_to_target_s"] is None]
-        first = runs[0]
-        higher = first["higher_is_better"]
-        bests = [r["best"] for r in runs if r["best"] is not None]
-        # Each seed predicted with its own sitting's compute step, against each seed's step.
-        pred = _median([(r.get("predicted") or {}).get("step_s") for r in runs])
-        step = _median([r["step_s"] for r in runs])
-        rows.append(
-            {
-                "workload": workload,
-                "network": net,
-                "nodes": first["nodes"],
-                "label": label,
-                "seeds": sorted(r["seed"] for r in runs),
-                "reached": len(reached),
-                "time_to_target_s": _median(reached) if len(reached) == len(runs) else None,
-                "time_to_target_spread_s": (min(reached), max(reached)) if reached else None,
-                "capped_at_s": max(caps) if caps else None,
-                "target": first["target"],
-                "metric": first["metric"],
-                "best": (max(bests) if higher else min(bests)) if bests else None,
-                "step_s": step,
-                "predicted_step_s": pred,
-                "prediction_error": (pred - step) / step if pred and step else None,
-                "bytes_sent_per_step": _median([r["bytes_sent_per_step"] for r in runs]),
-                "steps": _median([r["steps"] for r in runs]),
-                # Every seed's pick, where they differ ("a / b"): seeds decide apart.
-                "auto_pick": " / ".join(dict.fromkeys(p for p in map(_auto_pick, runs) if p))
-                or None,
-                "oversubscribed": first.get("oversubscribed"),
-                # The compute step its runs were predicted with (their sittings').
-                "compute_s": _median([(r.get("predicted") or {}).get("compute_s") for r in runs]),
-            }
-        )
+    rows = [
+        _summary_row(workload, net, label, runs) for (workload, net, label), runs in groups.items()
+    ]
     by_cell: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         by_cell.setdefault((r["workload"], r["network"]), []).append(r)
     for cell_rows in by_cell.values():
-        base = [r for r in cell_rows if r["label"] in BASELINES_16BIT]
-        done = [r for r in base if r["time_to_target_s"] is not None]
-        if done:
-            b = min(done, key=lambda r: r["time_to_target_s"])
-            base_t, lower = b["time_to_target_s"], False
-        elif base:  # no 16-bit baseline reached the target: the longest cap bounds it
-            b = max(base, key=lambda r: r["capped_at_s"] or 0)
-            base_t, lower = b["capped_at_s"], True
-        else:
-            b, base_t, lower = None, None, False
-        # The speedup a reduction that cost nothing and needed no more steps than the
-        # baseline would get: the baseline's time over its steps of compute alone, the
-        # compute step of the baseline's sitting.
-        first_cell = cell_rows[0]
-        latest = computes.get(
-            (first_cell["workload"], first_cell["nodes"], first_cell.get("devices", 1))
-        )
-        compute = (b["compute_s"] if b is not None else None) or latest
-        bound = (
-            base_t / (b["steps"] * compute)
-            if (b is not None and base_t and compute and b["steps"])
-            else None
-        )
-        for r in cell_rows:
-            r["compute_s"] = r["compute_s"] or latest
-            r["no_communication_bound"] = bound
-            r["bound_compute_s"] = compute if bound else None
-            r["baseline"] = None if b is None else b["label"]
-            t = r["time_to_target_s"]
-            r["speedup"] = base_t / t if (base_t and t) else None
-            r["speedup_is_lower_bound"] = lower and r["speedup"] is not None
+        _add_speedups(cell_rows, computes)
     order = {k: i for i, k in enumerate(VARIANTS)}
     rows.sort(key=lambda r: (r["workload"], r["network"], order.get(r["label"], 99)))
     return rows
+
+
+def _summary_row(workload: str, net: str, label: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The seeds of one (workload, network, label) pooled into a row of :func:`summarize`."""
+    reached = [r["time_to_target_s"] for r in runs if r["time_to_target_s"] is not None]
+    caps = [r["training_s"] for r in runs if r["time_to_target_s"] is None]
+    first = runs[0]
+    higher = first["higher_is_better"]
+    bests = [r["best"] for r in runs if r["best"] is not None]
+    # Each seed predicted with the compute step measured before it, against each seed's step.
+    pred = _median([(r.get("predicted") or {}).get("step_s") for r in runs])
+    step = _median([r["step_s"] for r in runs])
+    return {
+        "workload": workload,
+        "network": net,
+        "nodes": first["nodes"],
+        "devices": first.get("devices", 1),
+        "label": label,
+        "seeds": sorted(r["seed"] for r in runs),
+        "reached": len(reached),
+        "time_to_target_s": _median(reached) if len(reached) == len(runs) else None,
+        "time_to_target_spread_s": (min(reached), max(reached)) if reached else None,
+        "capped_at_s": max(caps) if caps else None,
+        "target": first["target"],
+        "metric": first["metric"],
+        "best": (max(bests) if higher else min(bests)) if bests else None,
+        "step_s": step,
+        "predicted_step_s": pred,
+        "prediction_error": (pred - step) / step if pred and step else None,
+        "bytes_sent_per_step": _median([r["bytes_sent_per_step"] for r in runs]),
+        "steps": _median([r["steps"] for r in runs]),
+        # Every seed's pick, where they differ ("a / b"): seeds decide apart.
+        "auto_pick": " / ".join(dict.fromkeys(p for p in map(_auto_pick, runs) if p)) or None,
+        "oversubscribed": first.get("oversubscribed"),
+        # The compute step its runs were predicted with.
+        "compute_s": _median([(r.get("predicted") or {}).get("compute_s") for r in runs]),
+    }
+
+
+def _add_speedups(cell_rows: list[dict[str, Any]], computes: dict) -> None:
+    """Adds to each row of one (workload, network) its speedup over the fastest dense 16-bit
+    baseline and the bound a free reduction would reach there."""
+    base = [r for r in cell_rows if r["label"] in BASELINES_16BIT]
+    done = [r for r in base if r["time_to_target_s"] is not None]
+    if done:
+        b = min(done, key=lambda r: r["time_to_target_s"])
+        base_t, lower = b["time_to_target_s"], False
+    elif base:  # no 16-bit baseline reached the target: the longest cap bounds it
+        b = max(base, key=lambda r: r["capped_at_s"] or 0)
+        base_t, lower = b["capped_at_s"], True
+    else:
+        b, base_t, lower = None, None, False
+    # The speedup a reduction that cost nothing and needed no more steps than the baseline
+    # would get: the baseline's time over its steps of compute alone.
+    first = cell_rows[0]
+    latest = computes.get((first["workload"], first["nodes"], first.get("devices", 1)))
+    compute = (b["compute_s"] if b is not None else None) or latest
+    bound = (
+        base_t / (b["steps"] * compute)
+        if (b is not None and base_t and compute and b["steps"])
+        else None
+    )
+    for r in cell_rows:
+        r["compute_s"] = r["compute_s"] or latest
+        r["no_communication_bound"] = bound
+        r["bound_compute_s"] = compute if bound else None
+        r["baseline"] = None if b is None else b["label"]
+        t = r["time_to_target_s"]
+        r["speedup"] = base_t / t if (base_t and t) else None
+        r["speedup_is_lower_bound"] = lower and r["speedup"] is not None
 
 
 def _median(values: list[float | None]) -> float | None:
