@@ -124,7 +124,8 @@ class DataParallelStep:
                 "pass opt_state = optimizer.init(params) to its first call"
             )
         params = self.replicate(params)
-        specs = self.state_specs(jax.eval_shape(self._init, params))
+        with jax.set_mesh(self.mesh):  # DiLoCo over sites: a device's share is the mesh's
+            specs = self.state_specs(jax.eval_shape(self._init, params))
         return self._per_rank(self._init, P(), specs)(params)
 
     def place(self, params: Any, opt_state: Any) -> tuple[Any, Any]:

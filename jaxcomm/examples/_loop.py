@@ -1,12 +1,12 @@
 """The data-parallel training machinery the examples share (digits MLP/CNN, bytes LM).
 
-One jitted ``shard_map`` step per optimizer step over a 1-D ``dp`` mesh: each rank computes
-its gradient, optionally casts it to bf16, and reduces it with ``lax.pmean`` (``psum``, XLA's
-own allreduce) or ``jaxcomm.optax.allreduce_gradients``; the training loop dispatches steps
-through ``jaxcomm.paced`` (at most ``max_in_flight`` queued, no sync per step), waits for them
-when it evaluates, every ``eval_every`` steps, and records loss/metric against
-training wall clock, and the summary reports bytes and collective time per step from
-``jaxcomm.metrics()``.
+The run configs' reduction settings (:class:`Reduction`, :class:`Stopping`), the step
+(:class:`Step`: :func:`jaxcomm.data_parallel_step` for jaxcomm's reductions and DiLoCo, XLA's
+own ``lax.pmean`` for the ``psum`` baseline) over a ``dp`` mesh, and the loop around it
+(:func:`train_loop`): the step keeps at most ``max_in_flight`` steps queued (no sync per
+step), the loop waits for them when it evaluates, every ``eval_every`` steps, and records
+loss/metric against training wall clock; the summary reports bytes and collective time per
+step from ``jaxcomm.metrics()``.
 """
 
 from __future__ import annotations
@@ -462,7 +462,11 @@ def batch_spec(mesh: Mesh) -> P:
 
 
 class Step:
-    """The jitted, shard_mapped training step of a loss over a data-parallel mesh.
+    """The examples' training step of a loss over a data-parallel mesh.
+
+    A jaxcomm reduction or DiLoCo trains through :func:`jaxcomm.data_parallel_step` (placement,
+    pacing, the global mean loss and metric); the ``psum`` baseline is :class:`XlaStep`, XLA
+    alone. A learning ``auto`` also gets its :attr:`trials`, which the loop consults every step.
 
     Args:
       loss_fn: ``(params, *batch) -> (loss, metric)`` on this rank's shard of the batch
@@ -470,15 +474,17 @@ class Step:
       optimizer: the optimizer applied to the averaged float32 gradient.
       reduction: how gradients are reduced.
       warmup_phase_steps: steps per density of the gTop-k warm-up.
-      mesh: the ``dp`` mesh.
-      batch_args: number of batch arrays, each sharded over ``dp`` on its first axis.
+      mesh: the data-parallel mesh (:func:`data_parallel_mesh`).
+      max_in_flight: steps queued ahead of the devices (:func:`jaxcomm.paced`; 0 waits for
+        every step).
 
     Example:
-      >>> step = Step(loss_and_metric, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
+      >>> step = Step(loss_and_metric, optax.sgd(0.05), Reduction("gtopk"), 100, mesh)
       >>> params, state = step.init(params)
       >>> rows = jax.sharding.NamedSharding(mesh, P("dp"))  # the batch is sharded over dp
       >>> params, state, loss, metric = step(
       ...     params, state, jax.device_put(x, rows), jax.device_put(y, rows))
+      >>> step.wait()  # every step in flight done
     """
 
     def __init__(
@@ -488,97 +494,38 @@ class Step:
         reduction: Reduction,
         warmup_phase_steps: int,
         mesh: Mesh,
-        batch_args: int,
+        max_in_flight: int = jaxcomm.pacing.DEFAULT_MAX_IN_FLIGHT,
     ) -> None:
         self.mesh = mesh
-        self.traces = 0
-        self.diloco = reduction.diloco(optimizer)
-        self._batch_args = batch_args
-        self._compiled: Any = None
-        if self.diloco is not None:
-            self._init_diloco(loss_fn)
+        self.trials: _trials.Trials | None = None  # a learning auto: the loop sets each arm
+        if reduction.algorithm == "psum":
+            self._step: Any = XlaStep(loss_fn, optimizer, reduction, mesh, max_in_flight)
             return
-        reducer = reduction.reducer(warmup_phase_steps)
-        # A learning auto: the loop sets each step's arm (jaxcomm/examples/_trials.py).
-        self.trials: _trials.Trials | None = None
-        if reduction.learns():
-            self.trials = _trials.Trials(
-                reduction,
-                reduction.options(warmup_phase_steps),
-                mesh,
-                _AgreedMax(mesh),
-                host_scalar,
+        options = {"has_aux": True, "donate": True, "max_in_flight": max_in_flight}
+        diloco = reduction.diloco(optimizer)
+        if diloco is not None:
+            # Each rank's own loss and metric: averaging them would be a collective per step,
+            # which DiLoCo exists to avoid (the evaluation uses the global parameters).
+            self._step = jaxcomm.data_parallel_step(
+                loss_fn, diloco, mesh, tuple(mesh.axis_names), average_metrics=False, **options
             )
+            return
+        if reduction.learns():
+            arms = reduction.options(warmup_phase_steps)
+            self.trials = _trials.Trials(reduction, arms, mesh, _AgreedMax(mesh), host_scalar)
         # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
         widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
-        self.tx = optax.chain(*([reducer] if reducer is not None else []), widen, optimizer)
-        grad_dtype = reduction.grad_dtype
+        tx = optax.chain(reduction.reducer(warmup_phase_steps), widen, optimizer)
+        # The loss and metric average in one jaxcomm allreduce (Reduction.metric_collectives),
+        # so every cross-process wait of a jaxcomm step is bounded by JAXCOMM_TIMEOUT_S: XLA's
+        # CPU collectives (Gloo) have no such deadline and sat through a 60 s partition
+        # (docs/faults.md).
+        self._step = jaxcomm.data_parallel_step(loss_fn, tx, mesh, AXIS, **options)
 
-        def local_step(params: Any, state: Any, *batch: jax.Array) -> tuple:
-            self.traces += 1  # runs at trace time only
-            (loss, metric), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *batch)
-            # psum reduces the gradient in grad_dtype; jaxcomm casts only what goes on its
-            # dense wire (dense_dtype): compressors take the float32 gradient as it is.
-            if reducer is None and grad_dtype != "float32":
-                grads = jax.tree.map(lambda g: g.astype(grad_dtype), grads)
-            if reducer is None:
-                grads = lax.pmean(grads, AXIS)
-            updates, state = self.tx.update(grads, state, params)
-            params = optax.apply_updates(params, updates)
-            # The loss and metric average: Reduction.metric_collectives describes it.
-            if reducer is None:  # the psum baseline: everything through XLA
-                return params, state, lax.pmean(loss, AXIS), lax.pmean(metric, AXIS)
-            # The reported loss and metric go through jaxcomm too, so every cross-process wait
-            # of a jaxcomm step is bounded by JAXCOMM_TIMEOUT_S: XLA's CPU collectives (Gloo)
-            # have no such deadline and sat through a 60 s partition (docs/faults.md).
-            both = jnp.stack([loss, metric]).astype(jnp.float32)
-            mean = jaxcomm.allreduce(both, AXIS) / lax.psum(1, AXIS)
-            return params, state, mean[0], mean[1]
-
-        self._local_step = local_step
-
-    def _init_diloco(self, loss_fn: Callable[..., tuple[jax.Array, jax.Array]]) -> None:
-        """The step of a DiLoCo run: no per-step communication at all."""
-        tx = self.diloco
-        self.tx = optax.GradientTransformation(tx.init, None)  # what init() builds the state of
-
-        def local_step(params: Any, state: Any, *batch: jax.Array) -> tuple:
-            self.traces += 1  # runs at trace time only
-            grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-            (loss, metric), grads = grad_fn(tx.local_params(state), *batch)
-            params, state = tx.step(grads, state, params)
-            # This rank's own loss and metric: averaging them would be a collective per step,
-            # which DiLoCo exists to avoid (the evaluation uses the global parameters).
-            return params, state, loss, metric
-
-        self._local_step = local_step
-
-    def restart(self, state: Any) -> Any:
-        """A restored state, ready to continue (DiLoCo: re-sends the outer allreduces that
-        were in flight when it was saved; others: ``state``)."""
-        if self.diloco is None:
-            return state
-        return self._state_call(self.diloco.restart, (self._specs(state),))(state)
-
-    def finish(self, params: Any, state: Any) -> tuple[Any, Any]:
-        """After the last step: applies every outer gradient in flight (DiLoCo with a delay),
-        so that no detached collective is left open. ``(params, state)`` otherwise."""
-        if self.diloco is None:
-            return params, state
-        specs = self._specs(state)
-        flush = self._state_call(self.diloco.flush, (specs, P()), (P(), specs))
-        return flush(state, params)
-
-    def _specs(self, state: Any) -> Any:
-        return jc_optax.partition_specs(state, tuple(self.mesh.axis_names))
-
-    def _state_call(self, fn: Callable[..., Any], in_specs: Any, out_specs: Any = None) -> Any:
-        out_specs = in_specs[0] if out_specs is None else out_specs
-        return jax.jit(
-            jax.shard_map(
-                fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
-            )
-        )
+    @property
+    def traces(self) -> int:
+        """Times the per-rank step was traced (compilations)."""
+        return self._step.traces
 
     def init(self, params: Any) -> tuple[Any, Any]:
         """Replicates `params` on the mesh and builds the optimizer state (residuals per rank).
@@ -586,32 +533,98 @@ class Step:
         Returns:
           ``(params, state)`` placed on the mesh.
         """
-        params = jax.device_put(params, NamedSharding(self.mesh, P()))
-        with jax.set_mesh(self.mesh):  # DiLoCo over sites: a share's size is the mesh's
-            specs = self._specs(jax.eval_shape(self.tx.init, params))
-        state = jax.jit(
-            jax.shard_map(
-                self.tx.init, mesh=self.mesh, in_specs=P(), out_specs=specs, check_vma=False
-            )
-        )(params)
-        return params, state
+        return self._step.replicate(params), self._step.init(params)
 
     def __call__(self, params: Any, state: Any, *batch: jax.Array) -> tuple:
+        """One paced step: ``(params, state, loss, metric)``."""
+        return self._step(params, state, *batch)
+
+    def wait(self) -> None:
+        """Waits for every step in flight."""
+        self._step.wait()
+
+    def restart(self, state: Any) -> Any:
+        """A restored state, ready to continue (DiLoCo: re-sends the outer allreduces that
+        were in flight when it was saved; others: ``state``)."""
+        return self._step.restart(state)
+
+    def finish(self, params: Any, state: Any) -> tuple[Any, Any]:
+        """After the last step: waits for it and applies every outer gradient in flight
+        (DiLoCo with a delay), so that no detached collective is left open."""
+        return self._step.finish(params, state)
+
+
+class XlaStep:
+    """The ``psum`` baseline's step: XLA's own ``lax.pmean`` of the gradient (in
+    ``grad_dtype``) and of the loss and metric, no jaxcomm at all. It has the methods of
+    :class:`jaxcomm.DataParallelStep` that :class:`Step` calls, and is paced the same way."""
+
+    def __init__(
+        self,
+        loss_fn: Callable[..., tuple[jax.Array, jax.Array]],
+        optimizer: optax.GradientTransformation,
+        reduction: Reduction,
+        mesh: Mesh,
+        max_in_flight: int,
+    ) -> None:
+        self.mesh, self.traces = mesh, 0
+        # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
+        widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
+        self._tx = optax.chain(widen, optimizer)
+        grad_dtype = reduction.grad_dtype
+
+        def local_step(params: Any, state: Any, *batch: jax.Array) -> tuple:
+            self.traces += 1  # runs at trace time only
+            (loss, metric), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, *batch)
+            if grad_dtype != "float32":
+                grads = jax.tree.map(lambda g: g.astype(grad_dtype), grads)
+            updates, state = self._tx.update(lax.pmean(grads, AXIS), state, params)
+            params = optax.apply_updates(params, updates)
+            return params, state, lax.pmean(loss, AXIS), lax.pmean(metric, AXIS)
+
+        self._local_step = local_step
+        self._compiled: Any = None
+        self._paced = jaxcomm.paced(self._run, max_in_flight)
+
+    def _run(self, params: Any, state: Any, *batch: jax.Array) -> tuple:
         if self._compiled is None:
-            specs = self._specs(state)
-            # check_vma=False: jaxcomm's sums are identical on every rank but typed as
-            # varying; the parameters leave the step replicated (P()).
+            rows = batch_spec(self.mesh)
             self._compiled = jax.jit(
                 jax.shard_map(
                     self._local_step,
                     mesh=self.mesh,
-                    in_specs=(P(), specs) + (batch_spec(self.mesh),) * self._batch_args,
-                    out_specs=(P(), specs, P(), P()),
+                    in_specs=(P(), P(), *(rows,) * len(batch)),
+                    out_specs=(P(), P(), P(), P()),
                     check_vma=False,
                 ),
                 donate_argnums=(0, 1),
             )
         return self._compiled(params, state, *batch)
+
+    def replicate(self, params: Any) -> Any:
+        """``params`` replicated on every device of the mesh."""
+        return jax.device_put(params, NamedSharding(self.mesh, P()))
+
+    def init(self, params: Any) -> Any:
+        """The optimizer state of ``params``, replicated."""
+        replicated = NamedSharding(self.mesh, P())
+        return jax.jit(self._tx.init, out_shardings=replicated)(self.replicate(params))
+
+    def __call__(self, params: Any, state: Any, *batch: jax.Array) -> tuple:
+        return self._paced(params, state, *batch)
+
+    def wait(self) -> None:
+        """Waits for every step in flight."""
+        self._paced.wait()
+
+    def restart(self, state: Any) -> Any:
+        """``state``: nothing of the baseline is in flight across a save."""
+        return state
+
+    def finish(self, params: Any, state: Any) -> tuple[Any, Any]:
+        """Waits for every step in flight; ``(params, state)``."""
+        self.wait()
+        return params, state
 
 
 def host_scalar(x: jax.Array) -> float:
@@ -703,7 +716,6 @@ def train_loop(
     *,
     steps: int,
     eval_every: int,
-    max_in_flight: int = jaxcomm.pacing.DEFAULT_MAX_IN_FLIGHT,
     eval_name: str = "test_accuracy",
     metric_name: str = "accuracy",
     logger: Any = None,
@@ -724,14 +736,12 @@ def train_loop(
     step, so a resumed run repeats exactly the steps an uninterrupted one takes.
 
     Args:
-      step: the training step.
+      step: the training step (paced: it keeps its ``max_in_flight`` steps queued).
       params, state: from ``step.init``.
       batch: ``global step -> batch arrays`` (placed, sharded over ``dp``).
       evaluate: ``params -> float`` (e.g. test accuracy, validation bits per byte).
       steps: optimizer steps.
       eval_every: steps between evaluations (step 0 and the last step always evaluate).
-      max_in_flight: steps queued ahead of the devices (``jaxcomm.paced``; 0 waits for every
-        step).
       eval_name: key of the evaluation in ``history`` and in the logged metrics.
       metric_name: key of the step's training metric in the logged metrics.
       logger: optional launcher metrics logger (``log(step, force=..., **fields)``; when it
@@ -748,7 +758,7 @@ def train_loop(
       A :class:`LoopResult`.
 
     Example:
-      >>> step = Step(loss_and_metric, optax.sgd(0.05), Reduction("gtopk"), 100, mesh, 2)
+      >>> step = Step(loss_and_metric, optax.sgd(0.05), Reduction("gtopk"), 100, mesh)
       >>> params, state = step.init(params)
       >>> rows = jax.sharding.NamedSharding(mesh, P("dp"))
       >>> batch = lambda i: (jax.device_put(x, rows), jax.device_put(y, rows))
@@ -757,123 +767,188 @@ def train_loop(
       [0, 2, 3]
     """
     jaxcomm.reset_metrics()
-    loss = evaluation = float("nan")
-    history: list[dict[str, float]] = []
-    seconds = 0.0  # this attempt's training seconds
-    seconds_before = 0.0  # earlier attempts' (a resumed run)
-    start = 0
-    if checkpoint_dir is not None:
-        resumed = checkpoints.latest(checkpoint_dir)
-        if resumed is not None:
-            (params, state), loop_state = checkpoints.restore(
-                checkpoint_dir, resumed, (params, state)
-            )
-            state = step.restart(state)
-            start = min(resumed, steps)
-            history = list(loop_state.get("history", []))
-            seconds_before = float(loop_state.get("seconds", 0.0))
-            if history:
-                loss, evaluation = history[-1]["loss"], history[-1][eval_name]
-    progress = getattr(logger, "progress", None)
-    clock = time.perf_counter()
-    window_first = start
-    window_comm: float | None = None
-    paced = jaxcomm.paced(step, max_in_flight)
-    agreed_max = _AgreedMax(step.mesh) if time_cap_s is not None else None
-    stopped, time_to_target, done = "steps", None, steps
-    for i in range(start, steps):
-        trials = getattr(step, "trials", None)
-        if trials is not None:
-            state = trials.before(i, state, paced.wait)
-        params, state, loss_d, metric_d = paced(params, state, *batch(i))
-        if trials is not None:
-            trials.after(i, params, loss_d, paced.wait)
-        if progress is not None:
-            progress(i + 1)
+    run = _resume(step, params, state, steps, checkpoint_dir, eval_name)
+    stop = _Stop(target, higher_is_better, time_cap_s, step.mesh)
+    for i in range(run.start, steps):
+        loss_d, metric_d = _advance(step, run, batch, i, logger)
         evaluate_now = i % eval_every == 0 or i == steps - 1
-        if i == start or evaluate_now:
-            paced.wait()  # every queued step, this one included
-            loss = host_scalar(loss_d)
-        if i == start:
+        if i == run.start or evaluate_now:
+            step.wait()  # every queued step, this one included
+            run.loss = host_scalar(loss_d)
+        if i == run.start:
             jaxcomm.reset_metrics()  # the compiling step is not counted
-            clock, window_first = time.perf_counter(), start + 1
-            window_comm = _collective_seconds()
+            run.clock.open(i + 1)
         if evaluate_now:
-            now = time.perf_counter()
-            seconds += now - clock
-            window_steps = max(1, i + 1 - window_first)
-            step_time = (now - clock) / window_steps
-            comm = _collective_seconds()
-            evaluation = float(evaluate(params))
-            if trials is not None:  # the evaluation is no part of a trial window's seconds
-                trials.pause(time.perf_counter() - now)
-            total = seconds_before + seconds
-            history.append({"step": i, "seconds": total, "loss": loss, eval_name: evaluation})
-            if logger is not None:
-                base = window_comm or 0.0  # nothing had run when this window began
-                logger.log(
-                    i,
-                    force=True,
-                    loss=loss,
-                    step_time_s=step_time,
-                    train_seconds=total,
-                    # What jaxcomm.metrics() measured per step of this window (None: psum,
-                    # whose time XLA does not report).
-                    collective_time_s=None if comm is None else (comm - base) / window_steps,
-                    **{eval_name: evaluation, metric_name: host_scalar(metric_d)},
-                )
-            if time_to_target is None and reached(evaluation, target, higher_is_better):
-                time_to_target, stopped = total, "target"
-            elif agreed_max is not None and i > 0 and agreed_max(total) >= time_cap_s:
-                # (Step 0 compiles and is not timed: its evaluation never ends a run.)
-                stopped = "time_cap"
-            if stopped != "steps":
-                done = i + 1
+            _evaluate(step, run, i, evaluate, logger, (eval_name, metric_name, metric_d))
+            if stop(run, i):
                 break
-            clock, window_first, window_comm = time.perf_counter(), i + 1, _collective_seconds()
-        # The save is not training time: the clock restarts after it.
-        paused = time.perf_counter()
-        if _maybe_checkpoint(
-            paced,
-            checkpoint_dir,
-            checkpoint_every,
-            i + 1,
-            steps,
-            (params, state),
-            {"seconds": seconds_before + seconds + (paused - clock), "history": history},
-        ):
-            clock += time.perf_counter() - paused
-    paced.wait()
-    jax.block_until_ready(step.finish(params, state))  # no detached collective left open
-    return LoopResult(
-        params,
-        loss,
-        evaluation,
-        history,
-        seconds,
-        max(1, done - start - 1),
-        steps=done,
-        stopped=stopped,
-        time_to_target_s=time_to_target,
-        resumed_from=start,
-    )
+            run.clock.open(i + 1)
+        if _checkpoint_due(checkpoint_dir, checkpoint_every, i + 1, steps):
+            _save(step, run, checkpoint_dir, i + 1)
+    step.wait()
+    jax.block_until_ready(step.finish(run.params, run.state))  # no detached collective open
+    return run.result()
 
 
-def _maybe_checkpoint(
-    paced: Any,
-    checkpoint_dir: str | None,
-    every: int,
-    done: int,
-    steps: int,
-    tree: Any,
-    loop_state: dict[str, Any],
-) -> bool:
-    """Saves the checkpoint after `done` steps when it is due (not after the last step)."""
-    if checkpoint_dir is None or every <= 0 or done % every or done >= steps:
-        return False
-    paced.wait()
-    checkpoints.save(checkpoint_dir, done, tree, loop_state)
-    return True
+class _Clock:
+    """The training wall clock: seconds trained, and the window since the last evaluation
+    (its first step and the collective seconds when it began)."""
+
+    def __init__(self, before: float) -> None:
+        self.before = before  # earlier attempts' seconds (a resumed run)
+        self.seconds = 0.0  # this attempt's
+        self.start, self.first, self.comm = time.perf_counter(), 0, None
+
+    def open(self, first: int) -> None:
+        """Starts a window at step ``first``."""
+        self.start, self.first, self.comm = time.perf_counter(), first, _collective_seconds()
+
+    def close(self, last: int) -> tuple[float, float | None]:
+        """Ends the window after step ``last``: its seconds and collective seconds per step
+        (None: no jaxcomm collective ran, e.g. ``psum``)."""
+        elapsed = time.perf_counter() - self.start
+        self.seconds += elapsed
+        steps = max(1, last + 1 - self.first)
+        comm = _collective_seconds()
+        base = self.comm or 0.0  # nothing had run when this window began
+        return elapsed / steps, None if comm is None else (comm - base) / steps
+
+    def total(self, running: bool = False) -> float:
+        """Seconds trained, this attempt's and earlier ones'; ``running``: with the open
+        window's."""
+        extra = time.perf_counter() - self.start if running else 0.0
+        return self.before + self.seconds + extra
+
+
+@dataclasses.dataclass
+class _Run:
+    """What the loop carries from step to step."""
+
+    params: Any
+    state: Any
+    start: int  # the first step of this attempt (a resumed run: the checkpoint's)
+    clock: _Clock
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    loss: float = float("nan")
+    evaluation: float = float("nan")
+    stopped: str = "steps"
+    time_to_target: float | None = None
+    done: int = 0
+
+    def result(self) -> LoopResult:
+        return LoopResult(
+            self.params,
+            self.loss,
+            self.evaluation,
+            self.history,
+            self.clock.seconds,
+            max(1, self.done - self.start - 1),
+            steps=self.done,
+            stopped=self.stopped,
+            time_to_target_s=self.time_to_target,
+            resumed_from=self.start,
+        )
+
+
+def _resume(
+    step: Step, params: Any, state: Any, steps: int, checkpoint_dir: str | None, eval_name: str
+) -> _Run:
+    """The run from the newest complete checkpoint in ``checkpoint_dir``, if any: params,
+    optimizer state, history and training seconds so far; otherwise from the start."""
+    resumed = None if checkpoint_dir is None else checkpoints.latest(checkpoint_dir)
+    if resumed is None:
+        return _Run(params, state, 0, _Clock(0.0), done=steps)
+    (params, state), loop_state = checkpoints.restore(checkpoint_dir, resumed, (params, state))
+    history = list(loop_state.get("history", []))
+    run = _Run(params, step.restart(state), min(resumed, steps), _Clock(0.0), history, done=steps)
+    run.clock.before = float(loop_state.get("seconds", 0.0))
+    if history:
+        run.loss, run.evaluation = history[-1]["loss"], history[-1][eval_name]
+    return run
+
+
+def _advance(step: Step, run: _Run, batch: Callable[[int], tuple], i: int, logger: Any) -> tuple:
+    """Dispatches step ``i`` (with a learning auto's arm); its device loss and metric."""
+    trials = step.trials
+    if trials is not None:
+        run.state = trials.before(i, run.state, step.wait)
+    run.params, run.state, loss, metric = step(run.params, run.state, *batch(i))
+    if trials is not None:
+        trials.after(i, run.params, loss, step.wait)
+    progress = getattr(logger, "progress", None)
+    if progress is not None:
+        progress(i + 1)
+    return loss, metric
+
+
+def _evaluate(
+    step: Step,
+    run: _Run,
+    i: int,
+    evaluate: Callable[[Any], float],
+    logger: Any,
+    names: tuple[str, str, Any],
+) -> None:
+    """Closes the clock's window at step ``i``, evaluates, records the history row and logs
+    it with the window's step and collective seconds (``names``: the evaluation's and the
+    metric's keys, and the step's device metric)."""
+    eval_name, metric_name, metric = names
+    step_time, comm = run.clock.close(i)
+    paused = time.perf_counter()
+    run.evaluation = float(evaluate(run.params))
+    if step.trials is not None:  # the evaluation is no part of a trial window's seconds
+        step.trials.pause(time.perf_counter() - paused)
+    total = run.clock.total()
+    run.history.append({"step": i, "seconds": total, "loss": run.loss, eval_name: run.evaluation})
+    if logger is not None:
+        logger.log(
+            i,
+            force=True,
+            loss=run.loss,
+            step_time_s=step_time,
+            train_seconds=total,
+            # What jaxcomm.metrics() measured per step of this window (None: psum, whose time
+            # XLA does not report).
+            collective_time_s=comm,
+            **{eval_name: run.evaluation, metric_name: host_scalar(metric)},
+        )
+
+
+class _Stop:
+    """Whether the run stops after an evaluation: at its target, or at its time cap (every
+    rank at the same step: the ranks agree on the largest of their clocks)."""
+
+    def __init__(
+        self, target: float | None, higher_is_better: bool, cap_s: float | None, mesh: Mesh
+    ) -> None:
+        self.target, self.higher_is_better, self.cap_s = target, higher_is_better, cap_s
+        self.agreed_max = _AgreedMax(mesh) if cap_s is not None else None
+
+    def __call__(self, run: _Run, i: int) -> bool:
+        total = run.clock.total()
+        if reached(run.evaluation, self.target, self.higher_is_better):
+            run.time_to_target, run.stopped = total, "target"
+        elif self.agreed_max is not None and i > 0 and self.agreed_max(total) >= self.cap_s:
+            # (Step 0 compiles and is not timed: its evaluation never ends a run.)
+            run.stopped = "time_cap"
+        if run.stopped == "steps":
+            return False
+        run.done = i + 1
+        return True
+
+
+def _checkpoint_due(checkpoint_dir: str | None, every: int, done: int, steps: int) -> bool:
+    """Whether a checkpoint is due after ``done`` steps (never after the last step)."""
+    return checkpoint_dir is not None and every > 0 and not done % every and done < steps
+
+
+def _save(step: Step, run: _Run, checkpoint_dir: str, done: int) -> None:
+    """Saves the checkpoint after ``done`` steps; the save is not training time."""
+    loop_state = {"seconds": run.clock.total(running=True), "history": run.history}
+    paused = time.perf_counter()
+    step.wait()
+    checkpoints.save(checkpoint_dir, done, (run.params, run.state), loop_state)
+    run.clock.start += time.perf_counter() - paused
 
 
 def _collective_seconds() -> float | None:

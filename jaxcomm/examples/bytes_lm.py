@@ -21,6 +21,7 @@ import json
 import math
 import pathlib
 import sysconfig
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import jaxcomm
 import numpy as np
 import optax
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxcomm import algorithms, cost
 from jaxcomm.examples import _loop
@@ -166,20 +167,6 @@ def _windows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
     return np.stack([data[s : s + length] for s in starts]).astype(np.int32)
 
 
-def _batch(
-    cfg: BytesLMConfig, train_bytes: np.ndarray, sharding: NamedSharding, global_step: int
-) -> tuple[jax.Array]:
-    """The training windows of ``global_step``: every process draws the same global windows
-    and feeds its contiguous slice."""
-    span = cfg.seq_len + 1
-    per_process = cfg.batch_size // jax.process_count()
-    starts = np.random.default_rng([cfg.seed, global_step]).integers(
-        0, len(train_bytes) - span, cfg.batch_size
-    )
-    mine = starts[jax.process_index() * per_process : (jax.process_index() + 1) * per_process]
-    return (jax.make_array_from_process_local_data(sharding, _windows(train_bytes, mine, span)),)
-
-
 def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> dict[str, Any]:
     """Trains the byte LM and returns the final metrics.
 
@@ -203,55 +190,91 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
       >>> result["validation_bits_per_byte"]  # doctest: +SKIP
     """
     cfg = _loop.make_config(BytesLMConfig, config, "bytes-lm")
-
     mesh = _loop.data_parallel_mesh(cfg.diloco_sites)
-    n_dev = mesh.size
-    if cfg.batch_size % n_dev:
-        raise ValueError(f"batch_size={cfg.batch_size} must be a multiple of {n_dev} devices")
+    if cfg.batch_size % mesh.size:
+        raise ValueError(f"batch_size={cfg.batch_size} must be a multiple of {mesh.size} devices")
     train_bytes, val_bytes = load_corpus(cfg.max_corpus_bytes)
     model = ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
-
-    def loss_fn(p: Any, window: jax.Array) -> tuple[jax.Array, jax.Array]:
-        logits = model.apply(p, window[:, :-1])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, window[:, 1:]).mean()
-        return loss, loss / math.log(2)
-
+    loss_fn = functools.partial(_loss_and_bits, model)
+    optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
     step = _loop.Step(
-        loss_fn,
-        optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay),
-        cfg.reduction(),
-        cfg.warmup_phase_steps,
-        mesh,
-        1,
+        loss_fn, optimizer, cfg.reduction(), cfg.warmup_phase_steps, mesh, cfg.max_in_flight
     )
     params, state = step.init(
         model.init(jax.random.key(cfg.seed), jnp.zeros((1, cfg.seq_len), jnp.int32))
     )
     n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
-    span = cfg.seq_len + 1
-    batch = functools.partial(_batch, cfg, train_bytes, NamedSharding(mesh, _loop.batch_spec(mesh)))
-    val_starts = np.random.default_rng([cfg.seed, 1 << 30]).integers(
-        0, len(val_bytes) - span, cfg.eval_sequences
-    )
-    val = jax.device_put(_windows(val_bytes, val_starts, span), NamedSharding(mesh, P()))
-    val_bits = jax.jit(lambda p, w: loss_fn(p, w)[1])
-
     loop = _loop.train_loop(
         step,
         params,
         state,
-        batch,
-        lambda p: _loop.host_scalar(val_bits(p, val)),
+        _batches(cfg, mesh, train_bytes),
+        _validation(cfg, mesh, val_bytes, loss_fn),
         steps=cfg.steps,
         eval_every=cfg.eval_every,
-        max_in_flight=cfg.max_in_flight,
         eval_name="validation_bits_per_byte",
         metric_name="train_bits_per_byte",
         logger=logger,
         **_loop.checkpoint_options(cfg, run_dir),
         **cfg.loop_options(higher_is_better=False),
     )
+    result = _result(cfg, loop, step, n_params, len(train_bytes) + len(val_bytes))
+    if run_dir is not None and jax.process_index() == 0:
+        path = pathlib.Path(run_dir) / f"bytes-lm-{result['label']}.json"
+        path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _loss_and_bits(
+    model: ByteTransformer, p: Any, window: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The next-byte cross-entropy of ``window`` (nats) and the same in bits per byte."""
+    logits = model.apply(p, window[:, :-1])
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, window[:, 1:]).mean()
+    return loss, loss / math.log(2)
+
+
+def _batches(
+    cfg: BytesLMConfig, mesh: Mesh, train_bytes: np.ndarray
+) -> Callable[[int], tuple[jax.Array]]:
+    """``global step -> (windows,)``: ``batch_size`` random training windows of
+    ``seq_len + 1`` bytes, drawn from the seed and the step (the same on every process), each
+    process feeding its contiguous slice."""
+    per_process = cfg.batch_size // jax.process_count()
+    sharding = NamedSharding(mesh, _loop.batch_spec(mesh))
+    span = cfg.seq_len + 1
+
+    def batch(global_step: int) -> tuple[jax.Array]:
+        starts = np.random.default_rng([cfg.seed, global_step]).integers(
+            0, len(train_bytes) - span, cfg.batch_size
+        )
+        mine = starts[jax.process_index() * per_process : (jax.process_index() + 1) * per_process]
+        return (
+            jax.make_array_from_process_local_data(sharding, _windows(train_bytes, mine, span)),
+        )
+
+    return batch
+
+
+def _validation(
+    cfg: BytesLMConfig, mesh: Mesh, val_bytes: np.ndarray, loss_fn: Callable[..., Any]
+) -> Callable[[Any], float]:
+    """``params -> validation bits per byte`` on ``eval_sequences`` fixed windows."""
+    span = cfg.seq_len + 1
+    val_starts = np.random.default_rng([cfg.seed, 1 << 30]).integers(
+        0, len(val_bytes) - span, cfg.eval_sequences
+    )
+    val = jax.device_put(_windows(val_bytes, val_starts, span), NamedSharding(mesh, P()))
+    val_bits = jax.jit(lambda p, w: loss_fn(p, w)[1])
+    return lambda p: _loop.host_scalar(val_bits(p, val))
+
+
+def _result(
+    cfg: BytesLMConfig, loop: _loop.LoopResult, step: _loop.Step, n_params: int, corpus: int
+) -> dict[str, Any]:
+    """The run's result JSON (see :func:`train`)."""
     reduction = cfg.reduction()
+    n_dev = step.mesh.size
     result = {
         "workload": "bytes-lm",
         "algorithm": cfg.algorithm,
@@ -263,7 +286,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         **_loop.stop_summary(loop, cfg),
         "devices": n_dev,
         "parameters": n_params,
-        "corpus_bytes": int(len(train_bytes) + len(val_bytes)),
+        "corpus_bytes": int(corpus),
         "validation_bits_per_byte": loop.evaluation,
         "train_loss": loop.loss,
         **_loop.communication_summary(reduction, n_params, n_dev, loop.timed_steps),
@@ -277,9 +300,6 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
     if cfg.algorithm == algorithms.AUTO:  # what the cost model chose for each bucket
         result["auto_choices"] = cost.auto_decisions()
         result["auto"] = jaxcomm.metrics()["auto"]  # measurements and learning
-    if run_dir is not None and jax.process_index() == 0:
-        path = pathlib.Path(run_dir) / f"bytes-lm-{reduction.label()}.json"
-        path.write_text(json.dumps(result, indent=2))
     return result
 
 

@@ -173,7 +173,8 @@ class Trainer(NamedTuple):
       mesh: the ``dp`` mesh over all devices.
       init: ``() -> (params, opt_state)``, placed on the mesh (params replicated, residuals
         sharded per rank).
-      step: jitted ``(params, opt_state, x, y) -> (params, opt_state, loss, accuracy)``.
+      step: the paced :class:`jaxcomm.examples._loop.Step`, ``(params, opt_state, x, y) ->
+        (params, opt_state, loss, accuracy)``.
       accuracy: jitted ``(params, x, y) -> accuracy``.
       batch: ``(global step) -> (x, y)``: this process's slice of the global batch, placed.
       trace_count: ``() -> int``, how often ``step`` was traced (compilations).
@@ -181,7 +182,7 @@ class Trainer(NamedTuple):
 
     mesh: Mesh
     init: Callable[[], tuple[Any, Any]]
-    step: Callable[..., Any]
+    step: _loop.Step
     accuracy: Callable[..., Any]
     batch: Callable[[int], tuple[jax.Array, jax.Array]]
     trace_count: Callable[[], int]
@@ -215,7 +216,9 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
         return loss, jnp.mean(jnp.argmax(logits, -1) == y)
 
     sgd = optax.sgd(config.learning_rate, momentum=config.momentum or None)
-    step = _loop.Step(loss_fn, sgd, config.reduction(), warmup_phase_steps(config), mesh, 2)
+    step = _loop.Step(
+        loss_fn, sgd, config.reduction(), warmup_phase_steps(config), mesh, config.max_in_flight
+    )
 
     def init() -> tuple[Any, Any]:
         return step.init(model.init(jax.random.key(config.seed), jnp.zeros((1, 64), jnp.float32)))
@@ -286,7 +289,6 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         lambda p: _loop.host_scalar(trainer.accuracy(p, x_test_d, y_test_d)),
         steps=steps,
         eval_every=cfg.eval_every,
-        max_in_flight=cfg.max_in_flight,
         logger=logger,
         **_loop.checkpoint_options(cfg, run_dir),
         **cfg.loop_options(higher_is_better=True),
