@@ -301,13 +301,13 @@ def _child(args: argparse.Namespace) -> None:
     import numpy as np
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
-    from jaxcomm_launcher.jobs.overlap import _reducer, init_params, mlp_loss
+    from overlap_job import init_params, mlp_loss, reducer
 
     from jaxcomm.optax import partition_specs
 
     mesh = jax.make_mesh((1,), ("dp",))
     params = init_params(args.layers, args.width)
-    tx = _reducer(args.algorithm, args.density, args.bucket_size, args.first_bucket_size)
+    tx = reducer(args.algorithm, args.density, args.bucket_size, args.first_bucket_size)
     specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
 
     def local(p: Any, s: Any, x: jax.Array, y: jax.Array) -> Any:
