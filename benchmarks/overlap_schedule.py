@@ -1,6 +1,6 @@
 """Where XLA:CPU puts each bucket's start and done in an overlapped training step.
 
-Compiles the step of ``benchmarks/overlap.py`` (the ``overlap`` job's MLP, gradient ->
+Compiles the step of ``benchmarks/overlap.py`` (``overlap_job.py``'s MLP, gradient ->
 ``allreduce_gradients(overlap=True)`` -> SGD) in one process with one CPU device, with
 XLA's after-optimizations HLO dumped (``--xla_dump_to``) and the thunk executor's dependency
 graph logged (``TF_CPP_VMODULE=thunk_executor=6``). The thunk graph is what XLA:CPU runs: a
