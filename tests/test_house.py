@@ -11,7 +11,7 @@ from conftest import REPO_ROOT
 MAX_FUNCTION_LINES = 80
 MAX_OPTAX_MODULE_LINES = 400
 
-CHECKED = ["jaxcomm/optax"]
+CHECKED = ["jaxcomm/optax", "launcher"]
 """Trees whose every function is held to :data:`MAX_FUNCTION_LINES`."""
 
 
