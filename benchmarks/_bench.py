@@ -127,6 +127,7 @@ def write_job_recipe(
     job: str,
     job_args: dict[str, Any],
     env: dict[str, str] | None = None,
+    target: str | None = None,
 ) -> None:
     """Writes the recipe of ``benchmarks/<job>.py``: job `job` with `job_args` on the backend,
     world and timeout the script's arguments ask for.
@@ -135,9 +136,11 @@ def write_job_recipe(
       args: the script's arguments (``backend``, ``bandwidth``, ``processes``,
         ``devices_per_process``, ``timeout``).
       path: where the YAML goes.
-      job: the launcher job (``allreduce``, ``overlap``).
+      job: the benchmark's name, and the launcher job unless `target` is given (``allreduce``).
       job_args: the job's ``args``.
       env: extra environment variables of the ranks (the recipe's ``env``).
+      target: a job of this folder as ``module:function`` (``overlap_job:run``): the recipe
+        runs it, with this folder on the ranks' ``pythonpath``.
 
     Example:
       >>> import tempfile
@@ -150,7 +153,7 @@ def write_job_recipe(
     recipe = {
         "name": f"{job}-bench-{args.backend}",
         "description": f"benchmarks/{job}.py",
-        "job": job,
+        "job": target or job,
         "world": {"processes": args.processes, "devices_per_process": args.devices_per_process},
         "backend": recipe_backend(args),
         "args": job_args,
@@ -158,6 +161,8 @@ def write_job_recipe(
     }
     if env:
         recipe["env"] = env
+    if target:
+        recipe["pythonpath"] = [str(pathlib.Path(__file__).resolve().parent)]
     path.write_text(yaml.safe_dump(recipe, sort_keys=False))
 
 

@@ -1,6 +1,6 @@
 """Overlap benchmark: how much gradient communication hides behind the backward pass.
 
-Starts P rank-processes through the launcher (``jaxcomm launch``, job ``overlap``) on this
+Starts P rank-processes through the launcher (``jaxcomm launch``, job ``overlap_job.py``) on this
 machine (``--backend local``) or on the emulated cluster of DESIGN.md §5 (``--backend
 emulated``: network namespaces on a bridge with tbf-shaped links, root needed). Every rank
 trains a jitted data-parallel MLP step (25.0M float32 gradient elements by default) and
@@ -47,7 +47,7 @@ from _bench import (
     write_job_recipe,
     write_result,
 )
-from jaxcomm_launcher.jobs.overlap import ALGORITHMS, DEFAULT_BUCKET_SIZES
+from overlap_job import ALGORITHMS, DEFAULT_BUCKET_SIZES
 
 from jaxcomm.optax import DEFAULT_BUCKET_SIZE
 
@@ -73,6 +73,7 @@ def write_recipe(args: argparse.Namespace, path: pathlib.Path) -> None:
             "repeats": args.repeats,
         },
         env={"NPROC": str(args.xla_threads)} if args.xla_threads else None,
+        target="overlap_job:run",
     )
 
 

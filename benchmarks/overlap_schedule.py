@@ -1,6 +1,6 @@
 """Where XLA:CPU puts each bucket's start and done in an overlapped training step.
 
-Compiles the step of ``benchmarks/overlap.py`` (the ``overlap`` job's MLP, gradient ->
+Compiles the step of ``benchmarks/overlap.py`` (``overlap_job.py``'s MLP, gradient ->
 ``allreduce_gradients(overlap=True)`` -> SGD) in one process with one CPU device, with
 XLA's after-optimizations HLO dumped (``--xla_dump_to``) and the thunk executor's dependency
 graph logged (``TF_CPP_VMODULE=thunk_executor=6``). The thunk graph is what XLA:CPU runs: a
@@ -301,13 +301,13 @@ def _child(args: argparse.Namespace) -> None:
     import numpy as np
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
-    from jaxcomm_launcher.jobs.overlap import _reducer, init_params, mlp_loss
+    from overlap_job import init_params, mlp_loss, reducer
 
     from jaxcomm.optax import partition_specs
 
     mesh = jax.make_mesh((1,), ("dp",))
     params = init_params(args.layers, args.width)
-    tx = _reducer(args.algorithm, args.density, args.bucket_size, args.first_bucket_size)
+    tx = reducer(args.algorithm, args.density, args.bucket_size, args.first_bucket_size)
     specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
 
     def local(p: Any, s: Any, x: jax.Array, y: jax.Array) -> Any:

@@ -21,7 +21,7 @@ from jaxcomm import cost
         ("digits", {"hiden": 8}, ["args.hiden: unknown key for job digits", "hidden"]),
         ("bytes-lm", {"with": 8}, ["args.with: unknown key for job bytes-lm", "width"]),
         ("allreduce", {"sizes": [0]}, ["args.sizes.0", "greater than or equal to 1"]),
-        ("overlap", {"repeats": 2}, ["args.repeats", "greater than or equal to 3"]),
+        ("probe", {"repeats": 0}, ["args.repeats", "greater than or equal to 1"]),
     ],
 )
 def test_a_typod_arg_exits_2_before_any_rank_starts(tmp_path, job, args, expected):

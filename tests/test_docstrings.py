@@ -28,7 +28,7 @@ from conftest import REPO_ROOT
 
 import jaxcomm
 
-SCRIPTS = [REPO_ROOT / "benchmarks" / "_bench.py", REPO_ROOT / "benchmarks" / "docs.py"]
+SCRIPTS = [REPO_ROOT / "benchmarks" / name for name in ("_bench.py", "docs.py", "overlap_job.py")]
 
 
 def _modules(package: types.ModuleType) -> list[str]:

@@ -19,16 +19,7 @@ MAX_OPTAX_MODULE_LINES = 400
 CHECKED = ["jaxcomm", "benchmarks", "launcher"]
 """Trees whose every function is held to :data:`MAX_FUNCTION_LINES`."""
 
-NOT_YET = {
-    # The launcher is being edited for GPU placement; its long functions are split after.
-    "launcher/jaxcomm_launcher/jobs/probe.py run": "launcher edits in flight",
-    "launcher/jaxcomm_launcher/jobs/overlap.py run": "launcher edits in flight",
-    "launcher/jaxcomm_launcher/backends/slurm.py follow": "launcher edits in flight",
-    "launcher/jaxcomm_launcher/backends/slurm.py collect": "launcher edits in flight",
-    "launcher/jaxcomm_launcher/backends/slurm.py render": "launcher edits in flight",
-    "launcher/jaxcomm_launcher/runner.py _run_entry": "launcher edits in flight",
-    "launcher/jaxcomm_launcher/jobs/allreduce.py run": "launcher edits in flight",
-}
+NOT_YET: dict[str, str] = {}
 """``path name`` of each function still over the limit -> why it is not split yet."""
 
 

@@ -250,13 +250,14 @@ def test_compare_sweep_runs_every_algorithm(tmp_path):
 
 
 def test_overlap_job_records_times_and_a_timeline(tmp_path):
-    """The overlap benchmark's job, tiny: every measurement is logged, and the timeline holds
+    """The overlap benchmark's job (benchmarks/overlap_job.py), tiny: every measurement is logged, and the timeline holds
     each bucket's collective (engine start <= finish) and every layer's gradient mark."""
     layers, width = 3, 32
     buckets = [width * width + width, 0]  # one layer per bucket, and one bucket
     recipe = write_recipe(
         tmp_path / "r.yaml",
-        job="overlap",
+        job="overlap_job:run",
+        pythonpath=[str(ROOT / "benchmarks")],
         args={
             "layers": layers,
             "width": width,

@@ -37,7 +37,6 @@ BUNDLED_JOBS: dict[str, str] = {
     "probe": "jaxcomm_launcher.jobs.probe:run",
     "lbann-mlp": "jaxcomm_launcher.jobs.lbann_mlp:run",
     "bytes-lm": "jaxcomm_launcher.jobs.bytes_lm:run",
-    "overlap": "jaxcomm_launcher.jobs.overlap:run",
 }
 
 _JOB_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")

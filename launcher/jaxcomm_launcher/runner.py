@@ -147,18 +147,7 @@ def _run_entry(
     injector = (
         faults.FaultInjector(recipe, backend, variant_dir, timeline) if recipe.faults else None
     )
-    ckpt_dir = pathlib.Path(str(recipe.args.get("checkpoint_dir") or variant_dir / "checkpoints"))
-    restarts: list[dict[str, Any]] = []
-    if recipe.max_restarts:
-        entry["restarts"] = restarts
-        if not recipe.train.checkpoint_every:
-            console.print(
-                "[yellow]warning[/]: max_restarts is set but train.checkpoint_every is 0: "
-                "a restarted run starts again from step 0",
-                highlight=False,
-            )
-    if recipe.faults:
-        entry["faults"] = injector.applied if injector else []
+    restarts = _prepare_entry(recipe, entry, console, injector)
     attempt = 0
     try:
         if injector is not None:
@@ -167,26 +156,18 @@ def _run_entry(
             except faults.FaultError as exc:
                 raise BackendError(str(exc)) from None
         while True:
-            sup = Supervisor(console, variant_dir, quiet=quiet)
-            backend.attempt = attempt  # emulated: a coordinator port per attempt
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            timeline.event("attempt_start", attempt=attempt)
-            try:
-                backend.start(sup, spec_path)
-                if injector is not None:
-                    injector.attach(sup)
-                status_line = console.status(f"{label}: running")
-                with status_line:
-                    outcome = sup.wait(
-                        remaining,
-                        on_tick=lambda s, lab=label, st=status_line, d=variant_dir: st.update(
-                            f"{lab}: running {s:.0f} s{rundir.progress(d)}"
-                        ),
-                    )
-            finally:
-                if injector is not None:
-                    injector.detach()
-                sup.close()
+            outcome, sup = _attempt(
+                backend,
+                injector,
+                spec_path,
+                variant_dir,
+                label,
+                console,
+                quiet,
+                deadline,
+                timeline,
+                attempt,
+            )
             if outcome.ok:
                 timeline.event("attempt_ok", attempt=attempt)
                 return outcome, sup.tails
@@ -203,17 +184,8 @@ def _run_entry(
             )
             if outcome.reason != "failed" or attempt >= recipe.max_restarts:
                 return outcome, sup.tails
-            record = faults.record_restart(
-                variant_dir,
-                attempt + 1,
-                recipe.world.processes,
-                cause,
-                ckpt_dir,
-                failed_rank=rank,
-                t=round((outcome.detected_at or time.monotonic()) - timeline.t0, 3),
-            )
+            record = _restart(recipe, variant_dir, timeline, outcome, attempt, rank, cause)
             restarts.append(record)
-            timeline.event("restart", **record)
             if injector is not None:
                 injector.watch_resume(record["resumed_from"])
             console.print(
@@ -226,6 +198,90 @@ def _run_entry(
     finally:
         if injector is not None:
             injector.close()
+
+
+def _prepare_entry(
+    recipe: Recipe,
+    entry: dict[str, Any],
+    console: Console,
+    injector: faults.FaultInjector | None,
+) -> list[dict[str, Any]]:
+    """Gives `entry` its ``restarts`` (when restarts are allowed) and ``faults`` lists, warns
+    when restarts would start from step 0, and returns the restarts list to fill."""
+    restarts: list[dict[str, Any]] = []
+    if recipe.max_restarts:
+        entry["restarts"] = restarts
+        if not recipe.train.checkpoint_every:
+            console.print(
+                "[yellow]warning[/]: max_restarts is set but train.checkpoint_every is 0: "
+                "a restarted run starts again from step 0",
+                highlight=False,
+            )
+    if recipe.faults:
+        entry["faults"] = injector.applied if injector else []
+    return restarts
+
+
+def _attempt(
+    backend: Any,
+    injector: faults.FaultInjector | None,
+    spec_path: pathlib.Path,
+    variant_dir: pathlib.Path,
+    label: str,
+    console: Console,
+    quiet: bool,
+    deadline: float | None,
+    timeline: faults.Timeline,
+    attempt: int,
+) -> tuple[Outcome, Supervisor]:
+    """Starts the ranks of one attempt under a new supervisor and waits for them, showing the
+    entry's progress; returns how the attempt ended and its (closed) supervisor."""
+    sup = Supervisor(console, variant_dir, quiet=quiet)
+    backend.attempt = attempt  # emulated: a coordinator port per attempt
+    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+    timeline.event("attempt_start", attempt=attempt)
+    try:
+        backend.start(sup, spec_path)
+        if injector is not None:
+            injector.attach(sup)
+        status_line = console.status(f"{label}: running")
+        with status_line:
+            outcome = sup.wait(
+                remaining,
+                on_tick=lambda s: status_line.update(
+                    f"{label}: running {s:.0f} s{rundir.progress(variant_dir)}"
+                ),
+            )
+    finally:
+        if injector is not None:
+            injector.detach()
+        sup.close()
+    return outcome, sup
+
+
+def _restart(
+    recipe: Recipe,
+    variant_dir: pathlib.Path,
+    timeline: faults.Timeline,
+    outcome: Outcome,
+    attempt: int,
+    rank: int | None,
+    cause: str,
+) -> dict[str, Any]:
+    """Records the restart after failed attempt `attempt` (``restarts.jsonl``, the timeline)
+    and returns its record: the step it resumes from and the steps lost."""
+    ckpt_dir = pathlib.Path(str(recipe.args.get("checkpoint_dir") or variant_dir / "checkpoints"))
+    record = faults.record_restart(
+        variant_dir,
+        attempt + 1,
+        recipe.world.processes,
+        cause,
+        ckpt_dir,
+        failed_rank=rank,
+        t=round((outcome.detected_at or time.monotonic()) - timeline.t0, 3),
+    )
+    timeline.event("restart", **record)
+    return record
 
 
 def _finish(

@@ -70,6 +70,23 @@ LOCAL_RANK = "SLURM_LOCALID"
 """Each task's index on its node; on GPUs it picks the task's GPUs (placement.py)."""
 
 
+STEP_FUNCTION = [
+    "# step DIR SRUN...: runs one sweep entry; srun's own messages go to DIR/srun.log,",
+    "# its exit status and times to DIR/step.json (read by `jaxcomm launch` and `report`).",
+    "step() {",
+    "  local dir=$1 started rc=0",
+    "  shift",
+    "  started=$(date +%s.%N)",
+    '  "$@" 2>"$dir/srun.log" || rc=$?',
+    '  printf \'{"exit_code": %d, "started": %s, "ended": %s}\\n\' '
+    '"$rc" "$started" "$(date +%s.%N)" >"$dir/step.json"',
+    '  return "$rc"',
+    "}",
+    "status=0",
+]
+"""The sbatch script's shell function that runs one sweep entry, and its exit status."""
+
+
 @dataclasses.dataclass
 class JobState:
     """What Slurm says about a job.
@@ -257,26 +274,8 @@ def collect(
         for key in ("reason", "failed_rank", "failed_node", "detail", "error"):
             entry.pop(key, None)
         step = _read_json(vdir / "step.json")
-        started = any(vdir.glob("rank*.log"))
         if step is None:
-            if started and cancelled:
-                entry["status"] = cancelled
-                entry["reason"] = f"the launcher cancelled slurm job ({cancelled})"
-            elif state is None:
-                # Without Slurm's word (no scontrol/sacct here, or the job long forgotten) an
-                # entry without step.json may still run or may have been cut: say so.
-                entry["status"] = "unknown"
-                entry["reason"] = "no step.json, and Slurm does not know the job"
-            elif state.active:
-                entry["status"] = "running" if started else "waiting"
-            elif started and state.state == "TIMEOUT":
-                entry["status"] = "timeout"
-                entry["reason"] = "slurm job reached its time limit (backend.time)"
-            elif started:
-                entry["status"] = "interrupted"
-                entry["reason"] = f"slurm job {state.state.lower()} while this entry ran"
-            else:
-                entry["status"] = "not run"
+            _unfinished_entry(entry, any(vdir.glob("rank*.log")), state, cancelled)
             continue
         restarts = faults.read_restarts(vdir)
         if restarts:
@@ -285,47 +284,80 @@ def collect(
         if int(step["exit_code"]) == 0:
             entry["status"] = "ok"
             continue
-        entry["status"] = "failed"
-        failures = srun_task_failures(vdir / "srun.log")
-        # srun lists tasks in the order it noticed them, and may notice a peer's error exit
-        # (it lost its connection to the dead rank) before the death itself. As the
-        # supervised backends do, blame a signal death first, but not SIGTERM: that is what
-        # srun sends the other tasks when it ends the step.
-        culprits = [f for f in failures if f.returncode() < 0 and f.returncode() != -15]
-        first = culprits[0] if culprits else (failures[0] if failures else None)
-        outcome = Outcome(
-            ok=False,
-            reason="failed",
-            failed_rank=first.rank if first else None,
-            returncode=first.returncode() if first else None,
-        )
-        rank = rundir.failed_rank(outcome, vdir)
-        status = _read_json(vdir / f"rank{rank}.status.json") or {}
-        node = status.get("host") or next((f.node for f in failures if f.rank == rank), None)
-        nodes = slurm.get("nodes", "")
-        if node is None and nodes and not any(c in nodes for c in ",["):
-            node = nodes  # a one-node job: every rank ran there
-        if rank is not None and first is not None and rank == first.rank:
-            how = f"srun: task {first.rank}: {first.what}"
-        elif first is not None:
-            how = f"it raised first; srun: task {first.rank}: {first.what}"
-        else:
-            how = f"srun exited with {step['exit_code']}"
-        error = rundir.status_error(vdir, rank)
-        if error:
-            entry["error"] = error
-        entry.update(
-            failed_rank=rank,
-            failed_node=node,
-            detail=how,
-            reason=(
-                f"rank {rank} on node {node or '?'} failed ({how})"
-                if rank is not None
-                else f"the step failed ({how})"
-            ),
-        )
+        _failed_entry(entry, vdir, step, slurm.get("nodes", ""))
     (run_dir / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     return run
+
+
+def _unfinished_entry(
+    entry: dict[str, Any], started: bool, state: JobState | None, cancelled: str | None
+) -> None:
+    """The status (and reason) of an entry without ``step.json``: cancelled, still running or
+    waiting, cut by the job's end, never run, or unknown without Slurm's word."""
+    if started and cancelled:
+        entry["status"] = cancelled
+        entry["reason"] = f"the launcher cancelled slurm job ({cancelled})"
+    elif state is None:
+        # Without Slurm's word (no scontrol/sacct here, or the job long forgotten) an
+        # entry without step.json may still run or may have been cut: say so.
+        entry["status"] = "unknown"
+        entry["reason"] = "no step.json, and Slurm does not know the job"
+    elif state.active:
+        entry["status"] = "running" if started else "waiting"
+    elif started and state.state == "TIMEOUT":
+        entry["status"] = "timeout"
+        entry["reason"] = "slurm job reached its time limit (backend.time)"
+    elif started:
+        entry["status"] = "interrupted"
+        entry["reason"] = f"slurm job {state.state.lower()} while this entry ran"
+    else:
+        entry["status"] = "not run"
+
+
+def _failed_entry(
+    entry: dict[str, Any], vdir: pathlib.Path, step: dict[str, Any], nodes: str
+) -> None:
+    """Marks `entry`, whose step exited non-zero, ``failed``: the failed rank (as the
+    supervised backends choose it), its node (`nodes`: the job's node list), how it failed
+    and its error."""
+    entry["status"] = "failed"
+    failures = srun_task_failures(vdir / "srun.log")
+    # srun lists tasks in the order it noticed them, and may notice a peer's error exit
+    # (it lost its connection to the dead rank) before the death itself. As the
+    # supervised backends do, blame a signal death first, but not SIGTERM: that is what
+    # srun sends the other tasks when it ends the step.
+    culprits = [f for f in failures if f.returncode() < 0 and f.returncode() != -15]
+    first = culprits[0] if culprits else (failures[0] if failures else None)
+    outcome = Outcome(
+        ok=False,
+        reason="failed",
+        failed_rank=first.rank if first else None,
+        returncode=first.returncode() if first else None,
+    )
+    rank = rundir.failed_rank(outcome, vdir)
+    status = _read_json(vdir / f"rank{rank}.status.json") or {}
+    node = status.get("host") or next((f.node for f in failures if f.rank == rank), None)
+    if node is None and nodes and not any(c in nodes for c in ",["):
+        node = nodes  # a one-node job: every rank ran there
+    if rank is not None and first is not None and rank == first.rank:
+        how = f"srun: task {first.rank}: {first.what}"
+    elif first is not None:
+        how = f"it raised first; srun: task {first.rank}: {first.what}"
+    else:
+        how = f"srun exited with {step['exit_code']}"
+    error = rundir.status_error(vdir, rank)
+    if error:
+        entry["error"] = error
+    entry.update(
+        failed_rank=rank,
+        failed_node=node,
+        detail=how,
+        reason=(
+            f"rank {rank} on node {node or '?'} failed ({how})"
+            if rank is not None
+            else f"the step failed ({how})"
+        ),
+    )
 
 
 class _FileTail:
@@ -353,6 +385,82 @@ class _FileTail:
         return [line.decode(errors="replace").rstrip("\r") for line in lines]
 
 
+class _LogPump:
+    """Echoes what a Slurm job's rank logs and ``srun.log`` files gained, entry by entry."""
+
+    def __init__(
+        self, recipe: Any, run_dir: pathlib.Path, job_id: str, console: Console, quiet: bool
+    ) -> None:
+        self.recipe, self.run_dir, self.job_id, self.console = recipe, run_dir, job_id, console
+        self.labels = [s.display_label() for s in recipe.variants()]
+        self.echo = RankEcho(console, quiet)
+        self.tails: dict[pathlib.Path, _FileTail] = {}
+        self.seen_labels: set[str] = set()
+
+    def pump(self, final: bool = False) -> str | None:
+        """Echoes what the logs gained (`final`: their unfinished last lines too); returns
+        the entry that runs now (the last one with logs and no step.json)."""
+        current = None
+        for label in self.labels:
+            vdir = self.run_dir / label
+            logs = sorted(vdir.glob("rank*.log"), key=lambda p: p.name)
+            if logs and label not in self.seen_labels:
+                self.seen_labels.add(label)
+                self.console.rule(
+                    f"[bold]{self.recipe.name}[/] · {label} · slurm job {self.job_id} · "
+                    f"{self.recipe.world.processes} tasks"
+                )
+            for path in [*logs, vdir / "srun.log"]:
+                tail = self.tails.setdefault(path, _FileTail(path))
+                rank = int(path.stem[4:]) if path.stem[4:].isdigit() else None
+                for text in tail.new_lines(final):
+                    self.echo.line(rank, text, "srun")
+            if logs and not (vdir / "step.json").exists():
+                current = label
+        return current
+
+    def progress(self, current: str | None) -> str:
+        """`` · LABEL (i/n)`` and the entry's latest step, or nothing without a running one."""
+        if not current:
+            return ""
+        where = f"({self.labels.index(current) + 1}/{len(self.labels)})"
+        return f" · {current} {where}{rundir.progress(self.run_dir / current)}"
+
+
+class _StatePoll:
+    """Asks Slurm for a job's state every ``STATE_POLL_S`` and prints it when it changes."""
+
+    def __init__(self, job_id: str, console: Console) -> None:
+        self.job_id, self.console = job_id, console
+        self.state: JobState | None = None
+        self.unknown = 0  # consecutive polls without an answer
+        self.last_poll = -STATE_POLL_S
+        self.last_shown = ""
+
+    def ended(self, elapsed: float) -> bool:
+        """Polls if one is due at `elapsed` seconds; True once the job has ended, or Slurm
+        has not answered ``UNKNOWN_POLLS`` polls in a row (``state`` is then None)."""
+        if elapsed - self.last_poll < STATE_POLL_S:
+            return False
+        self.last_poll = elapsed
+        polled = job_state(self.job_id)
+        # No answer: slurmctld may be busy; the job is gone only after several polls in a
+        # row without one.
+        self.unknown = self.unknown + 1 if polled is None else 0
+        if polled is not None:
+            self.state = polled
+        if self.unknown >= UNKNOWN_POLLS:
+            self.state = None
+            return True
+        if self.state is not None and not self.state.active:
+            return True
+        shown = _describe(self.state) if self.state is not None else self.last_shown
+        if shown != self.last_shown:
+            self.console.print(f"slurm job {self.job_id}: {shown}", highlight=False)
+            self.last_shown = shown
+        return False
+
+
 class SlurmBackendRunner(BackendRunner):
     """Renders the sbatch script of a recipe, submits it and follows the job.
 
@@ -376,11 +484,23 @@ class SlurmBackendRunner(BackendRunner):
         Example:
             >>> script = SlurmBackendRunner(recipe, run_dir).render()  # doctest: +SKIP
         """
+        gres = self.gpu_gres()
+        lines = [*self._sbatch_options(gres), *self._environment(gres), *STEP_FUNCTION]
+        for settings in self.recipe.variants():
+            lines += self._entry_lines(settings.display_label(), gres)
+        py, quoted = shlex.quote(self.opts.python), shlex.quote(str(self.run_dir))
+        lines += [
+            f"{py} -P -m jaxcomm_launcher.cli report {quoted} "
+            f">{shlex.quote(str(self.run_dir) + '/report.log')} 2>&1 || true",
+            'exit "$status"',
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _sbatch_options(self, gres: str | None) -> list[str]:
+        """The script's first line and its ``#SBATCH`` options."""
         r, o = self.recipe, self.opts
         n = r.world.processes
         per_node = o.tasks_per_node or -(-n // o.nodes)
-        run_dir = str(self.run_dir)
-        py = o.python
         lines = [
             "#!/bin/bash",
             f"#SBATCH --job-name=jaxcomm-{r.name}",
@@ -390,7 +510,6 @@ class SlurmBackendRunner(BackendRunner):
         ]
         if o.cpus_per_task:
             lines.append(f"#SBATCH --cpus-per-task={o.cpus_per_task}")
-        gres = self.gpu_gres()
         if gres:
             lines.append(f"#SBATCH --gres={gres}")
         lines.append(f"#SBATCH --time={o.time}")
@@ -398,9 +517,14 @@ class SlurmBackendRunner(BackendRunner):
             lines.append(f"#SBATCH --partition={o.partition}")
         if o.account:
             lines.append(f"#SBATCH --account={o.account}")
-        lines.append(f"#SBATCH --output={run_dir}/slurm-%j.out")
-        lines += [f"#SBATCH {a}" for a in o.sbatch_args]
-        lines += [
+        lines.append(f"#SBATCH --output={self.run_dir}/slurm-%j.out")
+        return lines + [f"#SBATCH {a}" for a in o.sbatch_args]
+
+    def _environment(self, gres: str | None) -> list[str]:
+        """The setup lines and the ranks' environment: the recipe's env, GPUs, PYTHONPATH and
+        the coordinator's port."""
+        r, o = self.recipe, self.opts
+        lines = [
             "# Generated by `jaxcomm launch` (recipe " + r.name + "). Submit with sbatch.",
             "set -euo pipefail",
             *o.setup,
@@ -415,60 +539,42 @@ class SlurmBackendRunner(BackendRunner):
             lines.append(
                 f'export PYTHONPATH={shlex.quote(":".join(r.pythonpath))}"${{PYTHONPATH:+:$PYTHONPATH}}"'
             )
-        lines += [
-            # Each rank finds the coordinator itself: the first node of its step, this port
-            # plus the step id (jaxcomm_launcher.worker.coordinator_address).
-            f"export JAXCOMM_COORDINATOR_PORT={o.port}",
-            "# step DIR SRUN...: runs one sweep entry; srun's own messages go to DIR/srun.log,",
-            "# its exit status and times to DIR/step.json (read by `jaxcomm launch` and `report`).",
-            "step() {",
-            "  local dir=$1 started rc=0",
-            "  shift",
-            "  started=$(date +%s.%N)",
-            '  "$@" 2>"$dir/srun.log" || rc=$?',
-            '  printf \'{"exit_code": %d, "started": %s, "ended": %s}\\n\' '
-            '"$rc" "$started" "$(date +%s.%N)" >"$dir/step.json"',
-            '  return "$rc"',
-            "}",
-            "status=0",
+        # Each rank finds the coordinator itself: the first node of its step, this port
+        # plus the step id (jaxcomm_launcher.worker.coordinator_address).
+        return lines + [f"export JAXCOMM_COORDINATOR_PORT={o.port}"]
+
+    def _entry_lines(self, label: str, gres: str | None) -> list[str]:
+        """The lines that run sweep entry `label`: one ``srun`` step, or with
+        ``max_restarts`` a loop that relaunches it inside the allocation."""
+        r, py = self.recipe, shlex.quote(self.opts.python)
+        n, run_dir = r.world.processes, str(self.run_dir)
+        vdir = shlex.quote(f"{run_dir}/{label}")
+        spec = shlex.quote(f"{run_dir}/{label}/spec.json")
+        out = shlex.quote(f"{run_dir}/{label}/rank%t.log")
+        # --kill-on-bad-exit: one failed rank ends the step instead of hanging it.
+        srun = (
+            f"step {vdir} srun --kill-on-bad-exit=1 --ntasks={n} "
+            + (f"--gres={gres} " if gres else "")
+            + f"--job-name={shlex.quote(label)} --output={out} "
+            # A restarted step appends to the rank logs instead of truncating them.
+            + ("--open-mode=append " if r.max_restarts else "")
+            + f"{py} -P -m jaxcomm_launcher.worker --spec {spec}"
+        )
+        lines = [f"# --- {label}", f"mkdir -p {vdir}"]
+        if not r.max_restarts:
+            return [*lines, f"{srun} || status=$?"]
+        # Restarts stay inside the allocation: a new srun step (a new step id, so a new
+        # coordinator port) resumes from the newest checkpoint; docs/faults.md.
+        return lines + [
+            "attempt=0",
+            f"until {srun}; do",
+            "  rc=$?",
+            f'  if [ "$attempt" -ge {r.max_restarts} ]; then status=$rc; break; fi',
+            "  attempt=$((attempt + 1))",
+            f"  {py} -P -m jaxcomm_launcher.faults restart {vdir} "
+            f'--attempt "$attempt" --processes {n} --exit-code "$rc" || true',
+            "done",
         ]
-        for settings in r.variants():
-            label = settings.display_label()
-            vdir = shlex.quote(f"{run_dir}/{label}")
-            spec = shlex.quote(f"{run_dir}/{label}/spec.json")
-            out = shlex.quote(f"{run_dir}/{label}/rank%t.log")
-            # --kill-on-bad-exit: one failed rank ends the step instead of hanging it.
-            srun = (
-                f"step {vdir} srun --kill-on-bad-exit=1 --ntasks={n} "
-                + (f"--gres={gres} " if gres else "")
-                + f"--job-name={shlex.quote(label)} --output={out} "
-                # A restarted step appends to the rank logs instead of truncating them.
-                + ("--open-mode=append " if r.max_restarts else "")
-                + f"{shlex.quote(py)} -P -m jaxcomm_launcher.worker --spec {spec}"
-            )
-            lines += [f"# --- {label}", f"mkdir -p {vdir}"]
-            if not r.max_restarts:
-                lines.append(f"{srun} || status=$?")
-                continue
-            # Restarts stay inside the allocation: a new srun step (a new step id, so a new
-            # coordinator port) resumes from the newest checkpoint; docs/faults.md.
-            lines += [
-                "attempt=0",
-                f"until {srun}; do",
-                "  rc=$?",
-                f'  if [ "$attempt" -ge {r.max_restarts} ]; then status=$rc; break; fi',
-                "  attempt=$((attempt + 1))",
-                f"  {shlex.quote(py)} -P -m jaxcomm_launcher.faults restart {vdir} "
-                f'--attempt "$attempt" --processes {n} --exit-code "$rc" || true',
-                "done",
-            ]
-        quoted = shlex.quote(run_dir)
-        lines += [
-            f"{shlex.quote(py)} -P -m jaxcomm_launcher.cli report {quoted} "
-            f">{shlex.quote(run_dir + '/report.log')} 2>&1 || true",
-            'exit "$status"',
-        ]
-        return "\n".join(lines) + "\n"
 
     def gpu_gres(self) -> str | None:
         """Returns the GPUs each node needs as a ``--gres`` value (None on CPU worlds).
@@ -574,71 +680,20 @@ class SlurmBackendRunner(BackendRunner):
         Example:
             >>> outcome, state = runner.follow(runner.submit(console), console)  # doctest: +SKIP
         """
-        labels = [s.display_label() for s in self.recipe.variants()]
-        echo = RankEcho(console, quiet)
-        tails: dict[pathlib.Path, _FileTail] = {}
-        seen_labels: set[str] = set()
         t0 = time.monotonic()
-
-        def pump(final: bool = False) -> str | None:
-            # Echo what the logs gained; returns the entry that runs now (the last one with
-            # logs and no step.json).
-            current = None
-            for label in labels:
-                vdir = self.run_dir / label
-                logs = sorted(vdir.glob("rank*.log"), key=lambda p: p.name)
-                if logs and label not in seen_labels:
-                    seen_labels.add(label)
-                    console.rule(
-                        f"[bold]{self.recipe.name}[/] · {label} · slurm job {job_id} · "
-                        f"{self.recipe.world.processes} tasks"
-                    )
-                for path in [*logs, vdir / "srun.log"]:
-                    tail = tails.setdefault(path, _FileTail(path))
-                    rank = int(path.stem[4:]) if path.stem[4:].isdigit() else None
-                    for text in tail.new_lines(final):
-                        echo.line(rank, text, "srun")
-                if logs and not (vdir / "step.json").exists():
-                    current = label
-            return current
-
-        state: JobState | None = None
-        unknown = 0
-        last_poll = -STATE_POLL_S
-        last_shown = ""
+        logs = _LogPump(self.recipe, self.run_dir, job_id, console, quiet)
+        poll = _StatePoll(job_id, console)
         reason = "ok"
         status_line = console.status(f"slurm job {job_id}: submitted")
         try:
             with status_line:
                 while True:
                     elapsed = time.monotonic() - t0
-                    if elapsed - last_poll >= STATE_POLL_S:
-                        last_poll = elapsed
-                        polled = job_state(job_id)
-                        # No answer: slurmctld may be busy; the job is gone only after
-                        # several polls in a row without one.
-                        unknown = unknown + 1 if polled is None else 0
-                        if polled is not None:
-                            state = polled
-                        if unknown >= UNKNOWN_POLLS:
-                            state = None
-                            break
-                        if state is not None and not state.active:
-                            break
-                        shown = _describe(state) if state is not None else last_shown
-                        if shown != last_shown:
-                            console.print(f"slurm job {job_id}: {shown}", highlight=False)
-                            last_shown = shown
-                    current = pump()
-                    progress = (
-                        f" · {current} ({labels.index(current) + 1}/{len(labels)})"
-                        f"{rundir.progress(self.run_dir / current)}"
-                        if current
-                        else ""
-                    )
+                    if poll.ended(elapsed):
+                        break
                     status_line.update(
-                        f"slurm job {job_id}: {state.state if state else '?'} "
-                        f"{elapsed:.0f} s{progress}"
+                        f"slurm job {job_id}: {poll.state.state if poll.state else '?'} "
+                        f"{elapsed:.0f} s{logs.progress(logs.pump())}"
                     )
                     if timeout is not None and elapsed > timeout:
                         reason = "timeout"
@@ -646,9 +701,10 @@ class SlurmBackendRunner(BackendRunner):
                     time.sleep(FILE_POLL_S)
         except (KeyboardInterrupt, Interrupted):
             reason = "interrupted"
+        state = poll.state
         if reason != "ok":
             state = self.cancel(job_id, console)
-        pump(final=True)
+        logs.pump(final=True)
         if reason == "timeout":
             return (
                 Outcome(False, "timeout", detail=f"the run exceeded its {timeout:g} s timeout"),

@@ -1,7 +1,7 @@
 """Bundled jobs: ``smoke`` (launcher self-test), ``digits`` (data-parallel MLP), ``allreduce``,
-``lbann-mlp`` (LBANN's 3x4096 MLP on the digits), ``bytes-lm`` (byte-level transformer on
-the Python standard library's source) and ``overlap`` (communication hidden behind the backward
-pass).
+``probe`` (the cost model's profile), ``lbann-mlp`` (LBANN's 3x4096 MLP on the digits) and
+``bytes-lm`` (byte-level transformer on the Python standard library's source). The benchmarks'
+own jobs live with them in ``benchmarks/``.
 
 A job is any ``module:function`` taking a :class:`jaxcomm_launcher.context.JobContext`. The
 ``args`` each bundled job takes are declared in :mod:`jaxcomm_launcher.jobs.args`, where the

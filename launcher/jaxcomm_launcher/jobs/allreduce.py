@@ -154,6 +154,57 @@ def _chained(fn: Callable, chain: int, ranks: int) -> Callable:
     return chained
 
 
+def _inputs(
+    hierarchical: bool, local: np.ndarray, flat_mesh: Mesh, node_mesh: Mesh
+) -> tuple[Mesh, P, jax.Array, jax.Array]:
+    """``(mesh, spec, x, zeros)``: this rank's `local` rows and a zero residual, placed on the
+    ("node", "local") mesh for a hierarchical algorithm, else on the flat one."""
+    if hierarchical:
+        mesh, spec = node_mesh, P(HIERARCHICAL)
+        sharding = NamedSharding(mesh, spec)
+        x = jax.make_array_from_process_local_data(sharding, local)
+        zeros = jax.make_array_from_process_local_data(sharding, np.zeros_like(local))
+        return mesh, spec, x, zeros
+    mesh, spec = flat_mesh, P(AXIS)
+    x = shard_batch(local, mesh)
+    zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
+    return mesh, spec, x, zeros
+
+
+def _compile(fn: Callable, name: str, mesh: Mesh, spec: P) -> Callable:
+    """The jitted ``(v, r) -> (sum, r)`` call of `fn` over `mesh`."""
+    if name != AUTO and not registry.get(name).residual:
+        # Nothing to carry: passing a donated residual through unchanged made XLA alias it
+        # to the sum and copy both of them on every call.
+        dense = jax.jit(
+            jax.shard_map(lambda v: fn(v, None)[0], mesh=mesh, in_specs=spec, out_specs=spec)
+        )
+        return lambda v, r: (dense(v), r)
+    # The residual is donated, as a training step does with its optimizer state.
+    return jax.jit(
+        jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
+        donate_argnums=1,
+    )
+
+
+def _bytes_per_allreduce(
+    name: str, settings: dict, size: int, devices: int, chain: int
+) -> tuple[float, float]:
+    """(sent, received) bytes of one allreduce of the last call: jaxcomm's counters, or for
+    psum the ring-allreduce volume."""
+    import jaxcomm
+
+    if name == "psum":
+        element_bytes = 2 if "dtype" in settings else 4
+        sent = ring_allreduce_bytes(size * element_bytes, devices)
+        return sent, sent
+    totals = jaxcomm.metrics()["totals"]
+    ranks = max(1, len({t["world_rank"] for t in totals}))
+    sent = sum(t["bytes_sent"] for t in totals) / ranks / chain
+    received = sum(t["bytes_received"] for t in totals) / ranks / chain
+    return sent, received
+
+
 def run(ctx: JobContext) -> None:
     """Measures every requested algorithm at every size; rank 0 prints medians.
 
@@ -186,34 +237,11 @@ def run(ctx: JobContext) -> None:
         for algorithm in algorithms:
             name, settings = variants[algorithm]
             hierarchical = name != AUTO and registry.get(name).hierarchy is not None
-            if hierarchical:
-                mesh, spec = node_mesh, P(HIERARCHICAL)
-                sharding = NamedSharding(mesh, spec)
-                x = jax.make_array_from_process_local_data(sharding, local)
-                zeros = jax.make_array_from_process_local_data(sharding, np.zeros_like(local))
-            else:
-                mesh, spec = flat_mesh, P(AXIS)
-                x = shard_batch(local, mesh)
-                zeros = shard_batch(np.zeros_like(local), mesh)  # donated below: fresh each time
+            mesh, spec, x, zeros = _inputs(hierarchical, local, flat_mesh, node_mesh)
             fn = _chained(_step(algorithm, step_args), chain, mesh.size)
-            if name != AUTO and not registry.get(name).residual:
-                # Nothing to carry: passing a donated residual through unchanged made XLA
-                # alias it to the sum and copy both (2 x 100 MB per call at 25M floats).
-                dense = jax.jit(
-                    jax.shard_map(lambda v, f=fn: f(v, None)[0], mesh=mesh, in_specs=spec,
-                                  out_specs=spec)
-                )  # fmt: skip
-                compiled = lambda v, r, f=dense: (f(v), r)  # noqa: E731
-            else:
-                # The residual is donated, as a training step does with its optimizer state.
-                compiled = jax.jit(
-                    jax.shard_map(fn, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec)),
-                    donate_argnums=1,
-                )
+            compiled = _compile(fn, name, mesh, spec)
             _, residual = jax.block_until_ready(compiled(x, zeros))  # compile + warm up
             if name == AUTO and ctx.is_main:
-                from jaxcomm import cost
-
                 ctx.print(
                     f"allreduce auto {size} elements -> {cost.auto_decisions()[-1]['choice']}"
                 )
@@ -224,14 +252,7 @@ def run(ctx: JobContext) -> None:
                 _, residual = jax.block_until_ready(compiled(x, residual))
                 dt = (time.perf_counter() - t0) / chain
                 times.append(dt)
-                if name == "psum":
-                    element_bytes = 2 if "dtype" in settings else 4
-                    sent = received = ring_allreduce_bytes(size * element_bytes, mesh.size)
-                else:
-                    totals = jaxcomm.metrics()["totals"]
-                    ranks = max(1, len({t["world_rank"] for t in totals}))
-                    sent = sum(t["bytes_sent"] for t in totals) / ranks / chain
-                    received = sum(t["bytes_received"] for t in totals) / ranks / chain
+                sent, received = _bytes_per_allreduce(name, settings, size, mesh.size, chain)
                 ctx.metrics.log(
                     step_index,
                     force=True,

@@ -95,35 +95,6 @@ AllreduceArgs = create_model(
 )
 
 
-class OverlapArgs(JobArgs):
-    """``overlap``: communication hidden behind the backward pass (jobs/overlap.py)."""
-
-    layers: int = Field(25, ge=1, description="MLP layers")
-    width: int = Field(1000, ge=1, description="width of every layer")
-    batch: int = Field(128, ge=1, description="rows per device")
-    algorithms: list[Literal["dense", "gtopk"]] = Field(
-        default_factory=lambda: ["dense", "gtopk"], description="the reductions compared"
-    )
-    density: float = Field(0.001, gt=0.0, le=1.0, description="gtopk's density")
-    bucket_sizes: list[Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: [1 << 20, 1 << 22, 1 << 24, 0],
-        min_length=1,
-        description="elements per bucket (0: one bucket)",
-    )
-    first_bucket_size: int | None = Field(
-        None, ge=1, description="elements of the first bucket (None: the bucket size)"
-    )
-    max_in_flight: list[Annotated[int, Field(ge=0)]] = Field(
-        default_factory=lambda: [0, 1, 2, 4], description="paced steps in flight, each timed"
-    )
-    in_flight_bucket: int | None = Field(
-        None, ge=0, description="bucket size of the pacing sweep (None: the library's default)"
-    )
-    no_overlap_baseline: bool = Field(True, description="also time overlap=False steps")
-    repeats: int = Field(5, ge=3, description="timed rounds (medians)")
-    lr: float = Field(1e-4, gt=0.0, description="SGD learning rate")
-
-
 EXAMPLE_CONFIGS = {
     "digits": ("digits", "DigitsConfig"),
     "lbann-mlp": ("digits", "DigitsConfig"),
@@ -135,7 +106,6 @@ DECLARED: dict[str, type[JobArgs]] = {
     "smoke": SmokeArgs,
     "probe": ProbeArgs,
     "allreduce": AllreduceArgs,
-    "overlap": OverlapArgs,
 }
 
 
