@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 
 def _size_launch_pool() -> None:
-    from jaxcomm.pacing import size_cpu_launch_pool
+    from jaxcomm._launch_pool import size_cpu_launch_pool
 
     size_cpu_launch_pool()
 

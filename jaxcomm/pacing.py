@@ -29,7 +29,6 @@ steps and raises :class:`CollectiveError` with the first failure's message, once
 from __future__ import annotations
 
 import collections
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -37,50 +36,11 @@ from typing import Any
 import jax
 
 from jaxcomm import _jax_compat
+from jaxcomm._launch_pool import cpu_launch_threads, size_cpu_launch_pool  # noqa: F401 (re-exported)
 
 # Steps a paced loop keeps in flight. Two keep the host one step ahead of the devices (dispatch
 # hides behind compute) and stay far below XLA:CPU's per-device limit, where it deadlocks.
 DEFAULT_MAX_IN_FLIGHT = 2
-
-
-# Threads the CPU launch pool needs: every device's running execution, every device's launch
-# waiting for an in-flight slot, and the host's transfers.
-def cpu_launch_threads(devices: int) -> int:
-    """Threads XLA:CPU's launch pool needs so that ``devices`` devices cannot starve it.
-
-    Args:
-      devices: CPU devices of this process.
-
-    Returns:
-      ``max(cores, 2 * devices + 2)``.
-
-    Example:
-      >>> cpu_launch_threads(4) >= 10
-      True
-    """
-    return max(os.cpu_count() or 1, 2 * int(devices) + 2)
-
-
-def _set_launch_pool_size() -> None:
-    devices = _jax_compat.cpu_device_count_setting()
-    if devices > 1 and "PJRT_NPROC" not in os.environ:
-        os.environ["PJRT_NPROC"] = str(cpu_launch_threads(devices))
-
-
-def size_cpu_launch_pool() -> bool:
-    """Sizes XLA:CPU's launch pool for the process's CPU devices when JAX creates its client.
-
-    Sets ``PJRT_NPROC`` to :func:`cpu_launch_threads` right before the CPU client is created,
-    unless the process has a single CPU device or ``PJRT_NPROC`` is already set. Importing
-    jaxcomm calls this as soon as JAX is imported (at once when JAX came first).
-
-    Returns:
-      False when JAX's CPU client already existed (nothing can be changed; use :func:`paced`).
-
-    Example:
-      >>> import jaxcomm  # calls size_cpu_launch_pool()
-    """
-    return _jax_compat.before_cpu_backend(_set_launch_pool_size)
 
 
 _CHAIN_PREFIX = re.compile(r"^(?:[A-Z_]+: )?(?:Error dispatching computation: )*")
@@ -154,9 +114,21 @@ class Paced:
         # the first later step that still has live outputs: it ran after the oldest one.
         for outputs in (oldest, *self._in_flight):
             live = [x for x in jax.tree.leaves(outputs) if not _is_deleted(x)]
-            if live:
-                self._guard(lambda live=live: jax.block_until_ready(live))
+            if live and self._waited(live):
                 return
+
+    def _waited(self, live: list) -> bool:
+        """Waits for ``live``; False when one of them was donated after all. A caller may have
+        passed a step's output on through an alias (``jax.device_put`` onto the sharding it
+        already has returns a new array over the same buffer), so the array itself does not
+        know its buffer is gone; a later step's outputs are then waited for instead."""
+        try:
+            self._guard(lambda: jax.block_until_ready(live))
+        except jax.errors.JaxRuntimeError as error:
+            if "deleted or donated" not in str(error):
+                raise
+            return False
+        return True
 
     def _guard(self, call: Callable[[], Any]) -> Any:
         try:
