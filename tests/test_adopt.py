@@ -50,6 +50,7 @@ def accuracies():
     return out
 
 
+@pytest.mark.slow  # two trainings on digits: CI runs it with `pytest -m slow`
 def test_both_loops_train_digits_to_the_same_accuracy(accuracies):
     plain = accuracies["adopt_plain"]["test_accuracy"]
     ours = accuracies["adopt_jaxcomm"]["test_accuracy"]
@@ -59,6 +60,7 @@ def test_both_loops_train_digits_to_the_same_accuracy(accuracies):
     assert abs(accuracies["adopt_plain"]["loss"] - accuracies["adopt_jaxcomm"]["loss"]) < 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", ["flax_nnx", "flax_linen"])
 def test_flax_examples_train_digits_through_data_parallel_step(example):
     run = subprocess.run(

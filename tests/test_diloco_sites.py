@@ -23,7 +23,8 @@ from jaxcomm.cost import ledger
 from jaxcomm.optax import diloco
 
 WORKER = pathlib.Path(__file__).with_name("diloco_sites_worker.py")
-WORLDS = [(1, 4), pytest.param(2, 2, marks=pytest.mark.slow)]
+# Both worlds train for minutes: CI runs them with `pytest -m slow`.
+WORLDS = [pytest.param(1, 4, marks=pytest.mark.slow), pytest.param(2, 2, marks=pytest.mark.slow)]
 SITES, LOCAL = 2, 2
 DEVICES = SITES * LOCAL
 N = sum(int(np.prod(s)) for s in SHAPES.values())

@@ -120,6 +120,7 @@ def test_bad_settings_name_the_field():
         learn.Learner(["dense", "dense"])
 
 
+@pytest.mark.slow  # a 2-device training world: CI runs it with `pytest -m slow`
 def test_error_feedback_is_conserved_across_switches():
     done = run_script(HERE / "learning_worker.py", timeout=300, cwd=HERE.parent)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -47,6 +47,7 @@ def _auto_run(tmp_path, backend="local", steps=3):
     return ranks, json.loads(result.read_text())
 
 
+@pytest.mark.slow  # two processes measure and train: CI runs it with `pytest -m slow`
 def test_first_decision_reads_the_measured_link_the_same_on_every_rank(tmp_path):
     ranks, result = _auto_run(tmp_path)
     assert len(ranks) == 2 and ranks[0] and ranks[0] == ranks[1]  # same choices, same numbers
@@ -117,6 +118,7 @@ def test_a_100mbit_world_measures_slower_than_a_1gbit_one(tmp_path):
     assert betas["100mbit"] > 3 * betas["1gbit"], betas
 
 
+@pytest.mark.slow
 def test_every_rank_learns_the_same(tmp_path):
     # A profile of a slow link makes the model propose compressors, so the run tries them in
     # windows and decides; each rank logs its trials and decision, which must agree.

@@ -19,7 +19,11 @@ WORKER = pathlib.Path(__file__).with_name("overlap_bookkeeping_worker.py")
 
 
 @pytest.mark.parametrize("no_split", [False, True], ids=["splits", "does-not-split"])
-@pytest.mark.parametrize("cached_trace", [False, True], ids=["traced-each-call", "cached-trace"])
+@pytest.mark.parametrize(
+    "cached_trace",
+    [pytest.param(False, marks=pytest.mark.slow), True],
+    ids=["traced-each-call", "cached-trace"],
+)
 def test_overlapped_step_equals_unsplit_step(cached_trace, no_split):
     flags = ["--cached-trace"] * cached_trace + ["--no-split"] * no_split
     run = subprocess.run(

@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 from collectives_harness import run_world, worker_results
 
+# Minutes of training worlds: CI runs them with the slow tests (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 WORKER = pathlib.Path(__file__).with_name("parallel_step_worker.py")
 WORLD_WORKER = pathlib.Path(__file__).with_name("parallel_step_world_worker.py")
 DEVICES = 2

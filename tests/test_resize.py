@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 from collectives_harness import run_script
 
+# Minutes of training worlds: CI runs them with the slow tests (`pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 WORKER = pathlib.Path(__file__).with_name("resize_worker.py")
 SAVED = 2
 
