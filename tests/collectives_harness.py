@@ -77,6 +77,12 @@ class WorldRun:
     results: dict[str, np.ndarray]
     seconds: float
 
+    def output_tails(self, chars: int = 3000) -> str:
+        """The last ``chars`` characters of each process's output, headed by its number."""
+        return "\n".join(
+            f"--- process {i} ---\n{out[-chars:]}" for i, out in enumerate(self.outputs)
+        )
+
     def rank_values(self, case: str, name: str) -> list[np.ndarray]:
         """One array per world rank (rank order)."""
         found = {}

@@ -50,10 +50,7 @@ def world_run(tmp_path_factory):
         run = _world_runs[key]
         if any(code != 0 for code in run.returncodes):
             pytest.fail(
-                f"world {key} failed: return codes {run.returncodes}\n"
-                + "\n".join(
-                    f"--- process {i} ---\n{out[-4000:]}" for i, out in enumerate(run.outputs)
-                )
+                f"world {key} failed: return codes {run.returncodes}\n" + run.output_tails(4000)
             )
         return run
 

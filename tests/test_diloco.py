@@ -40,10 +40,6 @@ TEST_TIMEOUT_S = 1500
 _runs: dict = {}
 
 
-def outputs(run) -> str:
-    return "\n".join(f"--- process {i} ---\n{o[-3000:]}" for i, o in enumerate(run.outputs))
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     def get(processes: int, devices: int, mode: str | None = None):
@@ -62,7 +58,7 @@ def world(tmp_path_factory):
             )
             _runs[key] = (run, tmp)
         run, tmp = _runs[key]
-        assert run.returncodes == [0] * processes, outputs(run)
+        assert run.returncodes == [0] * processes, run.output_tails()
         return run, tmp
 
     return get

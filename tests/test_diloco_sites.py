@@ -33,10 +33,6 @@ TEST_TIMEOUT_S = 1500
 _runs: dict = {}
 
 
-def outputs(run) -> str:
-    return "\n".join(f"--- process {i} ---\n{o[-3000:]}" for i, o in enumerate(run.outputs))
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     def get(processes: int, devices: int):
@@ -55,7 +51,7 @@ def world(tmp_path_factory):
             )
             _runs[key] = run
         run = _runs[key]
-        assert run.returncodes == [0] * processes, outputs(run)
+        assert run.returncodes == [0] * processes, run.output_tails()
         return run.results
 
     return get
