@@ -34,7 +34,10 @@ def test_the_jaxcomm_loop_changes_at_most_five_lines_of_the_plain_one():
 
 
 @pytest.fixture(scope="module")
-def accuracies():
+def accuracies(tmp_path_factory):
+    # `python -m` puts the working directory first on sys.path: run outside the repository so
+    # that the installed package (with its compiled library) is the one imported.
+    outside = tmp_path_factory.mktemp("adopt")
     out = {}
     for program in (PLAIN, JAXCOMM):
         module = f"jaxcomm.examples.{program.stem}"
@@ -43,7 +46,7 @@ def accuracies():
             capture_output=True,
             text=True,
             timeout=600,
-            cwd=REPO_ROOT,
+            cwd=outside,
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
         out[program.stem] = ast.literal_eval(run.stdout.strip().splitlines()[-1])
@@ -62,13 +65,13 @@ def test_both_loops_train_digits_to_the_same_accuracy(accuracies):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["flax_nnx", "flax_linen"])
-def test_flax_examples_train_digits_through_data_parallel_step(example):
+def test_flax_examples_train_digits_through_data_parallel_step(example, tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", f"jaxcomm.examples.{example}", "--devices", "2"],
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=REPO_ROOT,
+        cwd=tmp_path,  # outside the repository, as in `accuracies`
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     result = ast.literal_eval(run.stdout.strip().splitlines()[-1])
