@@ -109,6 +109,15 @@ def test_benchmark_variant_rows_parse():
         parse_variant("blockquant:dtype=bfloat16")
     with pytest.raises(ValueError, match="unknown"):
         parse_variant("blockquantt")
+    # The inner average of DiLoCo over sites: a sum over each process's devices alone.
+    assert parse_variant("dense:axis=local,dtype=bfloat16") == (
+        "dense",
+        {"axis": "local", "dtype": "bfloat16"},
+    )
+    with pytest.raises(ValueError, match="axis=local"):
+        parse_variant("gtopk:axis=local")
+    with pytest.raises(ValueError, match="axis=local"):
+        parse_variant("psum:axis=node")
 
 
 # ---- single-device kernels against the reference -----------------------------------------

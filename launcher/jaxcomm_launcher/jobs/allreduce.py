@@ -10,7 +10,9 @@ warm-up call, then ``repeats`` timed calls of a jitted shard_mapped step:
 * ``adaptive``/``onebit``/``threshold`` — quantized allreduce
 * ``<name>:<key>=<value>,...`` (a variant row): ``bits``/``block`` configure the
   algorithm (``blockquant:bits=4``), ``dtype=bfloat16`` sends ``psum``/``dense`` in 16 bits
-  (``dense:dtype=bfloat16``: jaxcomm's 16-bit wire)
+  (``dense:dtype=bfloat16``: jaxcomm's 16-bit wire), ``axis=local`` sums ``psum``/``dense``
+  over each process's own devices only (the inner average of DiLoCo over sites, whose sites
+  are processes: compare it with ``hier_dense``, the whole gradient's hierarchical allreduce)
 * ``auto`` (only when listed) — what ``algorithm="auto"`` picks for the size from the cost
   model (``jaxcomm.cost``; ``args.allowed``, ``args.profile``), printed by rank 0
 * ``hier_dense``/``hier_dense_leader``/``hier_adaptive`` — hierarchical allreduce over a
@@ -63,7 +65,9 @@ HIERARCHICAL = ("node", "local")
 # Accepted in args.algorithms but not run by default: the cost model's choice per size.
 AUTO = registry.AUTO
 # What a variant row may set (``blockquant:bits=4``, ``dense:dtype=bfloat16``).
-VARIANT_KEYS = {"bits": int, "block": int, "dtype": str}
+VARIANT_KEYS = {"bits": int, "block": int, "dtype": str, "axis": str}
+# The mesh axis of an ``axis=local`` row: a process's devices (a site's inner axis).
+LOCAL = HIERARCHICAL[1]
 
 
 def parse_variant(entry: str) -> tuple[str, dict]:
@@ -92,7 +96,23 @@ def parse_variant(entry: str) -> tuple[str, dict]:
         "dtype" in settings and name not in ("psum", "dense")
     ):
         raise ValueError(f"args.algorithms: {entry!r}: only psum and dense take dtype=bfloat16")
+    if settings.get("axis", LOCAL) != LOCAL or (
+        "axis" in settings and name not in ("psum", "dense")
+    ):
+        raise ValueError(f"args.algorithms: {entry!r}: only psum and dense take axis=local")
     return name, settings
+
+
+def _entry(name: str, settings: dict) -> str:
+    """The variant string of `name` with `settings` (:func:`parse_variant`'s inverse)."""
+    rest = ",".join(f"{k}={v}" for k, v in settings.items())
+    return f"{name}:{rest}" if rest else name
+
+
+def _on_node_mesh(name: str, settings: dict) -> bool:
+    """Whether the row runs on the ("node", "local") mesh: a hierarchical algorithm, or a sum
+    over the local axis alone."""
+    return "axis" in settings or (name != AUTO and registry.get(name).hierarchy is not None)
 
 
 def _step(entry: str, args: dict) -> Callable:
@@ -105,7 +125,7 @@ def _step(entry: str, args: dict) -> Callable:
     # declares it; a missing one keeps its declared default.
     options = cost.Options.from_args(args)
     if "dtype" in settings:  # the 16-bit wire: cast in, sum, widen back
-        base = _step(algorithm, args)
+        base = _step(_entry(algorithm, {k: v for k, v in settings.items() if k != "dtype"}), args)
         return lambda v, r: (base(v.astype(jax.numpy.bfloat16), r)[0].astype(v.dtype), r)
     if algorithm == AUTO:
         auto = cost.Auto(
@@ -123,9 +143,9 @@ def _step(entry: str, args: dict) -> Callable:
 
         return chosen
     if algorithm == "psum":
-        return lambda v, r: (lax.psum(v, AXIS), r)
+        return lambda v, r: (lax.psum(v, settings.get("axis", AXIS)), r)
     record = registry.get(algorithm)
-    axis, kwargs = AXIS, {}
+    axis, kwargs = settings.get("axis", AXIS), {}
     if record.hierarchy is not None:
         axis = HIERARCHICAL
         kwargs = {"hierarchical": True, "hierarchical_scheme": record.hierarchy[1]}
@@ -196,7 +216,8 @@ def _bytes_per_allreduce(
 
     if name == "psum":
         element_bytes = 2 if "dtype" in settings else 4
-        sent = ring_allreduce_bytes(size * element_bytes, devices)
+        group = jax.local_device_count() if "axis" in settings else devices
+        sent = ring_allreduce_bytes(size * element_bytes, group)
         return sent, sent
     totals = jaxcomm.metrics()["totals"]
     ranks = max(1, len({t["world_rank"] for t in totals}))
@@ -236,7 +257,7 @@ def run(ctx: JobContext) -> None:
         local = rng.standard_normal((ctx.devices_per_process, size)).astype(np.float32)
         for algorithm in algorithms:
             name, settings = variants[algorithm]
-            hierarchical = name != AUTO and registry.get(name).hierarchy is not None
+            hierarchical = _on_node_mesh(name, settings)
             mesh, spec, x, zeros = _inputs(hierarchical, local, flat_mesh, node_mesh)
             fn = _chained(_step(algorithm, step_args), chain, mesh.size)
             compiled = _compile(fn, name, mesh, spec)
