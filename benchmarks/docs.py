@@ -681,11 +681,15 @@ def e2e_columns(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def e2e_cells(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The rows grouped by (workload, network), in their order: ``[(title, rows), ...]``."""
+def e2e_cells(
+    rows: list[dict[str, Any]], held_out: bool = False
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows grouped by (workload, network), in their order: ``[(title, rows), ...]``, of
+    the grid's workloads, or with `held_out` of the workloads kept out of auto's tuning."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        groups.setdefault((r["workload"], r["network"]), []).append(r)
+        if bool(r.get("held_out")) == held_out:
+            groups.setdefault((r["workload"], r["network"]), []).append(r)
     return [(e2e_title(g[0]), g) for g in groups.values()]
 
 
@@ -750,6 +754,84 @@ def e2e(results: pathlib.Path) -> str:
             else ""
         )
     )
+
+
+HELDOUT_HEADER = [
+    "workload · link",
+    "`auto` (no profile)",
+    "fastest reduction",
+    "`auto` / fastest",
+    "fastest dense 16-bit",
+    "`auto` / dense 16-bit",
+    "measuring at start",
+]
+
+
+def _reach(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "–"
+    return e2e_columns(row)[0] + ", " + e2e_columns(row)[1]
+
+
+def heldout_summary(rows: list[dict[str, Any]]) -> list[str]:
+    """One (workload, link) of a held-out workload: ``auto-bf16``'s time to target against the
+    fastest other reduction and the fastest dense 16-bit run of the same run of the grid.
+
+    Example:
+      >>> def row(label, t):
+      ...     return {"workload": "w", "network": "1gbit-2x1", "label": label, "auto_pick": None,
+      ...             "time_to_target_s": t, "seeds": [0], "time_to_target_spread_s": None,
+      ...             "capped_at_s": None, "speedup": None, "speedup_is_lower_bound": False,
+      ...             "best": 0.9, "steps": 10, "step_s": 0.1, "predicted_step_s": None,
+      ...             "prediction_error": None, "bytes_sent_per_step": 1e6,
+      ...             "measure_s": 0.5 if label.startswith("auto") else None}
+      >>> heldout_summary([row("dense-bf16", 10.0), row("gtopk", 5.0), row("auto-bf16", 5.5)])
+      ['w · 1gbit-2x1', 'auto-bf16, 5.5 s', 'gtopk, 5.0 s', '1.10×', 'dense-bf16, 10.0 s', '0.55×', '0.5 s']
+    """
+    reached = [r for r in rows if r["time_to_target_s"] is not None]
+    auto = next((r for r in rows if r["label"] == "auto-bf16"), None)
+    others = [r for r in reached if r is not auto]
+    fastest = min(others, key=lambda r: r["time_to_target_s"], default=None)
+    dense = [r for r in others if r["label"] in ("psum-bf16", "dense-bf16")]
+    dense16 = min(dense, key=lambda r: r["time_to_target_s"], default=None)
+
+    def over(base: dict[str, Any] | None) -> str:
+        if auto is None or base is None or auto["time_to_target_s"] is None:
+            return "–"
+        return f"{auto['time_to_target_s'] / base['time_to_target_s']:.2f}×"
+
+    measured = None if auto is None else auto.get("measure_s")
+    return [
+        f"{rows[0]['workload']} · {rows[0]['network']}",
+        _reach(auto),
+        _reach(fastest),
+        over(fastest),
+        _reach(dense16),
+        over(dense16),
+        _num(measured, ".1f") + (" s" if measured is not None else ""),
+    ]
+
+
+@section("docs/e2e.md", "e2e-heldout")
+def e2e_heldout(results: pathlib.Path) -> str:
+    """The held-out workloads (``results/e2e/e2e.json`` rows marked ``held_out``): auto's time
+    to target against the fastest reduction of the same run, then each cell's table."""
+    data = load(results / "e2e", "e2e")
+    cells = e2e_cells(data["rows"], held_out=True)
+    if not cells:
+        return "No held-out cells in `benchmarks/results/e2e/e2e.json` yet."
+    summary = table(
+        HELDOUT_HEADER,
+        [heldout_summary(rows) for _, rows in cells],
+        caption="`auto` against the fastest reduction of the same run (`auto` / fastest "
+        "below 1.15× and `auto` / dense 16-bit below 1.10× are the targets). *Measuring at "
+        "start*: the seconds `auto` spent measuring its world before the first step.",
+    )
+    parts = [
+        table(E2E_HEADER, [e2e_columns(r) for r in rows], caption=f"**{title}**")
+        for title, rows in cells
+    ]
+    return "\n\n".join([summary, *parts])
 
 
 @section("docs/e2e.md", "e2e-burst")

@@ -890,6 +890,8 @@ def cell_of(
         "auto_choices": result.get("auto_choices"),
         # A learning auto's trial windows and decisions (jaxcomm.cost.learn).
         "auto_learned": (result.get("auto") or {}).get("learned"),
+        # Seconds auto spent measuring its world before deciding (no profile given).
+        "auto_measure_s": _measure_seconds(result),
         "placement": summary.get("placement"),
         "oversubscribed": summary.get("oversubscribed"),
         "wall_s": keys["wall_s"],
@@ -898,6 +900,12 @@ def cell_of(
         "recipe": recipe,
         "command": " ".join(sys.argv),
     }
+
+
+def _measure_seconds(result: dict[str, Any]) -> float | None:
+    """The seconds auto spent measuring its world (``jaxcomm.metrics()["auto"]``), if it did."""
+    measured = (result.get("auto") or {}).get("measured") or {}
+    return sum(measured.get("seconds") or []) or None
 
 
 def run_cell(
@@ -1082,6 +1090,8 @@ def _summary_row(workload: str, net: str, label: str, runs: list[dict[str, Any]]
         # Every seed's pick, where they differ ("a / b"): seeds decide apart.
         "auto_pick": " / ".join(dict.fromkeys(p for p in map(_auto_pick, runs) if p)) or None,
         "oversubscribed": first.get("oversubscribed"),
+        "held_out": WORKLOADS[workload].held_out if workload in WORKLOADS else False,
+        "measure_s": _median([r.get("auto_measure_s") for r in runs]),
         # The compute step its runs were predicted with.
         "compute_s": _median([(r.get("predicted") or {}).get("compute_s") for r in runs]),
     }
