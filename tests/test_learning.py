@@ -33,7 +33,9 @@ def _feed(learner: learn.Learner, decrease: dict[str, float], seconds: dict[str,
 
 
 def test_learner_picks_the_fastest_loss_per_second():
-    learner = learn.Learner(["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2))
+    learner = learn.Learner(
+        ["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2, rounds=2)
+    )
     # gTop-k: 80 % of dense's decrease per step at 40 % of its seconds.
     _feed(
         learner,
@@ -59,7 +61,9 @@ def test_learner_picks_the_fastest_loss_per_second():
 def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     # Dense at ten times gTop-k's seconds per step (a slow link): even credited with the best
     # decrease per step of the first round it cannot win, so the second round leaves it out.
-    learner = learn.Learner(["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2))
+    learner = learn.Learner(
+        ["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2, rounds=2)
+    )
     _feed(
         learner,
         {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004},
@@ -113,11 +117,27 @@ def test_propose_offers_only_compressors_the_model_predicts_faster():
     assert one.chosen == "dense" and not one.window_start(0)
 
 
+def test_the_safe_compressor_is_proposed_and_tried_first():
+    # On a slow link the model predicts block int8 faster than dense and the sparse ones
+    # faster still; ranked by prior time alone, block int8 lost its trial to them. It has a
+    # place of its own, and its window comes first: a short run spends its steepest steps on
+    # the arm whose prior needs dense's steps.
+    slow = World(2, 1, "across_hosts")
+    allowed = ("dense", "gtopk", "topk_allgather", "onebit", "blockquant")
+    arms = learn.propose([25_000_000], slow, DEFAULT_PROFILE, allowed)
+    assert arms[:2] == ["dense", "blockquant"] and len(arms) == 3
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=learn.first_arm(arms))
+    assert [arms[learner.arm_at(10 * i)] for i in range(3)] == [arms[1], arms[2], "dense"]
+    assert learn.first_arm(["dense", "gtopk"]) == 0
+
+
 def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match="window"):
         learn.Learning(window=2)
     with pytest.raises(ValueError, match="arms"):
         learn.Learner(["dense", "dense"])
+    with pytest.raises(ValueError, match="first"):
+        learn.Learner(["dense", "gtopk"], first=2)
 
 
 @pytest.mark.slow  # a 2-device training world: CI runs it with `pytest -m slow`

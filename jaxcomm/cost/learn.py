@@ -13,6 +13,10 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   faster early in training than later, so the windows' decreases are fitted as an effect per
   arm plus a trend in time (:func:`arm_decrease`); an arm's rate is its decrease per step
   over its seconds per step.
+* The first round starts with the fastest *safe* arm (:func:`first_arm`): the one whose
+  prior says it needs dense's steps (dense, or a bounded-error quantizer predicted faster).
+  Early windows move the loss the most, and a short run may reach its target within the
+  exploration: they go to the arm least likely to waste them.
 * The decision takes the arm with the greatest rate; a compressor must beat dense's rate by
   ``margin`` (dense is the guard: auto is never much worse than dense). The decided arm
   runs ``recheck_every`` steps, then one round re-checks every arm.
@@ -41,7 +45,16 @@ from .choose import choose
 from .model import DEFAULT_ALLOWED, Options, Profile, World, steps_factor_of
 from .timemodel import predict
 
-__all__ = ["Learner", "Learning", "arm_decrease", "decisions", "propose", "window_rate"]
+__all__ = [
+    "Learner",
+    "Learning",
+    "arm_decrease",
+    "decisions",
+    "first_arm",
+    "is_safe",
+    "propose",
+    "window_rate",
+]
 
 _decisions: list[dict[str, Any]] = []
 
@@ -66,9 +79,9 @@ class Learning:
       10
     """
 
-    window: int = 20
-    settle: int = 4
-    rounds: int = 2
+    window: int = 10
+    settle: int = 2
+    rounds: int = 1
     recheck_every: int = 400
     margin: float = 1.1
     prune: float = 3.0
@@ -114,6 +127,7 @@ class Learner:
       arms: the candidates' names; the first is the guard (dense).
       learning: the exploration's settings.
       start: the first step the learner schedules.
+      first: the arm the first round starts with (:func:`first_arm`).
 
     Example:
       >>> learner = Learner(["dense", "gtopk"], Learning(window=4, settle=0, rounds=1))
@@ -125,15 +139,23 @@ class Learner:
       (1, 'gtopk')
     """
 
-    def __init__(self, arms: Sequence[str], learning: Learning | None = None, start: int = 0):
+    def __init__(
+        self,
+        arms: Sequence[str],
+        learning: Learning | None = None,
+        start: int = 0,
+        first: int = 0,
+    ):
         if not arms or len(set(arms)) != len(arms):
             raise ValueError(f"Learner.arms must be distinct names, dense first; got {arms!r}")
+        if not 0 <= first < len(arms):
+            raise ValueError(f"Learner.first must index arms (0 to {len(arms) - 1}), got {first}")
         self.arms = list(arms)
         self.learning = learning or Learning()
         self.windows: list[dict[str, Any]] = []
         self.chosen: str | None = None
         self._plan: list[tuple[int, int, int]] = []  # (first step, last step, arm)
-        self._rounds = 0  # rounds planned so far: each starts one arm later than the last
+        self._rounds = first  # the next round starts with this arm, each one arm later
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
         if len(self.arms) == 1:  # nothing to compare: decided at once
             self.chosen = self.arms[0]
@@ -342,9 +364,14 @@ def propose(
     options: Options | None = None,
     top: int = 2,
 ) -> list[str]:
-    """The arms worth a trial: dense, then the ``top`` compressors of ``allowed`` whose step
-    the model predicts faster than dense's, best first by their prior time to target
-    (predicted seconds times the registry's steps factor, which the trials then replace).
+    """The arms worth a trial: dense, then at most ``top`` compressors of ``allowed`` whose
+    step the model predicts faster than dense's: the fastest *safe* one (a prior steps factor
+    of 1, :func:`is_safe`) first, then the others by their prior time to target (predicted
+    seconds times the prior steps factor, which the trials then replace).
+
+    The safe compressor takes a place of its own: ranked by prior time alone, a compressor
+    predicted a little slower per step but needing no extra steps lost its trial to sparse
+    ones whose prior, measured on another model, was off by an order of magnitude.
 
     Each compressor's arm sends a bucket by the compressor only where the model predicts its
     call faster than dense's (a small bucket goes dense either way): ``choose`` between the
@@ -381,8 +408,29 @@ def propose(
             pick = choose(n, world, pair, profile, options, steps_factor={name: 1.0})
             seconds += predict(pick, n, world, profile, options).seconds
         if seconds < dense:
-            faster[name] = seconds * steps_factor_of(name)
-    return ["dense", *sorted(faster, key=lambda a: (faster[a], a))[:top]]
+            faster[name] = seconds
+    safe = sorted((a for a in faster if is_safe(a)), key=lambda a: (faster[a], a))[:1]
+    rest = sorted(
+        (a for a in faster if a not in safe), key=lambda a: (faster[a] * steps_factor_of(a), a)
+    )
+    return ["dense", *(safe + rest)[:top]]
+
+
+def is_safe(name: str) -> bool:
+    """Whether `name`'s prior says it needs no more steps than dense (a steps factor of at
+    most 1 in :data:`~jaxcomm.cost.model.DEFAULT_STEPS_FACTOR`: dense, block int8)."""
+    return steps_factor_of(name) <= 1.0
+
+
+def first_arm(arms: Sequence[str]) -> int:
+    """The arm a :class:`Learner` of :func:`propose`'s `arms` starts with: the safe
+    compressor when one was proposed (the model predicts it faster than dense), else dense.
+
+    Example:
+      >>> first_arm(["dense", "blockquant", "gtopk"]), first_arm(["dense", "gtopk"])
+      (1, 0)
+    """
+    return next((i for i, a in enumerate(arms) if i > 0 and is_safe(a)), 0)
 
 
 def decisions() -> list[dict[str, Any]]:

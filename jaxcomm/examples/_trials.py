@@ -66,7 +66,7 @@ class Trials:
         wide = 2 if self.reduction.grad_dtype == "bfloat16" else 4
         options = dataclasses.replace(self.options, element_bytes=wide)
         arms = learn.propose(sizes, world, profile, ["dense", *self.arms], options)
-        self.learner = learn.Learner(arms, start=step)
+        self.learner = learn.Learner(arms, start=step, first=learn.first_arm(arms))
 
     def before(self, step: int, state: Any, wait: Callable[[], None]) -> Any:
         """The state with ``step``'s arm; starts a window's clock at its first step."""
