@@ -131,6 +131,21 @@ def test_the_safe_compressor_is_proposed_and_tried_first():
     assert learn.first_arm(["dense", "gtopk"]) == 0
 
 
+@pytest.mark.parametrize("block_seconds, chosen", [(0.25, "dense"), (0.1, "blockquant")])
+def test_the_guard_is_the_safe_arm_fastest_per_step(block_seconds, chosen):
+    # Block int8's window runs first, where the loss falls fastest; its prior is dense's
+    # steps, so only the seconds of the two are compared, and gTop-k's loss must beat the
+    # faster one's.
+    arms = ["dense", "blockquant", "gtopk"]
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=1)
+    _feed(
+        learner,
+        {"dense": 0.01, "blockquant": 0.01, "gtopk": 0.002},
+        {"dense": 0.15, "blockquant": block_seconds, "gtopk": 0.5},
+    )
+    assert learner.chosen == chosen
+
+
 def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match="window"):
         learn.Learning(window=2)

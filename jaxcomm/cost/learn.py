@@ -17,8 +17,10 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   prior says it needs dense's steps (dense, or a bounded-error quantizer predicted faster).
   Early windows move the loss the most, and a short run may reach its target within the
   exploration: they go to the arm least likely to waste them.
-* The decision takes the arm with the greatest rate; a compressor must beat dense's rate by
-  ``margin`` (dense is the guard: auto is never much worse than dense). The decided arm
+* The guard is the safe arm fastest per step (the safe arms share dense's steps, so only
+  their seconds are compared). The decision takes the arm with the greatest rate; a sparse
+  or one-bit arm must beat the guard's rate by ``margin`` (auto is never much worse than
+  dense). The decided arm
   runs ``recheck_every`` steps, then one round re-checks every arm.
 * Steps factors follow from the windows: dense's decrease per step over the arm's, what
   :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
@@ -124,7 +126,7 @@ class Learner:
     """Which arm each step runs, from the windows' losses and seconds (see the module).
 
     Args:
-      arms: the candidates' names; the first is the guard (dense).
+      arms: the candidates' names, dense first (the steps factors' reference).
       learning: the exploration's settings.
       start: the first step the learner schedules.
       first: the arm the first round starts with (:func:`first_arm`).
@@ -272,17 +274,17 @@ class Learner:
     def _decide(self, step: int) -> None:
         """Takes the best arm of the windows since the last decision; plans the re-check."""
         per_step, seconds, rate = self._rates()
-        guard = self.arms[0]
-        others = [a for a in rate if a != guard]
+        guard = _fastest_safe(seconds)
+        others = [a for a in rate if a != guard and not is_safe(a)]
         best = max(others, key=lambda a: rate[a], default=guard)
-        if guard not in rate:  # dense was pruned: far slower than the best
-            pick = best
+        if guard is None:  # every safe arm was pruned: far slower than the best
+            pick = max(rate, key=lambda a: rate[a])
         else:
-            # Dense unless a compressor's loss falls faster per second by the margin; a dense
-            # loss that does not fall at all (rate <= 0) says nothing, and dense stays.
+            # The guard unless a compressor's loss falls faster per second by the margin; a
+            # guard whose loss does not fall at all (rate <= 0) says nothing, and it stays.
             margin = self.learning.margin
             pick = best if rate[guard] > 0 and rate[best] > margin * rate[guard] else guard
-        base = per_step.get(guard, 0.0)
+        base = per_step.get(self.arms[0], 0.0)  # steps relative to dense
         factors = {a: base / d if d > 0 and base > 0 else None for a, d in per_step.items()}
         self.chosen = pick
         record = {
@@ -295,6 +297,14 @@ class Learner:
         }
         _decisions.append(record)
         self._explore(step + self.learning.recheck_every, 1)
+
+
+def _fastest_safe(seconds: Mapping[str, float]) -> str | None:
+    """The guard: of the safe arms measured (:func:`is_safe`), the fastest per step. Their
+    prior is dense's steps, so their windows' loss decreases, confounded with when each ran,
+    are not compared: only their seconds are."""
+    safe = [a for a in seconds if is_safe(a)]
+    return min(safe, key=lambda a: (seconds[a], a)) if safe else None
 
 
 def arm_decrease(windows: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> dict[str, float]:
