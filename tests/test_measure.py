@@ -87,6 +87,21 @@ def test_a_profile_from_other_hardware_is_warned_about_in_one_line():
     assert "\n" not in text and "other hardware" in text and "NVIDIA H100" in text
 
 
+@pytest.mark.parametrize("agreed, calls", [(1.0, 3 + 2), (0.0, 6 + 2)])
+def test_the_timer_stops_early_on_the_ranks_mean_not_its_own_clock(monkeypatch, agreed, calls):
+    # Each rank timing on its own clock stopped after a different number of calls, and the
+    # ranks then sat in different collectives until the deadline. The stop reads the mean
+    # over the ranks (faked here: long on every rank, or short), whatever this rank measured.
+    from jaxcomm.cost import measure
+
+    monkeypatch.setattr(measure, "_agree", lambda times: {"t": agreed})
+    timer = measure._Timer.__new__(measure._Timer)
+    timer.ranks, timer._barrier = 2, lambda: None
+    ran = []
+    timer(lambda: ran.append(1), repeats=6)  # two untimed calls, then the timed ones
+    assert len(ran) == calls
+
+
 def test_profile_keeps_its_hardware_through_json(tmp_path):
     profile = cost.Profile.from_json(
         {**cost.DEFAULT_PROFILE.to_json(), "hardware": {"platform": "cpu", "device_kind": "cpu"}}

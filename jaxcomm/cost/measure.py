@@ -260,7 +260,9 @@ class _Timer:
         jax.block_until_ready(fn())  # connections, pages
         samples: list[float] = []
         for i in range(repeats):
-            if i >= 3 and min(samples) >= LONG_CALL_S:  # long calls vary little
+            # Long calls vary little: stop after three, all ranks or none, on their mean (a
+            # rank that stopped on its own clock left its peers in a collective it never ran).
+            if i == 3 and self._agreed(min(samples)) >= LONG_CALL_S:
                 break
             if self.ranks > 1:
                 jax.block_until_ready(self._barrier())
@@ -268,6 +270,10 @@ class _Timer:
             jax.block_until_ready(fn())
             samples.append(time.perf_counter() - t0)
         return min(samples)
+
+    def _agreed(self, seconds: float) -> float:
+        """`seconds` averaged over every rank (one allreduce that every rank runs)."""
+        return _agree({"t": seconds})["t"] if self.ranks > 1 else seconds
 
 
 # -- fits -----------------------------------------------------------------------------------
