@@ -146,6 +146,20 @@ def test_the_guard_is_the_safe_arm_fastest_per_step(block_seconds, chosen):
     assert learner.chosen == chosen
 
 
+def test_a_sparse_window_is_compared_with_the_safe_decrease_of_its_time():
+    # The held-out MLP at 1 Gbit/s: block int8's window first (the loss still falling fast),
+    # then TopK-allgather's, then dense's (the loss flattening). Against dense's late window
+    # alone TopK-allgather looked 3x faster per second and was chosen; it needed several
+    # times dense's steps. Against the safe arms' decrease at its time, dense stays.
+    arms = ["dense", "blockquant", "topk_allgather"]
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=1)
+    measured = [(0.1456, 0.395), (0.0467, 0.321), (0.0137, 0.318)]  # per step, s per step
+    for i, (decrease, seconds) in enumerate(measured):
+        losses = [2.0 - decrease * j for j in range(10)]
+        learner.close(10 * i + 9, losses, seconds * 10)
+    assert learner.chosen == "dense"
+
+
 def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match="window"):
         learn.Learning(window=2)

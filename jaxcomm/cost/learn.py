@@ -59,6 +59,7 @@ __all__ = [
 ]
 
 _decisions: list[dict[str, Any]] = []
+SAFE = "safe"  # the class of the safe arms' windows in the fit (:func:`is_safe`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +194,13 @@ class Learner:
         since = [
             w for w in self.windows if w["first_step"] >= self._explored_from and w["arm"] in names
         ]
-        per_step = arm_decrease(since, names)
+        # The safe arms share dense's steps: their windows are one class in the fit, so a
+        # sparse arm's window between two of theirs is compared with the safe decrease
+        # interpolated to when it ran, not with whichever safe window ran later.
+        cls = {a: SAFE if is_safe(a) else a for a in names}
+        pooled = [{**w, "arm": cls[w["arm"]]} for w in since]
+        fitted = arm_decrease(pooled, list(dict.fromkeys(cls.values())))
+        per_step = {a: fitted[cls[a]] for a in names}
         seconds = {
             a: statistics.fmean(w["seconds_per_step"] for w in since if w["arm"] == a)
             for a in names
@@ -312,9 +319,10 @@ def arm_decrease(windows: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> d
 
     The loss falls faster early in training than later, so a window's decrease depends on
     when it ran as much as on its arm. The windows' decreases are fitted as an effect per arm
-    plus a polynomial in the window's position (linear, or quadratic given enough windows;
-    none for a single round), by least squares; each arm's decrease is its effect plus the
-    trend's mean over the windows.
+    plus a polynomial in the window's position (none with one window per arm, linear with
+    one or two more, quadratic beyond), by least squares; each arm's decrease is its effect
+    plus the trend's mean over the windows. One spare window is enough for a line: an arm
+    run between two windows of another is compared with that other interpolated.
 
     Args:
       windows: ``{"arm", "first_step", "last_step", "loss_decrease_per_step"}`` each; every
@@ -332,7 +340,8 @@ def arm_decrease(windows: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> d
       {'A': 0.75, 'B': 0.75}
     """
     k = len(arms)
-    degree = max(0, min(2, len(windows) - k - 1))
+    spare = len(windows) - k  # windows beyond one per arm: each buys a trend coefficient
+    degree = 0 if spare < 1 else min(2, max(1, spare - 1))
     centers = [(w["first_step"] + w["last_step"]) / 2 for w in windows]
     mid = statistics.fmean(centers)
     spread = max(1.0, max(abs(c - mid) for c in centers))
