@@ -44,6 +44,7 @@ from _bench import (
     add_world_arguments,
     run_recipe,
     setup_fields,
+    setup_tag,
     write_job_recipe,
     write_result,
 )
@@ -406,7 +407,7 @@ def main() -> None:
         parser.error("--in-flight-bucket must be one of --bucket-sizes")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"overlap-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
+    tag = setup_tag("overlap", args)
     tag += f"-{args.processes}x{args.devices_per_process}" + (f"-{args.tag}" if args.tag else "")
     loadavg_start = os.getloadavg()
     records, wall = run_recipe(lambda path: write_recipe(args, path))
