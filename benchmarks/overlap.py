@@ -44,7 +44,6 @@ from _bench import (
     add_world_arguments,
     run_recipe,
     setup_fields,
-    setup_tag,
     write_job_recipe,
     write_result,
 )
@@ -407,7 +406,7 @@ def main() -> None:
         parser.error("--in-flight-bucket must be one of --bucket-sizes")
 
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = setup_tag("overlap", args)
+    tag = f"overlap-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
     tag += f"-{args.processes}x{args.devices_per_process}" + (f"-{args.tag}" if args.tag else "")
     loadavg_start = os.getloadavg()
     records, wall = run_recipe(lambda path: write_recipe(args, path))
