@@ -290,3 +290,18 @@ def run_world(
                 results.update({k: data[k] for k in data.files})
     return WorldRun([p.returncode for p in procs], outputs, results, time.monotonic() - start)
 
+
+def world_once(
+    runs: dict, key: tuple, tmp_path_factory, name: str, processes: int, devices: int, **options
+) -> WorldRun:
+    """:func:`run_world` of `processes` x `devices` (`options` passed on, in a new temporary
+    folder `name`) the first time a test asks for `key`, the same run from `runs` after that.
+    Fails the test, naming `key` and with each process's output tail, if any process failed."""
+    if key not in runs:
+        runs[key] = run_world(processes, devices, tmp_path_factory.mktemp(name), **options)
+    run = runs[key]
+    if any(code != 0 for code in run.returncodes):
+        pytest.fail(
+            f"world {key} failed: return codes {run.returncodes}\n" + run.output_tails(4000)
+        )
+    return run
