@@ -270,6 +270,19 @@ def setup_fields(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def setup_tag(name: str, args: argparse.Namespace) -> str:
+    """The start of a result file's name: the benchmark, its backend and, emulated only, the
+    link rate (the setup that ``setup_fields`` describes inside the file).
+
+    Example:
+      >>> setup_tag("allreduce", argparse.Namespace(backend="emulated", bandwidth="1gbit"))
+      'allreduce-emulated-1gbit'
+      >>> setup_tag("allreduce", argparse.Namespace(backend="local", bandwidth="1gbit"))
+      'allreduce-local'
+    """
+    return f"{name}-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
+
+
 def write_result(out: pathlib.Path, tag: str, result: dict[str, Any]) -> pathlib.Path:
     """Writes `result` as ``<out>/<tag>.json`` (indented) and returns the path."""
     path = out / f"{tag}.json"

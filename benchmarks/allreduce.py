@@ -31,6 +31,7 @@ from _bench import (
     add_world_arguments,
     run_recipe,
     setup_fields,
+    setup_tag,
     write_job_recipe,
     write_time_per_allreduce,
 )
@@ -141,7 +142,7 @@ def print_rows(args: argparse.Namespace, tag: str, rows: list[dict]) -> None:
 def main() -> None:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"allreduce-{args.backend}" + (f"-{args.bandwidth}" if args.backend == "emulated" else "")
+    tag = setup_tag("allreduce", args)
     if args.devices_per_process > 1:
         tag += f"-{args.processes}x{args.devices_per_process}"
     tag = args.name or tag

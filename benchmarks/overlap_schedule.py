@@ -33,6 +33,10 @@ import sys
 import tempfile
 from typing import Any
 
+# The reproducer (jax alone) owns the walk of a thunk graph; this lab version of its analysis
+# walks the same graphs.
+from xla_cpu.xla_cpu_war_edges import closure
+
 DONE = "jaxcomm_collective_done"
 MARK = "jaxcomm_mark"
 # Thunk kinds that are compute (the backward pass, the optimizer), not bookkeeping.
@@ -221,17 +225,6 @@ def reconstruct_thunks(
     return thunks
 
 
-def _closure(start: str, edges: dict[str, list[str]]) -> set[str]:
-    seen: set[str] = set()
-    stack = list(edges.get(start, []))
-    while stack:
-        n = stack.pop()
-        if n not in seen:
-            seen.add(n)
-            stack.extend(edges.get(n, []))
-    return seen
-
-
 def analyze(entry: dict[str, dict[str, Any]], thunks: list[dict[str, Any]]) -> list[dict]:
     """Per collective call of the step: what its thunk waits for beyond its own data.
 
@@ -266,13 +259,13 @@ def analyze(entry: dict[str, dict[str, Any]], thunks: list[dict[str, Any]]) -> l
         if not ins or not (ins["target"] or "").startswith("jaxcomm_") or ins["target"] == MARK:
             continue
         role = "done" if ins["target"] == DONE else "start"
-        data = _closure(t["name"], data_edges)
-        waits = _closure(t["name"], graph_edges)
+        data = closure(t["name"], data_edges)
+        waits = closure(t["name"], graph_edges)
         unrelated = sorted(waits - data, key=lambda n: order.get(n, -1))
         compute = [
             n
             for n in unrelated
-            if kind.get(n, "").startswith(COMPUTE_KINDS) and _closure(n, data_edges) & thunk_names
+            if kind.get(n, "").startswith(COMPUTE_KINDS) and closure(n, data_edges) & thunk_names
         ]
         collectives = [
             n for n in unrelated if (entry.get(n, {}).get("target") or "").startswith("jaxcomm_")
@@ -353,10 +346,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     complete = len(logged) == len(thunks)
     if complete:
         rebuilt = {
-            t["name"]: _closure(t["name"], {u["name"]: u["deps"] for u in thunks}) for t in thunks
+            t["name"]: closure(t["name"], {u["name"]: u["deps"] for u in thunks}) for t in thunks
         }
         ours = {
-            t["name"]: _closure(t["name"], {u["name"]: u["deps"] for u in logged}) for t in logged
+            t["name"]: closure(t["name"], {u["name"]: u["deps"] for u in logged}) for t in logged
         }
         mismatch = sorted(n for n in ours if ours[n] != rebuilt.get(n))
     else:

@@ -37,6 +37,7 @@ from _bench import (
     add_world_arguments,
     run_recipe,
     setup_fields,
+    setup_tag,
     write_job_recipe,
     write_time_per_allreduce,
 )
@@ -162,10 +163,7 @@ def print_rows(args: argparse.Namespace, tag: str, rows: list[dict[str, Any]]) -
 def main() -> None:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = f"small-allreduce-{args.backend}" + (
-        f"-{args.bandwidth}" if args.backend == "emulated" else ""
-    )
-    tag += f"-{args.processes}x{args.devices_per_process}"
+    tag = setup_tag("small-allreduce", args) + f"-{args.processes}x{args.devices_per_process}"
     rows = measure_rows(args)
     print_rows(args, tag, rows)
     crossovers = {path: crossover(rows, path) for path in args.paths}

@@ -17,7 +17,7 @@ devices' results to ``<out>/process<i>.npz`` keyed "<case>/<world rank>/<output>
 
 from __future__ import annotations
 
-from collectives_harness import RankResults, make_inputs, start_worker
+from collectives_harness import RankResults, make_inputs, rank_update_step, start_worker
 
 # name -> BlockQuant keyword arguments (tests/test_blockquant.py mirrors them).
 FLAT_CASES = {
@@ -136,21 +136,7 @@ def main() -> None:
         params = {k: jnp.zeros(s, jnp.float32) for k, s in shapes.items()}
         specs = partition_specs(jax.eval_shape(tx.init, params), "dp")
         state = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs))(params)
-
-        def update(g, s, tx=tx):
-            g = {k: v[0] for k, v in g.items()}
-            u, s = tx.update(g, s)
-            return {k: v[None] for k, v in u.items()}, s
-
-        f = jax.jit(
-            jax.shard_map(
-                update,
-                mesh=mesh,
-                in_specs=(P("dp"), specs),
-                out_specs=(P("dp"), specs),
-                check_vma=False,
-            )
-        )
+        f = rank_update_step(tx, mesh, specs)
         for t in range(2):
             grads = {
                 k: put(inputs(sizes[k], 37 * t + 3 + i).reshape(world, *s), mesh, P("dp"))

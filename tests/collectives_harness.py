@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -139,6 +140,45 @@ def run_device_worker(modes: dict) -> None:
     print("WORKER DONE", flush=True)
 
 
+def digits_runs(runs: dict[str, dict]) -> Callable[[argparse.Namespace], tuple[dict, dict]]:
+    """A :func:`run_device_worker` mode that trains the digits example once per entry of
+    `runs` (name -> ``jaxcomm.examples.digits.train`` keywords) for ``--epochs`` epochs from
+    seed 0: no arrays, and each name's training result as the info."""
+
+    def train(args: argparse.Namespace) -> tuple[dict, dict]:
+        from jaxcomm.examples import digits
+
+        info = {name: digits.train(epochs=args.epochs, seed=0, **kw) for name, kw in runs.items()}
+        return {}, info
+
+    return train
+
+
+def rank_update_step(tx, mesh, specs, traced: list | None = None):
+    """``tx.update`` under ``jax.jit(jax.shard_map(...))`` over the mesh axis "dp": rank i's
+    gradients are row i of each stacked input leaf (``P("dp")``), its updates come back
+    stacked the same way, and the optimizer state has the partition specs `specs`. Each trace
+    appends to `traced` (a count of compilations)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    def local(g, s):
+        if traced is not None:
+            traced.append(1)
+        u, s = tx.update(jax.tree.map(lambda a: a[0], g), s)
+        return jax.tree.map(lambda a: a[None], u), s
+
+    return jax.jit(
+        jax.shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(P("dp"), specs),
+            out_specs=(P("dp"), specs),
+            check_vma=False,
+        )
+    )
+
+
 def load_output(out: pathlib.Path, name: str) -> tuple[dict, dict]:
     """A worker's results: the arrays of ``<out>/<name>.npz`` and the JSON of ``<name>.json``."""
     with np.load(out / f"{name}.npz") as data:
@@ -249,3 +289,19 @@ def run_world(
             with np.load(path) as data:
                 results.update({k: data[k] for k in data.files})
     return WorldRun([p.returncode for p in procs], outputs, results, time.monotonic() - start)
+
+
+def world_once(
+    runs: dict, key: tuple, tmp_path_factory, name: str, processes: int, devices: int, **options
+) -> WorldRun:
+    """:func:`run_world` of `processes` x `devices` (`options` passed on, in a new temporary
+    folder `name`) the first time a test asks for `key`, the same run from `runs` after that.
+    Fails the test, naming `key` and with each process's output tail, if any process failed."""
+    if key not in runs:
+        runs[key] = run_world(processes, devices, tmp_path_factory.mktemp(name), **options)
+    run = runs[key]
+    if any(code != 0 for code in run.returncodes):
+        pytest.fail(
+            f"world {key} failed: return codes {run.returncodes}\n" + run.output_tails(4000)
+        )
+    return run

@@ -40,18 +40,13 @@ UCX_ONLY = {"JAXCOMM_SHARED_MEMORY": "0"}
 def world_run(tmp_path_factory):
     """Runs tests/collective_worker.py once per (processes, devices, mode, env) and caches the
     result. `env`: extra environment variables of the rank processes."""
-    from collectives_harness import run_world
+    from collectives_harness import world_once
 
     def get(processes: int, devices: int, mode: str = "cases", env: dict | None = None):
         key = (processes, devices, mode, tuple(sorted((env or {}).items())))
-        if key not in _world_runs:
-            tmp = tmp_path_factory.mktemp(f"world-{processes}x{devices}-{mode}")
-            _world_runs[key] = run_world(processes, devices, tmp, mode=mode, env=env)
-        run = _world_runs[key]
-        if any(code != 0 for code in run.returncodes):
-            pytest.fail(
-                f"world {key} failed: return codes {run.returncodes}\n" + run.output_tails(4000)
-            )
-        return run
+        name = f"world-{processes}x{devices}-{mode}"
+        return world_once(
+            _world_runs, key, tmp_path_factory, name, processes, devices, mode=mode, env=env
+        )
 
     return get

@@ -36,6 +36,17 @@ def run_cli(*args: str, cwd: pathlib.Path, timeout: float = 240) -> subprocess.C
     )
 
 
+def run_probe(
+    recipe: pathlib.Path, out: pathlib.Path, tmp_path: pathlib.Path, *options: str
+) -> subprocess.CompletedProcess:
+    """Runs ``jaxcomm probe <recipe> --out <out> --run-dir <tmp_path>/run <options> -q`` in
+    `tmp_path` (:func:`run_cli`) and returns the finished process."""
+    run_dir = str(tmp_path / "run")
+    return run_cli(
+        "probe", str(recipe), "--out", str(out), "--run-dir", run_dir, *options, "-q", cwd=tmp_path
+    )
+
+
 def launch_bundled(recipe: str, tmp_path: pathlib.Path, *settings: str) -> pathlib.Path:
     """Runs ``jaxcomm launch recipes/<recipe>.yaml --out <tmp_path>/run -q --set <setting> ...``
     (the bundled recipes train the digits example: skipped without scikit-learn), checks that

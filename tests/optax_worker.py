@@ -15,7 +15,15 @@ import dataclasses
 import os
 import sys
 
-from collectives_harness import run_device_worker
+from collectives_harness import digits_runs, run_device_worker
+
+# The "convergence" mode's digits runs.
+CONVERGENCE_RUNS = {
+    "dense": {"algorithm": "dense"},
+    "gtopk": {"algorithm": "gtopk", "density": 0.01, "warmup": True},
+    "topk_allgather": {"algorithm": "topk_allgather", "density": 0.01, "warmup": True},
+    "adaptive": {"algorithm": "adaptive", "proportion": 16.0},
+}
 
 
 def unit(devices: int, out: str) -> tuple[dict, dict]:
@@ -353,31 +361,6 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
     return arrays, info
 
 
-def convergence(devices: int, out: str, epochs: int) -> tuple[dict, dict]:
-    import jax  # noqa: F401 - initialized with the device count already
-
-    from jaxcomm.examples import digits
-
-    runs = {
-        "dense": {"algorithm": "dense"},
-        "gtopk": {"algorithm": "gtopk", "density": 0.01, "warmup": True},
-        "topk_allgather": {"algorithm": "topk_allgather", "density": 0.01, "warmup": True},
-        "adaptive": {"algorithm": "adaptive", "proportion": 16.0},
-    }
-    info: dict = {}
-    for name, cfg in runs.items():
-        info[name] = digits.train(epochs=epochs, seed=0, **cfg)
-    return {}, info
-
-
-def main() -> None:
-    run_device_worker(
-        {
-            "unit": lambda a: unit(a.devices, a.out),
-            "convergence": lambda a: convergence(a.devices, a.out, a.epochs),
-        }
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    modes = {"unit": lambda a: unit(a.devices, a.out), "convergence": digits_runs(CONVERGENCE_RUNS)}
+    sys.exit(run_device_worker(modes))

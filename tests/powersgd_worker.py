@@ -15,13 +15,15 @@ from __future__ import annotations
 import os
 import sys
 
-from collectives_harness import run_device_worker
+from collectives_harness import digits_runs, rank_update_step, run_device_worker
 
 # Leaves of every kind: compressed 2-D and 4-D ones, a 1-D one and a 2-D one too small to gain
 # (both dense), in an order that interleaves them.
 SHAPES = {"w1": (40, 30), "b1": (30,), "w2": (30, 7), "conv": (3, 3, 8, 16), "small": (6, 5)}
 RANK, START, STEPS = 2, 2, 6
 EPSILON = 0.5  # large enough to change the result visibly
+# The "train" mode's digits runs: dense and PowerSGD rank 4.
+TRAIN_RUNS = {"dense": {"algorithm": "dense"}, "powersgd": {"algorithm": "powersgd", "rank": 4}}
 
 
 def unit(devices: int, out: str) -> tuple[dict, dict]:
@@ -54,22 +56,7 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
         specs = partition_specs(jax.eval_shape(tx.init, zeros), "dp")
         init = jax.jit(jax.shard_map(tx.init, mesh=mesh, in_specs=P(), out_specs=specs))
         traces: list = []
-
-        def local(g: dict, s: object) -> tuple:
-            traces.append(1)
-            u, s = tx.update(jax.tree.map(lambda a: a[0], g), s)
-            return jax.tree.map(lambda a: a[None], u), s
-
-        step = jax.jit(
-            jax.shard_map(
-                local,
-                mesh=mesh,
-                in_specs=(P("dp"), specs),
-                out_specs=(P("dp"), specs),
-                check_vma=False,
-            )
-        )
-        return init, step, specs, traces
+        return init, rank_update_step(tx, mesh, specs, traces), specs, traces
 
     def place(g: dict) -> dict:
         return jax.device_put(g, NamedSharding(mesh, P("dp")))
@@ -243,26 +230,6 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
     return arrays, info
 
 
-def train(devices: int, out: str, epochs: int) -> tuple[dict, dict]:
-    import jax  # noqa: F401 - initialized with the device count already
-
-    from jaxcomm.examples import digits
-
-    info = {
-        "dense": digits.train(algorithm="dense", epochs=epochs, seed=0),
-        "powersgd": digits.train(algorithm="powersgd", rank=4, epochs=epochs, seed=0),
-    }
-    return {}, info
-
-
-def main() -> None:
-    run_device_worker(
-        {
-            "unit": lambda a: unit(a.devices, a.out),
-            "train": lambda a: train(a.devices, a.out, a.epochs),
-        }
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    modes = {"unit": lambda a: unit(a.devices, a.out), "train": digits_runs(TRAIN_RUNS)}
+    sys.exit(run_device_worker(modes))

@@ -28,22 +28,14 @@ _runs: dict = {}
 
 @pytest.fixture(scope="module")
 def bq_run(tmp_path_factory):
-    from collectives_harness import run_world
+    from collectives_harness import world_once
 
     def get(processes: int, devices: int):
-        key = (processes, devices)
-        if key not in _runs:
-            tmp = tmp_path_factory.mktemp(f"blockquant-{processes}x{devices}")
-            _runs[key] = run_world(
-                processes, devices, tmp, mode="blockquant", worker=WORKER, timeout=600
-            )
-        run = _runs[key]
-        if any(code != 0 for code in run.returncodes):
-            pytest.fail(
-                f"world {key} failed: {run.returncodes}\n"
-                + "\n".join(f"--- process {i} ---\n{o[-4000:]}" for i, o in enumerate(run.outputs))
-            )
-        return run
+        name = f"blockquant-{processes}x{devices}"
+        options = {"mode": "blockquant", "worker": WORKER, "timeout": 600}
+        return world_once(
+            _runs, (processes, devices), tmp_path_factory, name, processes, devices, **options
+        )
 
     return get
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from launcher_helpers import jaxcomm_cmd, run_cli, write_recipe
+from launcher_helpers import jaxcomm_cmd, run_cli, run_probe, write_recipe
 
 from jaxcomm import cost
 
@@ -93,18 +93,7 @@ def test_a_failed_probe_keeps_the_old_profile(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", world={"processes": 2})
     out = tmp_path / "profile.json"
     out.write_text('{"old": true}\n')
-    res = run_cli(
-        "probe",
-        str(recipe),
-        "--out",
-        str(out),
-        "--run-dir",
-        str(tmp_path / "run"),
-        "--timeout",
-        "0.001",
-        "-q",
-        cwd=tmp_path,
-    )
+    res = run_probe(recipe, out, tmp_path, "--timeout", "0.001")
     assert res.returncode == 124, res.stdout + res.stderr
     assert out.read_text() == '{"old": true}\n'
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["profile.json", "r.yaml"]

@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 from collectives_harness import run_script
-from launcher_helpers import ROOT, run_cli, write_recipe
+from launcher_helpers import ROOT, run_cli, run_probe, write_recipe
 
 import jaxcomm
 from jaxcomm import algorithms, config, cost
@@ -495,24 +495,8 @@ def test_plan_counts_digits_parameters_like_flax(model, hidden):
 def test_probe_on_a_local_world_writes_a_valid_profile(tmp_path):
     recipe = write_recipe(tmp_path / "w.yaml", world={"processes": 2, "devices_per_process": 2})
     out = tmp_path / "profile.json"
-    done = run_cli(
-        "probe",
-        str(recipe),
-        "--out",
-        str(out),
-        "--run-dir",
-        str(tmp_path / "run"),
-        "--sizes",
-        "1024",
-        "--sizes",
-        "262144",
-        "--kernel-elements",
-        "65536",
-        "--repeats",
-        "1",
-        "-q",
-        cwd=tmp_path,
-    )
+    sizes = ("--sizes", "1024", "--sizes", "262144", "--kernel-elements", "65536")
+    done = run_probe(recipe, out, tmp_path, *sizes, "--repeats", "1")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     profile = cost.Profile.load(out)
     data = json.loads(out.read_text())

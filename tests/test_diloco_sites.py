@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from collectives_harness import run_world
+from collectives_harness import world_once
 from diloco_sites_worker import FSDP_SHAPES, SHAPES, grads_for, initial_params
 
 from jaxcomm.cost import ledger
@@ -36,23 +36,11 @@ _runs: dict = {}
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     def get(processes: int, devices: int):
+        env = {"JAXCOMM_TIMEOUT_S": "60", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
+        options = {"mode": "sites", "timeout": WORLD_TIMEOUT_S, "env": env, "worker": WORKER}
+        name = f"diloco-sites-{processes}x{devices}"
         key = (processes, devices)
-        if key not in _runs:
-            tmp = tmp_path_factory.mktemp(f"diloco-sites-{processes}x{devices}")
-            env = {"JAXCOMM_TIMEOUT_S": "60", "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"}
-            run = run_world(
-                processes,
-                devices,
-                tmp,
-                mode="sites",
-                timeout=WORLD_TIMEOUT_S,
-                env=env,
-                worker=WORKER,
-            )
-            _runs[key] = run
-        run = _runs[key]
-        assert run.returncodes == [0] * processes, run.output_tails()
-        return run.results
+        return world_once(_runs, key, tmp_path_factory, name, processes, devices, **options).results
 
     return get
 

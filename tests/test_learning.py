@@ -16,10 +16,20 @@ from jaxcomm.cost import DEFAULT_PROFILE, World, learn
 HERE = pathlib.Path(__file__).resolve().parent
 
 
-def _feed(learner: learn.Learner, decrease: dict[str, float], seconds: dict[str, float]) -> None:
-    """Runs every planned window of the first exploration: each arm's loss falls
-    ``decrease[arm]`` per step, on top of a trend that slows down over training."""
-    window = learner.learning.window
+def _explored(
+    decrease: dict[str, float],
+    seconds: dict[str, float],
+    window: int = 10,
+    settle: int = 2,
+    first: int = 0,
+    **more,
+) -> learn.Learner:
+    """A learner over the arms of `decrease` (in its order), ``Learning(window, settle, **more)``,
+    after every planned window of its first exploration: each arm's loss falls
+    ``decrease[arm]`` per step, on top of a trend that slows down over training, at
+    ``seconds[arm]`` per step."""
+    learning = learn.Learning(window=window, settle=settle, **more)
+    learner = learn.Learner(list(decrease), learning, first=first)
     step = 0
     while learner.chosen is None:
         name = learner.arms[learner.arm_at(step)]
@@ -30,17 +40,15 @@ def _feed(learner: learn.Learner, decrease: dict[str, float], seconds: dict[str,
             losses.append(loss)
         learner.close(step + window - 1, losses, seconds[name] * window)
         step += window
+    return learner
 
 
 def test_learner_picks_the_fastest_loss_per_second():
-    learner = learn.Learner(
-        ["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2, rounds=2)
-    )
     # gTop-k: 80 % of dense's decrease per step at 40 % of its seconds.
-    _feed(
-        learner,
+    learner = _explored(
         {"dense": 0.01, "gtopk": 0.008, "onebit": 0.002},
         {"dense": 0.5, "gtopk": 0.2, "onebit": 0.2},
+        rounds=2,
     )
     assert learner.chosen == "gtopk"
     decision = [d for d in learn.decisions() if d["event"] == "decision"][-1]
@@ -61,13 +69,10 @@ def test_learner_picks_the_fastest_loss_per_second():
 def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     # Dense at ten times gTop-k's seconds per step (a slow link): even credited with the best
     # decrease per step of the first round it cannot win, so the second round leaves it out.
-    learner = learn.Learner(
-        ["dense", "gtopk", "onebit"], learn.Learning(window=10, settle=2, rounds=2)
-    )
-    _feed(
-        learner,
+    learner = _explored(
         {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004},
         {"dense": 1.0, "gtopk": 0.1, "onebit": 0.1},
+        rounds=2,
     )
     assert learner.chosen == "gtopk"
     assert [w["arm"] for w in learner.windows].count("dense") == 1
@@ -76,20 +81,19 @@ def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
 
 
 def test_learner_keeps_dense_unless_a_compressor_beats_it_by_the_margin():
-    learner = learn.Learner(["dense", "gtopk"], learn.Learning(window=10, settle=2, margin=1.1))
     # gTop-k's loss falls 5 % faster per second: within the margin, dense stays.
-    _feed(learner, {"dense": 0.01, "gtopk": 0.0105}, {"dense": 1.0, "gtopk": 1.0})
+    learner = _explored({"dense": 0.01, "gtopk": 0.0105}, {"dense": 1.0, "gtopk": 1.0}, margin=1.1)
     assert learner.chosen == "dense"
 
 
 def test_learners_fed_the_same_windows_decide_the_same():
     made = []
     for _ in range(2):
-        learner = learn.Learner(["dense", "gtopk", "adaptive"], learn.Learning(window=8, settle=0))
-        _feed(
-            learner,
+        learner = _explored(
             {"dense": 0.01, "gtopk": 0.009, "adaptive": 0.0095},
             {"dense": 1.0, "gtopk": 0.5, "adaptive": 0.45},
+            window=8,
+            settle=0,
         )
         made.append((learner.chosen, learner.windows))
     assert made[0] == made[1]
@@ -136,12 +140,10 @@ def test_the_guard_is_the_safe_arm_fastest_per_step(block_seconds, chosen):
     # Block int8's window runs first, where the loss falls fastest; its prior is dense's
     # steps, so only the seconds of the two are compared, and gTop-k's loss must beat the
     # faster one's.
-    arms = ["dense", "blockquant", "gtopk"]
-    learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=1)
-    _feed(
-        learner,
+    learner = _explored(
         {"dense": 0.01, "blockquant": 0.01, "gtopk": 0.002},
         {"dense": 0.15, "blockquant": block_seconds, "gtopk": 0.5},
+        first=1,
     )
     assert learner.chosen == chosen
 

@@ -27,6 +27,26 @@ def _recipe(tmp_path, workload: str, sweep: list[dict], train: dict, args: dict,
     return path
 
 
+# bytes-lm's model and data small enough for a few steps in a test.
+TINY_LM = {
+    "width": 32,
+    "layers": 1,
+    "heads": 2,
+    "seq_len": 32,
+    "max_corpus_bytes": 200_000,
+    "eval_sequences": 8,
+}
+
+
+def _launch(tmp_path, recipe: pathlib.Path, results: str) -> list[dict]:
+    """Runs ``jaxcomm launch <recipe> --out <tmp_path>/run -q`` (its own 600 s bound), checks
+    that it succeeded and returns its result files matching `results`, read."""
+    out = tmp_path / "run"
+    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return [json.loads(p.read_text()) for p in out.rglob(results)]
+
+
 @pytest.mark.timeout(660)  # the launch's own 600 s bound decides, not pytest's 300 s
 def test_lbann_mlp_few_steps(tmp_path):
     pytest.importorskip("sklearn")
@@ -41,12 +61,7 @@ def test_lbann_mlp_few_steps(tmp_path):
         {"steps": 4, "hidden": 256, "eval_every": 2},
         {},
     )
-    out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    results = {
-        r["label"]: r for r in (json.loads(p.read_text()) for p in out.rglob("digits-mlp-*.json"))
-    }
+    results = {r["label"]: r for r in _launch(tmp_path, recipe, "digits-mlp-*.json")}
     assert set(results) == {"psum-bf16", "dense-bf16", "adaptive"}
     for r in results.values():
         assert r["parameters"] == 64 * 256 + 2 * 256 * 256 + 256 * 10 + 3 * 256 + 10
@@ -67,21 +82,9 @@ def test_bytes_lm_few_steps(tmp_path):
         "bytes-lm",
         [{"algorithm": "psum"}, {"algorithm": "gtopk", "density": 0.05}],
         {"steps": 3, "batch_size": 4, "eval_every": 2},
-        {
-            "width": 32,
-            "layers": 1,
-            "heads": 2,
-            "seq_len": 32,
-            "max_corpus_bytes": 200_000,
-            "eval_sequences": 8,
-        },
+        TINY_LM,
     )
-    out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    results = {
-        r["label"]: r for r in (json.loads(p.read_text()) for p in out.rglob("bytes-lm-*.json"))
-    }
+    results = {r["label"]: r for r in _launch(tmp_path, recipe, "bytes-lm-*.json")}
     assert set(results) == {"psum", "gtopk"}
     for r in results.values():
         assert r["corpus_bytes"] == 200_000
@@ -99,20 +102,10 @@ def test_bytes_lm_diloco_over_sites_few_steps(tmp_path):
         "bytes-lm",
         [{"algorithm": "gtopk", "density": 0.05, "diloco": diloco}],
         {"steps": 4, "batch_size": 8, "eval_every": 2},
-        {
-            "width": 32,
-            "layers": 1,
-            "heads": 2,
-            "seq_len": 32,
-            "max_corpus_bytes": 200_000,
-            "eval_sequences": 8,
-        },
+        TINY_LM,
         devices=2,
     )
-    out = tmp_path / "run"
-    res = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    (result,) = (json.loads(p.read_text()) for p in out.rglob("bytes-lm-*.json"))
+    (result,) = _launch(tmp_path, recipe, "bytes-lm-*.json")
     assert result["label"] == "diloco2-gtopk-delay1-sites"
     assert result["diloco"]["sites"] is True
     assert 0 < result["validation_bits_per_byte"] < 9

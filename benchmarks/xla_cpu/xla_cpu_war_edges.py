@@ -67,6 +67,7 @@ def child(scalar_result: bool) -> None:
 
 
 def closure(name: str, edges: dict[str, list[str]]) -> set[str]:
+    """Every node reachable from `name` through `edges` (node -> the nodes it depends on)."""
     seen, stack = set(), list(edges.get(name, []))
     while stack:
         n = stack.pop()

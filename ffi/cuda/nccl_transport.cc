@@ -31,12 +31,7 @@ Request NcclTransport::Post(Request::Kind kind, int self, int peer, uint64_t tag
                             size_t bytes) {
   Request request;
   Request::State& r = StateOf(request);
-  r.kind = kind;
-  r.self = self;
-  r.peer = peer;
-  r.tag = tag;
-  r.bytes = bytes;
-  r.owner = this;
+  Describe(r, kind, self, peer, tag, bytes);
   const auto found = std::find(members_.begin(), members_.end(), peer);
   if (!IsLocal(self) || found == members_.end()) {
     r.code = ncclInvalidArgument;

@@ -230,6 +230,17 @@ class Transport {
   // A request's state, for implementations.
   static Request::State& StateOf(Request& request) { return request.state_; }
   static const Request::State& StateOf(const Request& request) { return request.state_; }
+  // Describes the new request `r` as this transport's message of `kind`: `bytes` (a send's
+  // size or a receive's capacity) between local rank `self` and `peer`, under `tag`.
+  void Describe(Request::State& r, Request::Kind kind, int self, int peer, uint64_t tag,
+                size_t bytes) {
+    r.kind = kind;
+    r.self = self;
+    r.peer = peer;
+    r.tag = tag;
+    r.bytes = bytes;
+    r.owner = this;
+  }
   // Hands back a request still pending (state.pending != null) whose owner drops it: cancel a
   // receive, let a send finish; then clear `pending` and mark it done.
   virtual void Release(Request::State& state) = 0;

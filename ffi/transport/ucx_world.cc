@@ -318,20 +318,16 @@ Counters UcxWorld::GetCounters(int self) const {
   return c;
 }
 
-int UcxWorld::StartRequest(Request::State& r, int self, int peer, uint64_t tag,
-                           size_t bytes) const {
-  r.self = self;
-  r.peer = peer;
-  r.tag = tag;
-  r.bytes = bytes;
-  r.done = true;
+LocalRank* UcxWorld::StartRequest(Request::State& r, Request::Kind kind, int self, int peer,
+                                  uint64_t tag, size_t bytes) {
+  Describe(r, kind, self, peer, tag, bytes);
   const int index = LocalIndex(self);
   if (index < 0 || peer < 0 || peer >= world_size() || !connected_) {
     r.code = UCS_ERR_INVALID_PARAM;
     r.error = !connected_ ? "world not connected"
                           : "invalid self " + std::to_string(self) + " (local?) or peer " +
                                 std::to_string(peer);
-    return -1;
+    return nullptr;
   }
   // A send is tagged with its own rank, a receive with the peer it expects.
   const bool send = r.kind == Request::Kind::kSend;
@@ -340,20 +336,17 @@ int UcxWorld::StartRequest(Request::State& r, int self, int peer, uint64_t tag,
     r.code = UCS_ERR_INVALID_PARAM;
     r.error = std::string(send ? "send tag source " : "receive tag source ") +
               std::to_string(TagSource(tag)) + (send ? " is not self" : " is not the peer");
-    return -1;
+    return nullptr;
   }
-  return index;
+  return impl_->locals[index].get();
 }
 
 Request UcxWorld::PostSend(int self, int peer, uint64_t tag, const void* data, size_t bytes) {
   Request request;
   Request::State& r = StateOf(request);
-  r.kind = Request::Kind::kSend;
-  r.owner = this;
-  const int index = StartRequest(r, self, peer, tag, bytes);
-  if (index < 0) return request;
-  LocalRank& l = *impl_->locals[index];
-  PeerLink& link = l.links[peer];
+  LocalRank* l = StartRequest(r, Request::Kind::kSend, self, peer, tag, bytes);
+  if (l == nullptr) return request;
+  PeerLink& link = l->links[peer];
   if (int f = link.failure.load(); f != UCS_OK || link.ep == nullptr) {
     r.code = f != UCS_OK ? f : UCS_ERR_CANCELED;
     r.error = "link to peer already failed: " + UcsError(static_cast<ucs_status_t>(r.code));
@@ -361,8 +354,8 @@ Request UcxWorld::PostSend(int self, int peer, uint64_t tag, const void* data, s
   }
   ucp_request_param_t p{};
   if (Posted(r, ucp_tag_send_nbx(link.ep, data, bytes, tag, &p), "ucp_tag_send_nbx")) {
-    l.bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
-    l.messages_sent.fetch_add(1, std::memory_order_relaxed);
+    l->bytes_sent.fetch_add(bytes, std::memory_order_relaxed);
+    l->messages_sent.fetch_add(1, std::memory_order_relaxed);
   }
   return request;
 }
@@ -370,21 +363,18 @@ Request UcxWorld::PostSend(int self, int peer, uint64_t tag, const void* data, s
 Request UcxWorld::PostRecv(int self, int peer, uint64_t tag, void* data, size_t capacity) {
   Request request;
   Request::State& r = StateOf(request);
-  r.kind = Request::Kind::kRecv;
-  r.owner = this;
-  const int index = StartRequest(r, self, peer, tag, capacity);
-  if (index < 0) return request;
-  LocalRank& l = *impl_->locals[index];
+  LocalRank* l = StartRequest(r, Request::Kind::kRecv, self, peer, tag, capacity);
+  if (l == nullptr) return request;
   ucp_tag_recv_info_t info{};
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
   p.recv_info.tag_info = &info;
   // Full 64-bit mask: seq, step and source must all match.
-  if (Posted(r, ucp_tag_recv_nbx(l.worker, data, capacity, tag, ~uint64_t{0}, &p),
+  if (Posted(r, ucp_tag_recv_nbx(l->worker, data, capacity, tag, ~uint64_t{0}, &p),
              "ucp_tag_recv_nbx")) {
     r.received = info.length;
-    l.bytes_received.fetch_add(info.length, std::memory_order_relaxed);
-    l.messages_received.fetch_add(1, std::memory_order_relaxed);
+    l->bytes_received.fetch_add(info.length, std::memory_order_relaxed);
+    l->messages_received.fetch_add(1, std::memory_order_relaxed);
   }
   return request;
 }

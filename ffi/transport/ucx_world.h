@@ -36,6 +36,8 @@
 
 namespace jaxcomm::transport {
 
+struct LocalRank;  // one local rank's UCX worker and links (ucx_world.cc)
+
 // Messages between host buffers over UCX's tag matching; same-host memory through an owned
 // SharedMemory (shm.h).
 class UcxWorld final : public Transport {
@@ -78,9 +80,11 @@ class UcxWorld final : public Transport {
 
  private:
   UcxWorld() = default;
-  // Fills `r` (whose kind is set) and checks self, peer, connection and the tag's source.
-  // Returns self's local index, or -1 with r completed as an invalid-argument failure.
-  int StartRequest(Request::State& r, int self, int peer, uint64_t tag, size_t bytes) const;
+  // Fills `r` as this world's request of `kind` and checks self, peer, connection and the
+  // tag's source. Returns self's local rank, or null with r completed as an invalid-argument
+  // failure.
+  LocalRank* StartRequest(Request::State& r, Request::Kind kind, int self, int peer, uint64_t tag,
+                          size_t bytes);
 
   bool connected_ = false;
   std::unique_ptr<Impl> impl_;

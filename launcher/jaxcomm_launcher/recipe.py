@@ -215,6 +215,13 @@ _ALGORITHMS = algorithms
 ALGORITHM_NAMES = (*_ALGORITHMS.names(), _ALGORITHMS.AUTO)
 Algorithm = Literal[ALGORITHM_NAMES]  # type: ignore[valid-type]
 AutoChoice = Literal[_ALGORITHMS.auto_choices()]  # type: ignore[valid-type]
+# A choice's steps relative to dense, as auto's steps factors are given.
+StepsFactors = dict[AutoChoice, Annotated[float, Field(gt=0.0)]]
+
+
+def _auto_setting(description: str, **constraints: Any) -> Any:
+    """A setting only ``algorithm: auto`` reads: unset by default, its description says so."""
+    return Field(None, description=f"auto: {description}", **constraints)
 
 
 class DiLoCoSettings(_Strict):
@@ -268,26 +275,23 @@ class JaxcommSettings(_Strict):
         None,
         description=f"algorithms auto may choose (default: {', '.join(_ALGORITHMS.default_allowed())})",
     )
-    profile: str | None = Field(None, description="auto: profile JSON from `jaxcomm probe`")
-    compute_seconds: float | None = Field(
-        None,
+    profile: str | None = _auto_setting("profile JSON from `jaxcomm probe`")
+    compute_seconds: float | None = _auto_setting(
+        "seconds of a training step besides the gradient reduction (e.g. one rank's step); "
+        "extra steps pay it again",
         ge=0.0,
-        description="auto: seconds of a training step besides the gradient reduction "
-        "(e.g. one rank's step); extra steps pay it again",
     )
-    steps_factor: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = Field(
-        None,
-        description="auto: steps each choice needs to reach the target relative to dense, "
-        "e.g. measured on this model by benchmarks/train.py (default: each algorithm's own)",
+    steps_factor: StepsFactors | None = _auto_setting(
+        "steps each choice needs to reach the target relative to dense, e.g. measured on this "
+        "model by benchmarks/train.py (default: each algorithm's own)"
     )
-    dense_steps: int | None = Field(
-        None,
+    dense_steps: int | None = _auto_setting(
+        "steps dense training needs to reach the target; with steps_factor_no_warmup, auto "
+        "decides whether the sparse warm-up pays",
         ge=1,
-        description="auto: steps dense training needs to reach the target; with "
-        "steps_factor_no_warmup, auto decides whether the sparse warm-up pays",
     )
-    steps_factor_no_warmup: dict[AutoChoice, Annotated[float, Field(gt=0.0)]] | None = Field(
-        None, description="auto: steps_factor of training without the sparse warm-up"
+    steps_factor_no_warmup: StepsFactors | None = _auto_setting(
+        "steps_factor of training without the sparse warm-up"
     )
     diloco: DiLoCoSettings | None = Field(
         None, description="train with DiLoCo; `algorithm` is then its outer allreduce"

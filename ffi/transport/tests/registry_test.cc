@@ -4,25 +4,16 @@
 #include "ffi/transport/registry.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ffi/transport/settings.h"
+#include "ffi/transport/tests/scoped_env.h"
 
 namespace jaxcomm::transport {
 namespace {
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
 
 TEST(Registry, NamesEveryTransportOnce) {
   EXPECT_EQ(TransportChoices(), "auto, ucx, nccl");

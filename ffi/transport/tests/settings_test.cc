@@ -3,23 +3,14 @@
 #include "ffi/transport/settings.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <chrono>
 #include <string>
 
+#include "ffi/transport/tests/scoped_env.h"
+
 namespace jaxcomm::transport {
 namespace {
-
-// Sets `name` to `value` for the scope of the object (unset again afterwards).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
 
 TEST(Settings, UnsetOrEmptyGivesTheFallback) {
   double value = -1;

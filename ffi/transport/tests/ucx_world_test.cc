@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "ffi/transport/tests/scoped_env.h"
+
 namespace jaxcomm::transport {
 namespace {
 
@@ -70,9 +72,10 @@ TEST(UcxTag, LayoutRoundTrips) {
 }
 
 TEST(UcxTimeout, DefaultFromEnv) {
-  setenv("JAXCOMM_TIMEOUT_S", "2.5", 1);
-  EXPECT_EQ(DefaultTimeout(), std::chrono::milliseconds(2500));
-  unsetenv("JAXCOMM_TIMEOUT_S");
+  {
+    ScopedEnv timeout("JAXCOMM_TIMEOUT_S", "2.5");
+    EXPECT_EQ(DefaultTimeout(), std::chrono::milliseconds(2500));
+  }
   EXPECT_EQ(DefaultTimeout(), std::chrono::seconds(120));
 }
 
@@ -83,11 +86,10 @@ TEST(UcxWorld, CreateRejectsBadSettings) {
                                                      {"JAXCOMM_TIMEOUT_S", "0"},
                                                      {"JAXCOMM_TIMEOUT_S", "5s"}};
   for (const auto& [name, value] : bad) {
-    setenv(name, value, 1);
+    ScopedEnv setting(name, value);
     std::string error;
     EXPECT_EQ(UcxWorld::Create(1, {0}, &error), nullptr) << name << "=" << value;
     EXPECT_NE(error.find(std::string(name) + "='" + value + "'"), std::string::npos) << error;
-    unsetenv(name);
   }
   EXPECT_EQ(DefaultTimeout(), std::chrono::seconds(120));
 }
