@@ -78,7 +78,7 @@ def test_bytes_per_element_and_registry():
     assert algorithms.build("blockquant", cost.Options(bits=4, block=32)) == jaxcomm.BlockQuant(
         bits=4, block=32
     )
-    assert "blockquant" in algorithms.auto_choices() and "blockquant" in algorithms.names()
+    assert "blockquant" in cost.AUTO_CHOICES and "blockquant" in algorithms.names()
     # The cost model's bytes: 1 byte (int8) or half a byte (int4) per element plus the scales.
     world = cost.World(processes=4, devices_per_process=1)
     int8 = cost.predict("blockquant", 25_000_000, world, options=cost.Options(bits=8))

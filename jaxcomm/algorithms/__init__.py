@@ -2,22 +2,26 @@
 
 Each public module here (``dense``, ``gtopk``, ``topk_allgather``, ``onebit``, ``threshold``,
 ``adaptive``, ``blockquant``, ``powersgd``, ``psum``) defines ``ALGORITHM``, an
-:class:`Algorithm` record holding its spec (the user-facing class, e.g. ``jaxcomm.GTopK``),
-its XLA FFI target names, its FFI attribute builder, its byte ledger and time model (which
-:mod:`jaxcomm.cost` sums up), its name in recipes, benchmarks and metrics, whether
-``algorithm="auto"`` may choose it, and the cost-model settings it reads
-(``Algorithm.settings``: each a :class:`Setting` declared once, by the module that owns it;
-:func:`settings`). The hierarchical forms (``hier_dense``, ``hier_adaptive_leader``, ...) are
-derived from the algorithms that have one. A leaf-shaped
-algorithm (``powersgd``: factors of each 2-D gradient leaf) names the module of
-:mod:`jaxcomm.collectives` that reduces a gradient tree (``Algorithm.leafwise``), which
-``jaxcomm.optax.allreduce_gradients`` runs instead of its buckets.
+:class:`Algorithm` record of what running it takes: its spec (the user-facing class, e.g.
+``jaxcomm.GTopK``), its XLA FFI target names, its FFI attribute builder, its name in recipes,
+benchmarks and metrics, and the cost-model settings it reads (``Algorithm.settings``: each a
+:class:`Setting` declared once, by the module that owns it; :func:`settings`). The
+hierarchical forms (``hier_dense``, ``hier_adaptive_leader``, ...) are derived from the
+algorithms that have one. A leaf-shaped algorithm (``powersgd``: factors of each 2-D gradient
+leaf) names the module of :mod:`jaxcomm.collectives` that reduces a gradient tree
+(``Algorithm.leafwise``), which ``jaxcomm.optax.allreduce_gradients`` runs instead of its
+buckets.
+
+What the cost model knows of each algorithm (its byte ledger, time model, local kernels and
+place among ``algorithm="auto"``'s candidates) is a separate record under the same name,
+:mod:`jaxcomm.cost.algorithm_costs`; nothing here needs :mod:`jaxcomm.cost` to run.
 
 The rest of jaxcomm reads this registry: ``jaxcomm.compressed_allreduce`` (targets and
-attributes), ``jaxcomm.cost`` (bytes, time, auto's candidates), the examples, the launcher's
-recipe schema and jobs, and the benchmarks. Adding an algorithm is one module here (found by
-its name: any module not starting with ``_``), its kernels and its tests; a new setting of it
-is a :class:`Setting` in that module, which becomes a field of ``jaxcomm.cost.Options``.
+attributes), ``jaxcomm.cost``, the examples, the launcher's recipe schema and jobs, and the
+benchmarks. Adding an algorithm is one module here (found by its name: any module not starting
+with ``_``), its cost module in :mod:`jaxcomm.cost.algorithm_costs`, its kernels and its tests;
+a new setting of it is a :class:`Setting` in its module here, which becomes a field of
+``jaxcomm.cost.Options``.
 
 This package imports only the standard library (the launcher loads it without JAX); an
 algorithm's FFI attribute builder imports NumPy when it is called.
@@ -39,7 +43,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _hierarchical
-from ._base import SHARED_KERNELS, Algorithm, Setting
+from ._base import Algorithm, Setting
 
 AUTO = "auto"
 """The name that asks the cost model to choose per bucket (``jaxcomm.cost.Auto``)."""
@@ -185,27 +189,6 @@ def build(name: str, options: Any) -> Any:
     return record.build(options) if record.build is not None else None
 
 
-def auto_choices() -> tuple[str, ...]:
-    """What ``algorithm="auto"`` may choose from, in its tie-breaking order.
-
-    Example:
-      >>> auto_choices()[0]
-      'dense'
-    """
-    ranked = [a for a in _REGISTRY.values() if a.auto_rank is not None]
-    return tuple(a.name for a in sorted(ranked, key=lambda a: a.auto_rank))
-
-
-def default_allowed() -> tuple[str, ...]:
-    """``auto``'s default candidates: every choice whose bytes do not hang on a tuned setting.
-
-    Example:
-      >>> "threshold" in default_allowed()
-      False
-    """
-    return tuple(n for n in auto_choices() if _REGISTRY[n].auto_default)
-
-
 def quantizers() -> tuple[Algorithm, ...]:
     """The quantizers of the quantized allreduce (``onebit``, ``threshold``, ``adaptive``,
     ``blockquant``), in listing order: the records whose ``quantizer`` names an entry of the
@@ -217,19 +200,6 @@ def quantizers() -> tuple[Algorithm, ...]:
     """
     flat = (a for a in _REGISTRY.values() if a.in_recipes)
     return tuple(a for a in flat if a.quantizer is not None)
-
-
-def kernels() -> tuple[str, ...]:
-    """Every local kernel a time model uses, by name (the shared ones first, each once).
-
-    Example:
-      >>> {"sum", "merge", "quantize.onebit"} <= set(kernels())
-      True
-    """
-    names = list(SHARED_KERNELS)
-    for a in _REGISTRY.values():
-        names += [k for k in a.kernels if k not in names]
-    return tuple(names)
 
 
 def settings() -> tuple[Setting, ...]:
@@ -262,11 +232,8 @@ __all__ = [
     "AUTO",
     "Algorithm",
     "Setting",
-    "auto_choices",
     "build",
-    "default_allowed",
     "get",
-    "kernels",
     "names",
     "of",
     "planned",

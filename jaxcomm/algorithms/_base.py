@@ -1,12 +1,11 @@
-"""The record every algorithm module fills in, and the arithmetic their schedules share.
+"""The record every algorithm module fills in, and the arithmetic their specs share.
 
 Standard library only: the launcher and :mod:`jaxcomm.cost` read the registry without JAX.
 An algorithm's JAX side (its FFI attributes) is a function of the record that imports NumPy
-and jaxcomm's JAX helpers when it is called, never when the module loads.
-
-The byte and time functions receive the cost model's ``World``, ``Options`` and time tally
-(:mod:`jaxcomm.cost`) as arguments; they do not import the cost model, so the import graph
-runs one way: ``jaxcomm.cost`` -> ``jaxcomm.algorithms``.
+and jaxcomm's JAX helpers when it is called, never when the module loads. What the cost model
+knows of an algorithm (its bytes, time and kernels) is a separate record,
+:mod:`jaxcomm.cost.algorithm_costs`, so the import graph runs one way:
+``jaxcomm.cost`` -> ``jaxcomm.algorithms``.
 """
 
 from __future__ import annotations
@@ -17,13 +16,6 @@ from typing import Any
 
 F32 = 4
 """Bytes per float32 value or uint32 word."""
-
-SHARED_KERNELS: tuple[str, ...] = ("topk", "topk.entry", "sum")
-"""Local kernels several algorithms use: the top-k selection with error feedback (per element,
-and per selected entry beyond that pass) and one elementwise pass over float32 memory (a
-reduction, a copy, a memset, a scatter). Their measured seconds per element are the cost
-model's data (jaxcomm/cost/default_profile.json), as every algorithm module's ``kernels``."""
-"""Local kernels several algorithms use: name -> default seconds per element."""
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -120,30 +112,22 @@ class Setting:
         )
 
 
-BytesFn = Callable[[int, Any, Any, int], int]
-"""``(n, world, options, rank) -> bytes`` that world rank ``rank`` sends (n > 0, P > 1)."""
+def unit_fraction(name: str, default: float, doc: str) -> Setting:
+    """A float :class:`Setting` in [0, 1]: what a cost model assumes of the data.
 
-TimeFn = Callable[[Any, int, Any, Any], None]
-"""``(tally, n, world, options)``: adds one call's critical path to the cost model's tally."""
-
-TreeBytesFn = Callable[[Any, Any, Any, int], int]
-"""``(shapes, world, options, rank) -> bytes`` that world rank ``rank`` sends in one step of a
-leaf-shaped algorithm over gradient leaves of ``shapes``."""
-
-TreeTimeFn = Callable[[Any, Any, Any, Any], None]
-"""``(tally, shapes, world, options)``: adds one step of a leaf-shaped algorithm over leaves of
-``shapes`` to the cost model's tally."""
-
-InterBytesFn = Callable[[int, int, int, Any, Any], int]
-"""``(m, parts, rank, world, options) -> bytes`` of the inter-node step of a hierarchical call."""
-
-InterTimeFn = Callable[[Any, int, int, str, Any, int], None]
-"""``(tally, m, parts, link, options, contention)``: the inter-node step's critical path."""
+    Example:
+      >>> unit_fraction("overlap", 0.0, "how much the picks coincide.").problem(1.5)
+      'overlap=1.5 is out of range: it must be in [0, 1], e.g. overlap=0.0'
+    """
+    return Setting(name, float, default, lambda v: 0.0 <= v <= 1.0, "in [0, 1]", doc)
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """One allreduce algorithm: everything the rest of jaxcomm knows about it.
+    """One allreduce algorithm: what jaxcomm needs to run it.
+
+    Its cost model (bytes, time, kernels, ``auto``'s ranking) is a separate record,
+    :class:`jaxcomm.cost.algorithm_costs.AlgorithmCost`, registered under the same name.
 
     Attributes:
       name: its one name, in recipes, ``jaxcomm.cost``, benchmarks and metrics labels.
@@ -159,11 +143,6 @@ class Algorithm:
       build: ``cost.Options`` -> the spec (None for the dense allreduce and psum).
       attributes: ``(spec, n) -> FFI attributes`` of the flat and hierarchical calls (JAX side,
         imports NumPy when called).
-      bytes_sent: its byte ledger (:data:`BytesFn`).
-      time: its time model (:data:`TimeFn`).
-      inter_bytes: the inter-node step when it runs inside a hierarchical allreduce (None:
-        no hierarchical form).
-      inter_time: likewise for the time model.
       hierarchical_planned: the hierarchical schemes (``"multi_leader"``, ``"leader"``)
         ``jaxcomm plan`` and the benchmarks list by default.
       residual: it keeps an error-feedback residual.
@@ -172,10 +151,6 @@ class Algorithm:
       uses_density: it is configured by a density (the sparse ones; warm-up schedules apply).
       quantizer: a quantizer's name in the C++ quantizer table (kernels/quantizer_table.h),
         else None; its hierarchical forms keep their base's.
-      kernels: the names of its own local kernels (their seconds per element are the gamma
-        of ``cost.Profile``; the defaults are measured data, jaxcomm/cost/default_profile.json).
-      auto_rank: its place among ``algorithm="auto"``'s candidates (None: never chosen).
-      auto_default: ``auto`` may choose it unless told otherwise.
       planned: ``jaxcomm plan`` and the benchmarks list it by default.
       in_recipes: a recipe's ``jaxcomm.algorithm`` may name it.
       ops: the module of ``jaxcomm.ops`` with its single-device ``compress(x, residual, spec)``
@@ -190,44 +165,31 @@ class Algorithm:
         :mod:`jaxcomm.collectives.powersgd`) instead of bucketing, and keeps its state in
         ``residuals`` (per rank) and ``shared`` (identical on every rank). None: a flat
         compressor (``targets["flat"]``).
-      tree_bytes: a leaf-shaped algorithm's byte ledger of one step over a gradient's leaf
-        shapes (:data:`TreeBytesFn`; ``bytes_sent`` and ``time`` then model one call of n
-        elements as one leaf of some shape).
-      tree_time: likewise for the time model (:data:`TreeTimeFn`).
-      settings: the ``jaxcomm.cost.Options`` fields it reads (its ``build``, byte ledger and
-        time model), as :class:`Setting` declarations: its own, and those of other modules it
-        reads, as their objects (a setting is declared once). ``element_bytes``, the
+      settings: the ``jaxcomm.cost.Options`` fields it and its cost model read (its ``build``,
+        byte ledger and time model), as :class:`Setting` declarations: its own, and those of
+        other modules it reads, as their objects (a setting is declared once). ``element_bytes``, the
         gradient's width, is the cost model's own (``jaxcomm.cost.COMMON_SETTINGS``).
     """
 
     name: str
     summary: str
     order: int
-    bytes_sent: BytesFn
-    time: TimeFn
     spec: type | None = None
     targets: Mapping[str, str] = dataclasses.field(default_factory=dict)
     cpu_only_targets: frozenset[str] = frozenset()
     metric_labels: tuple[str, ...] = ()
     build: Callable[[Any], Any] | None = None
     attributes: Callable[[Any, int], dict[str, Any]] | None = None
-    inter_bytes: InterBytesFn | None = None
-    inter_time: InterTimeFn | None = None
     hierarchical_planned: tuple[str, ...] = ()
     residual: bool = False
     stepped: bool = False
     uses_density: bool = False
     quantizer: str | None = None
-    kernels: tuple[str, ...] = ()
-    auto_rank: int | None = None
-    auto_default: bool = False
     planned: bool = True
     in_recipes: bool = True
     ops: str | None = None
     hierarchy: tuple[str, str] | None = None
     leafwise: str | None = None
-    tree_bytes: TreeBytesFn | None = None
-    tree_time: TreeTimeFn | None = None
     settings: tuple[Setting, ...] = ()
 
     @property
@@ -245,5 +207,5 @@ class Algorithm:
 
     @property
     def hierarchical(self) -> bool:
-        """Whether it has a hierarchical (node, local) form."""
-        return self.inter_bytes is not None
+        """Whether it has a hierarchical (node, local) form: a ``"hierarchical"`` target."""
+        return "hierarchical" in self.targets

@@ -82,14 +82,13 @@ def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any)
       name: its name (:attr:`Algorithm.name`).
       spec: its :class:`Density` subclass.
       target: its flat XLA FFI target, as registered.
-      **fields: the rest of the record (summary, order, bytes_sent, time, ...).
+      **fields: the rest of the record (summary, order, ...).
 
     Returns:
       The :class:`Algorithm`.
 
     Example:
-      >>> record = sparse_algorithm("t", TopK, "jaxcomm_t", summary="", order=0,
-      ...                           bytes_sent=None, time=None)
+      >>> record = sparse_algorithm("t", TopK, "jaxcomm_t", summary="", order=0)
       >>> record.build(type("Options", (), {"density": 0.5})())
       TopK(density=0.5)
     """

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from .. import _checks
-from ._base import Setting
-from ._quantized import Schedule
+from ._base import Setting, unit_fraction
+from ._quantized import quantizer_algorithm
 
 TAU = Setting(
     "tau",
@@ -31,12 +30,9 @@ MAX_DENSITY = Setting(
     "in (0, 1]",
     "capacity of threshold quantization (fraction of a slice).",
 )
-THRESHOLD_FRACTION = Setting(
+THRESHOLD_FRACTION = unit_fraction(
     "threshold_fraction",
-    float,
     0.003,
-    lambda v: 0.0 <= v <= 1.0,
-    "in [0, 1]",
     "expected fraction of entries with ``|x + r| > tau`` (threshold sends "
     "``min(capacity, ceil(fraction m))`` entries per slice of m elements, and as many for the "
     "requantized sum).",
@@ -85,19 +81,11 @@ class Threshold:
         return 1 + self.capacity(n)
 
 
-def _words(m: int, options: Any, parts: int, stage: str) -> int:
-    # min(capacity, ceil(fraction m)) entries, for a contribution and for the sum alike.
-    capacity = min(m, max(1, math.ceil(options.max_density * m)))
-    return 1 + min(capacity, math.ceil(options.threshold_fraction * m))
-
-
-ALGORITHM = Schedule("threshold", _words, unit=lambda options: 1).algorithm(
+ALGORITHM = quantizer_algorithm(
+    "threshold",
     summary="threshold quantization with error feedback (needs a tuned tau)",
     order=60,
     spec=Threshold,
     build=lambda options: Threshold(options.tau, max_density=options.max_density),
     settings=(TAU, MAX_DENSITY, THRESHOLD_FRACTION),
-    kernels=("quantize.threshold", "decode.threshold"),
-    auto_rank=5,
-    auto_default=False,  # its bytes hang on a user-tuned tau: auto picks it only when allowed
 )

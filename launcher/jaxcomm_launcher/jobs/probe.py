@@ -194,7 +194,7 @@ def _add_kernels(b: _Bench) -> _Kernels:
     """Adds the call overhead and each local kernel through ``jaxcomm.ops`` to the rounds."""
     import jaxcomm
     from jaxcomm import algorithms, cost
-    from jaxcomm.algorithms.powersgd import matrix_of
+    from jaxcomm.cost.algorithm_costs.powersgd import matrix_of
 
     kernel_n, local, rounds = b.args.kernel_elements, b.local, b.rounds
     # Per-call overhead: a jitted shard_mapped step that does (almost) nothing.
