@@ -207,7 +207,6 @@ ALGORITHM = Algorithm(
     order=65,
     spec=HalfSum,
     targets={"flat": "jaxcomm_halfsum"},
-    build=lambda options: HalfSum(options.scale),
     settings=(SCALE,),
     residual=True,
 )

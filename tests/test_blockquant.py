@@ -324,4 +324,4 @@ def test_metrics_label_and_bytes_follow_the_model(bq_run, processes, devices):
     for rank in range(4):
         assert str(run.rank_values("metrics", "algorithm")[rank]) == "blockquant"
         sent = int(run.rank_values("metrics", "bytes_sent")[rank])
-        assert sent == record.bytes_sent(n, world, options, rank)
+        assert sent == cost.algorithm_costs.get("blockquant").bytes_sent(n, world, options, rank)

@@ -37,27 +37,18 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Mapping
 from typing import Any
 
 from . import _hierarchical
-from ._base import Algorithm, Setting
+from ._base import Algorithm, Setting, module_records
 
 AUTO = "auto"
 """The name that asks the cost model to choose per bucket (``jaxcomm.cost.Auto``)."""
 
 
 def _discover() -> dict[str, Algorithm]:
-    flat = []
-    for module in pkgutil.iter_modules(__path__):
-        if module.name.startswith("_"):
-            continue
-        record = importlib.import_module(f"{__name__}.{module.name}").ALGORITHM
-        if record.name != module.name:
-            raise ImportError(f"{__name__}.{module.name} registers {record.name!r}: use one name")
-        flat.append(record)
+    flat = module_records(__name__, __path__, "ALGORITHM")
     records = sorted(flat + _hierarchical.variants(flat), key=lambda a: a.order)
     by_name = {a.name: a for a in records}
     if len(by_name) != len(records) or AUTO in by_name:
@@ -185,8 +176,7 @@ def build(name: str, options: Any) -> Any:
       >>> build("gtopk", cost.Options(density=0.01))
       GTopK(density=0.01)
     """
-    record = get(name)
-    return record.build(options) if record.build is not None else None
+    return get(name).build(options)
 
 
 def quantizers() -> tuple[Algorithm, ...]:

@@ -11,11 +11,39 @@ knows of an algorithm (its bytes, time and kernels) is a separate record,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 F32 = 4
 """Bytes per float32 value or uint32 word."""
+
+
+def module_records(package: str, path: Iterable[str], attribute: str) -> list[Any]:
+    """``attribute`` of every public module of ``package`` (a name not starting with ``_``):
+    the registry's way of finding its records, one module per algorithm name.
+
+    Args:
+      package: the package's name (``__name__``).
+      path: its ``__path__``.
+      attribute: the record each module defines (``"ALGORITHM"``, ``"COST"``).
+
+    Returns:
+      The records, in the modules' name order.
+
+    Raises:
+      ImportError: a record named otherwise than its module.
+    """
+    records = []
+    for module in pkgutil.iter_modules(path):
+        if module.name.startswith("_"):
+            continue
+        record = getattr(importlib.import_module(f"{package}.{module.name}"), attribute)
+        if record.name != module.name:
+            raise ImportError(f"{package}.{module.name} registers {record.name!r}: use one name")
+        records.append(record)
+    return records
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -140,7 +168,6 @@ class Algorithm:
         16-bit wire).
       cpu_only_targets: targets with no CUDA handler.
       metric_labels: the ``algorithm`` labels ``jaxcomm.metrics()`` reports for it.
-      build: ``cost.Options`` -> the spec (None for the dense allreduce and psum).
       attributes: ``(spec, n) -> FFI attributes`` of the flat and hierarchical calls (JAX side,
         imports NumPy when called).
       hierarchical_planned: the hierarchical schemes (``"multi_leader"``, ``"leader"``)
@@ -165,9 +192,10 @@ class Algorithm:
         :mod:`jaxcomm.collectives.powersgd`) instead of bucketing, and keeps its state in
         ``residuals`` (per rank) and ``shared`` (identical on every rank). None: a flat
         compressor (``targets["flat"]``).
-      settings: the ``jaxcomm.cost.Options`` fields it and its cost model read (its ``build``,
-        byte ledger and time model), as :class:`Setting` declarations: its own, and those of
-        other modules it reads, as their objects (a setting is declared once). ``element_bytes``, the
+      settings: the ``jaxcomm.cost.Options`` fields it and its cost model read, as
+        :class:`Setting` declarations: its own, and those of other modules it reads, as their
+        objects (a setting is declared once). A setting named as a field of ``spec`` sets that
+        field (:meth:`build`); the others are what its cost model assumes of the data. ``element_bytes``, the
         gradient's width, is the cost model's own (``jaxcomm.cost.COMMON_SETTINGS``).
     """
 
@@ -178,7 +206,6 @@ class Algorithm:
     targets: Mapping[str, str] = dataclasses.field(default_factory=dict)
     cpu_only_targets: frozenset[str] = frozenset()
     metric_labels: tuple[str, ...] = ()
-    build: Callable[[Any], Any] | None = None
     attributes: Callable[[Any, int], dict[str, Any]] | None = None
     hierarchical_planned: tuple[str, ...] = ()
     residual: bool = False
@@ -191,6 +218,26 @@ class Algorithm:
     hierarchy: tuple[str, str] | None = None
     leafwise: str | None = None
     settings: tuple[Setting, ...] = ()
+
+    def build(self, options: Any) -> Any:
+        """The spec configured from cost-model ``options`` (``jaxcomm.cost.Options``): each
+        field of :attr:`spec` named by one of :attr:`settings` takes that setting's value, the
+        others keep their defaults.
+
+        Returns:
+          The spec, or None where there is none (the dense allreduce, psum).
+
+        Example:
+          >>> from jaxcomm.algorithms import get
+          >>> get("threshold").build(type("Options", (), {"tau": 0.5, "max_density": 0.1})())
+          Threshold(tau=0.5, max_density=0.1)
+        """
+        if self.spec is None:
+            return None
+        fields = {f.name for f in dataclasses.fields(self.spec)}
+        return self.spec(
+            **{s.name: getattr(options, s.name) for s in self.settings if s.name in fields}
+        )
 
     @property
     def quantizer_kind(self) -> int | None:

@@ -74,7 +74,8 @@ def k_attribute(spec: Density, n: int) -> dict:
 def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any) -> Algorithm:
     """The registry record of a sparse allreduce: what the top-k allreduces share, plus ``fields``.
 
-    Its spec is built from the cost model's density (:data:`DENSITY`), its one FFI attribute is
+    Its spec is built from the cost model's density (:data:`DENSITY`, its one setting), its one
+    FFI attribute is
     ``k``, it keeps an error-feedback residual and follows the warm-up density schedules;
     ``name`` is also its metrics label.
 
@@ -97,7 +98,6 @@ def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any)
         spec=spec,
         targets={"flat": target},
         metric_labels=(name,),
-        build=lambda options: spec(options.density),
         attributes=k_attribute,
         residual=True,
         uses_density=True,

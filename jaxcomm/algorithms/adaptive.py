@@ -92,7 +92,6 @@ ALGORITHM = quantizer_algorithm(
     summary="adaptive quantization with error feedback, quantized allreduce",
     order=40,
     spec=Adaptive,
-    build=lambda options: Adaptive(options.proportion, column_size=options.column_size),
     settings=(PROPORTION, COLUMN_SIZE, SELECTION_OVERLAP),
     hierarchical_planned=("multi_leader",),
 )

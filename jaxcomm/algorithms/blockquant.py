@@ -107,7 +107,6 @@ ALGORITHM = quantizer_algorithm(
         "hierarchical": "jaxcomm_hierarchical_blockquant",
     },
     stepped=True,
-    build=lambda options: BlockQuant(bits=options.bits, block=options.block),
     settings=(BITS, BLOCK),
     hierarchical_planned=("multi_leader",),
 )

@@ -33,6 +33,5 @@ ALGORITHM = Algorithm(
         "dense_bf16_direct",
         "dense_f16_direct",
     ),
-    build=lambda options: None,
     hierarchical_planned=("multi_leader", "leader"),
 )

@@ -65,6 +65,5 @@ ALGORITHM = quantizer_algorithm(
     summary="one-bit quantization with error feedback, quantized allreduce",
     order=50,
     spec=OneBit,
-    build=lambda options: OneBit(column_size=options.column_size),
     settings=(COLUMN_SIZE,),
 )

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from .. import _checks
 from ._base import Algorithm, Setting
@@ -61,7 +60,7 @@ SETTINGS = (
         "the least gain for which PowerSGD compresses a leaf.",
     ),
 )
-"""PowerSGD's fields of ``cost.Options`` (:func:`_spec` builds the spec from them)."""
+"""PowerSGD's fields of ``cost.Options``, named as the fields of :class:`PowerSGD` they set."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,21 +239,12 @@ def leaf_plan(
     return None
 
 
-def _spec(options: Any) -> PowerSGD:
-    return PowerSGD(
-        rank=options.rank,
-        start_step=options.start_step,
-        min_compression_rate=options.min_compression_rate,
-    )
-
-
 ALGORITHM = Algorithm(
     name="powersgd",
     summary="PowerSGD: rank-r factors P, Q of each 2-D gradient leaf, error feedback "
     "(allreduce_gradients only)",
     order=62,
     spec=PowerSGD,
-    build=_spec,
     settings=SETTINGS,
     residual=True,
     leafwise="powersgd",

@@ -86,6 +86,5 @@ ALGORITHM = quantizer_algorithm(
     summary="threshold quantization with error feedback (needs a tuned tau)",
     order=60,
     spec=Threshold,
-    build=lambda options: Threshold(options.tau, max_density=options.max_density),
     settings=(TAU, MAX_DENSITY, THRESHOLD_FRACTION),
 )

@@ -18,10 +18,8 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from ... import algorithms
+from ...algorithms._base import module_records
 from . import _hierarchical
 from ._base import AlgorithmCost
 
@@ -32,14 +30,7 @@ reduction, a copy, a memset, a scatter)."""
 
 
 def _discover() -> dict[str, AlgorithmCost]:
-    found: dict[str, AlgorithmCost] = {}
-    for module in pkgutil.iter_modules(__path__):
-        if module.name.startswith("_"):
-            continue
-        record = importlib.import_module(f"{__name__}.{module.name}").COST
-        if record.name != module.name:
-            raise ImportError(f"{__name__}.{module.name} prices {record.name!r}: use one name")
-        found[record.name] = record
+    found = {c.name: c for c in module_records(__name__, __path__, "COST")}
     for form in algorithms.registered():
         if form.hierarchy is not None and form.hierarchy[0] in found:
             found[form.name] = _hierarchical.variant(form, found[form.hierarchy[0]])

@@ -318,11 +318,5 @@ def _inter_bytes(m: int, parts: int, rank: int, world: Any, options: Any) -> int
 
 
 COST = AlgorithmCost(
-    name="dense",
-    bytes_sent=_bytes,
-    time=_time,
-    inter_bytes=_inter_bytes,
-    inter_time=dense_time,
-    auto_rank=0,
-    auto_default=True,
+    "dense", _bytes, _time, _inter_bytes, dense_time, auto_rank=0, auto_default=True
 )

@@ -144,12 +144,7 @@ def _time(t: Any, n: int, world: Any, options: Any) -> None:
     _tree_time(t, [matrix_of(n)], world, options)
 
 
+# matmul: per multiply-add of the thin products (`jaxcomm probe` measures it as gamma.matmul).
 COST = AlgorithmCost(
-    name="powersgd",
-    bytes_sent=_bytes,
-    time=_time,
-    tree_bytes=tree_bytes,
-    tree_time=tree_time,
-    # Per multiply-add of the thin products; `jaxcomm probe` measures it as gamma.matmul.
-    kernels=("matmul",),
+    "powersgd", _bytes, _time, tree_bytes=tree_bytes, tree_time=tree_time, kernels=("matmul",)
 )
