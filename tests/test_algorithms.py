@@ -15,6 +15,7 @@ import pytest
 
 import jaxcomm
 from jaxcomm import _ffi, algorithms, cost
+from jaxcomm.algorithms._base import collect_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -111,9 +112,10 @@ def test_specs_build_from_options_and_map_back():
 
 
 def test_each_algorithm_lists_the_settings_it_reads(monkeypatch):
-    # Algorithm.settings says which cost.Options fields an algorithm reads: its build and its
-    # cost record's byte ledger and time model read no other (but the cost model's own
-    # element_bytes).
+    # Algorithm.settings says which cost.Options fields an algorithm reads, and
+    # AlgorithmCost.settings which ones only its cost model reads: its build reads no other
+    # than its own, its cost record's byte ledger and time model no other than both (but the
+    # cost model's own element_bytes).
     reading = {"on": True, "names": set()}
 
     def unrecorded(f):  # the checks and dataclasses.replace read every field: not the algorithm
@@ -140,15 +142,17 @@ def test_each_algorithm_lists_the_settings_it_reads(monkeypatch):
     for record in algorithms.registered():
         reading["names"] = set()
         options = Recording()
-        if record.build is not None:
-            record.build(options)
+        record.build(options)
+        declared = {s.name for s in record.settings}
+        assert reading["names"] <= declared, (record.name, reading["names"] - declared)
         world = cost.World(2, 2, "across_hosts")
         priced = cost.algorithm_costs.get(record.name)
         priced.bytes_sent(4096, world, options, 0)
         priced.time(cost.Tally(cost.DEFAULT_PROFILE), 4096, world, options)
-        declared = {s.name for s in record.settings}
-        assert reading["names"] <= declared | common, (record.name, reading["names"] - declared)
-    assert cost.SETTINGS == algorithms.settings() + cost.COMMON_SETTINGS
+        declared |= {s.name for s in priced.settings} | common
+        assert reading["names"] <= declared, (record.name, reading["names"] - declared)
+    assert cost.SETTINGS == cost.algorithm_costs.settings() + cost.COMMON_SETTINGS
+    assert set(algorithms.settings()) < set(cost.algorithm_costs.settings())
     assert [f.name for f in dataclasses.fields(cost.Options)] == [s.name for s in cost.SETTINGS]
 
 
@@ -161,7 +165,7 @@ def test_a_setting_declared_twice_is_refused():
         ),
     ]
     with pytest.raises(ImportError, match="'density' is declared by both 'gtopk' and 'onebit'"):
-        algorithms._collect_settings({a.name: a for a in twice})
+        collect_settings((a.name, a.settings) for a in twice)
 
 
 def test_hierarchical_forms_follow_their_base():

@@ -37,11 +37,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from . import _hierarchical
-from ._base import Algorithm, Setting, module_records
+from ._base import Algorithm, Setting, collect_settings, module_records
 
 AUTO = "auto"
 """The name that asks the cost model to choose per bucket (``jaxcomm.cost.Auto``)."""
@@ -56,23 +55,8 @@ def _discover() -> dict[str, Algorithm]:
     return by_name
 
 
-def _collect_settings(records: Mapping[str, Algorithm]) -> dict[str, Setting]:
-    # A setting read by several algorithms is one object, imported from the module that
-    # declares it; two different declarations of one name would give Options two defaults.
-    found: dict[str, tuple[Setting, str]] = {}
-    for record in records.values():
-        for setting in record.settings:
-            first = found.setdefault(setting.name, (setting, record.name))
-            if first[0] is not setting:
-                raise ImportError(
-                    f"setting {setting.name!r} is declared by both {first[1]!r} and "
-                    f"{record.name!r}: declare it once and import it where it is read"
-                )
-    return {name: setting for name, (setting, _) in found.items()}
-
-
 _REGISTRY: dict[str, Algorithm] = _discover()
-_SETTINGS: dict[str, Setting] = _collect_settings(_REGISTRY)
+_SETTINGS: dict[str, Setting] = collect_settings((a.name, a.settings) for a in _REGISTRY.values())
 _BY_SPEC: dict[type, Algorithm] = {
     a.spec: a for a in _REGISTRY.values() if a.spec is not None and a.in_recipes
 }
@@ -193,8 +177,9 @@ def quantizers() -> tuple[Algorithm, ...]:
 
 
 def settings() -> tuple[Setting, ...]:
-    """Every algorithm's settings (the fields of ``jaxcomm.cost.Options`` but the cost model's
-    own), each once, in the order the listing first meets them.
+    """Every algorithm's settings, each once, in the order the listing first meets them: the
+    fields of ``jaxcomm.cost.Options`` that configure a spec or that several cost models read
+    (the cost model's data assumptions and ``element_bytes`` are :mod:`jaxcomm.cost`'s).
 
     Returns:
       The :class:`Setting` declarations.

@@ -46,6 +46,28 @@ def module_records(package: str, path: Iterable[str], attribute: str) -> list[An
     return records
 
 
+def collect_settings(owners: Iterable[tuple[str, Iterable[Setting]]]) -> dict[str, Setting]:
+    """Every setting of ``owners`` (``(name, settings)`` pairs), each once, by name, in the order
+    first met.
+
+    A setting read by several algorithms is one object, imported from the module that declares
+    it; two different declarations of one name would give ``cost.Options`` two defaults.
+
+    Raises:
+      ImportError: two different declarations of one name.
+    """
+    found: dict[str, tuple[Setting, str]] = {}
+    for owner, declared in owners:
+        for setting in declared:
+            first = found.setdefault(setting.name, (setting, owner))
+            if first[0] is not setting:
+                raise ImportError(
+                    f"setting {setting.name!r} is declared by both {first[1]!r} and "
+                    f"{owner!r}: declare it once and import it where it is read"
+                )
+    return {name: setting for name, (setting, _) in found.items()}
+
+
 def ceil_div(a: int, b: int) -> int:
     """``ceil(a / b)`` for non-negative integers.
 

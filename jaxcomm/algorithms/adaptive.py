@@ -11,7 +11,7 @@ import dataclasses
 import math
 
 from .. import _checks
-from ._base import Setting, ceil_div, unit_fraction
+from ._base import Setting, ceil_div
 from ._quantized import quantizer_algorithm
 from .onebit import COLUMN_SIZE
 
@@ -19,15 +19,6 @@ PROPORTION = Setting(
     "proportion", float, 64.0, lambda v: v >= 1.0, ">= 1", "π of adaptive quantization."
 )
 """``cost.Options.proportion``: :attr:`Adaptive.proportion`."""
-
-SELECTION_OVERLAP = unit_fraction(
-    "selection_overlap",
-    0.0,
-    "in [0, 1], how much the ranks' adaptive selections coincide: 1 = the same positions on "
-    "every rank (the sum has as many nonzeros as one rank sent), 0 = independent positions "
-    "(the sum's nonzeros are the expected union).",
-)
-"""``cost.Options.selection_overlap``: what adaptive's byte count assumes of the data."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +83,6 @@ ALGORITHM = quantizer_algorithm(
     summary="adaptive quantization with error feedback, quantized allreduce",
     order=40,
     spec=Adaptive,
-    settings=(PROPORTION, COLUMN_SIZE, SELECTION_OVERLAP),
+    settings=(PROPORTION, COLUMN_SIZE),
     hierarchical_planned=("multi_leader",),
 )

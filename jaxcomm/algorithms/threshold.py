@@ -11,7 +11,7 @@ import dataclasses
 import math
 
 from .. import _checks
-from ._base import Setting, unit_fraction
+from ._base import Setting
 from ._quantized import quantizer_algorithm
 
 TAU = Setting(
@@ -29,13 +29,6 @@ MAX_DENSITY = Setting(
     lambda v: 0.0 < v <= 1.0,
     "in (0, 1]",
     "capacity of threshold quantization (fraction of a slice).",
-)
-THRESHOLD_FRACTION = unit_fraction(
-    "threshold_fraction",
-    0.003,
-    "expected fraction of entries with ``|x + r| > tau`` (threshold sends "
-    "``min(capacity, ceil(fraction m))`` entries per slice of m elements, and as many for the "
-    "requantized sum).",
 )
 
 
@@ -86,5 +79,5 @@ ALGORITHM = quantizer_algorithm(
     summary="threshold quantization with error feedback (needs a tuned tau)",
     order=60,
     spec=Threshold,
-    settings=(TAU, MAX_DENSITY, THRESHOLD_FRACTION),
+    settings=(TAU, MAX_DENSITY),
 )

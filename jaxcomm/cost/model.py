@@ -144,11 +144,12 @@ COMMON_SETTINGS = (
     ),
 )
 """The fields of :class:`Options` that are no algorithm's setting but the gradient's (its width,
-which ``auto`` sets per bucket); the others are declared by the algorithms' modules
-(:func:`jaxcomm.algorithms.settings`)."""
+which ``auto`` sets per bucket); the others are declared by the algorithms' modules and their
+cost modules (:func:`jaxcomm.cost.algorithm_costs.settings`)."""
 
-SETTINGS = algorithms.settings() + COMMON_SETTINGS
-"""Every field of :class:`Options`: the algorithms' settings, then :data:`COMMON_SETTINGS`."""
+SETTINGS = algorithm_costs.settings() + COMMON_SETTINGS
+"""Every field of :class:`Options`: the algorithms' and their cost models' settings, then
+:data:`COMMON_SETTINGS`."""
 
 
 def _with_settings(cls: type) -> type:
@@ -177,8 +178,9 @@ class Options:
     """Compressor settings and the data-dependent quantities the byte counts need.
 
     One keyword-only field per setting: each algorithm module declares the settings it reads
-    (``Algorithm.settings``, :func:`jaxcomm.algorithms.settings`), with its default, its check
-    and the line below; ``element_bytes`` is the cost model's own (:data:`COMMON_SETTINGS`).
+    (``Algorithm.settings``) and its cost module those only the cost model reads
+    (``AlgorithmCost.settings``; :func:`jaxcomm.cost.algorithm_costs.settings`), with its
+    default, its check and the line below; ``element_bytes`` is the cost model's own (:data:`COMMON_SETTINGS`).
 
     Example:
       >>> Options(density=0.01).k(1000)

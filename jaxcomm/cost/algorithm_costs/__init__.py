@@ -19,7 +19,8 @@ Example:
 from __future__ import annotations
 
 from ... import algorithms
-from ...algorithms._base import module_records
+from ...algorithms import Setting
+from ...algorithms._base import collect_settings, module_records
 from . import _hierarchical
 from ._base import AlgorithmCost
 
@@ -44,6 +45,9 @@ def _discover() -> dict[str, AlgorithmCost]:
 
 
 _COSTS: dict[str, AlgorithmCost] = _discover()
+_SETTINGS: dict[str, Setting] = collect_settings(
+    (a.name, a.settings + _COSTS[a.name].settings) for a in algorithms.registered()
+)
 
 
 def get(name: str) -> AlgorithmCost:
@@ -96,4 +100,24 @@ def kernels() -> tuple[str, ...]:
     return tuple(names)
 
 
-__all__ = ["SHARED_KERNELS", "AlgorithmCost", "auto_choices", "default_allowed", "get", "kernels"]
+def settings() -> tuple[Setting, ...]:
+    """Every setting an algorithm or its cost model reads (the fields of ``cost.Options`` but
+    ``element_bytes``), each once, in the order the listing first meets them: an algorithm's
+    own (:func:`jaxcomm.algorithms.settings`), then its cost model's.
+
+    Example:
+      >>> [s.name for s in settings()][:4]
+      ['density', 'proportion', 'column_size', 'selection_overlap']
+    """
+    return tuple(_SETTINGS.values())
+
+
+__all__ = [
+    "SHARED_KERNELS",
+    "AlgorithmCost",
+    "auto_choices",
+    "default_allowed",
+    "get",
+    "kernels",
+    "settings",
+]

@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ...algorithms import Setting
+
 BytesFn = Callable[[int, Any, Any, int], int]
 """``(n, world, options, rank) -> bytes`` that world rank ``rank`` sends (n > 0, P > 1)."""
 
@@ -53,6 +55,9 @@ class AlgorithmCost:
         ``cost.Profile``, measured data in jaxcomm/cost/default_profile.json.
       auto_rank: its place among ``algorithm="auto"``'s candidates (None: never chosen).
       auto_default: ``auto`` may choose it unless told otherwise.
+      settings: the ``cost.Options`` fields only its cost model reads, what it assumes of the
+        data (``threshold_fraction``), as :class:`~jaxcomm.algorithms.Setting` declarations;
+        those that configure the spec are the algorithm's own (``Algorithm.settings``).
     """
 
     name: str
@@ -65,3 +70,4 @@ class AlgorithmCost:
     kernels: tuple[str, ...] = ()
     auto_rank: int | None = None
     auto_default: bool = False
+    settings: tuple[Setting, ...] = ()

@@ -61,4 +61,4 @@ def variant(form: Algorithm, base: AlgorithmCost) -> AlgorithmCost:
             inter_time(t, n, nodes, link, options, 1)
             t.send("same_process", local - 1, (local - 1) * n * F32)  # leader sends the sum
 
-    return AlgorithmCost(name=form.name, bytes_sent=bytes_sent, time=time)
+    return AlgorithmCost(form.name, bytes_sent, time, settings=base.settings)

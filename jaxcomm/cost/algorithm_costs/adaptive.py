@@ -9,8 +9,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...algorithms._base import ceil_div
+from ...algorithms._base import ceil_div, unit_fraction
 from ._quantized import Schedule
+
+SELECTION_OVERLAP = unit_fraction(
+    "selection_overlap",
+    0.0,
+    "in [0, 1], how much the ranks' adaptive selections coincide: 1 = the same positions on "
+    "every rank (the sum has as many nonzeros as one rank sent), 0 = independent positions "
+    "(the sum's nonzeros are the expected union). An assumed prior, not a measurement.",
+)
+"""``cost.Options.selection_overlap``: what adaptive's byte count assumes of the data."""
 
 
 def _keep(count: float, zeros: float, proportion: float) -> int:
@@ -47,6 +56,7 @@ def _words(m: int, options: Any, parts: int, stage: str) -> int:
 
 
 COST = Schedule("adaptive", _words, unit=lambda options: options.column_size).cost(
+    settings=(SELECTION_OVERLAP,),
     kernels=("quantize.adaptive", "decode.adaptive"),
     auto_rank=3,
     auto_default=True,
