@@ -162,14 +162,18 @@ class Setting:
         )
 
 
-def unit_fraction(name: str, default: float, doc: str) -> Setting:
-    """A float :class:`Setting` in [0, 1]: what a cost model assumes of the data.
+def fraction(name: str, default: float, doc: str, *, zero: bool = True) -> Setting:
+    """A float :class:`Setting` in [0, 1], or in (0, 1] without ``zero`` (a density).
 
     Example:
-      >>> unit_fraction("overlap", 0.0, "how much the picks coincide.").problem(1.5)
+      >>> fraction("overlap", 0.0, "how much the picks coincide.").problem(1.5)
       'overlap=1.5 is out of range: it must be in [0, 1], e.g. overlap=0.0'
+      >>> fraction("density", 0.5, "the share sent.", zero=False).problem(0.0)
+      'density=0.0 is out of range: it must be in (0, 1], e.g. density=0.5'
     """
-    return Setting(name, float, default, lambda v: 0.0 <= v <= 1.0, "in [0, 1]", doc)
+    if zero:
+        return Setting(name, float, default, lambda v: 0.0 <= v <= 1.0, "in [0, 1]", doc)
+    return Setting(name, float, default, lambda v: 0.0 < v <= 1.0, "in (0, 1]", doc)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,15 +9,10 @@ import math
 from typing import Any
 
 from .. import _checks
-from ._base import Algorithm, Setting
+from ._base import Algorithm, fraction
 
-DENSITY = Setting(
-    "density",
-    float,
-    0.001,
-    lambda v: 0.0 < v <= 1.0,
-    "in (0, 1]",
-    "ρ of TopK-allgather and gTop-k (``k = max(1, ceil(ρ n))``).",
+DENSITY = fraction(
+    "density", 0.001, "ρ of TopK-allgather and gTop-k (``k = max(1, ceil(ρ n))``).", zero=False
 )
 """``cost.Options.density``, the one setting of the sparse allreduces."""
 

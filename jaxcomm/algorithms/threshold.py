@@ -11,7 +11,7 @@ import dataclasses
 import math
 
 from .. import _checks
-from ._base import Setting
+from ._base import Setting, fraction
 from ._quantized import quantizer_algorithm
 
 TAU = Setting(
@@ -22,13 +22,8 @@ TAU = Setting(
     "> 0",
     "threshold of threshold quantization (only used to build the compressor).",
 )
-MAX_DENSITY = Setting(
-    "max_density",
-    float,
-    1.0,
-    lambda v: 0.0 < v <= 1.0,
-    "in (0, 1]",
-    "capacity of threshold quantization (fraction of a slice).",
+MAX_DENSITY = fraction(
+    "max_density", 1.0, "capacity of threshold quantization (fraction of a slice).", zero=False
 )
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...algorithms._base import ceil_div, unit_fraction
+from ...algorithms._base import ceil_div, fraction
 from ._quantized import Schedule
 
-SELECTION_OVERLAP = unit_fraction(
+SELECTION_OVERLAP = fraction(
     "selection_overlap",
     0.0,
     "in [0, 1], how much the ranks' adaptive selections coincide: 1 = the same positions on "

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...algorithms._base import unit_fraction
+from ...algorithms._base import fraction
 from ._quantized import Schedule
 
-THRESHOLD_FRACTION = unit_fraction(
+THRESHOLD_FRACTION = fraction(
     "threshold_fraction",
     0.003,
     "expected fraction of entries with ``|x + r| > tau`` (threshold sends "
