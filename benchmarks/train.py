@@ -73,7 +73,7 @@ from jaxcomm_launcher.recipe import apply_overrides, parse_set
 
 from docs import e2e_cells, e2e_columns
 from docs import main as docs_main
-from jaxcomm import algorithms
+from jaxcomm import algorithms, cost
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "e2e"
@@ -146,7 +146,7 @@ DEFAULT_ALGORITHMS = [
     v
     for v, entry in VARIANTS.items()
     if (entry["algorithm"] in ("psum", "dense") or v == f"{ALGORITHMS.AUTO}-bf16")
-    or entry["algorithm"] in ALGORITHMS.default_allowed()
+    or entry["algorithm"] in cost.DEFAULT_ALLOWED
 ]
 BASELINES_16BIT = ("psum-bf16", "dense-bf16")
 # DiLoCo cells (issue 26; not in the default grid, --algorithms names them): AdamW inner steps,

@@ -245,7 +245,8 @@ JAXCOMM_DEFINE_COLLECTIVE("jaxcomm_allreduce", AllreduceImpl, BindDenseData);
 
 }  // namespace jaxcomm::collectives
 
-// SmallAllreduceBytes(): tests/test_cost.py checks jaxcomm/algorithms/dense.py reads the same.
+// SmallAllreduceBytes(): tests/test_cost.py checks jaxcomm/cost/algorithm_costs/dense.py reads
+// the same.
 JAXCOMM_C_API int64_t jaxcomm_allreduce_small_bytes() {
   return static_cast<int64_t>(jaxcomm::collectives::SmallAllreduceBytes());
 }

@@ -17,9 +17,9 @@
 // reduce-scatter + allgather three notice rounds, where recursive doubling takes
 // ceil(log2 P) (+2 when P is not a power of two) and the one-shot two. They move more bytes
 // (log2(P)·n and (P-1)·n per rank instead of 2(P-1)/P·n), which only pays below a size:
-// SmallAllreduceBytes(), measured with benchmarks/small_allreduce.py. jaxcomm/algorithms/dense.py
-// reads the same setting through jaxcomm.config (tests/test_cost.py compares it with
-// jaxcomm_allreduce_small_bytes).
+// SmallAllreduceBytes(), measured with benchmarks/small_allreduce.py.
+// jaxcomm/cost/algorithm_costs/dense.py reads the same setting through jaxcomm.config
+// (tests/test_cost.py compares it with jaxcomm_allreduce_small_bytes).
 #pragma once
 
 #include <cstddef>

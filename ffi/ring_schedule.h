@@ -3,7 +3,7 @@
 // on the CPU (ffi/quantized_allreduce.cc) and on the GPU (ffi/cuda/quantized_allreduce.cc, whose
 // NCCL collectives keep the CPU's chunk ownership), the ring allgather of the quantized
 // allreduce (ffi/quantized_schedule.h), and the bytes the metrics report for a dense ring
-// (jaxcomm/algorithms/dense.py ring_bytes is its Python twin). Pure C++, no transport.
+// (jaxcomm/cost/algorithm_costs/dense.py ring_bytes is its Python twin). Pure C++, no transport.
 //
 // n elements are cut into P even chunks, the first n % P of them one element longer. Rank r
 // sends to its right neighbour r + 1 and receives from its left neighbour r - 1 (mod P). A ring

@@ -137,8 +137,8 @@ SETTINGS: dict[str, Setting] = {
             "JAXCOMM_SMALL_ALLREDUCE_BYTES",
             "32768",
             "bytes, an integer >= 0",
-            "C++ ffi/allreduce.cc (SmallAllreduceBytes); Python jaxcomm/algorithms/dense.py "
-            "(the cost model) reads it too",
+            "C++ ffi/allreduce.cc (SmallAllreduceBytes); Python "
+            "jaxcomm/cost/algorithm_costs/dense.py (the cost model) reads it too",
             "Dense float32 allreduces of at most this many bytes take the latency-optimal "
             "schedules (recursive doubling over a transport, one-shot through shared memory) "
             "instead of the ring or the direct reduce-scatter + allgather; 0 turns them off.",

@@ -36,7 +36,7 @@ def unit(devices: int, out: str) -> tuple[dict, dict]:
 
     import jaxcomm
     from jaxcomm import cost
-    from jaxcomm.algorithms import powersgd
+    from jaxcomm.cost.algorithm_costs import powersgd
     from jaxcomm.optax import allreduce_gradients, partition_specs, restore_state, save_state
 
     mesh = jax.make_mesh((devices,), ("dp",))

@@ -1,5 +1,6 @@
-"""The algorithm registry (jaxcomm/algorithms/): its records agree with the C++ and the specs,
-and a new algorithm module is picked up everywhere without another edit."""
+"""The algorithm registry (jaxcomm/algorithms/) and its cost records
+(jaxcomm/cost/algorithm_costs/): the records agree with the C++ and the specs, and a new
+algorithm module and its cost module are picked up everywhere without another edit."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 import jaxcomm
 from jaxcomm import _ffi, algorithms, cost
+from jaxcomm.algorithms._base import collect_settings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -110,8 +112,10 @@ def test_specs_build_from_options_and_map_back():
 
 
 def test_each_algorithm_lists_the_settings_it_reads(monkeypatch):
-    # Algorithm.settings says which cost.Options fields an algorithm reads: its build, byte
-    # ledger and time model read no other (but the cost model's own element_bytes).
+    # Algorithm.settings says which cost.Options fields an algorithm reads, and
+    # AlgorithmCost.settings which ones only its cost model reads: its build reads no other
+    # than its own, its cost record's byte ledger and time model no other than both (but the
+    # cost model's own element_bytes).
     reading = {"on": True, "names": set()}
 
     def unrecorded(f):  # the checks and dataclasses.replace read every field: not the algorithm
@@ -138,14 +142,17 @@ def test_each_algorithm_lists_the_settings_it_reads(monkeypatch):
     for record in algorithms.registered():
         reading["names"] = set()
         options = Recording()
-        if record.build is not None:
-            record.build(options)
-        world = cost.World(2, 2, "across_hosts")
-        record.bytes_sent(4096, world, options, 0)
-        record.time(cost.Tally(cost.DEFAULT_PROFILE), 4096, world, options)
+        record.build(options)
         declared = {s.name for s in record.settings}
-        assert reading["names"] <= declared | common, (record.name, reading["names"] - declared)
-    assert cost.SETTINGS == algorithms.settings() + cost.COMMON_SETTINGS
+        assert reading["names"] <= declared, (record.name, reading["names"] - declared)
+        world = cost.World(2, 2, "across_hosts")
+        priced = cost.algorithm_costs.get(record.name)
+        priced.bytes_sent(4096, world, options, 0)
+        priced.time(cost.Tally(cost.DEFAULT_PROFILE), 4096, world, options)
+        declared |= {s.name for s in priced.settings} | common
+        assert reading["names"] <= declared, (record.name, reading["names"] - declared)
+    assert cost.SETTINGS == cost.algorithm_costs.settings() + cost.COMMON_SETTINGS
+    assert set(algorithms.settings()) < set(cost.algorithm_costs.settings())
     assert [f.name for f in dataclasses.fields(cost.Options)] == [s.name for s in cost.SETTINGS]
 
 
@@ -158,7 +165,7 @@ def test_a_setting_declared_twice_is_refused():
         ),
     ]
     with pytest.raises(ImportError, match="'density' is declared by both 'gtopk' and 'onebit'"):
-        algorithms._collect_settings({a.name: a for a in twice})
+        collect_settings((a.name, a.settings) for a in twice)
 
 
 def test_hierarchical_forms_follow_their_base():
@@ -171,10 +178,15 @@ def test_hierarchical_forms_follow_their_base():
     assert leader.targets == {"flat": "jaxcomm_hierarchical_quantized"}
     assert leader.metric_labels == ("hierarchical_adaptive_leader",)
     assert leader.spec is jaxcomm.Adaptive and not leader.in_recipes
+    # Every registered name, hierarchical forms included, has one cost record of that name.
+    for record in algorithms.registered():
+        assert cost.algorithm_costs.get(record.name).name == record.name
+    assert cost.algorithm_costs.get("hier_dense").inter_bytes is None
 
 
-# A new algorithm: one module, nothing else. Its bytes and time are made up; what is checked is
-# that the registry, the cost model (its new setting a field of cost.Options) and auto find it.
+# A new algorithm: one module and its cost module, nothing else. Its bytes and time are made up;
+# what is checked is that the registry, the cost model (its new setting a field of
+# cost.Options) and auto find it.
 _NEW_MODULE = '''
 """``halfsum``: a made-up algorithm for the registry test."""
 
@@ -182,7 +194,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ._base import F32, Algorithm, Setting
+from ._base import Algorithm, Setting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +203,26 @@ class HalfSum:
 
 
 SCALE = Setting("scale", float, 0.5, lambda v: 0.0 < v <= 1.0, "in (0, 1]", "HalfSum's scale.")
+
+
+ALGORITHM = Algorithm(
+    name="halfsum",
+    summary="made up",
+    order=65,
+    spec=HalfSum,
+    targets={"flat": "jaxcomm_halfsum"},
+    settings=(SCALE,),
+    residual=True,
+)
+'''
+
+_NEW_COST_MODULE = '''
+"""The cost of ``halfsum``, made up for the registry test."""
+
+from __future__ import annotations
+
+from ...algorithms._base import F32
+from ._base import AlgorithmCost
 
 
 def _bytes(n, world, options, rank):
@@ -203,17 +235,10 @@ def _time(t, n, world, options):
         t.send(world.flat_link(), world.ranks - 1, _bytes(n, world, options, 0))
 
 
-ALGORITHM = Algorithm(
+COST = AlgorithmCost(
     name="halfsum",
-    summary="made up",
-    order=65,
-    spec=HalfSum,
-    targets={"flat": "jaxcomm_halfsum"},
-    build=lambda options: HalfSum(options.scale),
-    settings=(SCALE,),
     bytes_sent=_bytes,
     time=_time,
-    residual=True,
     kernels=("halve",),
     auto_rank=6,
     auto_default=True,
@@ -221,10 +246,10 @@ ALGORITHM = Algorithm(
 '''
 
 
-def test_a_new_algorithm_is_one_module(tmp_path):
-    # A copy of jaxcomm's light modules plus one new module (and its measured constants in
-    # the cost model's data), loaded under another package name without JAX: every listing
-    # and the cost model see the newcomer.
+def test_a_new_algorithm_is_one_module_and_its_cost(tmp_path):
+    # A copy of jaxcomm's light modules plus one new module, its cost module (and its measured
+    # constants in the cost model's data), loaded under another package name without JAX:
+    # every listing and the cost model see the newcomer.
     copy = tmp_path / "jaxcomm_copy"
     shutil.copytree(
         ROOT / "jaxcomm",
@@ -234,6 +259,7 @@ def test_a_new_algorithm_is_one_module(tmp_path):
         ],
     )
     (copy / "algorithms" / "halfsum.py").write_text(_NEW_MODULE)
+    (copy / "cost" / "algorithm_costs" / "halfsum.py").write_text(_NEW_COST_MODULE)
     # Its measured constants are data beside the cost model, not code.
     measured = json.loads((copy / "cost" / "default_profile.json").read_text())
     measured["profile"]["gamma"]["halve"] = 1e-9

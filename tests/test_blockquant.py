@@ -70,7 +70,7 @@ def test_bytes_per_element_and_registry():
     assert algorithms.build("blockquant", cost.Options(bits=4, block=32)) == jaxcomm.BlockQuant(
         bits=4, block=32
     )
-    assert "blockquant" in algorithms.auto_choices() and "blockquant" in algorithms.names()
+    assert "blockquant" in cost.AUTO_CHOICES and "blockquant" in algorithms.names()
     # The cost model's bytes: 1 byte (int8) or half a byte (int4) per element plus the scales.
     world = cost.World(processes=4, devices_per_process=1)
     int8 = cost.predict("blockquant", 25_000_000, world, options=cost.Options(bits=8))
@@ -325,4 +325,4 @@ def test_metrics_label_and_bytes_follow_the_model(bq_run, processes, devices):
     for rank in range(4):
         assert str(run.rank_values("metrics", "algorithm")[rank]) == "blockquant"
         sent = int(run.rank_values("metrics", "bytes_sent")[rank])
-        assert sent == record.bytes_sent(n, world, options, rank)
+        assert sent == cost.algorithm_costs.get("blockquant").bytes_sent(n, world, options, rank)

@@ -16,7 +16,7 @@ from powersgd_reference import Hook
 
 import jaxcomm
 from jaxcomm import algorithms, cost
-from jaxcomm.algorithms import powersgd
+from jaxcomm.cost.algorithm_costs import powersgd
 
 WORKER = pathlib.Path(__file__).with_name("powersgd_worker.py")
 DEVICES = 4

@@ -2,22 +2,26 @@
 
 Each public module here (``dense``, ``gtopk``, ``topk_allgather``, ``onebit``, ``threshold``,
 ``adaptive``, ``blockquant``, ``powersgd``, ``psum``) defines ``ALGORITHM``, an
-:class:`Algorithm` record holding its spec (the user-facing class, e.g. ``jaxcomm.GTopK``),
-its XLA FFI target names, its FFI attribute builder, its byte ledger and time model (which
-:mod:`jaxcomm.cost` sums up), its name in recipes, benchmarks and metrics, whether
-``algorithm="auto"`` may choose it, and the cost-model settings it reads
-(``Algorithm.settings``: each a :class:`Setting` declared once, by the module that owns it;
-:func:`settings`). The hierarchical forms (``hier_dense``, ``hier_adaptive_leader``, ...) are
-derived from the algorithms that have one. A leaf-shaped
-algorithm (``powersgd``: factors of each 2-D gradient leaf) names the module of
-:mod:`jaxcomm.collectives` that reduces a gradient tree (``Algorithm.leafwise``), which
-``jaxcomm.optax.allreduce_gradients`` runs instead of its buckets.
+:class:`Algorithm` record of what running it takes: its spec (the user-facing class, e.g.
+``jaxcomm.GTopK``), its XLA FFI target names, its FFI attribute builder, its name in recipes,
+benchmarks and metrics, and the cost-model settings it reads (``Algorithm.settings``: each a
+:class:`Setting` declared once, by the module that owns it; :func:`settings`). The
+hierarchical forms (``hier_dense``, ``hier_adaptive_leader``, ...) are derived from the
+algorithms that have one. A leaf-shaped algorithm (``powersgd``: factors of each 2-D gradient
+leaf) names the module of :mod:`jaxcomm.collectives` that reduces a gradient tree
+(``Algorithm.leafwise``), which ``jaxcomm.optax.allreduce_gradients`` runs instead of its
+buckets.
+
+What the cost model knows of each algorithm (its byte ledger, time model, local kernels and
+place among ``algorithm="auto"``'s candidates) is a separate record under the same name,
+:mod:`jaxcomm.cost.algorithm_costs`; nothing here needs :mod:`jaxcomm.cost` to run.
 
 The rest of jaxcomm reads this registry: ``jaxcomm.compressed_allreduce`` (targets and
-attributes), ``jaxcomm.cost`` (bytes, time, auto's candidates), the examples, the launcher's
-recipe schema and jobs, and the benchmarks. Adding an algorithm is one module here (found by
-its name: any module not starting with ``_``), its kernels and its tests; a new setting of it
-is a :class:`Setting` in that module, which becomes a field of ``jaxcomm.cost.Options``.
+attributes), ``jaxcomm.cost``, the examples, the launcher's recipe schema and jobs, and the
+benchmarks. Adding an algorithm is one module here (found by its name: any module not starting
+with ``_``), its cost module in :mod:`jaxcomm.cost.algorithm_costs`, its kernels and its tests;
+a new setting of it is a :class:`Setting` in its module here, which becomes a field of
+``jaxcomm.cost.Options``.
 
 This package imports only the standard library (the launcher loads it without JAX); an
 algorithm's FFI attribute builder imports NumPy when it is called.
@@ -33,27 +37,17 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from collections.abc import Mapping
 from typing import Any
 
 from . import _hierarchical
-from ._base import SHARED_KERNELS, Algorithm, Setting
+from ._base import Algorithm, Setting, collect_settings, module_records
 
 AUTO = "auto"
 """The name that asks the cost model to choose per bucket (``jaxcomm.cost.Auto``)."""
 
 
 def _discover() -> dict[str, Algorithm]:
-    flat = []
-    for module in pkgutil.iter_modules(__path__):
-        if module.name.startswith("_"):
-            continue
-        record = importlib.import_module(f"{__name__}.{module.name}").ALGORITHM
-        if record.name != module.name:
-            raise ImportError(f"{__name__}.{module.name} registers {record.name!r}: use one name")
-        flat.append(record)
+    flat = module_records(__name__, __path__, "ALGORITHM")
     records = sorted(flat + _hierarchical.variants(flat), key=lambda a: a.order)
     by_name = {a.name: a for a in records}
     if len(by_name) != len(records) or AUTO in by_name:
@@ -61,23 +55,8 @@ def _discover() -> dict[str, Algorithm]:
     return by_name
 
 
-def _collect_settings(records: Mapping[str, Algorithm]) -> dict[str, Setting]:
-    # A setting read by several algorithms is one object, imported from the module that
-    # declares it; two different declarations of one name would give Options two defaults.
-    found: dict[str, tuple[Setting, str]] = {}
-    for record in records.values():
-        for setting in record.settings:
-            first = found.setdefault(setting.name, (setting, record.name))
-            if first[0] is not setting:
-                raise ImportError(
-                    f"setting {setting.name!r} is declared by both {first[1]!r} and "
-                    f"{record.name!r}: declare it once and import it where it is read"
-                )
-    return {name: setting for name, (setting, _) in found.items()}
-
-
 _REGISTRY: dict[str, Algorithm] = _discover()
-_SETTINGS: dict[str, Setting] = _collect_settings(_REGISTRY)
+_SETTINGS: dict[str, Setting] = collect_settings((a.name, a.settings) for a in _REGISTRY.values())
 _BY_SPEC: dict[type, Algorithm] = {
     a.spec: a for a in _REGISTRY.values() if a.spec is not None and a.in_recipes
 }
@@ -181,29 +160,7 @@ def build(name: str, options: Any) -> Any:
       >>> build("gtopk", cost.Options(density=0.01))
       GTopK(density=0.01)
     """
-    record = get(name)
-    return record.build(options) if record.build is not None else None
-
-
-def auto_choices() -> tuple[str, ...]:
-    """What ``algorithm="auto"`` may choose from, in its tie-breaking order.
-
-    Example:
-      >>> auto_choices()[0]
-      'dense'
-    """
-    ranked = [a for a in _REGISTRY.values() if a.auto_rank is not None]
-    return tuple(a.name for a in sorted(ranked, key=lambda a: a.auto_rank))
-
-
-def default_allowed() -> tuple[str, ...]:
-    """``auto``'s default candidates: every choice whose bytes do not hang on a tuned setting.
-
-    Example:
-      >>> "threshold" in default_allowed()
-      False
-    """
-    return tuple(n for n in auto_choices() if _REGISTRY[n].auto_default)
+    return get(name).build(options)
 
 
 def quantizers() -> tuple[Algorithm, ...]:
@@ -219,22 +176,10 @@ def quantizers() -> tuple[Algorithm, ...]:
     return tuple(a for a in flat if a.quantizer is not None)
 
 
-def kernels() -> tuple[str, ...]:
-    """Every local kernel a time model uses, by name (the shared ones first, each once).
-
-    Example:
-      >>> {"sum", "merge", "quantize.onebit"} <= set(kernels())
-      True
-    """
-    names = list(SHARED_KERNELS)
-    for a in _REGISTRY.values():
-        names += [k for k in a.kernels if k not in names]
-    return tuple(names)
-
-
 def settings() -> tuple[Setting, ...]:
-    """Every algorithm's settings (the fields of ``jaxcomm.cost.Options`` but the cost model's
-    own), each once, in the order the listing first meets them.
+    """Every algorithm's settings, each once, in the order the listing first meets them: the
+    fields of ``jaxcomm.cost.Options`` that configure a spec or that several cost models read
+    (the cost model's data assumptions and ``element_bytes`` are :mod:`jaxcomm.cost`'s).
 
     Returns:
       The :class:`Setting` declarations.
@@ -262,11 +207,8 @@ __all__ = [
     "AUTO",
     "Algorithm",
     "Setting",
-    "auto_choices",
     "build",
-    "default_allowed",
     "get",
-    "kernels",
     "names",
     "of",
     "planned",

@@ -1,29 +1,71 @@
-"""The record every algorithm module fills in, and the arithmetic their schedules share.
+"""The record every algorithm module fills in, and the arithmetic their specs share.
 
 Standard library only: the launcher and :mod:`jaxcomm.cost` read the registry without JAX.
 An algorithm's JAX side (its FFI attributes) is a function of the record that imports NumPy
-and jaxcomm's JAX helpers when it is called, never when the module loads.
-
-The byte and time functions receive the cost model's ``World``, ``Options`` and time tally
-(:mod:`jaxcomm.cost`) as arguments; they do not import the cost model, so the import graph
-runs one way: ``jaxcomm.cost`` -> ``jaxcomm.algorithms``.
+and jaxcomm's JAX helpers when it is called, never when the module loads. What the cost model
+knows of an algorithm (its bytes, time and kernels) is a separate record,
+:mod:`jaxcomm.cost.algorithm_costs`, so the import graph runs one way:
+``jaxcomm.cost`` -> ``jaxcomm.algorithms``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 F32 = 4
 """Bytes per float32 value or uint32 word."""
 
-SHARED_KERNELS: tuple[str, ...] = ("topk", "topk.entry", "sum")
-"""Local kernels several algorithms use: the top-k selection with error feedback (per element,
-and per selected entry beyond that pass) and one elementwise pass over float32 memory (a
-reduction, a copy, a memset, a scatter). Their measured seconds per element are the cost
-model's data (jaxcomm/cost/default_profile.json), as every algorithm module's ``kernels``."""
-"""Local kernels several algorithms use: name -> default seconds per element."""
+
+def module_records(package: str, path: Iterable[str], attribute: str) -> list[Any]:
+    """``attribute`` of every public module of ``package`` (a name not starting with ``_``):
+    the registry's way of finding its records, one module per algorithm name.
+
+    Args:
+      package: the package's name (``__name__``).
+      path: its ``__path__``.
+      attribute: the record each module defines (``"ALGORITHM"``, ``"COST"``).
+
+    Returns:
+      The records, in the modules' name order.
+
+    Raises:
+      ImportError: a record named otherwise than its module.
+    """
+    records = []
+    for module in pkgutil.iter_modules(path):
+        if module.name.startswith("_"):
+            continue
+        record = getattr(importlib.import_module(f"{package}.{module.name}"), attribute)
+        if record.name != module.name:
+            raise ImportError(f"{package}.{module.name} registers {record.name!r}: use one name")
+        records.append(record)
+    return records
+
+
+def collect_settings(owners: Iterable[tuple[str, Iterable[Setting]]]) -> dict[str, Setting]:
+    """Every setting of ``owners`` (``(name, settings)`` pairs), each once, by name, in the order
+    first met.
+
+    A setting read by several algorithms is one object, imported from the module that declares
+    it; two different declarations of one name would give ``cost.Options`` two defaults.
+
+    Raises:
+      ImportError: two different declarations of one name.
+    """
+    found: dict[str, tuple[Setting, str]] = {}
+    for owner, declared in owners:
+        for setting in declared:
+            first = found.setdefault(setting.name, (setting, owner))
+            if first[0] is not setting:
+                raise ImportError(
+                    f"setting {setting.name!r} is declared by both {first[1]!r} and "
+                    f"{owner!r}: declare it once and import it where it is read"
+                )
+    return {name: setting for name, (setting, _) in found.items()}
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -120,30 +162,26 @@ class Setting:
         )
 
 
-BytesFn = Callable[[int, Any, Any, int], int]
-"""``(n, world, options, rank) -> bytes`` that world rank ``rank`` sends (n > 0, P > 1)."""
+def fraction(name: str, default: float, doc: str, *, zero: bool = True) -> Setting:
+    """A float :class:`Setting` in [0, 1], or in (0, 1] without ``zero`` (a density).
 
-TimeFn = Callable[[Any, int, Any, Any], None]
-"""``(tally, n, world, options)``: adds one call's critical path to the cost model's tally."""
-
-TreeBytesFn = Callable[[Any, Any, Any, int], int]
-"""``(shapes, world, options, rank) -> bytes`` that world rank ``rank`` sends in one step of a
-leaf-shaped algorithm over gradient leaves of ``shapes``."""
-
-TreeTimeFn = Callable[[Any, Any, Any, Any], None]
-"""``(tally, shapes, world, options)``: adds one step of a leaf-shaped algorithm over leaves of
-``shapes`` to the cost model's tally."""
-
-InterBytesFn = Callable[[int, int, int, Any, Any], int]
-"""``(m, parts, rank, world, options) -> bytes`` of the inter-node step of a hierarchical call."""
-
-InterTimeFn = Callable[[Any, int, int, str, Any, int], None]
-"""``(tally, m, parts, link, options, contention)``: the inter-node step's critical path."""
+    Example:
+      >>> fraction("overlap", 0.0, "how much the picks coincide.").problem(1.5)
+      'overlap=1.5 is out of range: it must be in [0, 1], e.g. overlap=0.0'
+      >>> fraction("density", 0.5, "the share sent.", zero=False).problem(0.0)
+      'density=0.0 is out of range: it must be in (0, 1], e.g. density=0.5'
+    """
+    if zero:
+        return Setting(name, float, default, lambda v: 0.0 <= v <= 1.0, "in [0, 1]", doc)
+    return Setting(name, float, default, lambda v: 0.0 < v <= 1.0, "in (0, 1]", doc)
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """One allreduce algorithm: everything the rest of jaxcomm knows about it.
+    """One allreduce algorithm: what jaxcomm needs to run it.
+
+    Its cost model (bytes, time, kernels, ``auto``'s ranking) is a separate record,
+    :class:`jaxcomm.cost.algorithm_costs.AlgorithmCost`, registered under the same name.
 
     Attributes:
       name: its one name, in recipes, ``jaxcomm.cost``, benchmarks and metrics labels.
@@ -156,14 +194,8 @@ class Algorithm:
         16-bit wire).
       cpu_only_targets: targets with no CUDA handler.
       metric_labels: the ``algorithm`` labels ``jaxcomm.metrics()`` reports for it.
-      build: ``cost.Options`` -> the spec (None for the dense allreduce and psum).
       attributes: ``(spec, n) -> FFI attributes`` of the flat and hierarchical calls (JAX side,
         imports NumPy when called).
-      bytes_sent: its byte ledger (:data:`BytesFn`).
-      time: its time model (:data:`TimeFn`).
-      inter_bytes: the inter-node step when it runs inside a hierarchical allreduce (None:
-        no hierarchical form).
-      inter_time: likewise for the time model.
       hierarchical_planned: the hierarchical schemes (``"multi_leader"``, ``"leader"``)
         ``jaxcomm plan`` and the benchmarks list by default.
       residual: it keeps an error-feedback residual.
@@ -172,10 +204,6 @@ class Algorithm:
       uses_density: it is configured by a density (the sparse ones; warm-up schedules apply).
       quantizer: a quantizer's name in the C++ quantizer table (kernels/quantizer_table.h),
         else None; its hierarchical forms keep their base's.
-      kernels: the names of its own local kernels (their seconds per element are the gamma
-        of ``cost.Profile``; the defaults are measured data, jaxcomm/cost/default_profile.json).
-      auto_rank: its place among ``algorithm="auto"``'s candidates (None: never chosen).
-      auto_default: ``auto`` may choose it unless told otherwise.
       planned: ``jaxcomm plan`` and the benchmarks list it by default.
       in_recipes: a recipe's ``jaxcomm.algorithm`` may name it.
       ops: the module of ``jaxcomm.ops`` with its single-device ``compress(x, residual, spec)``
@@ -190,45 +218,52 @@ class Algorithm:
         :mod:`jaxcomm.collectives.powersgd`) instead of bucketing, and keeps its state in
         ``residuals`` (per rank) and ``shared`` (identical on every rank). None: a flat
         compressor (``targets["flat"]``).
-      tree_bytes: a leaf-shaped algorithm's byte ledger of one step over a gradient's leaf
-        shapes (:data:`TreeBytesFn`; ``bytes_sent`` and ``time`` then model one call of n
-        elements as one leaf of some shape).
-      tree_time: likewise for the time model (:data:`TreeTimeFn`).
-      settings: the ``jaxcomm.cost.Options`` fields it reads (its ``build``, byte ledger and
-        time model), as :class:`Setting` declarations: its own, and those of other modules it
-        reads, as their objects (a setting is declared once). ``element_bytes``, the
+      settings: the ``jaxcomm.cost.Options`` fields it and its cost model read, as
+        :class:`Setting` declarations: its own, and those of other modules it reads, as their
+        objects (a setting is declared once). A setting named as a field of ``spec`` sets that
+        field (:meth:`build`); the others are what its cost model assumes of the data. ``element_bytes``, the
         gradient's width, is the cost model's own (``jaxcomm.cost.COMMON_SETTINGS``).
     """
 
     name: str
     summary: str
     order: int
-    bytes_sent: BytesFn
-    time: TimeFn
     spec: type | None = None
     targets: Mapping[str, str] = dataclasses.field(default_factory=dict)
     cpu_only_targets: frozenset[str] = frozenset()
     metric_labels: tuple[str, ...] = ()
-    build: Callable[[Any], Any] | None = None
     attributes: Callable[[Any, int], dict[str, Any]] | None = None
-    inter_bytes: InterBytesFn | None = None
-    inter_time: InterTimeFn | None = None
     hierarchical_planned: tuple[str, ...] = ()
     residual: bool = False
     stepped: bool = False
     uses_density: bool = False
     quantizer: str | None = None
-    kernels: tuple[str, ...] = ()
-    auto_rank: int | None = None
-    auto_default: bool = False
     planned: bool = True
     in_recipes: bool = True
     ops: str | None = None
     hierarchy: tuple[str, str] | None = None
     leafwise: str | None = None
-    tree_bytes: TreeBytesFn | None = None
-    tree_time: TreeTimeFn | None = None
     settings: tuple[Setting, ...] = ()
+
+    def build(self, options: Any) -> Any:
+        """The spec configured from cost-model ``options`` (``jaxcomm.cost.Options``): each
+        field of :attr:`spec` named by one of :attr:`settings` takes that setting's value, the
+        others keep their defaults.
+
+        Returns:
+          The spec, or None where there is none (the dense allreduce, psum).
+
+        Example:
+          >>> from jaxcomm.algorithms import get
+          >>> get("threshold").build(type("Options", (), {"tau": 0.5, "max_density": 0.1})())
+          Threshold(tau=0.5, max_density=0.1)
+        """
+        if self.spec is None:
+            return None
+        fields = {f.name for f in dataclasses.fields(self.spec)}
+        return self.spec(
+            **{s.name: getattr(options, s.name) for s in self.settings if s.name in fields}
+        )
 
     @property
     def quantizer_kind(self) -> int | None:
@@ -245,5 +280,5 @@ class Algorithm:
 
     @property
     def hierarchical(self) -> bool:
-        """Whether it has a hierarchical (node, local) form."""
-        return self.inter_bytes is not None
+        """Whether it has a hierarchical (node, local) form: a ``"hierarchical"`` target."""
+        return "hierarchical" in self.targets

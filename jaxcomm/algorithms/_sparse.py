@@ -9,15 +9,10 @@ import math
 from typing import Any
 
 from .. import _checks
-from ._base import Algorithm, Setting
+from ._base import Algorithm, fraction
 
-DENSITY = Setting(
-    "density",
-    float,
-    0.001,
-    lambda v: 0.0 < v <= 1.0,
-    "in (0, 1]",
-    "ρ of TopK-allgather and gTop-k (``k = max(1, ceil(ρ n))``).",
+DENSITY = fraction(
+    "density", 0.001, "ρ of TopK-allgather and gTop-k (``k = max(1, ceil(ρ n))``).", zero=False
 )
 """``cost.Options.density``, the one setting of the sparse allreduces."""
 
@@ -74,7 +69,8 @@ def k_attribute(spec: Density, n: int) -> dict:
 def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any) -> Algorithm:
     """The registry record of a sparse allreduce: what the top-k allreduces share, plus ``fields``.
 
-    Its spec is built from the cost model's density (:data:`DENSITY`), its one FFI attribute is
+    Its spec is built from the cost model's density (:data:`DENSITY`, its one setting), its one
+    FFI attribute is
     ``k``, it keeps an error-feedback residual and follows the warm-up density schedules;
     ``name`` is also its metrics label.
 
@@ -82,14 +78,13 @@ def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any)
       name: its name (:attr:`Algorithm.name`).
       spec: its :class:`Density` subclass.
       target: its flat XLA FFI target, as registered.
-      **fields: the rest of the record (summary, order, bytes_sent, time, ...).
+      **fields: the rest of the record (summary, order, ...).
 
     Returns:
       The :class:`Algorithm`.
 
     Example:
-      >>> record = sparse_algorithm("t", TopK, "jaxcomm_t", summary="", order=0,
-      ...                           bytes_sent=None, time=None)
+      >>> record = sparse_algorithm("t", TopK, "jaxcomm_t", summary="", order=0)
       >>> record.build(type("Options", (), {"density": 0.5})())
       TopK(density=0.5)
     """
@@ -98,7 +93,6 @@ def sparse_algorithm(name: str, spec: type[Density], target: str, **fields: Any)
         spec=spec,
         targets={"flat": target},
         metric_labels=(name,),
-        build=lambda options: spec(options.density),
         attributes=k_attribute,
         residual=True,
         uses_density=True,

@@ -9,29 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from .. import _checks
 from ._base import Setting, ceil_div
-from ._quantized import Schedule
+from ._quantized import quantizer_algorithm
 from .onebit import COLUMN_SIZE
 
 PROPORTION = Setting(
     "proportion", float, 64.0, lambda v: v >= 1.0, ">= 1", "π of adaptive quantization."
 )
 """``cost.Options.proportion``: :attr:`Adaptive.proportion`."""
-
-SELECTION_OVERLAP = Setting(
-    "selection_overlap",
-    float,
-    0.0,
-    lambda v: 0.0 <= v <= 1.0,
-    "in [0, 1]",
-    "in [0, 1], how much the ranks' adaptive selections coincide: 1 = the same positions on "
-    "every rank (the sum has as many nonzeros as one rank sent), 0 = independent positions "
-    "(the sum's nonzeros are the expected union).",
-)
-"""``cost.Options.selection_overlap``: what adaptive's byte count assumes of the data."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,47 +78,11 @@ class Adaptive:
         return 1 + 2 * self.num_columns(n) + self.capacity(n)
 
 
-def _keep(count: float, zeros: float, proportion: float) -> int:
-    """Entries adaptive sends for one sign (kernels/adaptive.cc's AdaptiveSignKeep): 1/π of the
-    sign's values counting the column's zeros, at most the sign's nonzero values."""
-    if count <= 0:
-        return 0
-    return min(math.ceil(count), math.ceil(round((count + zeros) / proportion, 9)))
-
-
-def _words(m: int, options: Any, parts: int, stage: str) -> int:
-    # Per column and sign, min(k±, ceil((k± + k0)/π)) entries (kernels/adaptive.cc, k0 = the
-    # column's zeros); signs are assumed balanced (k+ = ceil(L/2), k- = floor(L/2)).
-    cs, pi = options.column_size, options.proportion
-    words = 1
-    for length, count in ((cs, m // cs), (m % cs, 1 if m % cs else 0)):
-        if not count:
-            continue
-        signs = (ceil_div(length, 2), length // 2)
-        kept = [_keep(sign_count, 0, pi) for sign_count in signs]
-        if stage == "sum":
-            # Nonzeros of the sum at each sign: `keep` when every rank picked the same
-            # positions, the expected union of `parts` independent picks otherwise; the rest
-            # of the column is zeros, which count toward each sign's share.
-            nonzeros = []
-            for sign_count, keep in zip(signs, kept, strict=True):
-                union = sign_count * (1.0 - (1.0 - keep / sign_count) ** parts) if keep else 0
-                overlap = options.selection_overlap
-                nonzeros.append(round(overlap * keep + (1 - overlap) * union, 6))
-            zeros = length - sum(nonzeros)
-            kept = [_keep(nz, zeros, pi) for nz in nonzeros]
-        words += count * (2 + sum(kept))
-    return words
-
-
-ALGORITHM = Schedule("adaptive", _words, unit=lambda options: options.column_size).algorithm(
+ALGORITHM = quantizer_algorithm(
+    "adaptive",
     summary="adaptive quantization with error feedback, quantized allreduce",
     order=40,
     spec=Adaptive,
-    build=lambda options: Adaptive(options.proportion, column_size=options.column_size),
-    settings=(PROPORTION, COLUMN_SIZE, SELECTION_OVERLAP),
-    kernels=("quantize.adaptive", "decode.adaptive"),
+    settings=(PROPORTION, COLUMN_SIZE),
     hierarchical_planned=("multi_leader",),
-    auto_rank=3,
-    auto_default=True,
 )

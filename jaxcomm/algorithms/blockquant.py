@@ -14,11 +14,10 @@ quantized ones: the step that the stochastic rounding counts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from .. import _checks
 from ._base import Setting, ceil_div
-from ._quantized import Schedule
+from ._quantized import quantizer_algorithm
 
 ROUNDINGS = ("nearest", "stochastic")
 
@@ -98,12 +97,8 @@ class BlockQuant:
         return 1 + self.num_blocks(n) + ceil_div(n * self.bits, 32)
 
 
-def _words(m: int, options: Any, parts: int, stage: str) -> int:
-    # Fixed size: the same for a contribution and for the requantized sum.
-    return BlockQuant(bits=options.bits, block=options.block).packed_words(m)
-
-
-ALGORITHM = Schedule("blockquant", _words, unit=lambda options: options.block).algorithm(
+ALGORITHM = quantizer_algorithm(
+    "blockquant",
     summary="block-wise int8/int4 quantization (a float scale per block), quantized allreduce",
     order=45,
     spec=BlockQuant,
@@ -112,11 +107,6 @@ ALGORITHM = Schedule("blockquant", _words, unit=lambda options: options.block).a
         "hierarchical": "jaxcomm_hierarchical_blockquant",
     },
     stepped=True,
-    build=lambda options: BlockQuant(bits=options.bits, block=options.block),
     settings=(BITS, BLOCK),
-    # `jaxcomm probe` measures both on a cluster.
-    kernels=("quantize.blockquant", "decode.blockquant"),
     hierarchical_planned=("multi_leader",),
-    auto_rank=6,  # after the others on an exact tie of predicted time to target
-    auto_default=True,
 )

@@ -7,11 +7,10 @@ quantized allreduce (:mod:`jaxcomm.algorithms._quantized`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from .. import _checks
 from ._base import Setting, ceil_div
-from ._quantized import Schedule
+from ._quantized import quantizer_algorithm
 
 COLUMN_SIZE = Setting(
     "column_size",
@@ -61,18 +60,10 @@ class OneBit:
         return 1 + 2 * self.num_columns(n) + ceil_div(n, 32)
 
 
-def _words(m: int, options: Any, parts: int, stage: str) -> int:
-    # The same for a contribution and for the requantized sum: a bit per element.
-    return OneBit(options.column_size).packed_words(m)
-
-
-ALGORITHM = Schedule("onebit", _words, unit=lambda options: options.column_size).algorithm(
+ALGORITHM = quantizer_algorithm(
+    "onebit",
     summary="one-bit quantization with error feedback, quantized allreduce",
     order=50,
     spec=OneBit,
-    build=lambda options: OneBit(column_size=options.column_size),
     settings=(COLUMN_SIZE,),
-    kernels=("quantize.onebit", "decode.onebit"),
-    auto_rank=4,
-    auto_default=True,
 )

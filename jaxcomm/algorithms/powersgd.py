@@ -10,10 +10,8 @@ dense ``jaxcomm.allreduce`` calls per step: every compressed leaf's P in one, ev
 and the leaves not worth compressing (1-D ones, and those whose factors would not be
 ``min_compression_rate`` times smaller) in one.
 
-The cost model's interface is one call on ``n`` elements, which knows no shape: it models the
-``n`` elements as one near-square matrix (:func:`matrix_of`), the shape whose factors are
-smallest for its size. :func:`tree_bytes` counts the exact bytes of a model's leaf shapes, as
-``jaxcomm.metrics()`` reports them (tests/test_powersgd.py checks both).
+Its cost model, one call of ``n`` elements and one step over a model's leaf shapes, is
+:mod:`jaxcomm.cost.algorithm_costs.powersgd`.
 
 Standard library only (the launcher loads the registry without JAX).
 """
@@ -23,10 +21,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from .. import _checks
-from . import dense
 from ._base import Algorithm, Setting
 
 LAYOUTS = ("jax", "torch")
@@ -64,7 +60,7 @@ SETTINGS = (
         "the least gain for which PowerSGD compresses a leaf.",
     ),
 )
-"""PowerSGD's fields of ``cost.Options`` (:func:`_spec` builds the spec from them)."""
+"""PowerSGD's fields of ``cost.Options``, named as the fields of :class:`PowerSGD` they set."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,155 +239,13 @@ def leaf_plan(
     return None
 
 
-def matrix_of(n: int) -> tuple[int, int]:
-    """The near-square matrix the cost model assumes for ``n`` elements: ``(rows, columns)``
-    with ``rows = floor(sqrt(n))`` and ``columns = ceil(n / rows)``.
-
-    Example:
-      >>> matrix_of(1000)
-      (31, 33)
-    """
-    rows = max(1, math.isqrt(n))
-    return rows, -(-n // rows)
-
-
-def tree_sizes(shapes: Sequence[Sequence[int]], spec: PowerSGD) -> tuple[int, int, int]:
-    """Elements of the three allreduces of one compressed step over leaves of ``shapes``.
-
-    Args:
-      shapes: the gradient leaves' shapes.
-      spec: the PowerSGD settings.
-
-    Returns:
-      ``(p, q, dense)``: elements of the P allreduce, of the Q allreduce and of the dense one.
-
-    Example:
-      >>> tree_sizes([(64, 4096), (4096,), (4096, 10)], PowerSGD(rank=4))
-      (16640, 16424, 4096)
-    """
-    p = q = dense = 0
-    for shape in shapes:
-        plan = spec.plan(shape)
-        if plan is None:
-            dense += math.prod(shape)
-        else:
-            rows, columns, r = plan
-            p, q = p + rows * r, q + columns * r
-    return p, q, dense
-
-
-def _calls(sizes: tuple[int, int, int], options: Any) -> list[tuple[int, Any]]:
-    """``(elements, options)`` of the three dense allreduces of a compressed step: P and Q in
-    float32, the dense leaves on the gradient's own wire (``options.element_bytes``)."""
-    p, q, dense = sizes
-    f32 = dataclasses.replace(options, element_bytes=4)
-    return [(m, o) for m, o in ((dense, options), (p, f32), (q, f32)) if m]
-
-
-def _charge_leaf(t: Any, rows: int, columns: int, r: int) -> None:
-    # M = g + error, M - P Qᵀ, and the output: three passes over the leaf.
-    t.kernel("sum", 3 * rows * columns)
-    # P = M Q, Q = Mᵀ P and P Qᵀ: rows × columns × r multiply-adds each, plus the two
-    # Gram-Schmidt passes (about 2 (rows + columns) r² multiply-adds).
-    t.kernel("matmul", 3 * rows * columns * r + 2 * (rows + columns) * r * r)
-
-
-def tree_bytes(shapes: Sequence[Sequence[int]], world: Any, options: Any, world_rank: int) -> int:
-    """Bytes world rank ``world_rank`` sends in one compressed step over leaves of ``shapes``.
-
-    Three dense allreduces (float32 P and Q; the dense leaves on their own wire, 16-bit for
-    16-bit gradients: ``options.element_bytes``), each with the schedule ``jaxcomm.allreduce``
-    picks for its size (the ``dense`` record's byte ledger). The record's ``tree_bytes``.
-
-    Args:
-      shapes: the gradient leaves' shapes.
-      world: a ``jaxcomm.cost.World`` (a flat group over all its ranks).
-      options: a ``jaxcomm.cost.Options`` (rank, min_compression_rate, element_bytes).
-      world_rank: the rank.
-
-    Returns:
-      Bytes sent.
-
-    Example:
-      >>> from jaxcomm import cost
-      >>> tree_bytes([(64, 4096)], cost.World(2, 1, "across_hosts"), cost.Options(rank=4), 0)
-      66560
-    """
-    if world.ranks == 1:
-        return 0
-    sizes = tree_sizes(shapes, _spec(options))
-    return sum(
-        dense.ALGORITHM.bytes_sent(m, world, o, world_rank) for m, o in _calls(sizes, options)
-    )
-
-
-def tree_time(t: Any, shapes: Sequence[Sequence[int]], world: Any, options: Any) -> None:
-    """Adds one compressed step over leaves of ``shapes`` to the cost model's tally: each
-    compressed leaf's passes and thin products, then the dense, P and Q allreduces (one call
-    each, in sequence: Q depends on P, each with the profile's per-call overhead). The
-    record's ``tree_time``.
-
-    Args:
-      t: a ``jaxcomm.cost.Tally``.
-      shapes: the gradient leaves' shapes.
-      world: a ``jaxcomm.cost.World``.
-      options: a ``jaxcomm.cost.Options``.
-
-    Example:
-      >>> from jaxcomm import cost
-      >>> t = cost.Tally(cost.DEFAULT_PROFILE)
-      >>> tree_time(t, [(64, 4096), (4096,)], cost.World(2), cost.Options())
-      >>> t.compute > 0 and t.comm > 0
-      True
-    """
-    calls = _tree_time(t, shapes, world, options)
-    t.compute += t.profile.call * calls
-
-
-def _tree_time(t: Any, shapes: Sequence[Sequence[int]], world: Any, options: Any) -> int:
-    spec = _spec(options)
-    for shape in shapes:
-        plan = spec.plan(shape)
-        if plan is not None:
-            _charge_leaf(t, *plan)
-    calls = _calls(tree_sizes(shapes, spec), options)
-    for m, o in calls:
-        dense.ALGORITHM.time(t, m, world, o)
-    return len(calls)
-
-
-def _spec(options: Any) -> PowerSGD:
-    return PowerSGD(
-        rank=options.rank,
-        start_step=options.start_step,
-        min_compression_rate=options.min_compression_rate,
-    )
-
-
-def _bytes(n: int, world: Any, options: Any, rank: int) -> int:
-    # One call of n elements: a near-square matrix (matrix_of), or dense when it does not gain.
-    return tree_bytes([matrix_of(n)], world, options, rank)
-
-
-def _time(t: Any, n: int, world: Any, options: Any) -> None:
-    # cost.predict charges one call's overhead itself.
-    _tree_time(t, [matrix_of(n)], world, options)
-
-
 ALGORITHM = Algorithm(
     name="powersgd",
     summary="PowerSGD: rank-r factors P, Q of each 2-D gradient leaf, error feedback "
     "(allreduce_gradients only)",
     order=62,
     spec=PowerSGD,
-    build=_spec,
     settings=SETTINGS,
-    bytes_sent=_bytes,
-    time=_time,
-    tree_bytes=tree_bytes,
-    tree_time=tree_time,
     residual=True,
     leafwise="powersgd",
-    # Per multiply-add of the thin products; `jaxcomm probe` measures it as gamma.matmul.
-    kernels=("matmul",),
 )

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from .. import _checks
-from ._base import Setting
-from ._quantized import Schedule
+from ._base import Setting, fraction
+from ._quantized import quantizer_algorithm
 
 TAU = Setting(
     "tau",
@@ -23,23 +22,8 @@ TAU = Setting(
     "> 0",
     "threshold of threshold quantization (only used to build the compressor).",
 )
-MAX_DENSITY = Setting(
-    "max_density",
-    float,
-    1.0,
-    lambda v: 0.0 < v <= 1.0,
-    "in (0, 1]",
-    "capacity of threshold quantization (fraction of a slice).",
-)
-THRESHOLD_FRACTION = Setting(
-    "threshold_fraction",
-    float,
-    0.003,
-    lambda v: 0.0 <= v <= 1.0,
-    "in [0, 1]",
-    "expected fraction of entries with ``|x + r| > tau`` (threshold sends "
-    "``min(capacity, ceil(fraction m))`` entries per slice of m elements, and as many for the "
-    "requantized sum).",
+MAX_DENSITY = fraction(
+    "max_density", 1.0, "capacity of threshold quantization (fraction of a slice).", zero=False
 )
 
 
@@ -85,19 +69,10 @@ class Threshold:
         return 1 + self.capacity(n)
 
 
-def _words(m: int, options: Any, parts: int, stage: str) -> int:
-    # min(capacity, ceil(fraction m)) entries, for a contribution and for the sum alike.
-    capacity = min(m, max(1, math.ceil(options.max_density * m)))
-    return 1 + min(capacity, math.ceil(options.threshold_fraction * m))
-
-
-ALGORITHM = Schedule("threshold", _words, unit=lambda options: 1).algorithm(
+ALGORITHM = quantizer_algorithm(
+    "threshold",
     summary="threshold quantization with error feedback (needs a tuned tau)",
     order=60,
     spec=Threshold,
-    build=lambda options: Threshold(options.tau, max_density=options.max_density),
-    settings=(TAU, MAX_DENSITY, THRESHOLD_FRACTION),
-    kernels=("quantize.threshold", "decode.threshold"),
-    auto_rank=5,
-    auto_default=False,  # its bytes hang on a user-tuned tau: auto picks it only when allowed
+    settings=(TAU, MAX_DENSITY),
 )

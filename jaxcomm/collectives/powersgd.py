@@ -1,9 +1,10 @@
 """PowerSGD over a gradient tree: the leaf-shaped reduction behind
 ``jaxcomm.optax.allreduce_gradients(axis, jaxcomm.PowerSGD(...))``.
 
-The spec, its byte and time model live in :mod:`jaxcomm.algorithms.powersgd`; this module is
-its JAX side, the interface ``Algorithm.leafwise`` names: :func:`init` builds the per-leaf
-state and :func:`reduce` runs one step. The steps follow PyTorch DDP's ``powerSGD_hook``
+The spec lives in :mod:`jaxcomm.algorithms.powersgd` and its byte and time model in
+:mod:`jaxcomm.cost.algorithm_costs.powersgd`; this module is its JAX side, the interface
+``Algorithm.leafwise`` names: :func:`init` builds the per-leaf state and :func:`reduce` runs
+one step. The steps follow PyTorch DDP's ``powerSGD_hook``
 (see :class:`jaxcomm.PowerSGD` for the algorithm and the few differences).
 
 Every compressed leaf's P travels in one ``jaxcomm.allreduce`` call and every Q in one more

@@ -33,8 +33,10 @@ Layout
 * :mod:`jaxcomm.cost.model`: the data (``World``, ``Options``, ``Link``, ``Profile`` and its
   JSON, ``Prediction``); ``Options``' fields are the settings the algorithms' modules declare
   (:func:`jaxcomm.algorithms.settings`) plus the gradient's ``element_bytes``;
-* :mod:`jaxcomm.cost.ledger`: the byte ledger (each algorithm's schedule lives in its module
-  of :mod:`jaxcomm.algorithms`);
+* :mod:`jaxcomm.cost.algorithm_costs`: what the model knows of each algorithm of
+  :mod:`jaxcomm.algorithms`, one ``AlgorithmCost`` per name (its schedule's bytes and time,
+  its kernels, its place among ``auto``'s candidates);
+* :mod:`jaxcomm.cost.ledger`: the byte ledger, summing each algorithm's schedule per world;
 * :mod:`jaxcomm.cost.timemodel`: the time model and the probe's fit;
 * :mod:`jaxcomm.cost.choose`: predictions for every candidate and the fastest one;
 * :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log;

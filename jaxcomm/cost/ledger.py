@@ -1,7 +1,7 @@
 """The byte ledger: exact bytes one rank sends in one call of each algorithm.
 
-Each algorithm's schedule lives in its module (:mod:`jaxcomm.algorithms`), following the
-C++ message by message (the ring's chunks, gTop-k's tree, the quantized allreduce's slices and
+Each algorithm's schedule lives in its cost module (:mod:`jaxcomm.cost.algorithm_costs`),
+following the C++ message by message (the ring's chunks, gTop-k's tree, the quantized allreduce's slices and
 ``used`` words); this module sums them per world and re-exports the schedule helpers the
 tests, the probe and the benchmarks use. The counts equal what ``jaxcomm.metrics()`` reports
 for the same call. Standard library only.
@@ -10,7 +10,8 @@ for the same call. Standard library only.
 from __future__ import annotations
 
 from .. import algorithms
-from ..algorithms.dense import (
+from . import algorithm_costs
+from .algorithm_costs.dense import (
     dense_bytes,
     direct_bytes,
     doubling_bytes,
@@ -18,7 +19,7 @@ from ..algorithms.dense import (
     ring_bytes,
     small_allreduce_bytes,
 )
-from ..algorithms.gtopk import gtopk_sends
+from .algorithm_costs.gtopk import gtopk_sends
 from .model import Options, World
 
 __all__ = [
@@ -61,12 +62,12 @@ def quantized_bytes(kind: str, n: int, parts: int, rank: int, options: Options) 
       >>> quantized_bytes("onebit", 2048, 2, 0, Options())
       280
     """
-    record = algorithms.get(kind)
-    if record.quantizer is None or record.inter_bytes is None:
+    inter_bytes = algorithm_costs.get(kind).inter_bytes
+    if algorithms.get(kind).quantizer is None or inter_bytes is None:
         raise ValueError(
             f"{kind!r} is not a quantizer; known: {[q.name for q in algorithms.quantizers()]}"
         )
-    return record.inter_bytes(n, parts, rank, None, options)
+    return inter_bytes(n, parts, rank, None, options)
 
 
 def bytes_sent(
@@ -93,7 +94,7 @@ def bytes_sent(
       600000.0
     """
     options = options or Options()
-    record = algorithms.get(algorithm)
+    record = algorithm_costs.get(algorithm)
     check_elements(n)
     if rank is None:
         return sum(bytes_sent(algorithm, n, world, options, r) for r in range(world.ranks)) / (

@@ -307,12 +307,12 @@ def fit_link(
       The :class:`~jaxcomm.cost.Link`.
 
     Example:
-      >>> from jaxcomm.algorithms.dense import dense_path
+      >>> from jaxcomm.cost.algorithm_costs.dense import dense_path
       >>> link = fit_link(2e-3, {1 << 20: 0.5}, 2, "across_hosts", 0.0, 0.0)
       >>> link.alpha > 0 and link.beta > 0
       True
     """
-    from ..algorithms.dense import dense_path
+    from .algorithm_costs.dense import dense_path
 
     def row(n: int, seconds: float) -> tuple[int, int, float]:
         steps, nbytes, summed = dense_path(n, parts, link != "across_hosts")

@@ -1,8 +1,8 @@
 """The cost model's data: the world, the compressor options, a measured profile, a prediction.
 
 The JSON of a profile (``jaxcomm probe`` writes it, ``Auto(profile=...)`` reads it) is defined
-here; the per-kernel defaults of :data:`DEFAULT_PROFILE` come from the algorithms' modules
-(:func:`jaxcomm.algorithms.kernels`). Standard library only.
+here; the kernels of :data:`DEFAULT_PROFILE` are the algorithms' cost records'
+(:func:`jaxcomm.cost.algorithm_costs.kernels`). Standard library only.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import Any
 
 from .. import algorithms
 from ..algorithms import Setting
+from . import algorithm_costs
 
 LINK_CLASSES = ("same_process", "same_host", "across_hosts")
 """Link classes, fastest first."""
 
-KERNELS = tuple(algorithms.kernels())
-"""Local kernels whose per-element cost a profile holds (every algorithm's, from the registry)."""
+KERNELS = algorithm_costs.kernels()
+"""Local kernels whose per-element cost a profile holds (every algorithm's cost record's)."""
 
 ALGORITHMS = algorithms.planned()
 """Algorithm names the model lists by default (``jaxcomm plan``, ``benchmarks/allreduce.py``, the
@@ -32,10 +33,10 @@ be predicted."""
 QUANTIZER_KINDS = tuple(q.name for q in algorithms.quantizers())
 """The quantizers of the quantized allreduce."""
 
-AUTO_CHOICES = algorithms.auto_choices()
+AUTO_CHOICES = algorithm_costs.auto_choices()
 """What ``algorithm="auto"`` may choose from (``dense`` = jaxcomm's ring allreduce)."""
 
-DEFAULT_ALLOWED = algorithms.default_allowed()
+DEFAULT_ALLOWED = algorithm_costs.default_allowed()
 """The default candidates of ``auto``: every algorithm whose bytes do not depend on a
 user-tuned threshold (``threshold`` must be allowed explicitly, with its ``tau``)."""
 
@@ -143,11 +144,12 @@ COMMON_SETTINGS = (
     ),
 )
 """The fields of :class:`Options` that are no algorithm's setting but the gradient's (its width,
-which ``auto`` sets per bucket); the others are declared by the algorithms' modules
-(:func:`jaxcomm.algorithms.settings`)."""
+which ``auto`` sets per bucket); the others are declared by the algorithms' modules and their
+cost modules (:func:`jaxcomm.cost.algorithm_costs.settings`)."""
 
-SETTINGS = algorithms.settings() + COMMON_SETTINGS
-"""Every field of :class:`Options`: the algorithms' settings, then :data:`COMMON_SETTINGS`."""
+SETTINGS = algorithm_costs.settings() + COMMON_SETTINGS
+"""Every field of :class:`Options`: the algorithms' and their cost models' settings, then
+:data:`COMMON_SETTINGS`."""
 
 
 def _with_settings(cls: type) -> type:
@@ -176,8 +178,9 @@ class Options:
     """Compressor settings and the data-dependent quantities the byte counts need.
 
     One keyword-only field per setting: each algorithm module declares the settings it reads
-    (``Algorithm.settings``, :func:`jaxcomm.algorithms.settings`), with its default, its check
-    and the line below; ``element_bytes`` is the cost model's own (:data:`COMMON_SETTINGS`).
+    (``Algorithm.settings``) and its cost module those only the cost model reads
+    (``AlgorithmCost.settings``; :func:`jaxcomm.cost.algorithm_costs.settings`), with its
+    default, its check and the line below; ``element_bytes`` is the cost model's own (:data:`COMMON_SETTINGS`).
 
     Example:
       >>> Options(density=0.01).k(1000)
@@ -371,15 +374,15 @@ class Profile:
 
 # Where and how each value was measured: MEASURED_FILE's "profile_measured".
 _DEFAULT = _MEASURED["profile"]
-_UNMEASURED = [k for k in algorithms.kernels() if k not in _DEFAULT["gamma"]]
+_UNMEASURED = [k for k in KERNELS if k not in _DEFAULT["gamma"]]
 if _UNMEASURED:
     raise ValueError(
-        f"kernels {_UNMEASURED} of the algorithm registry have no measured seconds per element: "
+        f"kernels {_UNMEASURED} of the algorithms' cost records have no measured seconds per element: "
         f"add them to {MEASURED_FILE} (profile.gamma, and profile_measured saying how)"
     )
 DEFAULT_PROFILE = Profile(
     links={c: Link(**v) for c, v in _DEFAULT["links"].items()},
-    gamma={k: float(_DEFAULT["gamma"][k]) for k in algorithms.kernels()},
+    gamma={k: float(_DEFAULT["gamma"][k]) for k in KERNELS},
     psum=Link(**_DEFAULT["psum"]),
     call=float(_DEFAULT["call"]),
     inter_process=_DEFAULT["inter_process"],

@@ -1,7 +1,7 @@
 """The time model: seconds of one call, from alpha/beta per link class and gamma per kernel.
 
-Each algorithm adds its critical path to a :class:`Tally` (its ``time`` function in
-:mod:`jaxcomm.algorithms`); :func:`predict` turns the tally into a :class:`Prediction`.
+Each algorithm adds its critical path to a :class:`Tally` (its cost record's ``time``,
+:mod:`jaxcomm.cost.algorithm_costs`); :func:`predict` turns the tally into a :class:`Prediction`.
 :func:`fit_line` is the fit ``jaxcomm probe`` measures a profile with. Standard library only
 (:func:`fit_line` imports NumPy when called).
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .. import algorithms
-from ..algorithms.dense import dense_path, ring_path
+from . import algorithm_costs
+from .algorithm_costs.dense import dense_path, ring_path
 from .ledger import bytes_sent, check_elements
 from .model import DEFAULT_PROFILE, Options, Prediction, Profile, World
 
@@ -81,11 +81,11 @@ def predict(
     """
     profile = profile or DEFAULT_PROFILE
     options = options or Options()
-    record = algorithms.get(algorithm)
+    record = algorithm_costs.get(algorithm)
     check_elements(n)
     t = Tally(profile)
     if n > 0:
-        record.time(t, n, world, options)  # the algorithm's schedule (jaxcomm/algorithms/)
+        record.time(t, n, world, options)  # the algorithm's schedule
     if n > 0:
         t.compute += profile.call
     comm = t.comm
@@ -112,7 +112,7 @@ def predict_tree(
 ) -> Prediction:
     """Predicts bytes and seconds of one step of a leaf-shaped algorithm (``powersgd``) over
     gradient leaves of ``shapes``: it sends per leaf shape, not per bucket of n elements, so
-    its calls come from the shapes (the record's ``tree_bytes`` and ``tree_time``).
+    its calls come from the shapes (its cost record's ``tree_bytes`` and ``tree_time``).
 
     Args:
       algorithm: a registered leaf-shaped name (``Algorithm.leafwise`` set).
@@ -136,7 +136,7 @@ def predict_tree(
     """
     profile = profile or DEFAULT_PROFILE
     options = options or Options()
-    record = algorithms.get(algorithm)
+    record = algorithm_costs.get(algorithm)
     if record.tree_time is None or record.tree_bytes is None:
         raise ValueError(
             f"{algorithm!r} reduces flat buckets, not leaves by shape: predict each bucket "

@@ -472,7 +472,7 @@ def recipe_plan(
         >>> plan["pick"]["algorithm"]  # doctest: +SKIP
         'dense'
     """
-    from jaxcomm import algorithms, cost
+    from jaxcomm import cost
 
     sizes, source = gradient_sizes(recipe, elements)
     try:
@@ -481,7 +481,7 @@ def recipe_plan(
         raise RecipeError(str(exc)) from None
     if allowed is None and recipe.world.shares_gpus:
         # XLA's psum cannot run where ranks share a GPU: the pick is one of auto's choices.
-        allowed = list(algorithms.auto_choices())
+        allowed = list(cost.AUTO_CHOICES)
     if allowed:
         unknown = sorted(set(allowed) - set(cost.ALGORITHMS))
         if unknown:

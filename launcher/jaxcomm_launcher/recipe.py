@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from jaxcomm import algorithms, config
+from jaxcomm import algorithms, config, cost
 from jaxcomm_launcher.jobs.args import check_args
 
 # Bundled jobs by short name; anything else must be written `module:function`.
@@ -214,7 +214,7 @@ BACKEND_KINDS = ("local", "emulated", "mpirun", "slurm")
 _ALGORITHMS = algorithms
 ALGORITHM_NAMES = (*_ALGORITHMS.names(), _ALGORITHMS.AUTO)
 Algorithm = Literal[ALGORITHM_NAMES]  # type: ignore[valid-type]
-AutoChoice = Literal[_ALGORITHMS.auto_choices()]  # type: ignore[valid-type]
+AutoChoice = Literal[cost.AUTO_CHOICES]  # type: ignore[valid-type]
 # A choice's steps relative to dense, as auto's steps factors are given.
 StepsFactors = dict[AutoChoice, Annotated[float, Field(gt=0.0)]]
 
@@ -273,7 +273,7 @@ class JaxcommSettings(_Strict):
     label: str | None = Field(None, description="name of this entry in tables and plots")
     allowed: list[AutoChoice] | None = Field(
         None,
-        description=f"algorithms auto may choose (default: {', '.join(_ALGORITHMS.default_allowed())})",
+        description=f"algorithms auto may choose (default: {', '.join(cost.DEFAULT_ALLOWED)})",
     )
     profile: str | None = _auto_setting("profile JSON from `jaxcomm probe`")
     compute_seconds: float | None = _auto_setting(

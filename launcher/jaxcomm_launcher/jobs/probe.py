@@ -194,7 +194,7 @@ def _add_kernels(b: _Bench) -> _Kernels:
     """Adds the call overhead and each local kernel through ``jaxcomm.ops`` to the rounds."""
     import jaxcomm
     from jaxcomm import algorithms, cost
-    from jaxcomm.algorithms.powersgd import matrix_of
+    from jaxcomm.cost.algorithm_costs.powersgd import matrix_of
 
     kernel_n, local, rounds = b.args.kernel_elements, b.local, b.rounds
     # Per-call overhead: a jitted shard_mapped step that does (almost) nothing.
@@ -204,8 +204,8 @@ def _add_kernels(b: _Bench) -> _Kernels:
     # sum: in place (the accumulator donated and fed back), as the C++ reductions add into
     # their buffer; a fresh output per call would time page faults instead.
     rounds.add("gamma.sum", b.per_device(lambda a, c: a + c, zeros, x, donate=(0,)))
-    # matmul: PowerSGD's thin products (jaxcomm/algorithms/powersgd.py), a near-square matrix
-    # of the kernel's elements times a (columns x 4) one, per multiply-add.
+    # matmul: PowerSGD's thin products (jaxcomm/cost/algorithm_costs/powersgd.py), a
+    # near-square matrix of the kernel's elements times a (columns x 4) one, per multiply-add.
     _, mm_columns = matrix_of(kernel_n)
     mm_rows = kernel_n // mm_columns
     thin = b.rng.standard_normal((local, mm_columns, MATMUL_RANK)).astype(np.float32)
