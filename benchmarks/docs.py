@@ -834,6 +834,16 @@ def e2e_heldout(results: pathlib.Path) -> str:
     return "\n\n".join([summary, *parts])
 
 
+@section("docs/e2e.md", "diloco-sites-inner")
+def diloco_sites_inner(results: pathlib.Path) -> str:
+    """DiLoCo over sites' inner average (psum and dense over each site's devices, ``axis=local``)
+    against the hierarchical dense allreduce of the same gradient, 2 sites of 2 devices."""
+    name = "diloco-sites-inner-emulated-100mbit-2x2"
+    if not (results / f"{name}.json").exists():
+        return f"No `benchmarks/results/{name}.json` yet."
+    return _allreduce_table(load(results, name), f"{name}.json")
+
+
 @section("docs/e2e.md", "e2e-burst")
 def e2e_burst(results: pathlib.Path) -> str:
     """digits-small at 100 Mbit/s with a 4 KB tbf burst (``results/e2e-burst4kb/e2e.json``):
