@@ -451,12 +451,8 @@ def main() -> None:
         help="recipe fields for every cell, dotted.key=value (e.g. train.steps=100)",
     )
     parser.add_argument("--compute-steps", type=int, default=20)
-    parser.add_argument(
-        "--compute-max-age",
-        type=float,
-        default=3.0,
-        help="hours after which a workload's compute step is measured again before a run",
-    )
+    max_age = "hours after which a workload's compute step is measured again before a run"
+    parser.add_argument("--compute-max-age", type=float, default=3.0, help=max_age)
     parser.add_argument("--timeout", type=float, default=3600)
     parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
     parser.add_argument("--work", type=pathlib.Path, default=None, help="run directories")

@@ -308,28 +308,25 @@ def measured_steps_factor(
             for p in (out / "cells" / workload).glob(f"*-{nodes}x{devices}/*-s*.json")
         }
     )
-    factors = _seed_steps_factor(out, workload, nodes, seed, half, warmup, devices)
-    others = [
-        _seed_steps_factor(out, workload, nodes, s, half, warmup, devices)
-        for s in seeds
-        if s != seed
-    ]
+
+    def of_seed(s: int) -> dict[str, float]:
+        return _seed_steps_factor(_steps_to_target(out, workload, nodes, s, devices), half, warmup)
+
+    factors = of_seed(seed)
+    others = [of_seed(s) for s in seeds if s != seed]
     for name in sorted({n for f in others for n in f} - set(factors)):
         factors[name] = round(statistics.median(f[name] for f in others if name in f), 3)
     return factors
 
 
 def _seed_steps_factor(
-    out: pathlib.Path,
-    workload: str,
-    nodes: int,
-    seed: int,
+    seed_cells: tuple[dict[str, list[dict[str, Any]]], Callable[[str], tuple[int, bool] | None]],
     half: bool,
-    warmup: bool = True,
-    devices: int = 1,
+    warmup: bool,
 ) -> dict[str, float]:
     """Steps to the workload's target of each of auto's choices, relative to dense, from the
-    cells of this workload already run (any network; the seed's own cells).
+    cells of this workload already run with one seed (any network): `seed_cells` is
+    :func:`_steps_to_target`'s answer for that seed.
 
     Dense is ``dense-bf16`` for auto with 16-bit gradients (its dense buckets use that wire),
     else ``dense``. A run that stopped at its cap without reaching the target needed more
@@ -344,7 +341,7 @@ def _seed_steps_factor(
     Returns:
       ``{name: factor}`` for the choices measured (empty if dense itself has no cell).
     """
-    runs, steps = _steps_to_target(out, workload, nodes, seed, devices)
+    runs, steps = seed_cells
     dense = steps("dense-bf16" if half else "dense")
     if dense is None or not dense[1]:
         return {}
