@@ -22,10 +22,10 @@ same world before: a cell of its own, ``cells/profiles/<network>.json``).
 Before its first run, the grid measures each workload's compute step on one pinned core
 (``cells/<workload>/compute.json``, ``compute-4x1.json`` for 4 nodes), and again before a run
 when the last measurement is older than ``--compute-max-age`` hours: this machine's compute
-step has drifted by half between sittings, and a prediction is only as good as the compute
-step it adds. With the profile, ``jaxcomm.cost.plan`` predicts every cell's step time (compute
-+ the reduction) from the compute step measured in the cell's sitting, and the report shows it
-beside the measured one.
+step has drifted by half between runs of the grid, and a prediction is only as good as the
+compute step it adds. With the profile, ``jaxcomm.cost.plan`` predicts every cell's step time
+(compute + the reduction) from the compute step last measured before the cell ran, and the
+report shows it beside the measured one.
 
 The report (``--report`` alone redraws it from the cells) prints, per workload and network:
 time to target, the speedup over the fastest dense 16-bit run (``psum-bf16`` or

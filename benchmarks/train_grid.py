@@ -97,7 +97,7 @@ DEFAULT_ALGORITHMS = [
     or entry["algorithm"] in ALGORITHMS.default_allowed()
 ]
 BASELINES_16BIT = ("psum-bf16", "dense-bf16")
-# DiLoCo cells (issue 26; not in the default grid, --algorithms names them): AdamW inner steps,
+# DiLoCo cells (not in the default grid, --algorithms names them): AdamW inner steps,
 # an outer step every DILOCO_EVERY with dense fp32 (MaxText's), dense bf16 or any compressed
 # algorithm of the registry, and streaming (the compressed outer allreduce applied
 # DILOCO_DELAY steps later, overlapped with the inner steps). No step-time prediction. The

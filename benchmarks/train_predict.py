@@ -111,8 +111,8 @@ def predict_step(
     ``1 .. steps-1`` of the run, else the step after the warm-up.
 
     16-bit cells: jaxcomm's dense reduction goes on its 16-bit wire (``element_bytes=2``, what
-    ``auto`` weighs too); XLA's bf16 ``lax.pmean`` was measured no faster than its fp32 one
-    (README of issue 23), so it is predicted as fp32.
+    ``auto`` weighs too); XLA's bf16 ``lax.pmean`` was measured no faster than its fp32 one,
+    so it is predicted as fp32.
     """
     if compute_s is None or "diloco" in VARIANTS[label]:
         return None

@@ -162,7 +162,7 @@ def repredict(args: argparse.Namespace, cells: list[dict[str, Any]]) -> None:
 
     An auto cell is predicted with the profile its run read (its decisions name the probe),
     so that the prediction is of the choices it made: a profile probed later may choose
-    otherwise (lbann-mlp at 1 Gbit/s: BlockQuant with this session's profile, TopK-allgather
+    otherwise (lbann-mlp at 1 Gbit/s: BlockQuant with the current profile, TopK-allgather
     with the one the run read), and the step it would then predict is not the run's."""
     sources = _profiles_by_source(args.out)
     for c in cells:
