@@ -28,7 +28,10 @@ from conftest import REPO_ROOT
 
 import jaxcomm
 
-SCRIPTS = [REPO_ROOT / "benchmarks" / name for name in ("_bench.py", "docs.py", "overlap_job.py")]
+SCRIPTS = [
+    REPO_ROOT / "benchmarks" / name
+    for name in ("_bench.py", "docs.py", "overlap_job.py", "train.py", "train_grid.py")
+]
 
 
 def _modules(package: types.ModuleType) -> list[str]:
@@ -92,6 +95,7 @@ def _load_script(path):  # noqa: ANN001, ANN202
     try:
         spec = importlib.util.spec_from_file_location(f"_doctest_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # a dataclass looks its module up while it is built
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(path.parent))

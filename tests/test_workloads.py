@@ -159,6 +159,13 @@ def _train_script():
     return module
 
 
+def _train_part(name: str):
+    """A module of the grid that benchmarks/train.py imports (``train_grid``,
+    ``train_predict``, ``train_report``), as the script loaded it."""
+    _train_script()
+    return sys.modules[name]
+
+
 def test_every_train_benchmark_name_validates_as_a_recipe():
     """Every reduction, workload and network benchmarks/train.py accepts makes a recipe the
     launcher accepts (a stale name, like `topk` after its rename, fails here)."""
@@ -194,7 +201,7 @@ def test_sites_cells_run_two_nodes_of_two_devices():
         (settings,) = recipe.variants()
         assert (settings.diloco is not None and settings.diloco.sites) == (label in sites)
     stream = train.VARIANTS["diloco-sites-stream-gtopk"]["diloco"]
-    assert stream["sites"] and stream["delay"] == train.DILOCO_DELAY
+    assert stream["sites"] and stream["delay"] == _train_part("train_grid").DILOCO_DELAY
     out = pathlib.Path("/e2e")
     assert train.cell_path(out, "bytes-lm", "100mbit", 2, "x", 0, 2).parent.name == "100mbit-2x2"
     assert train.compute_path(out, "bytes-lm", 2, 2).name == "compute-2x2.json"
@@ -261,16 +268,16 @@ def test_predict_step_of_powersgd_reads_its_leaf_shapes():
     assert not [v for v in train.VARIANTS if v.startswith("diloco") and "powersgd" in v]
     recipe = train.cell_recipe("digits-small", "1gbit", 2, "powersgd", 0, None, None, [])
     world = cost.World(processes=2, devices_per_process=1, inter_process="across_hosts")
-    shapes = train.leaf_shapes("digits-small", recipe)
+    shapes = _train_part("train_predict").leaf_shapes("digits-small", recipe)
     assert any(len(s) == 2 for s in shapes)
     compressed = cost.predict_tree("powersgd", shapes, world).seconds
-    total = sum(train.leaf_sizes("digits-small", recipe))
+    total = sum(_train_part("train_predict").leaf_sizes("digits-small", recipe))
     dense = cost.predict("dense", total, world).seconds
     after = train.predict_step("digits-small", recipe, "powersgd", "1gbit", 2, 0.01, None)
     assert after["comm_s"] == pytest.approx(compressed) and after["algorithm"] == "powersgd"
     assert after["buckets"] is None
     # Timed steps 1 .. 2W-1 of a run with a warm-up phase of W steps: W-1 dense, W compressed.
-    phase = train.warmup_phase("digits-small", recipe)
+    phase = _train_part("train_predict").warmup_phase("digits-small", recipe)
     run = train.predict_step(
         "digits-small", recipe, "powersgd", "1gbit", 2, 0.01, None, steps=2 * phase
     )
@@ -311,7 +318,9 @@ def test_measured_steps_factors_with_and_without_the_warmup(tmp_path):
     without = train.measured_steps_factor(tmp_path, "lbann-mlp", 2, 0, True, warmup=False)
     assert without == {"dense": 1.0, "topk_allgather": 2.0, "gtopk": 2.5}
     assert (
-        train._auto_pick(json.loads(next(tmp_path.glob("cells/*/1gbit-2x1/auto*")).read_text()))
+        _train_part("train_grid").auto_pick(
+            json.loads(next(tmp_path.glob("cells/*/1gbit-2x1/auto*")).read_text())
+        )
         == "gtopk (no warm-up)"
     )
 
@@ -356,9 +365,10 @@ def test_compute_step_is_measured_again_when_stale_and_cells_use_their_sittings(
     assert len(launched) == 1
 
     stamp = data["measured_at"]
-    assert train.compute_at(path, None) == 0.1  # a cell from before: the first measurement
-    assert train.compute_at(path, stamp) == 0.3
-    assert train.compute_at(path, "2000-01-01T00:00:00Z") == 0.1
+    grid = _train_part("train_grid")
+    assert grid.compute_at(path, None) == 0.1  # a cell from before: the first measurement
+    assert grid.compute_at(path, stamp) == 0.3
+    assert grid.compute_at(path, "2000-01-01T00:00:00Z") == 0.1
 
 
 def test_a_seed_without_cells_of_its_own_gets_the_other_seeds_steps_factors(tmp_path):
