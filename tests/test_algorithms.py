@@ -221,8 +221,7 @@ _NEW_COST_MODULE = '''
 
 from __future__ import annotations
 
-from ...algorithms._base import F32
-from ._base import AlgorithmCost
+from ._base import F32, AlgorithmCost
 
 
 def _bytes(n, world, options, rank):

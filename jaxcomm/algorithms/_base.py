@@ -1,4 +1,4 @@
-"""The record every algorithm module fills in, and the arithmetic their specs share.
+"""The record every algorithm module fills in, and the helpers their modules share.
 
 Standard library only: the launcher and :mod:`jaxcomm.cost` read the registry without JAX.
 An algorithm's JAX side (its FFI attributes) is a function of the record that imports NumPy
@@ -15,9 +15,6 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-
-F32 = 4
-"""Bytes per float32 value or uint32 word."""
 
 
 def module_records(package: str, path: Iterable[str], attribute: str) -> list[Any]:
@@ -76,30 +73,6 @@ def ceil_div(a: int, b: int) -> int:
       3
     """
     return -(-a // b)
-
-
-def even_begin(n: int, parts: int, chunk: int) -> int:
-    """First element of chunk ``chunk`` when ``n`` elements split into ``parts`` near-even chunks.
-
-    ffi/quantized_common.h ``EvenBegin`` and ffi/allreduce.cc ``ChunkBegin``: the first
-    ``n % parts`` chunks hold one element more.
-
-    Example:
-      >>> [even_begin(10, 3, c) for c in range(4)]
-      [0, 4, 7, 10]
-    """
-    return chunk * (n // parts) + min(chunk, n % parts)
-
-
-def even_size(n: int, parts: int, chunk: int) -> int:
-    """Elements of chunk ``chunk % parts`` of :func:`even_begin`'s split.
-
-    Example:
-      >>> even_size(10, 3, 0), even_size(10, 3, 4)
-      (4, 3)
-    """
-    chunk %= parts
-    return even_begin(n, parts, chunk + 1) - even_begin(n, parts, chunk)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The record every algorithm's cost module fills in: its byte ledger, time model, local kernels
-and place among ``algorithm="auto"``'s candidates.
+"""The record every algorithm's cost module fills in (its byte ledger, time model, local kernels
+and place among ``algorithm="auto"``'s candidates), and the arithmetic their schedules share.
 
 Standard library only. The functions receive the cost model's ``World``, ``Options`` and time
 tally as arguments rather than importing them, so this package loads before
@@ -13,6 +13,34 @@ from collections.abc import Callable
 from typing import Any
 
 from ...algorithms import Setting
+
+F32 = 4
+"""Bytes per float32 value or uint32 word."""
+
+
+def even_begin(n: int, parts: int, chunk: int) -> int:
+    """First element of chunk ``chunk`` when ``n`` elements split into ``parts`` near-even chunks.
+
+    ffi/quantized_common.h ``EvenBegin`` and ffi/allreduce.cc ``ChunkBegin``: the first
+    ``n % parts`` chunks hold one element more.
+
+    Example:
+      >>> [even_begin(10, 3, c) for c in range(4)]
+      [0, 4, 7, 10]
+    """
+    return chunk * (n // parts) + min(chunk, n % parts)
+
+
+def even_size(n: int, parts: int, chunk: int) -> int:
+    """Elements of chunk ``chunk % parts`` of :func:`even_begin`'s split.
+
+    Example:
+      >>> even_size(10, 3, 0), even_size(10, 3, 4)
+      (4, 3)
+    """
+    chunk %= parts
+    return even_begin(n, parts, chunk + 1) - even_begin(n, parts, chunk)
+
 
 BytesFn = Callable[[int, Any, Any, int], int]
 """``(n, world, options, rank) -> bytes`` that world rank ``rank`` sends (n > 0, P > 1)."""

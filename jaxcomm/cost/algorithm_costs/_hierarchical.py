@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...algorithms import Algorithm
-from ...algorithms._base import F32, ceil_div, even_size
-from ._base import AlgorithmCost
+from ...algorithms._base import ceil_div
+from ._base import F32, AlgorithmCost, even_size
 from .dense import direct_ag_bytes, direct_rs_bytes
 
 

@@ -14,8 +14,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ...algorithms._base import F32, ceil_div
-from ._base import AlgorithmCost
+from ...algorithms._base import ceil_div
+from ._base import F32, AlgorithmCost
 
 WordsFn = Callable[[int, Any, int, str], int]
 """``(m, options, parts, stage) -> used words`` of one slice of ``m`` elements; stage

@@ -12,8 +12,8 @@ import functools
 from typing import Any
 
 from ... import config
-from ...algorithms._base import F32, ceil_div, even_size
-from ._base import AlgorithmCost
+from ...algorithms._base import ceil_div
+from ._base import F32, AlgorithmCost, even_size
 
 SMALL_ALLREDUCE_SETTING = "JAXCOMM_SMALL_ALLREDUCE_BYTES"
 """The setting (declared in :data:`jaxcomm.config.SETTINGS`, read by ffi/allreduce.cc)."""

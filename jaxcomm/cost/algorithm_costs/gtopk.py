@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...algorithms._base import F32
-from ._base import AlgorithmCost
+from ._base import F32, AlgorithmCost
 
 
 def schedule(rank: int, parts: int) -> list[tuple[str, int]]:

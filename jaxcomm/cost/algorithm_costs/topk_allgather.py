@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...algorithms._base import F32
-from ._base import AlgorithmCost
+from ._base import F32, AlgorithmCost
 
 
 def _bytes(n: int, world: Any, options: Any, rank: int) -> int:
