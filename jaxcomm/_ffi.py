@@ -208,9 +208,13 @@ def read_json(symbol: str) -> Any:
 
     fn = getattr(library(), symbol)
     size = fn(None, 0)
-    buffer = ctypes.create_string_buffer(size + 1)
-    fn(buffer, size + 1)
-    return json.loads(buffer.value.decode())
+    while True:
+        # The text may grow between the calls (collectives still finishing on the engine's
+        # thread): a return of at least the capacity means it was cut, so read it again.
+        buffer = ctypes.create_string_buffer(size + 1)
+        size = fn(buffer, size + 1)
+        if size < len(buffer):
+            return json.loads(buffer.value.decode())
 
 
 @functools.cache

@@ -91,3 +91,19 @@ def test_every_exported_function_has_its_declared_prototype():
         if (row[0], list(row[1])) != exported[name]
     }
     assert wrong == {}
+
+
+def test_a_json_reader_whose_text_grew_between_calls_is_read_again(monkeypatch):
+    # The metrics grow while collectives finish on the engine's thread: the text the second
+    # call copies can be longer than the size the first returned. The C function then
+    # returns the full length (>= the capacity), and the reader asks again.
+    texts = iter(['{"a": 1}', '{"a": 1, "b": 2}', '{"a": 1, "b": 2}'])
+
+    def reader(buffer, capacity):
+        text = next(texts).encode()
+        if buffer is not None:
+            ctypes.memmove(buffer, text[: capacity - 1], min(len(text), capacity - 1))
+        return len(text)
+
+    monkeypatch.setattr(_ffi, "library", lambda: type("Lib", (), {"grows": reader}))
+    assert _ffi.read_json("grows") == {"a": 1, "b": 2}
