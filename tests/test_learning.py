@@ -43,6 +43,11 @@ def _explored(
     return learner
 
 
+def _last(event: str) -> dict:
+    """The learners' latest record of `event` ("decision", "pruned", ...)."""
+    return [d for d in learn.decisions() if d["event"] == event][-1]
+
+
 def test_learner_picks_the_fastest_loss_per_second():
     # gTop-k: 80 % of dense's decrease per step at 40 % of its seconds.
     learner = _explored(
@@ -51,7 +56,7 @@ def test_learner_picks_the_fastest_loss_per_second():
         rounds=2,
     )
     assert learner.chosen == "gtopk"
-    decision = [d for d in learn.decisions() if d["event"] == "decision"][-1]
+    decision = _last("decision")
     assert decision["choice"] == "gtopk"
     # The steps factor: dense's decrease per step over gTop-k's, each with the training's own
     # mean decrease over the six windows (0.005 / (1 + s / 100) over steps 0-59).
@@ -76,7 +81,7 @@ def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     )
     assert learner.chosen == "gtopk"
     assert [w["arm"] for w in learner.windows].count("dense") == 1
-    pruned = [d for d in learn.decisions() if d["event"] == "pruned"][-1]
+    pruned = _last("pruned")
     assert pruned["arms"] == ["dense"] and pruned["step"] == 30
 
 
