@@ -4,7 +4,7 @@ whose extra time per extra selected entry is ``topk.entry``), each quantizer's c
 decompress (``quantize.*``, ``decode.*``), the sparse merge of two k-entry sets (``merge``, per
 input entry), PowerSGD's thin product (``matmul``, per multiply-add) and an in-place float32
 add (``sum``). The kernels' gamma is then rescaled inside their collectives
-(:func:`jaxcomm.cost.measure.calibrate_gamma`).
+(:func:`jaxcomm.cost.fit.calibrate_gamma`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Kernels:
 
 def add_kernels(rounds: Any, n: int) -> Kernels:
     """Adds the call overhead and each local kernel on ``n`` elements to ``rounds`` (a
-    :class:`jaxcomm.cost.probe.Rounds`)."""
+    :class:`jaxcomm.cost.timing.Rounds`)."""
     import numpy as np
 
     import jaxcomm

@@ -2,26 +2,27 @@
 
 :mod:`jaxcomm.cost.measure` measures what ``auto`` needs at start, quickly (the call, ``sum``,
 one link, the candidates' collectives). :func:`probe_world` measures everything the model
-reads, with more sizes and repeats, using that module's collectives and fits:
+reads, with more sizes and repeats, on the same collectives (:mod:`jaxcomm.cost.timing`) and
+fits (:mod:`jaxcomm.cost.fit`):
 
 * links: ``jaxcomm.allreduce`` over all ranks at each of ``sizes`` and a latency test, fitted
-  by :func:`~jaxcomm.cost.measure.fit_link`. This measures the slowest link class of the
+  by :func:`~jaxcomm.cost.fit.fit_link`. This measures the slowest link class of the
   world: between processes (``same_host``, or ``across_hosts`` when the processes are on
   different hosts or emulated ones), or between the devices of one process when there is a
   single process. With several processes of several devices, a ring over each process's
   devices alone measures ``same_process`` too. Classes a world cannot measure keep the
   built-in default (``measured`` lists the others).
 * psum: ``lax.psum`` at the same sizes and over a tree of :data:`PSUM_TREE_LEAVES` leaves,
-  fitted to ``alpha * operands + beta * ring bytes`` (:func:`fit_psum`). XLA:CPU runs the one
+  fitted to ``alpha * operands + beta * ring bytes`` (:func:`~jaxcomm.cost.fit.fit_psum`). XLA:CPU runs the one
   all-reduce that ``lax.psum`` of a tree emits as one collective per operand, each paying its
   latency, so alpha is the cost of an operand.
 * call: a jitted shard_mapped step that adds 1 to one element (dispatch and synchronization).
 * gamma: each local kernel through ``jaxcomm.ops`` on ``kernel_elements`` elements per device
   (:mod:`jaxcomm.cost.kernels`), then rescaled to what it costs inside its collective by
-  :func:`~jaxcomm.cost.measure.calibrate_gamma` (gTop-k, gTop-k at the warm-up's density, and
+  :func:`~jaxcomm.cost.fit.calibrate_gamma` (gTop-k, gTop-k at the warm-up's density, and
   each quantized allreduce).
 
-Every call runs on every rank at once, in interleaved rounds (:class:`Rounds`), the median of
+Every call runs on every rank at once, in interleaved rounds (:class:`~jaxcomm.cost.timing.Rounds`), the median of
 ``repeats`` is kept, and the medians are averaged over the ranks before anything is fitted,
 so every rank returns the same profile.
 """
@@ -29,72 +30,25 @@ so every rank returns the same profile.
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import measure
-from .kernels import TOPK_DENSITY, WIDE_DENSITY, Kernels, add_kernels, fit_gamma
+from .fit import (
+    LATENCY_ELEMENTS,
+    PSUM_TREE_ELEMENTS,
+    PSUM_TREE_LEAVES,
+    calibrate_gamma,
+    fit_link,
+    fit_psum,
+)
+from .kernels import WIDE_DENSITY, Kernels, add_kernels, fit_gamma
 from .model import Options, World
+from .timing import AXIS, Rounds, agree, mesh
 
-__all__ = ["Rounds", "fit_psum", "inter_process_link", "probe_world"]
+__all__ = ["inter_process_link", "probe_world"]
 
-LATENCY_ELEMENTS = measure.LATENCY_ELEMENTS
-# lax.psum of a tree: this many leaves of PSUM_TREE_ELEMENTS each (a model's gradient tree,
-# e.g. bytes-lm's 70 leaves), to measure what each operand of its all-reduce costs.
-PSUM_TREE_LEAVES, PSUM_TREE_ELEMENTS = 64, 1 << 12
 LOCAL = ("proc", "local")
-
-
-class Rounds:
-    """Times named calls in interleaved rounds: every call once per round, ``repeats`` rounds.
-
-    On a machine shared with other work a burst of load then slows one sample of every call
-    instead of all samples of one call, so the medians stay comparable with each other.
-    """
-
-    def __init__(self, mesh: Any, seed: int) -> None:
-        import jax
-        import numpy as np
-
-        import jaxcomm
-
-        self.mesh, self.local = mesh, mesh.local_mesh.size
-        self.rng = np.random.default_rng(seed)
-        self.calls: dict[str, Callable[[], Any]] = {}
-        ones = np.ones((self.local, 1), np.float32)
-        self._barrier = measure._per_device(
-            mesh, lambda v: jaxcomm.allreduce(v, measure.AXIS), ones
-        )
-        self._ranks = mesh.size
-        self._block = jax.block_until_ready
-
-    def normal(self, n: int) -> Any:
-        """The next ``(local devices, n)`` standard normal float32 block of this rank."""
-        import numpy as np
-
-        return self.rng.standard_normal((self.local, n)).astype(np.float32)
-
-    def per_device(self, fn: Callable, *rows: Any, donate: bool = False) -> Callable:
-        """A call of ``fn`` on every local device at once (:mod:`jaxcomm.cost.measure`'s)."""
-        return measure._per_device(self.mesh, fn, *rows, donate=donate)
-
-    def add(self, name: str, fn: Callable[[], Any]) -> None:
-        self._block(fn())  # compile
-        self._block(fn())  # a second warm-up: first calls set up connections, pages
-        self.calls[name] = fn
-
-    def run(self, repeats: int) -> dict[str, float]:
-        samples: dict[str, list[float]] = {name: [] for name in self.calls}
-        for _ in range(repeats):
-            for name, fn in self.calls.items():
-                if self._ranks > 1:
-                    self._block(self._barrier())  # every rank starts the call together
-                t0 = time.perf_counter()
-                self._block(fn())
-                samples[name].append(time.perf_counter() - t0)
-        return {name: statistics.median(ts) for name, ts in samples.items()}
 
 
 def inter_process_link() -> str:
@@ -133,12 +87,12 @@ def _add_links(rounds: Rounds, sizes: Sequence[int], inter: str) -> dict[str, in
     ranks, local = rounds.mesh.size, rounds.local
     if ranks > 1:
         name = "same_process" if jax.process_count() == 1 else inter
-        add_ring(rounds.mesh, measure.AXIS, P(measure.AXIS), ranks, name)
+        add_ring(rounds.mesh, AXIS, P(AXIS), ranks, name)
         for n in sizes:
-            rounds.add(f"psum.{n}", rounds.per_device(lambda v: lax.psum(v, measure.AXIS),
+            rounds.add(f"psum.{n}", rounds.per_device(lambda v: lax.psum(v, AXIS),
                                                       rounds.normal(n)))  # fmt: skip
         leaves = [rounds.normal(PSUM_TREE_ELEMENTS) for _ in range(PSUM_TREE_LEAVES)]
-        tree = rounds.per_device(lambda *vs: lax.psum(list(vs), measure.AXIS), *leaves)
+        tree = rounds.per_device(lambda *vs: lax.psum(list(vs), AXIS), *leaves)
         rounds.add("psum.tree", tree)
     if jax.process_count() > 1 and local > 1:
         proc_mesh = Mesh(np.asarray(jax.devices()).reshape(jax.process_count(), local), LOCAL)
@@ -173,7 +127,7 @@ def _add_calibrations(
     for calibration, (compressor, _, _) in calibrations.items():
 
         def reduce(v: Any, r: Any, c: Any = compressor) -> tuple:
-            return jaxcomm.compressed_allreduce(v, r, measure.AXIS, c)
+            return jaxcomm.compressed_allreduce(v, r, AXIS, c)
 
         rounds.add(f"calibration.{calibration}", rounds.per_device(reduce, x, zeros))
     return {c: (names, opts) for c, (_, names, opts) in calibrations.items()}
@@ -182,46 +136,16 @@ def _add_calibrations(
 def _fit_links(
     t: Mapping[str, float], rings: Mapping[str, int], sizes: Sequence[int], gamma_sum: float
 ) -> dict[str, dict[str, float]]:
-    """Each ring's link (:func:`~jaxcomm.cost.measure.fit_link`)."""
+    """Each ring's link (:func:`~jaxcomm.cost.fit.fit_link`)."""
     links: dict[str, dict[str, float]] = {}
     for name, parts in rings.items():
-        link = measure.fit_link(
+        link = fit_link(
             t[f"ring.{name}.{LATENCY_ELEMENTS}"],
             {n: t[f"ring.{name}.{n}"] for n in sizes},
             parts, name, t["call"], gamma_sum,
         )  # fmt: skip
         links[name] = dataclasses.asdict(link)
     return links
-
-
-def fit_psum(t: Mapping[str, float], sizes: Sequence[int], ranks: int) -> dict[str, float]:
-    """lax.psum's line: alpha per operand, beta per ring byte, beyond the call overhead.
-
-    Args:
-      t: the medians: ``call``, ``psum.<n>`` for each of ``sizes`` and ``psum.tree``.
-      sizes: the single arrays' elements per rank.
-      ranks: ranks of the all-reduce.
-
-    Returns:
-      ``{"alpha": ..., "beta": ...}``, the profile's ``psum``.
-
-    Example:
-      >>> t = {"call": 0.0, "psum.1024": 1e-4, "psum.1048576": 1e-2, "psum.tree": 7e-3}
-      >>> sorted(fit_psum(t, [1024, 1048576], 2))
-      ['alpha', 'beta']
-    """
-    from .ledger import ring_bytes
-    from .timemodel import fit_line
-
-    call = t["call"]
-    # [operands, ring bytes]: the single arrays and the tree (one all-reduce of its leaves).
-    tree_bytes = PSUM_TREE_LEAVES * ring_bytes(PSUM_TREE_ELEMENTS, ranks, 0)
-    rows = [[1.0, ring_bytes(n, ranks, 0)] for n in sizes]
-    rows.append([float(PSUM_TREE_LEAVES), tree_bytes])
-    ys = [max(0.0, t[f"psum.{n}"] - call) for n in sizes]
-    ys.append(max(0.0, t["psum.tree"] - call))
-    a, b = fit_line(rows, ys)
-    return {"alpha": a, "beta": b}
 
 
 def probe_world(sizes: Sequence[int], kernel_elements: int, repeats: int) -> dict[str, Any]:
@@ -239,30 +163,30 @@ def probe_world(sizes: Sequence[int], kernel_elements: int, repeats: int) -> dic
 
     Example:
       >>> data = probe_world([4096, 65536], 1 << 16, 3)  # doctest: +SKIP
-      >>> Profile.from_json({**data, "source": "here"}).save("profile.json")  # doctest: +SKIP
+      >>> jaxcomm.cost.Profile.from_json({**data, "source": "here"}).save("profile.json")  # doctest: +SKIP
     """
     import jax
 
-    mesh = measure._mesh()
+    world_mesh = mesh()
     inter = inter_process_link()
-    rounds = Rounds(mesh, 1000 + jax.process_index())
+    rounds = Rounds(world_mesh, 1000 + jax.process_index())
     kernels = add_kernels(rounds, kernel_elements)
     rings = _add_links(rounds, sizes, inter)
     calibrations = _add_calibrations(rounds, kernels, kernel_elements)
-    t = measure._agree(rounds.run(repeats))
+    t = agree(rounds.run(repeats))
     gamma = fit_gamma(t, kernel_elements, kernels)
     links = _fit_links(t, rings, sizes, gamma["sum"])
     measured = ["call", *(f"gamma.{name}" for name in gamma), *(f"links.{n}" for n in links)]
     data: dict[str, Any] = {"version": 1, "inter_process": inter, "links": links}
     data["call"] = t["call"]
-    if mesh.size > 1:
-        data["psum"] = fit_psum(t, sizes, mesh.size)
+    if world_mesh.size > 1:
+        data["psum"] = fit_psum(t, sizes, world_mesh.size)
         measured.append("psum")
     # Calibrate gamma inside the collectives: a kernel inside a collective does not run as it
     # does alone (other buffers, the handler's threads, memory shared with the transport).
     world = World(jax.process_count(), rounds.local, inter)
     times = {c: t[f"calibration.{c}"] for c in calibrations}
-    scales = measure.calibrate_gamma(gamma, calibrations, times, data, world, kernel_elements)
+    scales = calibrate_gamma(gamma, calibrations, times, data, world, kernel_elements)
     samples = {"kernel_elements": kernel_elements, "medians": t, "calibration_scales": scales}
     return {**data, "gamma": gamma, "measured": measured, "hardware": measure.hardware(),
             "samples": samples}  # fmt: skip
