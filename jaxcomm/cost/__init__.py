@@ -35,13 +35,16 @@ Layout
   (:func:`jaxcomm.algorithms.settings`) plus the gradient's ``element_bytes``;
 * :mod:`jaxcomm.cost.ledger`: the byte ledger (each algorithm's schedule lives in its module
   of :mod:`jaxcomm.algorithms`);
-* :mod:`jaxcomm.cost.timemodel`: the time model and the probe's fit;
+* :mod:`jaxcomm.cost.timemodel`: the time model and its least-squares line;
 * :mod:`jaxcomm.cost.choose`: predictions for every candidate and the fastest one;
 * :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log;
 * :mod:`jaxcomm.cost.schedule`: auto under a density schedule (each phase's ``Auto``, and
   whether the warm-up is followed);
 * :mod:`jaxcomm.cost.measure`: ``auto`` without a profile measures the run's own world
   (:func:`measure_world`; it needs JAX when called);
+* :mod:`jaxcomm.cost.probe`: ``jaxcomm probe``'s thorough measurement (:func:`probe_world`:
+  more sizes, ``lax.psum``, every kernel, :mod:`jaxcomm.cost.kernels`), on the same
+  collectives (:mod:`jaxcomm.cost.timing`) and fits (:mod:`jaxcomm.cost.fit`);
 * :mod:`jaxcomm.cost.learn`: the steps each compressor costs, learned from the run.
 
 The package imports neither JAX nor the compiled library (``jaxcomm plan`` imports it in the
@@ -78,6 +81,7 @@ from .ledger import (
     small_allreduce_bytes,
 )
 from .measure import measure_world
+from .probe import probe_world
 from .model import (
     ALGORITHMS,
     AUTO_CHOICES,
@@ -130,6 +134,7 @@ __all__ = [
     "fit_line",
     "follow_schedule",
     "measure_world",
+    "probe_world",
     "gtopk_sends",
     "oneshot_bytes",
     "plan",
