@@ -81,7 +81,6 @@ from .ledger import (
     small_allreduce_bytes,
 )
 from .measure import measure_world
-from .probe import probe_world
 from .model import (
     ALGORITHMS,
     AUTO_CHOICES,
@@ -100,6 +99,7 @@ from .model import (
     World,
     steps_factor_of,
 )
+from .probe import probe_world
 from .schedule import at_density, follow_schedule
 from .timemodel import Tally, dense_path, fit_line, predict, predict_tree, ring_path
 

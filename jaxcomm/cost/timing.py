@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["AXIS", "Rounds", "Timer", "agree", "gather", "mesh", "per_device"]
+__all__ = ["AXIS", "Rounds", "Timer", "agree", "barrier", "gather", "mesh", "per_device"]
 
 AXIS = "jaxcomm_measure"
 REPEATS = 5
@@ -101,60 +101,69 @@ def agree(times: Mapping[str, float]) -> dict[str, float]:
     return dict(zip(names, _reduce_rows([times[n] for n in names]), strict=True))
 
 
+def barrier(mesh: Any) -> Callable[[], None]:
+    """A call that returns once every rank of ``mesh`` has made it (a one-element
+    ``jaxcomm.allreduce``), so that every rank starts the next timed call together; with one
+    rank it does nothing."""
+    import jax
+    import numpy as np
+
+    import jaxcomm
+
+    if mesh.size == 1:
+        return lambda: None
+    ones = np.ones((mesh.local_mesh.size, 1), np.float32)
+    reduce = per_device(mesh, lambda v: jaxcomm.allreduce(v, AXIS), ones)
+
+    def wait() -> None:
+        jax.block_until_ready(reduce())
+
+    return wait
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    import jax
+
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - t0
+
+
 class Timer:
     """The least seconds of a call over :data:`REPEATS`, every rank starting it together: on a
     machine shared with other work, load only ever adds time, and a few samples' median
     still carries it."""
 
     def __init__(self, mesh: Any) -> None:
-        import numpy as np
-
-        import jaxcomm
-
-        self._barrier = per_device(
-            mesh,
-            lambda v: jaxcomm.allreduce(v, AXIS),
-            np.ones((mesh.local_mesh.size, 1), np.float32),
-        )
-        self.ranks = mesh.size
+        self._barrier = barrier(mesh)
 
     def __call__(self, fn: Callable[[], Any], repeats: int = REPEATS) -> float:
-        import jax
-
-        jax.block_until_ready(fn())  # compile
-        jax.block_until_ready(fn())  # connections, pages
+        _timed(fn)  # compile
+        _timed(fn)  # connections, pages
         samples: list[float] = []
         for i in range(repeats):
             if i >= 3 and min(samples) >= LONG_CALL_S:  # long calls vary little
                 break
-            if self.ranks > 1:
-                jax.block_until_ready(self._barrier())
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn())
-            samples.append(time.perf_counter() - t0)
+            self._barrier()
+            samples.append(_timed(fn))
         return min(samples)
 
 
 class Rounds:
-    """Times named calls in interleaved rounds: every call once per round, ``repeats`` rounds.
+    """Times named calls in interleaved rounds: every call once per round, ``repeats`` rounds,
+    and keeps each call's median.
 
     On a machine shared with other work a burst of load then slows one sample of every call
     instead of all samples of one call, so the medians stay comparable with each other.
     """
 
     def __init__(self, mesh: Any, seed: int) -> None:
-        import jax
         import numpy as np
-
-        import jaxcomm
 
         self.mesh, self.local = mesh, mesh.local_mesh.size
         self.rng = np.random.default_rng(seed)
         self.calls: dict[str, Callable[[], Any]] = {}
-        ones = np.ones((self.local, 1), np.float32)
-        self._barrier = per_device(mesh, lambda v: jaxcomm.allreduce(v, AXIS), ones)
-        self._ranks = mesh.size
-        self._block = jax.block_until_ready
+        self._barrier = barrier(mesh)
 
     def normal(self, n: int) -> Any:
         """The next ``(local devices, n)`` standard normal float32 block of this rank."""
@@ -167,17 +176,14 @@ class Rounds:
         return per_device(self.mesh, fn, *rows, donate=donate)
 
     def add(self, name: str, fn: Callable[[], Any]) -> None:
-        self._block(fn())  # compile
-        self._block(fn())  # a second warm-up: first calls set up connections, pages
+        _timed(fn)  # compile
+        _timed(fn)  # a second warm-up: first calls set up connections, pages
         self.calls[name] = fn
 
     def run(self, repeats: int) -> dict[str, float]:
         samples: dict[str, list[float]] = {name: [] for name in self.calls}
         for _ in range(repeats):
             for name, fn in self.calls.items():
-                if self._ranks > 1:
-                    self._block(self._barrier())  # every rank starts the call together
-                t0 = time.perf_counter()
-                self._block(fn())
-                samples[name].append(time.perf_counter() - t0)
+                self._barrier()
+                samples[name].append(_timed(fn))
         return {name: statistics.median(ts) for name, ts in samples.items()}
