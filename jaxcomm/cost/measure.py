@@ -7,9 +7,9 @@ process:
 * the call overhead (a jitted shard_mapped step that adds 1 to one element);
 * ``sum``: an in-place float32 add on every device;
 * the link between the ranks: ``jaxcomm.allreduce`` of 2 elements (latency) and of sizes that
-  grow fourfold until one call takes :data:`LONG_CALL_S` or reaches :data:`MAX_LINK_ELEMENTS`
-  (seconds on a slow link as on a fast one), fitted as ``jaxcomm probe`` fits it
-  (:func:`~jaxcomm.cost.fit.fit_link`);
+  grow fourfold until one call takes :data:`~jaxcomm.cost.timing.LONG_CALL_S` or reaches
+  :data:`MAX_LINK_ELEMENTS` (seconds on a slow link as on a fast one), fitted as
+  ``jaxcomm probe`` fits it (:func:`~jaxcomm.cost.fit.fit_link`);
 * each candidate compressor's whole ``jaxcomm.compressed_allreduce`` at the run's largest
   bucket (at most :data:`MAX_KERNEL_ELEMENTS`): its time beyond what the links and the other
   kernels explain sets its own kernels' gamma (:func:`~jaxcomm.cost.fit.calibrate_gamma`).
@@ -19,8 +19,8 @@ averaged over all ranks (:mod:`jaxcomm.cost.timing`) before anything is fitted, 
 holds the same profile and decides the same. The result is a :class:`~jaxcomm.cost.Profile`
 (``jaxcomm probe``'s format, ``save`` writes it) with the run's :func:`hardware`, kept for the
 rest of the process per world (:func:`world_key`). ``jaxcomm probe`` measures more, with
-the same collectives and fits (:mod:`jaxcomm.cost.probe`). A profile given to ``auto`` that was measured
-on other hardware draws a one-line warning (:func:`check_hardware`).
+the same collectives and fits (:mod:`jaxcomm.cost.probe`). A profile given to ``auto`` that
+was measured on other hardware draws a one-line warning (:func:`check_hardware`).
 
 Unlike the rest of :mod:`jaxcomm.cost` this module needs JAX and the compiled library; it is
 imported when a step that uses ``auto`` is traced, or explicitly.

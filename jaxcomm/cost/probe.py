@@ -12,19 +12,20 @@ fits (:mod:`jaxcomm.cost.fit`):
   single process. With several processes of several devices, a ring over each process's
   devices alone measures ``same_process`` too. Classes a world cannot measure keep the
   built-in default (``measured`` lists the others).
-* psum: ``lax.psum`` at the same sizes and over a tree of :data:`PSUM_TREE_LEAVES` leaves,
-  fitted to ``alpha * operands + beta * ring bytes`` (:func:`~jaxcomm.cost.fit.fit_psum`). XLA:CPU runs the one
-  all-reduce that ``lax.psum`` of a tree emits as one collective per operand, each paying its
-  latency, so alpha is the cost of an operand.
+* psum: ``lax.psum`` at the same sizes and over a tree of
+  :data:`~jaxcomm.cost.fit.PSUM_TREE_LEAVES` leaves, fitted to ``alpha * operands + beta *
+  ring bytes`` (:func:`~jaxcomm.cost.fit.fit_psum`). XLA:CPU runs the one all-reduce that
+  ``lax.psum`` of a tree emits as one collective per operand, each paying its latency, so
+  alpha is the cost of an operand.
 * call: a jitted shard_mapped step that adds 1 to one element (dispatch and synchronization).
 * gamma: each local kernel through ``jaxcomm.ops`` on ``kernel_elements`` elements per device
   (:mod:`jaxcomm.cost.kernels`), then rescaled to what it costs inside its collective by
   :func:`~jaxcomm.cost.fit.calibrate_gamma` (gTop-k, gTop-k at the warm-up's density, and
   each quantized allreduce).
 
-Every call runs on every rank at once, in interleaved rounds (:class:`~jaxcomm.cost.timing.Rounds`), the median of
-``repeats`` is kept, and the medians are averaged over the ranks before anything is fitted,
-so every rank returns the same profile.
+Every call runs on every rank at once, in interleaved rounds
+(:class:`~jaxcomm.cost.timing.Rounds`), the median of ``repeats`` is kept, and the medians are
+averaged over the ranks before anything is fitted, so every rank returns the same profile.
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def probe_world(sizes: Sequence[int], kernel_elements: int, repeats: int) -> dic
 
     Example:
       >>> data = probe_world([4096, 65536], 1 << 16, 3)  # doctest: +SKIP
-      >>> jaxcomm.cost.Profile.from_json({**data, "source": "here"}).save("profile.json")  # doctest: +SKIP
+      >>> profile = jaxcomm.cost.Profile.from_json({**data, "source": "here"})  # doctest: +SKIP
     """
     import jax
 
