@@ -4,18 +4,21 @@ whose extra time per extra selected entry is ``topk.entry``), each quantizer's c
 decompress (``quantize.*``, ``decode.*``), the sparse merge of two k-entry sets (``merge``, per
 input entry), PowerSGD's thin product (``matmul``, per multiply-add) and an in-place float32
 add (``sum``). The kernels' gamma is then rescaled inside their collectives
-(:func:`jaxcomm.cost.fit.calibrate_gamma`).
+(:func:`jaxcomm.cost.fit.calibrate_gamma`). ``auto``'s measurement at start
+(:mod:`jaxcomm.cost.measure`) times the call overhead and ``sum`` with the same steps
+(:func:`call_step`, :func:`sum_step`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .model import KERNELS, Options
+from .timing import per_device
 
-__all__ = ["Kernels", "add_kernels", "fit_gamma"]
+__all__ = ["Kernels", "add_kernels", "call_step", "fit_gamma", "sum_step"]
 
 TOPK_DENSITY = 0.001  # top-k's density of the kernel timings and of the algorithms built
 WIDE_DENSITY = 0.25  # top-k at the warm-up's first density, for gamma["topk.entry"]
@@ -32,6 +35,23 @@ class Kernels:
     matmul_elements: int  # elements of the matrix the thin product multiplies
 
 
+def call_step(mesh: Any) -> Callable[[], Any]:
+    """The per-call overhead's step on every device of ``mesh``: a jitted shard_mapped step
+    that adds 1 to one element (dispatch and synchronization, which every call pays)."""
+    import numpy as np
+
+    return per_device(mesh, lambda v: v + 1.0, np.ones((mesh.local_mesh.size, 1), np.float32))
+
+
+def sum_step(mesh: Any, rows: Any) -> Callable[[], Any]:
+    """``sum`` on every device of ``mesh``: ``rows`` (one per local device) added in place into
+    an accumulator that is donated and fed back, as the C++ reductions add into their buffer
+    (a fresh output per call would time page faults instead)."""
+    import numpy as np
+
+    return per_device(mesh, lambda a, b: a + b, np.zeros_like(rows), rows, donate=True)
+
+
 def add_kernels(rounds: Any, n: int) -> Kernels:
     """Adds the call overhead and each local kernel on ``n`` elements to ``rounds`` (a
     :class:`jaxcomm.cost.timing.Rounds`)."""
@@ -43,12 +63,10 @@ def add_kernels(rounds: Any, n: int) -> Kernels:
     from ..algorithms.powersgd import matrix_of
 
     local = rounds.local
-    rounds.add("call", rounds.per_device(lambda v: v + 1.0, np.ones((local, 1), np.float32)))
+    rounds.add("call", call_step(rounds.mesh))
     x = rounds.normal(n)
     zeros = np.zeros_like(x)
-    # sum: in place (the accumulator donated and fed back), as the C++ reductions add into
-    # their buffer; a fresh output per call would time page faults instead.
-    rounds.add("gamma.sum", rounds.per_device(lambda a, c: a + c, zeros.copy(), x, donate=True))
+    rounds.add("gamma.sum", sum_step(rounds.mesh, x))
     # matmul: PowerSGD's thin products, a near-square matrix of the kernel's elements times a
     # (columns x rank) one.
     _, columns = matrix_of(n)

@@ -41,6 +41,7 @@ from typing import Any
 
 from .. import algorithms, config
 from .fit import LATENCY_ELEMENTS, calibrate_gamma, fit_link, own_kernels
+from .kernels import call_step, sum_step
 from .model import AUTO_CHOICES, DEFAULT_PROFILE, Options, Profile, World
 from .timing import AXIS, LONG_CALL_S, Timer, agree, gather, mesh, per_device
 
@@ -229,16 +230,8 @@ def _measure_links(timer: Timer, mesh: Any, link: str, inter: str, n_kernel: int
 
     local = mesh.local_mesh.size
     times = {
-        "call": timer(per_device(mesh, lambda v: v + 1.0, np.ones((local, 1), np.float32))),
-        "sum": timer(
-            per_device(
-                mesh,
-                lambda a, b: a + b,
-                np.zeros((local, n_kernel), np.float32),
-                np.ones((local, n_kernel), np.float32),
-                donate=True,
-            )
-        ),
+        "call": timer(call_step(mesh)),
+        "sum": timer(sum_step(mesh, np.ones((local, n_kernel), np.float32))),
     }
 
     def ring(n: int) -> float:
