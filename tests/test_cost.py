@@ -629,7 +629,7 @@ def test_probe_calibrates_each_kernel_with_its_own_collective():
     collective's time, and a first calibration that the rest explains (a noisy sample under
     load skips it) does not stop the next (it once raised KeyError: 'gtopk' on a busy
     machine, and scaled the wide kernels by gtopk's factor)."""
-    from jaxcomm_launcher.jobs.probe import calibrate_gamma
+    from jaxcomm.cost.fit import calibrate_gamma
 
     world = cost.World(2, 1, "same_host")
     base = {"version": 1, "links": {}, "call": 0.0, "inter_process": "same_host"}

@@ -92,10 +92,10 @@ def test_the_timer_stops_early_on_the_ranks_mean_not_its_own_clock(monkeypatch, 
     # Each rank timing on its own clock stopped after a different number of calls, and the
     # ranks then sat in different collectives until the deadline. The stop reads the mean
     # over the ranks (faked here: long on every rank, or short), whatever this rank measured.
-    from jaxcomm.cost import measure
+    from jaxcomm.cost import timing
 
-    monkeypatch.setattr(measure, "_agree", lambda times: {"t": agreed})
-    timer = measure._Timer.__new__(measure._Timer)
+    monkeypatch.setattr(timing, "agree", lambda times: {"t": agreed})
+    timer = timing.Timer.__new__(timing.Timer)
     timer.ranks, timer._barrier = 2, lambda: None
     ran = []
     timer(lambda: ran.append(1), repeats=6)  # two untimed calls, then the timed ones

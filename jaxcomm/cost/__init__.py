@@ -37,13 +37,16 @@ Layout
   :mod:`jaxcomm.algorithms`, one ``AlgorithmCost`` per name (its schedule's bytes and time,
   its kernels, its place among ``auto``'s candidates);
 * :mod:`jaxcomm.cost.ledger`: the byte ledger, summing each algorithm's schedule per world;
-* :mod:`jaxcomm.cost.timemodel`: the time model and the probe's fit;
+* :mod:`jaxcomm.cost.timemodel`: the time model and its least-squares line;
 * :mod:`jaxcomm.cost.choose`: predictions for every candidate and the fastest one;
 * :mod:`jaxcomm.cost.auto`: ``algorithm="auto"`` at trace time and its decision log;
 * :mod:`jaxcomm.cost.schedule`: auto under a density schedule (each phase's ``Auto``, and
   whether the warm-up is followed);
 * :mod:`jaxcomm.cost.measure`: ``auto`` without a profile measures the run's own world
   (:func:`measure_world`; it needs JAX when called);
+* :mod:`jaxcomm.cost.probe`: ``jaxcomm probe``'s thorough measurement (:func:`probe_world`:
+  more sizes, ``lax.psum``, every kernel, :mod:`jaxcomm.cost.kernels`), on the same
+  collectives (:mod:`jaxcomm.cost.timing`) and fits (:mod:`jaxcomm.cost.fit`);
 * :mod:`jaxcomm.cost.learn`: the steps each compressor costs, learned from the run.
 
 The package imports neither JAX nor the compiled library (``jaxcomm plan`` imports it in the
@@ -98,6 +101,7 @@ from .model import (
     World,
     steps_factor_of,
 )
+from .probe import probe_world
 from .schedule import at_density, follow_schedule
 from .timemodel import Tally, dense_path, fit_line, predict, predict_tree, ring_path
 
@@ -132,6 +136,7 @@ __all__ = [
     "fit_line",
     "follow_schedule",
     "measure_world",
+    "probe_world",
     "gtopk_sends",
     "oneshot_bytes",
     "plan",

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from jaxcomm_launcher import __version__
+from jaxcomm_launcher.jobs.args import ProbeArgs
 from jaxcomm_launcher.recipe import Recipe, RecipeError, load_recipe
 
 EXIT_CODES = (
@@ -607,6 +608,9 @@ def _probe_recipe(rec: Recipe, args: dict[str, Any]) -> Recipe:
     return Recipe.model_validate(data)
 
 
+_PROBE = ProbeArgs().model_dump()  # the defaults `jaxcomm probe --help` shows
+
+
 @app.command(epilog=EXIT_CODES)
 def probe(
     recipe: RecipeArg,
@@ -614,14 +618,30 @@ def probe(
         pathlib.Path, typer.Option("--out", help="Where to write the profile JSON.")
     ] = pathlib.Path("profile.json"),
     set_: Overrides = None,
-    repeats: Annotated[int, typer.Option("--repeats", help="Timed calls per point.", min=1)] = 5,
+    # The measurement's settings default to the probe job's (jobs/args.py, ProbeArgs).
+    repeats: Annotated[
+        int | None,
+        typer.Option(
+            "--repeats", help=f"Timed calls per point (default {_PROBE['repeats']}).", min=1
+        ),
+    ] = None,
     sizes: Annotated[
         list[int] | None,
-        typer.Option("--sizes", help="Ring/psum sizes in elements (repeatable).", min=1),
+        typer.Option(
+            "--sizes",
+            min=1,
+            help="Ring/psum sizes in elements (repeatable) "
+            f"(default {' '.join(map(str, _PROBE['sizes']))}).",
+        ),
     ] = None,
     kernel_elements: Annotated[
-        int, typer.Option("--kernel-elements", help="Elements per kernel timing.", min=64)
-    ] = 1 << 22,
+        int | None,
+        typer.Option(
+            "--kernel-elements",
+            min=64,
+            help=f"Elements per kernel timing (default {_PROBE['kernel_elements']}).",
+        ),
+    ] = None,
     run_dir: Annotated[
         pathlib.Path | None, typer.Option("--run-dir", help="Run directory (default runs/...).")
     ] = None,
@@ -631,9 +651,10 @@ def probe(
 ) -> None:
     """Measure the cost model (alpha, beta per link class, gamma per kernel) on RECIPE's world.
 
-    Runs the `probe` job with the recipe's world and backend (local, emulated, mpirun; slurm
-    submits it, and the job writes --out when it runs) and writes the profile that
-    `jaxcomm plan --profile` and `algorithm="auto"` read.
+    Runs the library's measurement (jaxcomm.cost.probe_world) as the `probe` job with the
+    recipe's world and backend (local, emulated, mpirun; slurm submits it, and the job writes
+    --out when it runs) and writes the profile that `jaxcomm plan --profile` and
+    `algorithm="auto"` read.
 
     Example: jaxcomm probe recipes/digits-dense.yaml --out profile.json
     """
@@ -647,13 +668,9 @@ def probe(
     fresh = out.with_name(f".{out.name}.{os.getpid()}.new")
     try:
         rec = load_recipe(_resolve_recipe(recipe), set_ or [])
-        args: dict[str, Any] = {
-            "repeats": repeats,
-            "kernel_elements": kernel_elements,
-            "out": str(out if rec.backend.kind == "slurm" else fresh),
-        }
-        if sizes:
-            args["sizes"] = list(sizes)
+        given = {"repeats": repeats, "kernel_elements": kernel_elements, "sizes": sizes or None}
+        args: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        args["out"] = str(out if rec.backend.kind == "slurm" else fresh)
         probe_recipe = _probe_recipe(rec, args)
     except (RecipeError, ValueError) as exc:
         _print_error(exc)

@@ -48,7 +48,7 @@ class SmokeArgs(JobArgs):
 
 
 class ProbeArgs(JobArgs):
-    """``probe``: what ``jaxcomm probe`` measures (jobs/probe.py)."""
+    """``probe``: what ``jaxcomm probe`` measures (jaxcomm/cost/probe.py)."""
 
     sizes: list[Elements] = Field(
         default_factory=lambda: list(PROBE_SIZES),
