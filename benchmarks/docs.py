@@ -121,10 +121,10 @@ def ratio(x: float | None) -> str:
     """A speed ratio, ``2.5×``; ``–`` when missing.
 
     Example:
-      >>> ratio(11.06), ratio(4.629), ratio(0.666), ratio(None)
-      ('11.1×', '4.63×', '0.67×', '–')
+      >>> ratio(11.06), ratio(4.629), ratio(0.666), ratio(None), ratio(float("nan"))
+      ('11.1×', '4.63×', '0.67×', '–', '–')
     """
-    if x is None:
+    if x is None or x != x:  # no baseline row in the run: nothing to compare with
         return "–"
     return f"{x:.1f}×" if x >= 10 else f"{x:.2f}×"
 
