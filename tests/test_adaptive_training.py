@@ -27,6 +27,7 @@ ACCURACY_TOLERANCE = 0.20
 
 # The worker's own 900 s bound, not pytest's default 300 s, decides (3 trainings of 150 steps
 # take minutes on a busy 2-core machine).
+@pytest.mark.slow  # three trainings: CI runs it with `pytest -m slow`
 @pytest.mark.timeout(960)
 def test_adaptive_pi64_trains_the_wide_mlp_like_dense(tmp_path):
     pytest.importorskip("sklearn")

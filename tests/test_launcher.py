@@ -224,6 +224,7 @@ def test_digits_dense_short(tmp_path):
     assert (out / "loss.png").exists() and (out / "step_time.png").exists()
 
 
+@pytest.mark.slow  # a launch per algorithm: CI runs it with `pytest -m slow`
 def test_compare_sweep_runs_every_algorithm(tmp_path):
     out = launch_bundled(
         "digits-compare",

@@ -208,6 +208,7 @@ def test_sites_cells_run_two_nodes_of_two_devices():
     assert train.compute_path(out, "bytes-lm", 2).name == "compute.json"
 
 
+@pytest.mark.slow  # two grid runs, over a minute: CI runs it with `pytest -m slow`
 @pytest.mark.timeout(1860)  # two grid runs, each bounded by its own 900 s
 def test_train_benchmark_grid_resumes_and_reports(tmp_path):
     """A tiny grid: each finished cell is written once and skipped on the next run; the
