@@ -202,10 +202,9 @@ def _register(target: str, handler: int, platform: str) -> None:
     _registered.add(key)
 
 
-def read_json(symbol: str) -> Any:
-    """Calls one of the library's JSON readers (``int64 fn(char*, int64)``) and parses it."""
-    import json
-
+def read_text(symbol: str) -> str:
+    """Calls one of the library's text readers (``int64 fn(char*, int64)``, returning the
+    text's full length) and returns the text."""
     fn = getattr(library(), symbol)
     size = fn(None, 0)
     while True:
@@ -214,7 +213,14 @@ def read_json(symbol: str) -> Any:
         buffer = ctypes.create_string_buffer(size + 1)
         size = fn(buffer, size + 1)
         if size < len(buffer):
-            return json.loads(buffer.value.decode())
+            return buffer.value.decode()
+
+
+def read_json(symbol: str) -> Any:
+    """Calls one of the library's JSON readers (:func:`read_text`) and parses it."""
+    import json
+
+    return json.loads(read_text(symbol))
 
 
 @functools.cache

@@ -20,7 +20,6 @@ still open at exit are reported on stderr (:func:`open_handles` lists them). CPU
 from __future__ import annotations
 
 import atexit
-import ctypes
 import dataclasses
 import sys
 import threading
@@ -188,11 +187,7 @@ def open_handles() -> list[str]:
       >>> jaxcomm.collectives.handles.open_handles()
       []
     """
-    fn = _ffi.library().jaxcomm_open_handles
-    size = fn(None, 0)
-    buffer = ctypes.create_string_buffer(size + 1)
-    fn(buffer, size + 1)
-    text = buffer.value.decode()
+    text = _ffi.read_text("jaxcomm_open_handles")
     return text.splitlines() if text else []
 
 
