@@ -103,29 +103,23 @@ def parse_variant(entry: str) -> tuple[str, dict]:
     return name, settings
 
 
-def _entry(name: str, settings: dict) -> str:
-    """The variant string of `name` with `settings` (:func:`parse_variant`'s inverse)."""
-    rest = ",".join(f"{k}={v}" for k, v in settings.items())
-    return f"{name}:{rest}" if rest else name
-
-
 def _on_node_mesh(name: str, settings: dict) -> bool:
     """Whether the row runs on the ("node", "local") mesh: a hierarchical algorithm, or a sum
     over the local axis alone."""
     return "axis" in settings or (name != AUTO and registry.get(name).hierarchy is not None)
 
 
-def _step(entry: str, args: dict) -> Callable:
-    """The per-device function of `entry` (a name or a variant, :func:`parse_variant`)."""
+def _step(algorithm: str, settings: dict, args: dict) -> Callable:
+    """The per-device function of a row: `algorithm` with its variant `settings`
+    (:func:`parse_variant`)."""
     import jaxcomm
 
-    algorithm, settings = parse_variant(entry)
     args = {**args, **settings}
     # Every algorithm setting in args (density, tau, proportion, bits, ...), as the registry
     # declares it; a missing one keeps its declared default.
     options = cost.Options.from_args(args)
     if "dtype" in settings:  # the 16-bit wire: cast in, sum, widen back
-        base = _step(_entry(algorithm, {k: v for k, v in settings.items() if k != "dtype"}), args)
+        base = _step(algorithm, {k: v for k, v in settings.items() if k != "dtype"}, args)
         return lambda v, r: (base(v.astype(jax.numpy.bfloat16), r)[0].astype(v.dtype), r)
     if algorithm == AUTO:
         auto = cost.Auto(
@@ -259,7 +253,7 @@ def run(ctx: JobContext) -> None:
             name, settings = variants[algorithm]
             hierarchical = _on_node_mesh(name, settings)
             mesh, spec, x, zeros = _inputs(hierarchical, local, flat_mesh, node_mesh)
-            fn = _chained(_step(algorithm, step_args), chain, mesh.size)
+            fn = _chained(_step(name, settings, step_args), chain, mesh.size)
             compiled = _compile(fn, name, mesh, spec)
             _, residual = jax.block_until_ready(compiled(x, zeros))  # compile + warm up
             if name == AUTO and ctx.is_main:
