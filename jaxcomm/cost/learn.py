@@ -20,8 +20,7 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
 * The guard is the safe arm fastest per step (the safe arms share dense's steps, so only
   their seconds are compared). The decision takes the arm with the greatest rate; a sparse
   or one-bit arm must beat the guard's rate by ``margin`` (auto is never much worse than
-  dense). The decided arm
-  runs ``recheck_every`` steps, then one round re-checks every arm.
+  dense). The decided arm runs ``recheck_every`` steps, then one round re-checks every arm.
 * Steps factors follow from the windows: dense's decrease per step over the arm's, what
   :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
   only to rank the arms worth a trial).
@@ -282,7 +281,7 @@ class Learner:
         """Takes the best arm of the windows since the last decision; plans the re-check."""
         per_step, seconds, rate = self._rates()
         guard = _fastest_safe(seconds)
-        others = [a for a in rate if a != guard and not is_safe(a)]
+        others = [a for a in rate if not is_safe(a)]  # the guard is a safe arm
         best = max(others, key=lambda a: rate[a], default=guard)
         if guard is None:  # every safe arm was pruned: far slower than the best
             pick = max(rate, key=lambda a: rate[a])
