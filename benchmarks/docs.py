@@ -770,7 +770,8 @@ HELDOUT_HEADER = [
 def _reach(row: dict[str, Any] | None) -> str:
     if row is None:
         return "–"
-    return e2e_columns(row)[0] + ", " + e2e_columns(row)[1]
+    label, reach = e2e_columns(row)[:2]
+    return f"{label}, {reach}"
 
 
 def heldout_summary(rows: list[dict[str, Any]]) -> list[str]:
