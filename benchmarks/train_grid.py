@@ -58,6 +58,9 @@ WORKLOADS = {
     # Held out: auto is judged on them, never tuned on them (recipes/heldout-*.yaml).
     "heldout-mlp": Workload("heldout-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
     "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
+    "heldout-teacher": Workload(
+        "heldout-teacher.yaml", "test_accuracy", True, "digits-mlp-*.json", True
+    ),
 }
 
 # The algorithm registry (jaxcomm/algorithms/, light: no JAX): a new algorithm joins the

@@ -7,7 +7,8 @@ launcher, the tests and users); this job hands it the rank's context. The recipe
 ``topk_allgather``, ``adaptive``, ``onebit``, ``threshold``, ``auto`` (per bucket,
 from the cost model; ``jaxcomm.allowed`` and ``jaxcomm.profile`` steer it). Recipe ``train`` fields:
 steps, batch_size (global), learning_rate, momentum, hidden, eval_every, seed; ``args`` may
-set model (mlp/cnn), warmup, proportion, tau, epochs.
+set model (mlp/cnn), data (digits/teacher), optimizer (sgd/adamw), weight_decay,
+warmup, proportion, tau, epochs.
 """
 
 from __future__ import annotations
