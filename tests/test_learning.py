@@ -5,13 +5,14 @@ across every switch of the compiled step (tests/learning_worker.py, 2 CPU device
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
 import pytest
 from collectives_harness import run_script
 
-from jaxcomm.cost import DEFAULT_PROFILE, World, learn
+from jaxcomm.cost import DEFAULT_PROFILE, Link, Options, World, learn
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -74,15 +75,21 @@ def test_learner_picks_the_fastest_loss_per_second():
 def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     # Dense at ten times gTop-k's seconds per step (a slow link): even credited with the best
     # decrease per step of the first round it cannot win, so the second round leaves it out.
+    # In the first it opens and closes the round (the only safe arm brackets the others).
     learner = _explored(
         {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004},
         {"dense": 1.0, "gtopk": 0.1, "onebit": 0.1},
         rounds=2,
     )
     assert learner.chosen == "gtopk"
-    assert [w["arm"] for w in learner.windows].count("dense") == 1
+    arms = [w["arm"] for w in learner.windows]
+    assert arms[:4] == ["dense", "gtopk", "onebit", "dense"] and arms.count("dense") == 2
     pruned = _last("pruned")
-    assert pruned["arms"] == ["dense"] and pruned["step"] == 30
+    assert pruned["arms"] == ["dense"] and pruned["step"] == 40
+    # The decision's measurements prune the re-check too: it tries the compressors only.
+    recheck = learner.learning.recheck_every + 60
+    assert {learner.arms[learner.arm_at(recheck + 10 * i)] for i in range(2)} == {"gtopk", "onebit"}
+    assert not learner.in_window(recheck + 20)
 
 
 def test_learner_keeps_dense_unless_a_compressor_beats_it_by_the_margin():
@@ -120,7 +127,8 @@ def test_propose_offers_only_compressors_the_model_predicts_faster():
     arms = learn.propose(
         [25_000_000], slow, DEFAULT_PROFILE, ("dense", "gtopk", "topk_allgather", "onebit")
     )
-    assert arms[0] == "dense" and 1 < len(arms) <= 3
+    # Every compressor predicted faster gets a trial: their priors come from other models.
+    assert arms[0] == "dense" and sorted(arms[1:]) == ["gtopk", "onebit", "topk_allgather"]
     assert learn.propose([100], slow, DEFAULT_PROFILE, ("dense", "gtopk")) == ["dense"]
     one = learn.Learner(["dense"])  # nothing to compare: dense from the start, no window
     assert one.chosen == "dense" and not one.window_start(0)
@@ -134,10 +142,33 @@ def test_the_safe_compressor_is_proposed_and_tried_first():
     slow = World(2, 1, "across_hosts")
     allowed = ("dense", "gtopk", "topk_allgather", "onebit", "blockquant")
     arms = learn.propose([25_000_000], slow, DEFAULT_PROFILE, allowed)
-    assert arms[:2] == ["dense", "blockquant"] and len(arms) == 3
+    assert arms[:2] == ["dense", "blockquant"] and len(arms) == 5
     learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=learn.first_arm(arms))
-    assert [arms[learner.arm_at(10 * i)] for i in range(3)] == [arms[1], arms[2], "dense"]
+    order = [arms[learner.arm_at(10 * i)] for i in range(5)]
+    assert order == ["blockquant", *arms[2:], "dense"]  # the safe arms bracket the others
     assert learn.first_arm(["dense", "gtopk"]) == 0
+
+
+def test_dense_runs_no_window_when_the_model_predicts_it_far_slower_than_block_int8():
+    # On a slow link block int8 sends half of dense's 16-bit bytes: the model predicts
+    # dense's step slower by more than `dense_over`, the two need the same steps, so dense's
+    # window (the dearest) is skipped and block int8 brackets the sparse arm alone.
+    slow, wide = World(2, 1, "across_hosts"), Options(element_bytes=2)
+    links = {**DEFAULT_PROFILE.links, "across_hosts": Link(2e-4, 8e-8)}  # 100 Mbit/s
+    profile = dataclasses.replace(DEFAULT_PROFILE, links=links)
+    arms = ["dense", "blockquant", "gtopk"]
+    skip = learn.skipped(arms, [2_000_000], slow, profile, wide)
+    assert list(skip) == ["dense"] and skip["dense"] > 0
+    assert learn.skipped(["dense", "gtopk"], [2_000_000], slow, profile, wide) == {}
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=1, skip=skip)
+    assert _last("skipped")["predicted_s"] == skip
+    assert [arms[learner.arm_at(10 * i)] for i in range(3)] == ["blockquant", "gtopk", "blockquant"]
+    for i, (decrease, seconds) in enumerate([(0.05, 0.2), (0.03, 0.04), (0.04, 0.2)]):
+        learner.close(10 * i + 9, [2.0 - decrease * j for j in range(10)], seconds * 10)
+    decision = _last("decision")
+    assert learner.chosen == "gtopk" and "dense" not in decision["seconds_per_step"]
+    # Steps relative to the safe arms' decrease, interpolated to gTop-k's window.
+    assert decision["steps_factor"]["gtopk"] == pytest.approx(0.045 / 0.03, rel=0.01)
 
 
 @pytest.mark.parametrize("block_seconds, chosen", [(0.25, "dense"), (0.1, "blockquant")])
@@ -174,6 +205,10 @@ def test_bad_settings_name_the_field():
         learn.Learner(["dense", "dense"])
     with pytest.raises(ValueError, match="first"):
         learn.Learner(["dense", "gtopk"], first=2)
+    with pytest.raises(ValueError, match="skip"):
+        learn.Learner(["dense", "gtopk"], skip={"dense": 1.0})
+    with pytest.raises(ValueError, match="dense_over"):
+        learn.Learning(dense_over=0.5)
 
 
 @pytest.mark.slow  # a 2-device training world: CI runs it with `pytest -m slow`

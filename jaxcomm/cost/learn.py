@@ -9,18 +9,25 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
 * A window is ``window`` steps of one arm. The loss decrease per step is the least-squares
   slope of the loss over the window's steps after its first ``settle`` (the switch's
   transient); its seconds are the window's wall clock (the largest over the ranks).
-* A round runs every arm once, each round in an order rotated by one arm. The loss falls
-  faster early in training than later, so the windows' decreases are fitted as an effect per
-  arm plus a trend in time (:func:`arm_decrease`); an arm's rate is its decrease per step
-  over its seconds per step.
-* The first round starts with the fastest *safe* arm (:func:`first_arm`): the one whose
-  prior says it needs dense's steps (dense, or a bounded-error quantizer predicted faster).
-  Early windows move the loss the most, and a short run may reach its target within the
-  exploration: they go to the arm least likely to waste them.
+* A round runs every arm once, the *safe* arms (whose prior says they need dense's steps:
+  dense, or a bounded-error quantizer) bracketing the others: the fastest safe arm first
+  (:func:`first_arm`), the others in an order rotated by one each round, then the second safe
+  arm, or the first again when it is the only one. The loss falls faster early in training
+  than later, so the windows' decreases are fitted as an effect per arm plus a trend in time
+  (:func:`arm_decrease`), and every other arm is compared with the safe decrease
+  interpolated to when it ran. An arm's rate is its decrease per step over its seconds per
+  step. Early windows move the loss the most, and a short run may reach its target within
+  the exploration: they go to the arm least likely to waste them.
+* Every compressor the model predicts faster per step than dense gets a trial
+  (:func:`propose`): a fast arm's window costs little, and the priors that would rank them are
+  measured on other models. Dense runs no window when the measured model predicts it slower
+  per step than a proposed safe compressor by ``dense_over`` (:func:`skipped`): the two need
+  the same steps, so its window could only confirm that it loses, at the highest price.
 * The guard is the safe arm fastest per step (the safe arms share dense's steps, so only
   their seconds are compared). The decision takes the arm with the greatest rate; a sparse
   or one-bit arm must beat the guard's rate by ``margin`` (auto is never much worse than
-  dense). The decided arm runs ``recheck_every`` steps, then one round re-checks every arm.
+  dense). The decided arm runs ``recheck_every`` steps, then one round re-checks every arm
+  but those too slow per step to win on the decision's measurements (``prune``).
 * Steps factors follow from the windows: dense's decrease per step over the arm's, what
   :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
   only to rank the arms worth a trial).
@@ -42,9 +49,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .choose import choose
-from .model import DEFAULT_ALLOWED, Options, Profile, World, steps_factor_of
-from .timemodel import predict
+from .arms import DENSE_OVER, first_arm, is_safe, predicted_step, propose, skipped
 
 __all__ = [
     "Learner",
@@ -54,6 +59,8 @@ __all__ = [
     "first_arm",
     "is_safe",
     "propose",
+    "predicted_step",
+    "skipped",
     "window_rate",
 ]
 
@@ -74,7 +81,10 @@ class Learning:
         factor.
       prune: after the first round, an arm so slow per step that, even with the greatest
         decrease per step of any arm, its rate stays below the best's over this factor runs
-        no further window (dense too: on a slow link its windows cost the most).
+        no further window (dense too: on a slow link its windows cost the most); a re-check
+        leaves out the arms the last decision's measurements prune so.
+      dense_over: dense runs no window when the model predicts its step slower than a
+        proposed safe compressor's by this factor (:func:`skipped`).
 
     Example:
       >>> Learning(window=10).window
@@ -87,6 +97,7 @@ class Learning:
     recheck_every: int = 400
     margin: float = 1.1
     prune: float = 3.0
+    dense_over: float = DENSE_OVER
 
     def __post_init__(self) -> None:
         if self.window < 4 or not 0 <= self.settle <= self.window - 3:
@@ -100,6 +111,8 @@ class Learning:
             raise ValueError("Learning.recheck_every must be >= 1 and margin finite and >= 1")
         if not self.prune > 1.0:
             raise ValueError(f"Learning.prune must be > 1, got {self.prune}")
+        if not self.dense_over >= 1.0:
+            raise ValueError(f"Learning.dense_over must be >= 1, got {self.dense_over}")
 
 
 def window_rate(losses: Sequence[float], seconds: float, settle: int = 0) -> tuple[float, float]:
@@ -129,15 +142,18 @@ class Learner:
       arms: the candidates' names, dense first (the steps factors' reference).
       learning: the exploration's settings.
       start: the first step the learner schedules.
-      first: the arm the first round starts with (:func:`first_arm`).
+      first: the safe arm that opens every round (:func:`first_arm`).
+      skip: arms that run no window, each with the predicted seconds per step that ruled it
+        out (:func:`skipped`).
 
     Example:
       >>> learner = Learner(["dense", "gtopk"], Learning(window=4, settle=0, rounds=1))
-      >>> [learner.arm_at(s) for s in range(8)]
-      [0, 0, 0, 0, 1, 1, 1, 1]
+      >>> [learner.arm_at(s) for s in range(12)]
+      [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]
       >>> learner.close(3, [4.0, 3.9, 3.8, 3.7], 1.0)  # dense: 0.1 per step, 0.4 per s
       >>> learner.close(7, [3.7, 3.5, 3.3, 3.1], 1.0)  # gtopk: 0.2 per step, 0.8 per s
-      >>> learner.arm_at(8), learner.chosen
+      >>> learner.close(11, [3.1, 3.0, 2.9, 2.8], 1.0)  # dense again
+      >>> learner.arm_at(12), learner.chosen
       (1, 'gtopk')
     """
 
@@ -147,44 +163,64 @@ class Learner:
         learning: Learning | None = None,
         start: int = 0,
         first: int = 0,
+        skip: Mapping[str, float] | None = None,
     ):
         if not arms or len(set(arms)) != len(arms):
             raise ValueError(f"Learner.arms must be distinct names, dense first; got {arms!r}")
         if not 0 <= first < len(arms):
             raise ValueError(f"Learner.first must index arms (0 to {len(arms) - 1}), got {first}")
+        skip = dict(skip or {})
+        if set(skip) - set(arms) or arms[first] in skip:
+            raise ValueError(f"Learner.skip must name arms other than the first, got {skip!r}")
         self.arms = list(arms)
         self.learning = learning or Learning()
         self.windows: list[dict[str, Any]] = []
         self.chosen: str | None = None
         self._plan: list[tuple[int, int, int]] = []  # (first step, last step, arm)
-        self._rounds = first  # the next round starts with this arm, each one arm later
+        self._first = first
+        self._rounds = 0  # rotates the bracketed arms by one each round
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
-        if len(self.arms) == 1:  # nothing to compare: decided at once
-            self.chosen = self.arms[0]
+        if skip:
+            _decisions.append({"event": "skipped", "step": start, "predicted_s": skip})
+        active = [i for i, a in enumerate(self.arms) if a not in skip]
+        if len(active) == 1:  # nothing to compare: decided at once
+            self.chosen = self.arms[active[0]]
             _decisions.append(
                 {"event": "decision", "step": start, "choice": self.chosen,
                  "loss_decrease_per_s": {}, "seconds_per_step": {}, "steps_factor": {}}
             )  # fmt: skip
             return
-        self._explore(start, self.learning.rounds)
+        self._explore(start, self.learning.rounds, active)
 
-    def _explore(self, start: int, rounds: int) -> None:
-        """Plans ``rounds`` rounds of every arm from ``start`` (one at a time: the first
-        may prune), then the decision."""
+    def _explore(self, start: int, rounds: int, active: list[int]) -> None:
+        """Plans ``rounds`` rounds of the ``active`` arms from ``start`` (one at a time: the
+        first may prune), then the decision."""
         self._explored_from, self._rounds_left = start, rounds
-        self._active = list(range(len(self.arms)))
+        self._active = active
         self._plan_round(start)
 
+    def _order(self) -> list[int]:
+        """One round's arms: the safe ones bracket the others, which rotate by one a round."""
+        safe = [i for i in self._active if is_safe(self.arms[i])]
+        others = [i for i in self._active if i not in safe]
+        if others:
+            turn = self._rounds % len(others)
+            others = others[turn:] + others[:turn]
+        if not safe:
+            return others
+        opener = self._first if self._first in safe else safe[0]
+        rest = [i for i in safe if i != opener]
+        if not others:
+            return [opener, *rest]
+        return [opener, *others, *(rest or [opener])]
+
     def _plan_round(self, start: int) -> None:
-        """One window per active arm from ``start``, in an order rotated by one each round."""
-        w, k = self.learning.window, len(self._active)
-        self._plan = [
-            (start + j * w, start + (j + 1) * w - 1, self._active[(self._rounds + j) % k])
-            for j in range(k)
-        ]
+        """One round of windows from ``start`` (:meth:`_order`)."""
+        w, order = self.learning.window, self._order()
+        self._plan = [(start + j * w, start + (j + 1) * w - 1, arm) for j, arm in enumerate(order)]
         self._rounds += 1
         self._rounds_left -= 1
-        self._round_end = start + k * w
+        self._round_end = start + len(order) * w
 
     def _rates(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         """Each active arm's (loss decrease per step, seconds per step, decrease per second)
@@ -207,20 +243,28 @@ class Learner:
         rate = {a: per_step[a] / seconds[a] if seconds[a] > 0 else 0.0 for a in names}
         return per_step, seconds, rate
 
-    def _prune(self, step: int) -> None:
-        """Drops the arms too slow per step to win: credited with the greatest decrease per
-        step any arm showed, an arm whose rate is still below the best's over ``prune``.
-        Only its seconds can prune it (a decrease measured in one window is confounded with
-        when the window ran), and further windows of it would only cost time."""
-        per_step, seconds, rate = self._rates()
+    def _kept(
+        self, per_step: Mapping[str, float], seconds: Mapping[str, float], rate: Mapping[str, float]
+    ) -> list[int]:
+        """The active arms fast enough per step to win: credited with the greatest decrease
+        per step any arm showed, an arm whose rate is still below the best's over ``prune``
+        is dropped. Only its seconds can drop it (a decrease measured in one window is
+        confounded with when the window ran), and further windows of it would only cost
+        time."""
         best, most = max(rate.values()), max(per_step.values())
         if best <= 0:
-            return
-        keep = [
+            return list(self._active)
+        return [
             i
             for i in self._active
             if most / max(seconds[self.arms[i]], 1e-12) * self.learning.prune >= best
         ]
+
+    def _prune(self, step: int, measured: tuple | None = None) -> None:
+        """Drops the arms too slow per step to win (:meth:`_kept`), on this exploration's
+        windows or on ``measured`` (a decision's rates)."""
+        per_step, seconds, rate = measured or self._rates()
+        keep = self._kept(per_step, seconds, rate)
         dropped = [self.arms[i] for i in self._active if i not in keep]
         if dropped:
             _decisions.append({"event": "pruned", "step": step, "arms": dropped, "rates": rate})
@@ -231,7 +275,7 @@ class Learner:
         for first, last, arm in self._plan:
             if first <= step <= last:
                 return arm
-        return self.arms.index(self.chosen) if self.chosen is not None else 0
+        return self.arms.index(self.chosen) if self.chosen is not None else self._first
 
     def in_window(self, step: int) -> bool:
         """Whether ``step`` belongs to a planned window (its loss is then due)."""
@@ -278,8 +322,10 @@ class Learner:
             self._decide(step + 1)
 
     def _decide(self, step: int) -> None:
-        """Takes the best arm of the windows since the last decision; plans the re-check."""
-        per_step, seconds, rate = self._rates()
+        """Takes the best arm of the windows since the last decision; plans the re-check
+        without the arms its measurements prune."""
+        measured = self._rates()
+        per_step, seconds, rate = measured
         guard = _fastest_safe(seconds)
         others = [a for a in rate if not is_safe(a)]  # the guard is a safe arm
         best = max(others, key=lambda a: rate[a], default=guard)
@@ -290,7 +336,10 @@ class Learner:
             # guard whose loss does not fall at all (rate <= 0) says nothing, and it stays.
             margin = self.learning.margin
             pick = best if rate[guard] > 0 and rate[best] > margin * rate[guard] else guard
-        base = per_step.get(self.arms[0], 0.0)  # steps relative to dense
+            self._first = self.arms.index(guard)
+        # Steps relative to dense: the safe arms' shared decrease (dense's own, or the safe
+        # compressor's when dense ran no window).
+        base = next((per_step[a] for a in per_step if is_safe(a)), 0.0)
         factors = {a: base / d if d > 0 and base > 0 else None for a, d in per_step.items()}
         self.chosen = pick
         record = {
@@ -302,7 +351,11 @@ class Learner:
             "steps_factor": factors,
         }
         _decisions.append(record)
-        self._explore(step + self.learning.recheck_every, 1)
+        self._prune(step, measured)
+        if len(self._active) > 1:
+            self._explore(step + self.learning.recheck_every, 1, self._active)
+        else:  # nothing left to compare: the decision stands
+            self._plan = []
 
 
 def _fastest_safe(seconds: Mapping[str, float]) -> str | None:
@@ -372,83 +425,6 @@ def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list
                 a[i] = [u - f * v for u, v in zip(a[i], a[col], strict=True)]
                 b[i] -= f * b[col]
     return [b[i] / a[i][i] if abs(a[i][i]) >= 1e-12 else 0.0 for i in range(m)]
-
-
-def propose(
-    sizes: Sequence[int],
-    world: World,
-    profile: Profile,
-    allowed: Sequence[str] = DEFAULT_ALLOWED,
-    options: Options | None = None,
-    top: int = 2,
-) -> list[str]:
-    """The arms worth a trial: dense, then at most ``top`` compressors of ``allowed`` whose
-    step the model predicts faster than dense's: the fastest *safe* one (a prior steps factor
-    of 1, :func:`is_safe`) first, then the others by their prior time to target (predicted
-    seconds times the prior steps factor, which the trials then replace).
-
-    The safe compressor takes a place of its own: ranked by prior time alone, a compressor
-    predicted a little slower per step but needing no extra steps lost its trial to sparse
-    ones whose prior, measured on another model, was off by an order of magnitude.
-
-    Each compressor's arm sends a bucket by the compressor only where the model predicts its
-    call faster than dense's (a small bucket goes dense either way): ``choose`` between the
-    two, steps counted alike.
-
-    Args:
-      sizes: the step's buckets, elements each.
-      world: the ranks.
-      profile: the (measured) profile.
-      allowed: the candidates.
-      options: their settings (``element_bytes`` of the dense wire).
-      top: most compressors proposed.
-
-    Returns:
-      ``["dense", ...]``.
-
-    Example:
-      >>> slow = World(2, 1, "across_hosts")
-      >>> from jaxcomm.cost import DEFAULT_PROFILE
-      >>> propose([10_000_000], slow, DEFAULT_PROFILE, ("dense", "gtopk", "onebit"))[0]
-      'dense'
-      >>> propose([100], slow, DEFAULT_PROFILE, ("dense", "gtopk"))  # nothing pays
-      ['dense']
-    """
-    options = options or Options()
-    dense = sum(predict("dense", n, world, profile, options).seconds for n in sizes)
-    faster = {}
-    for name in allowed:
-        if name == "dense":
-            continue
-        pair = ("dense", name)
-        seconds = 0.0
-        for n in sizes:
-            pick = choose(n, world, pair, profile, options, steps_factor={name: 1.0})
-            seconds += predict(pick, n, world, profile, options).seconds
-        if seconds < dense:
-            faster[name] = seconds
-    safe = sorted((a for a in faster if is_safe(a)), key=lambda a: (faster[a], a))[:1]
-    rest = sorted(
-        (a for a in faster if a not in safe), key=lambda a: (faster[a] * steps_factor_of(a), a)
-    )
-    return ["dense", *(safe + rest)[:top]]
-
-
-def is_safe(name: str) -> bool:
-    """Whether `name`'s prior says it needs no more steps than dense (a steps factor of at
-    most 1 in :data:`~jaxcomm.cost.model.DEFAULT_STEPS_FACTOR`: dense, block int8)."""
-    return steps_factor_of(name) <= 1.0
-
-
-def first_arm(arms: Sequence[str]) -> int:
-    """The arm a :class:`Learner` of :func:`propose`'s `arms` starts with: the safe
-    compressor when one was proposed (the model predicts it faster than dense), else dense.
-
-    Example:
-      >>> first_arm(["dense", "blockquant", "gtopk"]), first_arm(["dense", "gtopk"])
-      (1, 0)
-    """
-    return next((i for i, a in enumerate(arms) if i > 0 and is_safe(a)), 0)
 
 
 def decisions() -> list[dict[str, Any]]:

@@ -2,8 +2,9 @@
 step runs, and each trial window's losses and seconds for :class:`jaxcomm.cost.learn.Learner`.
 
 The first (compiling) step runs dense and measures the world (``auto`` without a profile);
-then the cost model proposes the arms worth a trial (:func:`jaxcomm.cost.learn.propose`) and
-the learner schedules their windows. A window's seconds are its training wall clock (its
+then the cost model proposes the arms worth a trial (:func:`jaxcomm.cost.learn.propose`),
+rules out dense's window where it predicts dense far slower than a safe compressor
+(:func:`jaxcomm.cost.learn.skipped`), and the learner schedules the windows. A window's seconds are its training wall clock (its
 evaluations excluded), the largest over the ranks, and its losses the steps' losses averaged
 over the ranks: every rank switches at the same steps to the same arm.
 """
@@ -66,7 +67,9 @@ class Trials:
         wide = 2 if self.reduction.grad_dtype == "bfloat16" else 4
         options = dataclasses.replace(self.options, element_bytes=wide)
         arms = learn.propose(sizes, world, profile, ["dense", *self.arms], options)
-        self.learner = learn.Learner(arms, start=step, first=learn.first_arm(arms))
+        learning = learn.Learning()
+        skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
+        self.learner = learn.Learner(arms, learning, step, learn.first_arm(arms), skip)
 
     def before(self, step: int, state: Any, wait: Callable[[], None]) -> Any:
         """The state with ``step``'s arm; starts a window's clock at its first step."""

@@ -259,7 +259,12 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
         return loss, jnp.mean(jnp.argmax(logits, -1) == y)
 
     step = _loop.Step(
-        loss_fn, _optimizer(config), config.reduction(), warmup_phase_steps(config), mesh, config.max_in_flight
+        loss_fn,
+        _optimizer(config),
+        config.reduction(),
+        warmup_phase_steps(config),
+        mesh,
+        config.max_in_flight,
     )
 
     def init() -> tuple[Any, Any]:

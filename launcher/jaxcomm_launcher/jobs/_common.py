@@ -152,6 +152,11 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
     for d in report.get("learned", []):
         if d["event"] == "arms":
             ctx.print(f"{name} auto: trials of {', '.join(d['arms'])} from step {d['step']}")
+        elif d["event"] == "skipped":
+            why = ", ".join(
+                f"{a} (predicted {t * 1e3:.0f} ms)" for a, t in d["predicted_s"].items()
+            )
+            ctx.print(f"{name} auto: no trial of {why}: far slower per step than a safe compressor")
         elif d["event"] == "pruned":
             ctx.print(f"{name} auto: step {d['step']} stops trying {', '.join(d['arms'])} "
                       "(too slow per step to win)")  # fmt: skip
