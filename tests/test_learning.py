@@ -65,10 +65,13 @@ def test_learner_picks_the_fastest_loss_per_second():
     expected = (0.01 + trend) / (0.008 + trend)
     assert decision["steps_factor"]["gtopk"] == pytest.approx(expected, rel=0.02)
     assert decision["seconds_per_step"]["dense"] == pytest.approx(0.5)
-    # After the decision the chosen arm runs until the re-check, which tries every arm again.
+    # After the decision the chosen arm runs until the re-check, which tries every arm again;
+    # a switch to a sparse arm is confirmed sooner than the usual re-check.
     after = decision["step"]
     assert learner.arm_at(after) == learner.arms.index("gtopk")
-    recheck = after + learner.learning.recheck_every
+    recheck = after + learner.learning.confirm
+    assert learner.learning.confirm < learner.learning.recheck_every
+    assert learner.arm_at(recheck - 1) == learner.arms.index("gtopk")
     assert {learner.arm_at(recheck + i * 10) for i in range(3)} == {0, 1, 2}
 
 
@@ -87,9 +90,26 @@ def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     pruned = _last("pruned")
     assert pruned["arms"] == ["dense"] and pruned["step"] == 40
     # The decision's measurements prune the re-check too: it tries the compressors only.
-    recheck = learner.learning.recheck_every + 60
+    recheck = learner.learning.confirm + 60
     assert {learner.arms[learner.arm_at(recheck + 10 * i)] for i in range(2)} == {"gtopk", "onebit"}
     assert not learner.in_window(recheck + 20)
+
+
+def test_a_switch_to_a_sparse_arm_is_confirmed_sooner_than_a_recheck():
+    learning = learn.Learning(window=4, settle=0, confirm=50, recheck_every=400)
+    learner = learn.Learner(["dense", "gtopk"], learning)
+
+    def round_from(start: int) -> None:  # dense, gtopk, dense: gTop-k twice as fast per second
+        for i, (arm, decrease) in enumerate([(0, 0.1), (1, 0.2), (0, 0.1)]):
+            first = start + 4 * i
+            assert learner.arm_at(first) == arm and learner.window_start(first)
+            learner.close(first + 3, [4.0 - decrease * j for j in range(4)], 1.0)
+
+    round_from(0)
+    assert learner.chosen == "gtopk" and learner.window_start(12 + 50)
+    round_from(62)  # the confirmation: gTop-k stays, and the next round is a usual re-check
+    assert learner.chosen == "gtopk" and not learner.window_start(74 + 50)
+    assert learner.window_start(74 + 400)
 
 
 def test_learner_keeps_dense_unless_a_compressor_beats_it_by_the_margin():

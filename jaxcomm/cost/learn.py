@@ -27,7 +27,9 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   their seconds are compared). The decision takes the arm with the greatest rate; a sparse
   or one-bit arm must beat the guard's rate by ``margin`` (auto is never much worse than
   dense). The decided arm runs ``recheck_every`` steps, then one round re-checks every arm
-  but those too slow per step to win on the decision's measurements (``prune``).
+  but those too slow per step to win on the decision's measurements (``prune``). A switch to
+  an arm that is not safe is confirmed sooner, after ``confirm`` steps: windows early in
+  training are the least telling, and a wrong sparse pick costs a multiple of the steps.
 * Steps factors follow from the windows: dense's decrease per step over the arm's, what
   :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
   only to rank the arms worth a trial).
@@ -77,6 +79,7 @@ class Learning:
       settle: first steps of a window left out of its slope (the switch's transient).
       rounds: rounds of the first exploration (each rotated by one arm).
       recheck_every: steps the decided arm runs before a round re-checks every arm.
+      confirm: steps before the re-check that follows a switch to an arm that is not safe.
       margin: a compressor is chosen over dense only when its rate exceeds dense's by this
         factor.
       prune: after the first round, an arm so slow per step that, even with the greatest
@@ -95,6 +98,7 @@ class Learning:
     settle: int = 2
     rounds: int = 1
     recheck_every: int = 400
+    confirm: int = 100
     margin: float = 1.1
     prune: float = 3.0
     dense_over: float = DENSE_OVER
@@ -107,8 +111,10 @@ class Learning:
             )
         if self.rounds < 1:
             raise ValueError(f"Learning.rounds must be >= 1, got {self.rounds}")
-        if self.recheck_every < 1 or not (math.isfinite(self.margin) and self.margin >= 1.0):
-            raise ValueError("Learning.recheck_every must be >= 1 and margin finite and >= 1")
+        if min(self.recheck_every, self.confirm) < 1:
+            raise ValueError("Learning.recheck_every and confirm must be >= 1")
+        if not (math.isfinite(self.margin) and self.margin >= 1.0):
+            raise ValueError(f"Learning.margin must be finite and >= 1, got {self.margin}")
         if not self.prune > 1.0:
             raise ValueError(f"Learning.prune must be > 1, got {self.prune}")
         if not self.dense_over >= 1.0:
@@ -341,6 +347,7 @@ class Learner:
         # compressor's when dense ran no window).
         base = next((per_step[a] for a in per_step if is_safe(a)), 0.0)
         factors = {a: base / d if d > 0 and base > 0 else None for a, d in per_step.items()}
+        switched = pick != self.chosen and not is_safe(pick)
         self.chosen = pick
         record = {
             "event": "decision",
@@ -353,7 +360,8 @@ class Learner:
         _decisions.append(record)
         self._prune(step, measured)
         if len(self._active) > 1:
-            self._explore(step + self.learning.recheck_every, 1, self._active)
+            after = self.learning.confirm if switched else self.learning.recheck_every
+            self._explore(step + after, 1, self._active)
         else:  # nothing left to compare: the decision stands
             self._plan = []
 
