@@ -87,6 +87,7 @@ class DataParallelStep:
         self._complete = complete  # (params, state) -> the whole state, from a partial one
         self._average, self._donate = bool(average_metrics), bool(donate)
         self._jitted: Any = None
+        self._compiled: Any = None  # compiled ahead (:meth:`compile`)
         self._last: list = []  # the leaves the last call returned (placed already)
         self._paced = paced(self._run_placed, max_in_flight)
 
@@ -207,12 +208,25 @@ class DataParallelStep:
             donate_argnums=(0, 1) if self._donate else (),
         )
 
-    def _run(self, params: Any, opt_state: Any, *batch: Any) -> tuple:
-        params, opt_state, metrics = self._jitted(params, opt_state, *batch)
+    def compile(self, params: Any, opt_state: Any, *batch: Any) -> None:
+        """Compiles the step ahead of its first call, for arguments shaped like these (arrays
+        or ``jax.ShapeDtypeStruct`` with their shardings; the state placed as the step takes
+        it). It may run in a thread while another step trains.
+
+        Example:
+          >>> like = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+          >>> step.compile(*jax.tree.map(like, (params, opt_state, x, y)))  # doctest: +SKIP
+        """
+        if self._jitted is None:
+            self._compile(opt_state, len(batch))
+        self._compiled = self._jitted.lower(params, opt_state, *batch).compile()
+
+    def _run(self, params: Any, opt_state: Any, *batch: Any, run: Any = None) -> tuple:
+        params, opt_state, metrics = (run or self._jitted)(params, opt_state, *batch)
         return (params, opt_state, *metrics)
 
     def _run_placed(self, params: Any, opt_state: Any, *batch: Any) -> tuple:
-        out = self._run(params, opt_state, *batch)
+        out = self._run(params, opt_state, *batch, run=self._compiled)
         self._last = jax.tree.leaves(out[:2])
         return out
 

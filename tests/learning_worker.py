@@ -74,6 +74,32 @@ gap = max(
     for k in params
 )
 scale = max(float(np.abs(given[k].sum(0)).max()) for k in params)
+
+
+def fixed_step(arm: int):
+    """The same reduction compiled with arm ``arm`` alone (no switch)."""
+    one = learning.learned_gradients("dp", arms, fixed=arm, mean=False)
+
+    def local_fixed(s, g):
+        g = jax.tree.map(lambda x: x[0], g)
+        out, s = one.update(g, s)
+        return jax.tree.map(lambda x: x[None], out), s
+
+    return jax.jit(
+        jax.shard_map(local_fixed, mesh=mesh, in_specs=(specs, grad_specs),
+                      out_specs=(grad_specs, specs), check_vma=False)
+    )  # fmt: skip
+
+
+# Each arm's own program gives what the switch gives at that arm, from the same state.
+same = True
+for arm in range(len(arms)):
+    state = learning.set_arm(state, arm, replicated)
+    g = {k: rng.standard_normal((RANKS, *v.shape)).astype(np.float32) for k, v in params.items()}
+    g = {k: jax.device_put(v, NamedSharding(mesh, P("dp"))) for k, v in g.items()}
+    a = jax.tree.leaves(step(state, g))
+    b = jax.tree.leaves(fixed_step(arm)(state, g))
+    same = same and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
 print(
     json.dumps(
         {
@@ -81,6 +107,7 @@ print(
             "scale": scale,
             "residual_nonzero": any(float(np.abs(r).max()) > 0 for r in residuals.values()),
             "dense_left_zero_residual": zero,
+            "fixed_same_as_switch": same,
             "count": int(np.asarray(state.inner.count)),
             "steps": len(schedule),
         }

@@ -241,3 +241,5 @@ def test_error_feedback_is_conserved_across_switches():
     assert out["gap"] <= 1e-5 * out["scale"]
     assert out["residual_nonzero"]  # the compressors did hold signal back
     assert out["dense_left_zero_residual"]  # and dense sent all of it
+    # An arm compiled alone (the decided arm between trials) is the switch at that arm.
+    assert out["fixed_same_as_switch"]

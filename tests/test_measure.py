@@ -165,8 +165,11 @@ def test_every_rank_learns_the_same(tmp_path):
     assert len(logs) == 2 and logs[0] == logs[1]
     assert logs[0][0].startswith(" trials of dense, ") and " -> " in logs[0][1]
     (result,) = out.rglob("digits-mlp-auto.json")
-    learned = json.loads(result.read_text())["auto"]["learned"]
+    run = json.loads(result.read_text())
+    learned = run["auto"]["learned"]
     windows = [d for d in learned if d["event"] == "window"]
     assert len({w["arm"] for w in windows}) >= 2
     # The decision closes the exploration (a "pruned" after it is the re-check's).
     assert [d["event"] for d in learned if d["event"] != "pruned"][-1] == "decision"
+    # Settled, the decided arm ran its own program (compiled alone: a second compilation).
+    assert run["compilations"] == 2, (run["compilations"], learned)

@@ -180,11 +180,14 @@ class Reduction:
             min_compression_rate=self.min_compression_rate,
         )
 
-    def reducer(self, warmup_phase_steps: int) -> optax.GradientTransformation | None:
+    def reducer(
+        self, warmup_phase_steps: int, fixed: int | None = None
+    ) -> optax.GradientTransformation | None:
         """The jaxcomm gradient transformation (None for the ``psum`` baseline).
 
         Args:
           warmup_phase_steps: steps per warm-up density (the paper: an epoch).
+          fixed: a learning ``auto``'s arm compiled alone (``learned_gradients``' ``fixed``).
 
         Returns:
           ``jaxcomm.optax.allreduce_gradients(...)`` or None.
@@ -205,6 +208,7 @@ class Reduction:
             return learning.learned_gradients(
                 AXIS,
                 [None, *arms.values()],
+                fixed,
                 bucket_size=self.bucket_size,
                 dense_dtype=jnp.dtype(self.grad_dtype),
             )
@@ -500,6 +504,7 @@ class Step:
         self.trials: _trials.Trials | None = None  # a learning auto: the loop sets each arm
         if reduction.algorithm == "psum":
             self._step: Any = XlaStep(loss_fn, optimizer, reduction, mesh, max_in_flight)
+            self._programs = {None: self._step}
             return
         options = {"has_aux": True, "donate": True, "max_in_flight": max_in_flight}
         diloco = reduction.diloco(optimizer)
@@ -509,23 +514,31 @@ class Step:
             self._step = jaxcomm.data_parallel_step(
                 loss_fn, diloco, mesh, tuple(mesh.axis_names), average_metrics=False, **options
             )
+            self._programs = {None: self._step}
             return
         if reduction.learns():
             arms = reduction.options(warmup_phase_steps)
             self.trials = _trials.Trials(reduction, arms, mesh, _AgreedMax(mesh), host_scalar)
         # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
         widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
-        tx = optax.chain(reduction.reducer(warmup_phase_steps), widen, optimizer)
-        # The loss and metric average in one jaxcomm allreduce (Reduction.metric_collectives),
-        # so every cross-process wait of a jaxcomm step is bounded by JAXCOMM_TIMEOUT_S: XLA's
-        # CPU collectives (Gloo) have no such deadline and sat through a 60 s partition
-        # (docs/faults.md).
-        self._step = jaxcomm.data_parallel_step(loss_fn, tx, mesh, AXIS, **options)
+
+        def program(fixed: int | None = None) -> jaxcomm.DataParallelStep:
+            # The loss and metric average in one jaxcomm allreduce (metric_collectives), so
+            # every cross-process wait of a jaxcomm step is bounded by JAXCOMM_TIMEOUT_S:
+            # XLA's CPU collectives (Gloo) have no such deadline and sat through a 60 s
+            # partition (docs/faults.md).
+            tx = optax.chain(reduction.reducer(warmup_phase_steps, fixed), widen, optimizer)
+            return jaxcomm.data_parallel_step(loss_fn, tx, mesh, AXIS, **options)
+
+        self._step = program()
+        self._programs = {None: self._step}
+        if self.trials is not None:
+            self._arms = _trials.ArmPrograms(program)
 
     @property
     def traces(self) -> int:
         """Times the per-rank step was traced (compilations)."""
-        return self._step.traces
+        return sum(p.traces for p in self._programs.values())
 
     def init(self, params: Any) -> tuple[Any, Any]:
         """Replicates `params` on the mesh and builds the optimizer state (residuals per rank).
@@ -536,12 +549,19 @@ class Step:
         return self._step.replicate(params), self._step.init(params)
 
     def __call__(self, params: Any, state: Any, *batch: jax.Array) -> tuple:
-        """One paced step: ``(params, state, loss, metric)``."""
-        return self._step(params, state, *batch)
+        """One paced step: ``(params, state, loss, metric)`` (a learning auto outside its
+        trials: by the decided arm's own program)."""
+        if self.trials is None:
+            return self._step(params, state, *batch)
+        fixed = self._arms.program(self.trials.settled, self.trials.step, (params, state, *batch))
+        if fixed is not None:
+            self._programs[self.trials.settled] = fixed
+        return (fixed or self._step)(params, state, *batch)
 
     def wait(self) -> None:
         """Waits for every step in flight."""
-        self._step.wait()
+        for program in self._programs.values():
+            program.wait()
 
     def restart(self, state: Any) -> Any:
         """A restored state, ready to continue (DiLoCo: re-sends the outer allreduces that
@@ -551,6 +571,9 @@ class Step:
     def finish(self, params: Any, state: Any) -> tuple[Any, Any]:
         """After the last step: waits for it and applies every outer gradient in flight
         (DiLoCo with a delay), so that no detached collective is left open."""
+        self.wait()
+        if self.trials is not None:
+            self._arms.close()
         return self._step.finish(params, state)
 
 
