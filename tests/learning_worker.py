@@ -99,7 +99,9 @@ for arm in range(len(arms)):
     g = {k: jax.device_put(v, NamedSharding(mesh, P("dp"))) for k, v in g.items()}
     a = jax.tree.leaves(step(state, g))
     b = jax.tree.leaves(fixed_step(arm)(state, g))
-    same = same and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+    same = same and all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True)
+    )
 print(
     json.dumps(
         {

@@ -75,7 +75,8 @@ class Learning:
     """How :class:`Learner` explores.
 
     Args:
-      window: steps per trial window.
+      window: steps per trial window (the slope of a few noisy batch losses errs by as much
+        as the decrease it measures; a slope's error falls as its points to the power 1.5).
       settle: first steps of a window left out of its slope (the switch's transient).
       rounds: rounds of the first exploration (each rotated by one arm).
       recheck_every: steps the decided arm runs before a round re-checks every arm.
@@ -94,8 +95,8 @@ class Learning:
       10
     """
 
-    window: int = 10
-    settle: int = 2
+    window: int = 20
+    settle: int = 3
     rounds: int = 1
     recheck_every: int = 400
     confirm: int = 100
