@@ -112,6 +112,26 @@ def test_a_switch_to_a_sparse_arm_is_confirmed_sooner_than_a_recheck():
     assert learner.window_start(74 + 400)
 
 
+@pytest.mark.parametrize("noise, kept", [(0.3, True), (0.0, False)])
+def test_a_recheck_overturns_a_decision_only_beyond_the_noise(noise, kept):
+    # gTop-k is decided on clean windows; in the confirming round dense's loss falls faster.
+    # Within twice the error of the difference (noisy batch losses) the decision stays; on
+    # clean losses dense takes over.
+    learning = learn.Learning(window=8, settle=0, confirm=50)
+    learner = learn.Learner(["dense", "gtopk"], learning)
+    wobble = [noise * (-1) ** j for j in range(8)]
+    for start, rounds in ((0, [(0.1, 0.0), (0.2, 0.0), (0.1, 0.0)]),
+                          (74, [(0.1, noise), (0.02, noise), (0.1, noise)])):  # fmt: skip
+        for i, (decrease, scale) in enumerate(rounds):
+            losses = [4.0 - decrease * j + (w if scale else 0.0) for j, w in enumerate(wobble)]
+            learner.close(start + 8 * i + 7, losses, 1.0)
+        if start == 0:
+            assert learner.chosen == "gtopk"
+    decision = _last("decision")
+    assert decision["kept"] is kept
+    assert learner.chosen == ("gtopk" if kept else "dense")
+
+
 def test_learner_keeps_dense_unless_a_compressor_beats_it_by_the_margin():
     # gTop-k's loss falls 5 % faster per second: within the margin, dense stays.
     learner = _explored({"dense": 0.01, "gtopk": 0.0105}, {"dense": 1.0, "gtopk": 1.0}, margin=1.1)

@@ -26,14 +26,14 @@ def propose(
     profile: Profile,
     allowed: Sequence[str] = DEFAULT_ALLOWED,
     options: Options | None = None,
-    top: int = 4,
+    top: int | None = None,
 ) -> list[str]:
-    """The arms worth a trial: dense, then at most ``top`` compressors of ``allowed`` whose
-    step the model predicts faster than dense's: the fastest *safe* one (a prior steps factor
+    """The arms worth a trial: dense, then the compressors of ``allowed`` (at most ``top``;
+    None: all) whose step the model predicts faster than dense's: the fastest *safe* one (a prior steps factor
     of 1, :func:`is_safe`) first, then the others by their prior time to target (predicted
     seconds times the prior steps factor, which the trials then replace).
 
-    Every compressor predicted faster gets a trial, up to ``top``: a fast arm's window costs
+    Every compressor predicted faster gets a trial: a fast arm's window costs
     little, and its prior steps factor, measured on another model, can be off by an order of
     magnitude (ranked by it, gTop-k lost its only trial to adaptive on a model where it was
     the fastest). The safe compressor takes a place of its own.
@@ -48,7 +48,7 @@ def propose(
       profile: the (measured) profile.
       allowed: the candidates.
       options: their settings (``element_bytes`` of the dense wire).
-      top: most compressors proposed.
+      top: most compressors proposed (None: every one predicted faster).
 
     Returns:
       ``["dense", ...]``.

@@ -29,7 +29,10 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   dense). The decided arm runs ``recheck_every`` steps, then one round re-checks every arm
   but those too slow per step to win on the decision's measurements (``prune``). A switch to
   an arm that is not safe is confirmed sooner, after ``confirm`` steps: windows early in
-  training are the least telling, and a wrong sparse pick costs a multiple of the steps.
+  training are the least telling, and a wrong sparse pick costs a multiple of the steps. A
+  re-check overturns the decision only when the new pick's rate beats the decided arm's by
+  more than twice the error of the difference (each window's slope error,
+  :func:`slope_error`): later in training the loss falls little beside its noise.
 * Steps factors follow from the windows: dense's decrease per step over the arm's, what
   :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
   only to rank the arms worth a trial).
@@ -63,6 +66,7 @@ __all__ = [
     "propose",
     "predicted_step",
     "skipped",
+    "slope_error",
     "window_rate",
 ]
 
@@ -140,6 +144,25 @@ def window_rate(losses: Sequence[float], seconds: float, settle: int = 0) -> tup
     )
     per_step = -slope
     return per_step, per_step * len(losses) / seconds
+
+
+def slope_error(losses: Sequence[float], settle: int = 0) -> float:
+    """The standard error of :func:`window_rate`'s decrease per step: the least-squares
+    slope's, from the scatter of ``losses[settle:]`` about their line (0 with under 3).
+
+    Example:
+      >>> slope_error([4.0, 3.0, 2.0, 1.0])
+      0.0
+    """
+    ys = [float(v) for v in losses[settle:]]
+    n = len(ys)
+    if n < 3:
+        return 0.0
+    mx, my = (n - 1) / 2, sum(ys) / n
+    sxx = sum((i - mx) ** 2 for i in range(n))
+    slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sxx
+    scatter = sum((y - my - slope * (i - mx)) ** 2 for i, y in enumerate(ys)) / (n - 2)
+    return math.sqrt(scatter / sxx)
 
 
 class Learner:
@@ -314,6 +337,7 @@ class Learner:
             "last_step": last,
             "arm": self.arms[arm],
             "loss_decrease_per_step": per_step,
+            "loss_decrease_se": slope_error(losses, self.learning.settle),
             "loss_decrease_per_s": rate,
             "seconds_per_step": seconds / max(1, len(losses)),
         }
@@ -348,12 +372,15 @@ class Learner:
         # compressor's when dense ran no window).
         base = next((per_step[a] for a in per_step if is_safe(a)), 0.0)
         factors = {a: base / d if d > 0 and base > 0 else None for a, d in per_step.items()}
+        kept = self.chosen in rate and pick != self.chosen and not self._overturns(pick, rate)
+        pick = self.chosen if kept else pick
         switched = pick != self.chosen and not is_safe(pick)
         self.chosen = pick
         record = {
             "event": "decision",
             "step": step,
             "choice": pick,
+            "kept": kept,
             "loss_decrease_per_s": rate,
             "seconds_per_step": seconds,
             "steps_factor": factors,
@@ -365,6 +392,19 @@ class Learner:
             self._explore(step + after, 1, self._active)
         else:  # nothing left to compare: the decision stands
             self._plan = []
+
+    def _overturns(self, pick: str, rate: Mapping[str, float]) -> bool:
+        """Whether a re-check's ``pick`` beats the arm decided before by more than twice the
+        error of the difference of their rates: later in training a window's decrease is
+        small beside its noise, and a re-check must not trade a decision for noise."""
+        error = {}
+        for arm in (pick, self.chosen):
+            ws = [w for w in self.windows[-len(self._plan) :] if w["arm"] == arm]
+            if not ws:
+                return True
+            se = math.sqrt(sum(w["loss_decrease_se"] ** 2 for w in ws)) / len(ws)
+            error[arm] = se / statistics.fmean(w["seconds_per_step"] for w in ws)
+        return rate[pick] - rate[self.chosen] > 2 * math.hypot(*error.values())
 
 
 def _fastest_safe(seconds: Mapping[str, float]) -> str | None:
