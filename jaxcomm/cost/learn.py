@@ -6,6 +6,9 @@ as the run goes: it runs the candidate reductions ("arms": dense first, the guar
 compressors the model proposes) in short interleaved windows, compares them by the training
 loss's decrease per second, keeps the best one, and re-checks now and then.
 
+* The first ``warmup`` steps run the fastest safe arm alone, as DGC and gTop-k warm up
+  before compressing: the model changes fastest there, a window there says least about the
+  rest of the run, and a short run reaches its target within them.
 * A window is ``window`` steps of one arm. The loss decrease per step is the least-squares
   slope of the loss over the window's steps after its first ``settle`` (the switch's
   transient); its seconds are the window's wall clock (the largest over the ranks).
@@ -85,6 +88,10 @@ class Learning:
       rounds: rounds of the first exploration (each rotated by one arm).
       recheck_every: steps the decided arm runs before a round re-checks every arm.
       confirm: steps before the re-check that follows a switch to an arm that is not safe.
+      warmup: steps the first safe arm runs before the first trial (the caller starts the
+        learner that late): as DGC's and gTop-k's warm-ups, no compressor that needs more
+        steps trains the first steps, where the model changes fastest and a window says the
+        least about the rest of the run; a short run reaches its target in them.
       margin: a compressor is chosen over dense only when its rate exceeds dense's by this
         factor.
       prune: after the first round, an arm so slow per step that, even with the greatest
@@ -104,6 +111,7 @@ class Learning:
     rounds: int = 1
     recheck_every: int = 400
     confirm: int = 100
+    warmup: int = 50
     margin: float = 1.1
     prune: float = 3.0
     dense_over: float = DENSE_OVER
@@ -116,8 +124,8 @@ class Learning:
             )
         if self.rounds < 1:
             raise ValueError(f"Learning.rounds must be >= 1, got {self.rounds}")
-        if min(self.recheck_every, self.confirm) < 1:
-            raise ValueError("Learning.recheck_every and confirm must be >= 1")
+        if min(self.recheck_every, self.confirm) < 1 or self.warmup < 0:
+            raise ValueError("Learning.recheck_every and confirm must be >= 1, warmup >= 0")
         if not (math.isfinite(self.margin) and self.margin >= 1.0):
             raise ValueError(f"Learning.margin must be finite and >= 1, got {self.margin}")
         if not self.prune > 1.0:
@@ -171,7 +179,7 @@ class Learner:
     Args:
       arms: the candidates' names, dense first (the steps factors' reference).
       learning: the exploration's settings.
-      start: the first step the learner schedules.
+      start: the first step the learner schedules (before it: the ``first`` arm).
       first: the safe arm that opens every round (:func:`first_arm`).
       skip: arms that run no window, each with the predicted seconds per step that ruled it
         out (:func:`skipped`).

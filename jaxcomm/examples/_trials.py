@@ -74,7 +74,8 @@ class Trials:
         arms = learn.propose(sizes, world, profile, ["dense", *self.arms], options)
         learning = learn.Learning()
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
-        self.learner = learn.Learner(arms, learning, step, learn.first_arm(arms), skip)
+        first = learn.first_arm(arms)
+        self.learner = learn.Learner(arms, learning, step + learning.warmup, first, skip)
 
     def before(self, step: int, state: Any, wait: Callable[[], None]) -> Any:
         """The state with ``step``'s arm; starts a window's clock at its first step."""
