@@ -306,10 +306,14 @@ def load_cells(out: pathlib.Path) -> list[dict[str, Any]]:
 
 def auto_picks(cell: dict[str, Any]) -> list[str]:
     """The algorithms auto chose in a cell, sorted (its warm-up decision aside): a learning
-    auto's decisions, else each bucket's choice at trace time."""
-    learned = [d["choice"] for d in cell.get("auto_learned") or [] if d["event"] == "decision"]
+    auto's decisions (``["trials"]`` when the run ended before its first), else each bucket's
+    choice at trace time."""
+    events = cell.get("auto_learned") or []
+    learned = [d["choice"] for d in events if d["event"] == "decision"]
     if learned:
         return sorted(set(learned))
+    if events:
+        return ["trials"]
     return sorted({c["choice"] for c in cell.get("auto_choices") or [] if "choice" in c})
 
 
@@ -328,5 +332,5 @@ def auto_pick(cell: dict[str, Any]) -> str | None:
     picks = auto_picks(cell)
     if not picks:
         return None
-    sparse = any(ALGORITHMS.get(p).uses_density for p in picks)
+    sparse = any(p in ALGORITHMS.names() and ALGORITHMS.get(p).uses_density for p in picks)
     return "+".join(picks) + (" (no warm-up)" if sparse and auto_dropped_warmup(cell) else "")
