@@ -151,7 +151,7 @@ def test_every_rank_learns_the_same(tmp_path):
         job="digits",
         world={"processes": 2, "devices_per_process": 1},
         jaxcomm={"algorithm": "auto", "profile": str(tmp_path / "slow.json")},
-        train={"steps": 200, "eval_every": 50, "hidden": 256},
+        train={"steps": 300, "eval_every": 50, "hidden": 256},
     )
     out = tmp_path / "run"
     done = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=900)
