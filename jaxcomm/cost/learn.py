@@ -134,6 +134,22 @@ class Learning:
             raise ValueError(f"Learning.dense_over must be >= 1, got {self.dense_over}")
 
 
+def _line(losses: Sequence[float], settle: int) -> tuple[float, float]:
+    """The least-squares slope of ``losses[settle:]`` against their step and its standard
+    error (the scatter about the line; 0 with under 3 points, both 0 with under 2)."""
+    ys = [float(v) for v in losses[settle:]]
+    n = len(ys)
+    if n < 2:
+        return 0.0, 0.0
+    mx, my = (n - 1) / 2, sum(ys) / n
+    sxx = sum((i - mx) ** 2 for i in range(n))
+    slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sxx
+    if n < 3:
+        return slope, 0.0
+    scatter = sum((y - my - slope * (i - mx)) ** 2 for i, y in enumerate(ys)) / (n - 2)
+    return slope, math.sqrt(scatter / sxx)
+
+
 def window_rate(losses: Sequence[float], seconds: float, settle: int = 0) -> tuple[float, float]:
     """Loss decrease per step (the negated least-squares slope over ``losses[settle:]``) and
     per second of one window.
@@ -142,15 +158,9 @@ def window_rate(losses: Sequence[float], seconds: float, settle: int = 0) -> tup
       >>> window_rate([4.0, 3.0, 2.0, 1.0], 2.0)
       (1.0, 2.0)
     """
-    ys = [float(v) for v in losses[settle:]]
-    n = len(ys)
-    if n < 2 or seconds <= 0:
+    per_step = -_line(losses, settle)[0]
+    if len(losses) - settle < 2 or seconds <= 0:
         return 0.0, 0.0
-    mx, my = (n - 1) / 2, sum(ys) / n
-    slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum(
-        (i - mx) ** 2 for i in range(n)
-    )
-    per_step = -slope
     return per_step, per_step * len(losses) / seconds
 
 
@@ -162,15 +172,7 @@ def slope_error(losses: Sequence[float], settle: int = 0) -> float:
       >>> slope_error([4.0, 3.0, 2.0, 1.0])
       0.0
     """
-    ys = [float(v) for v in losses[settle:]]
-    n = len(ys)
-    if n < 3:
-        return 0.0
-    mx, my = (n - 1) / 2, sum(ys) / n
-    sxx = sum((i - mx) ** 2 for i in range(n))
-    slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sxx
-    scatter = sum((y - my - slope * (i - mx)) ** 2 for i, y in enumerate(ys)) / (n - 2)
-    return math.sqrt(scatter / sxx)
+    return _line(losses, settle)[1]
 
 
 class Learner:
@@ -380,7 +382,9 @@ class Learner:
         # compressor's when dense ran no window).
         base = next((per_step[a] for a in per_step if is_safe(a)), 0.0)
         factors = {a: base / d if d > 0 and base > 0 else None for a, d in per_step.items()}
-        kept = self.chosen in rate and pick != self.chosen and not self._overturns(pick, rate)
+        kept = (
+            self.chosen in rate and pick != self.chosen and not self._overturns(pick, seconds, rate)
+        )
         pick = self.chosen if kept else pick
         switched = pick != self.chosen and not is_safe(pick)
         self.chosen = pick
@@ -401,17 +405,20 @@ class Learner:
         else:  # nothing left to compare: the decision stands
             self._plan = []
 
-    def _overturns(self, pick: str, rate: Mapping[str, float]) -> bool:
+    def _overturns(
+        self, pick: str, seconds: Mapping[str, float], rate: Mapping[str, float]
+    ) -> bool:
         """Whether a re-check's ``pick`` beats the arm decided before by more than twice the
-        error of the difference of their rates: later in training a window's decrease is
-        small beside its noise, and a re-check must not trade a decision for noise."""
+        error of the difference of their rates (as :meth:`_rates` measured them): later in
+        training a window's decrease is small beside its noise, and a re-check must not
+        trade a decision for noise."""
         error = {}
         for arm in (pick, self.chosen):
             ws = [w for w in self.windows[-len(self._plan) :] if w["arm"] == arm]
             if not ws:
                 return True
             se = math.sqrt(sum(w["loss_decrease_se"] ** 2 for w in ws)) / len(ws)
-            error[arm] = se / statistics.fmean(w["seconds_per_step"] for w in ws)
+            error[arm] = se / seconds[arm]
         return rate[pick] - rate[self.chosen] > 2 * math.hypot(*error.values())
 
 

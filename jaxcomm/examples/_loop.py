@@ -504,7 +504,6 @@ class Step:
         self.trials: _trials.Trials | None = None  # a learning auto: the loop sets each arm
         if reduction.algorithm == "psum":
             self._step: Any = XlaStep(loss_fn, optimizer, reduction, mesh, max_in_flight)
-            self._programs = {None: self._step}
             return
         options = {"has_aux": True, "donate": True, "max_in_flight": max_in_flight}
         diloco = reduction.diloco(optimizer)
@@ -514,7 +513,6 @@ class Step:
             self._step = jaxcomm.data_parallel_step(
                 loss_fn, diloco, mesh, tuple(mesh.axis_names), average_metrics=False, **options
             )
-            self._programs = {None: self._step}
             return
         if reduction.learns():
             arms = reduction.options(warmup_phase_steps)
@@ -531,14 +529,18 @@ class Step:
             return jaxcomm.data_parallel_step(loss_fn, tx, mesh, AXIS, **options)
 
         self._step = program()
-        self._programs = {None: self._step}
         if self.trials is not None:
             self._arms = _trials.ArmPrograms(program)
 
     @property
     def traces(self) -> int:
         """Times the per-rank step was traced (compilations)."""
-        return sum(p.traces for p in self._programs.values())
+        return sum(p.traces for p in self._programs())
+
+    def _programs(self) -> list[Any]:
+        """The programs that have run steps: this step's, and a learning auto's arms'."""
+        ready = [] if self.trials is None else list(self._arms.ready.values())
+        return [self._step, *ready]
 
     def init(self, params: Any) -> tuple[Any, Any]:
         """Replicates `params` on the mesh and builds the optimizer state (residuals per rank).
@@ -554,13 +556,11 @@ class Step:
         if self.trials is None:
             return self._step(params, state, *batch)
         fixed = self._arms.program(self.trials.settled, self.trials.step, (params, state, *batch))
-        if fixed is not None:
-            self._programs[self.trials.settled] = fixed
         return (fixed or self._step)(params, state, *batch)
 
     def wait(self) -> None:
         """Waits for every step in flight."""
-        for program in self._programs.values():
+        for program in self._programs():
             program.wait()
 
     def restart(self, state: Any) -> Any:
