@@ -63,6 +63,7 @@ __all__ = [
     "Learner",
     "Learning",
     "arm_decrease",
+    "compiled",
     "decisions",
     "first_arm",
     "is_safe",
@@ -489,6 +490,18 @@ def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list
                 a[i] = [u - f * v for u, v in zip(a[i], a[col], strict=True)]
                 b[i] -= f * b[col]
     return [b[i] / a[i][i] if abs(a[i][i]) >= 1e-12 else 0.0 for i in range(m)]
+
+
+def compiled(step: int, arms: Sequence[str], seconds: float) -> None:
+    """Records that the programs of ``arms`` compiled before ``step``, in ``seconds``
+    (outside the training clock: an event of :func:`decisions`).
+
+    Example:
+      >>> compiled(1, ["gtopk"], 0.5)
+      >>> decisions()[-1]["event"]
+      'compiled'
+    """
+    _decisions.append({"event": "compiled", "step": step, "arms": list(arms), "seconds": seconds})
 
 
 def decisions() -> list[dict[str, Any]]:

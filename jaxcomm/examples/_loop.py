@@ -514,9 +514,6 @@ class Step:
                 loss_fn, diloco, mesh, tuple(mesh.axis_names), average_metrics=False, **options
             )
             return
-        if reduction.learns():
-            arms = reduction.options(warmup_phase_steps)
-            self.trials = _trials.Trials(reduction, arms, mesh, _AgreedMax(mesh), host_scalar)
         # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
         widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
 
@@ -528,9 +525,13 @@ class Step:
             tx = optax.chain(reduction.reducer(warmup_phase_steps, fixed), widen, optimizer)
             return jaxcomm.data_parallel_step(loss_fn, tx, mesh, AXIS, **options)
 
-        self._step = program()
-        if self.trials is not None:
-            self._arms = _trials.ArmPrograms(program)
+        if not reduction.learns():
+            self._step = program()
+            return
+        self._arms = _trials.ArmPrograms(program)
+        self._step = self._arms.ready[0]
+        settings = reduction.options(warmup_phase_steps)
+        self.trials = _trials.Trials(reduction, settings, self._arms, _AgreedMax(mesh), host_scalar)
 
     @property
     def traces(self) -> int:
@@ -539,8 +540,7 @@ class Step:
 
     def _programs(self) -> list[Any]:
         """The programs that have run steps: this step's, and a learning auto's arms'."""
-        ready = [] if self.trials is None else list(self._arms.ready.values())
-        return [self._step, *ready]
+        return [self._step] if self.trials is None else list(self._arms.ready.values())
 
     def init(self, params: Any) -> tuple[Any, Any]:
         """Replicates `params` on the mesh and builds the optimizer state (residuals per rank).
@@ -551,12 +551,12 @@ class Step:
         return self._step.replicate(params), self._step.init(params)
 
     def __call__(self, params: Any, state: Any, *batch: jax.Array) -> tuple:
-        """One paced step: ``(params, state, loss, metric)`` (a learning auto outside its
-        trials: by the decided arm's own program)."""
+        """One paced step: ``(params, state, loss, metric)`` (a learning auto: by the program
+        of the arm the trials set)."""
         if self.trials is None:
             return self._step(params, state, *batch)
-        fixed = self._arms.program(self.trials.settled, self.trials.step, (params, state, *batch))
-        return (fixed or self._step)(params, state, *batch)
+        program = self._arms(self.trials.current, (params, state, *batch))
+        return program(params, state, *batch)
 
     def wait(self) -> None:
         """Waits for every step in flight."""
@@ -572,8 +572,6 @@ class Step:
         """After the last step: waits for it and applies every outer gradient in flight
         (DiLoCo with a delay), so that no detached collective is left open."""
         self.wait()
-        if self.trials is not None:
-            self._arms.close()
         return self._step.finish(params, state)
 
 
@@ -894,7 +892,7 @@ def _advance(step: Step, run: _Run, batch: Callable[[int], tuple], i: int, logge
     """Dispatches step ``i`` (with a learning auto's arm); its device loss and metric."""
     trials = step.trials
     if trials is not None:
-        run.state = trials.before(i, run.state, step.wait)
+        trials.before(i, step.wait)
     run.params, run.state, loss, metric = step(run.params, run.state, *batch(i))
     if trials is not None:
         trials.after(i, run.params, loss, step.wait)

@@ -1,28 +1,32 @@
 """The training loop's side of a learning ``auto`` (:attr:`Reduction.learn`): which arm each
-step runs, and each trial window's losses and seconds for :class:`jaxcomm.cost.learn.Learner`.
+step runs, each arm's own compiled program, and each trial window's losses and seconds for
+:class:`jaxcomm.cost.learn.Learner`.
 
-The first (compiling) step runs dense and measures the world (``auto`` without a profile);
-then the cost model proposes the arms worth a trial (:func:`jaxcomm.cost.learn.propose`),
-rules out dense's window where it predicts dense far slower than a safe compressor
-(:func:`jaxcomm.cost.learn.skipped`), and the learner schedules the windows. A window's seconds are its training wall clock (its
+The first (compiling) step runs dense's program. After it, ``auto`` without a profile
+measures the world, the cost model proposes the arms worth a trial
+(:func:`jaxcomm.cost.learn.propose`), rules out dense's window where it predicts dense far
+slower than a safe compressor (:func:`jaxcomm.cost.learn.skipped`), every proposed arm's
+program compiles (outside the training clock, as the first step's compilation is), and the
+learner schedules the windows. A window's seconds are its training wall clock (its
 evaluations excluded), the largest over the ranks, and its losses the steps' losses averaged
 over the ranks: every rank switches at the same steps to the same arm.
+
+Each arm runs a program of its own (``learned_gradients(..., fixed=arm)``, one state for
+all) rather than one ``lax.switch`` over every arm: on XLA:CPU a switched step ran 25-45 ms
+slower than the same reduction alone, which made the trial windows mis-time the cheap arms.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-from jaxcomm import cost, learning
-from jaxcomm.cost import learn
+from jaxcomm import cost
+from jaxcomm.cost import learn, measure
 
 
 class Trials:
@@ -31,7 +35,7 @@ class Trials:
     Args:
       reduction: the run's ``Reduction`` (a learning ``auto``).
       options: the candidates' settings.
-      mesh: the ``dp`` mesh.
+      programs: the arms' programs (:class:`ArmPrograms`).
       agreed_max: ``seconds -> the largest over the ranks`` (a collective every rank calls).
       read: ``device scalar -> float``.
     """
@@ -40,31 +44,31 @@ class Trials:
         self,
         reduction: Any,
         options: cost.Options,
-        mesh: Any,
+        programs: ArmPrograms,
         agreed_max: Callable[[float], float],
         read: Callable[[Any], float],
     ) -> None:
         self.reduction = reduction
         self.arms = reduction.auto_arms(options)
-        self.names = ["dense", *self.arms]  # the order of the compiled branches
+        self.names = ["dense", *self.arms]  # the arms' numbers (``fixed`` of their programs)
         self.options = options
-        self.sharding = NamedSharding(mesh, P())
+        self.programs = programs
         self.agreed_max, self.read = agreed_max, read
         self.learner: learn.Learner | None = None
-        self.current: int | None = None  # unknown until set (a restored state keeps its own)
-        # The decided arm outside the trials' windows (the step may run it compiled alone),
-        # and the step it was set for.
-        self.settled: int | None = None
-        self.step = 0
+        self.current = 0  # the arm the next step runs (dense until the learner starts)
         self.losses: list[Any] = []
         self.clock = 0.0
         self.paused = 0.0
 
-    def _start(self, step: int, params: Any) -> None:
-        """After the compiling step: the proposed arms from the (now measured) profile."""
+    def _start(self, step: int, params: Any, wait: Callable[[], None]) -> None:
+        """After the compiling step: measures the world (no profile given), proposes the arms
+        and compiles their programs."""
+        wait()  # the measurement's collectives must not meet the first step's in flight
         leaves = [int(np.prod(np.shape(x))) for x in jax.tree.leaves(params)]
         sizes = self.reduction.gradient_buckets(leaves)
         auto = next(iter(self.arms.values()), None)
+        if auto is not None:  # (dense's program traced no auto, which would have measured)
+            measure.prepare(auto, sizes)
         profile = auto.resolved_profile() if auto is not None else cost.DEFAULT_PROFILE
         processes, local = jax.process_count(), jax.local_device_count()
         inter = profile.inter_process if processes > 1 else "same_host"
@@ -76,27 +80,25 @@ class Trials:
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
         first = learn.first_arm(arms)
         self.learner = learn.Learner(arms, learning, step + learning.warmup, first, skip)
+        numbers = [self.names.index(a) for a in arms[1:] if a not in skip]  # dense's is in
+        if numbers:
+            seconds = self.programs.compile(numbers)
+            learn.compiled(step, [self.names[k] for k in numbers], seconds)
 
-    def before(self, step: int, state: Any, wait: Callable[[], None]) -> Any:
-        """The state with ``step``'s arm; starts a window's clock at its first step."""
+    def before(self, step: int, wait: Callable[[], None]) -> int:
+        """The arm (its number) that runs ``step``; starts a window's clock at its first step."""
         if self.learner is None:
-            return state
-        name = self.learner.arms[self.learner.arm_at(step)]
-        arm = self.names.index(name)
-        if arm != self.current:
-            state = learning.set_arm(state, arm, self.sharding)
-            self.current = arm
-        decided = self.learner.chosen is not None and not self.learner.in_window(step)
-        self.settled, self.step = (arm if decided else None), step
+            return self.current
+        self.current = self.names.index(self.learner.arms[self.learner.arm_at(step)])
         if self.learner.window_start(step):
             wait()
             self.clock, self.paused, self.losses = time.perf_counter(), 0.0, []
-        return state
+        return self.current
 
     def after(self, step: int, params: Any, loss: Any, wait: Callable[[], None]) -> None:
         """Records ``step``'s loss; closes its window when it is the last."""
         if self.learner is None:
-            self._start(step + 1, params)
+            self._start(step + 1, params, wait)
             return
         if not self.learner.in_window(step):
             return
@@ -114,49 +116,34 @@ class Trials:
 
 
 class ArmPrograms:
-    """The decided arm's own program (``learned_gradients(..., fixed=arm)``: the same state,
-    without the switch, which cost XLA:CPU about 8 ms a step), for the steps between trials.
-
-    Compiling it takes seconds, so it compiles in a thread from the first step the arm is
-    settled while the switched program goes on training, and takes over ``AHEAD`` steps
-    later, waiting for the compilation if it is not done: every rank changes programs at the
-    same step, whatever its compiler's speed.
+    """Each arm's own program (``learned_gradients(..., fixed=arm)``: one state for all, no
+    switch), compiled for the shapes and shardings of the first step's arguments.
 
     Args:
       build: ``arm -> DataParallelStep`` (not compiled yet).
     """
 
-    AHEAD = 40
-
     def __init__(self, build: Callable[[int], Any]) -> None:
         self.build = build
-        self.ready: dict[int, Any] = {}
-        self.pending: dict[int, tuple[Any, threading.Thread, int]] = {}
+        self.ready: dict[int, Any] = {0: build(0)}  # dense's: the first step compiles it
+        self.like: tuple | None = None
 
-    def program(self, arm: int | None, step: int, args: tuple) -> Any:
-        """The program for ``step`` (None: the switched one). ``args``: the step's arguments,
-        whose shapes and shardings the compilation takes."""
-        if arm is None:
-            return None
-        if arm in self.ready:
-            return self.ready[arm]
-        if arm not in self.pending:
-            program = self.build(arm)
-            like = jax.tree.map(
+    def __call__(self, arm: int, args: tuple) -> Any:
+        """The program of ``arm`` for a step of ``args`` (compiled now if it is not yet)."""
+        if self.like is None:
+            self.like = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), args
             )
-            thread = threading.Thread(target=program.compile, args=like, daemon=True)
-            thread.start()
-            self.pending[arm] = (program, thread, step + self.AHEAD)
-        program, thread, due = self.pending[arm]
-        if step < due:
-            return None
-        thread.join()
-        self.ready[arm] = program
-        del self.pending[arm]
-        return program
+        self.compile([arm])
+        return self.ready[arm]
 
-    def close(self) -> None:
-        """Waits for the compilations still running (none may outlive the run)."""
-        for _, thread, _ in self.pending.values():
-            thread.join()
+    def compile(self, arms: list[int]) -> float:
+        """Compiles the programs of ``arms`` not compiled yet (after the first step); returns
+        the seconds it took."""
+        start = time.perf_counter()
+        for arm in arms:
+            if arm not in self.ready:
+                program = self.build(arm)
+                program.compile(*self.like)
+                self.ready[arm] = program
+        return time.perf_counter() - start
