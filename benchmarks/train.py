@@ -267,6 +267,9 @@ def cell_of(
         "auto_learned": (result.get("auto") or {}).get("learned"),
         # Seconds auto spent measuring its world before deciding (no profile given).
         "auto_measure_s": _measure_seconds(result),
+        # Seconds it spent compiling its arms' programs after the first step (untimed, as
+        # every run's first compilation).
+        "auto_compile_s": _compile_seconds(result),
         "placement": summary.get("placement"),
         "oversubscribed": summary.get("oversubscribed"),
         "wall_s": keys["wall_s"],
@@ -281,6 +284,12 @@ def _measure_seconds(result: dict[str, Any]) -> float | None:
     """The seconds auto spent measuring its world (``jaxcomm.metrics()["auto"]``), if it did."""
     measured = (result.get("auto") or {}).get("measured") or {}
     return sum(measured.get("seconds") or []) or None
+
+
+def _compile_seconds(result: dict[str, Any]) -> float | None:
+    """The seconds a learning auto spent compiling its arms' programs, if it did."""
+    learned = (result.get("auto") or {}).get("learned") or []
+    return sum(e["seconds"] for e in learned if e["event"] == "compiled") or None
 
 
 def run_cell(

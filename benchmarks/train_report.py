@@ -90,6 +90,7 @@ def _summary_row(workload: str, net: str, label: str, runs: list[dict[str, Any]]
         "oversubscribed": first.get("oversubscribed"),
         "held_out": WORKLOADS[workload].held_out if workload in WORKLOADS else False,
         "measure_s": _median([r.get("auto_measure_s") for r in runs]),
+        "compile_s": _median([r.get("auto_compile_s") for r in runs]),
         # The compute step its runs were predicted with.
         "compute_s": _median([(r.get("predicted") or {}).get("compute_s") for r in runs]),
     }
