@@ -1,10 +1,11 @@
-"""Runs jaxcomm.learning's switched reduction on 2 CPU devices of one process and prints JSON.
+"""Runs jaxcomm.learning's reduction on 2 CPU devices of one process and prints JSON.
 
 Used by tests/test_learning.py (the device count is set before JAX starts, so it runs in a
 subprocess). Each rank feeds its own random gradient every step while the arm switches
-between dense, gTop-k and one-bit; the worker reports, per rank, how far the sum of every
-gradient is from what was sent (the summed outputs) plus the residuals left, and what a
-switched dense step gives against jaxcomm's dense allreduce of gradient plus residual.
+between dense, gTop-k and one-bit, each arm by its own program as the examples' loop runs
+them; the worker reports, per rank, how far the sum of every gradient is from what was sent
+(the summed outputs) plus the residuals left, whether dense left zero residuals, and whether
+each arm's own program gives what the ``lax.switch`` over every arm gives at that arm.
 """
 
 from __future__ import annotations
@@ -47,14 +48,32 @@ step = jax.jit(
                   out_specs=(grad_specs, specs), check_vma=False)
 )  # fmt: skip
 replicated = NamedSharding(mesh, P())
+
+
+def fixed_step(arm: int):
+    """The same reduction compiled with arm ``arm`` alone (no switch)."""
+    one = learning.learned_gradients("dp", arms, fixed=arm, mean=False)
+
+    def local_fixed(s, g):
+        g = jax.tree.map(lambda x: x[0], g)
+        out, s = one.update(g, s)
+        return jax.tree.map(lambda x: x[None], out), s
+
+    return jax.jit(
+        jax.shard_map(local_fixed, mesh=mesh, in_specs=(specs, grad_specs),
+                      out_specs=(grad_specs, specs), check_vma=False)
+    )  # fmt: skip
+
+
+# The training loop's way: each step runs the program of its arm, one state for all.
+programs = [fixed_step(arm) for arm in range(len(arms))]
 rng = np.random.default_rng(0)
 schedule = [1, 1, 1, 2, 2, 0, 1, 1, 2, 1, 0, 0, 2, 1]
 given = {k: np.zeros((RANKS, *v.shape), np.float64) for k, v in params.items()}
 sent = {k: np.zeros(v.shape, np.float64) for k, v in params.items()}
 for arm in schedule:
-    state = learning.set_arm(state, arm, replicated)
     g = {k: rng.standard_normal((RANKS, *v.shape)).astype(np.float32) for k, v in params.items()}
-    out, state = step(
+    out, state = programs[arm](
         state, {k: jax.device_put(v, NamedSharding(mesh, P("dp"))) for k, v in g.items()}
     )
     for k in params:
@@ -76,21 +95,6 @@ gap = max(
 scale = max(float(np.abs(given[k].sum(0)).max()) for k in params)
 
 
-def fixed_step(arm: int):
-    """The same reduction compiled with arm ``arm`` alone (no switch)."""
-    one = learning.learned_gradients("dp", arms, fixed=arm, mean=False)
-
-    def local_fixed(s, g):
-        g = jax.tree.map(lambda x: x[0], g)
-        out, s = one.update(g, s)
-        return jax.tree.map(lambda x: x[None], out), s
-
-    return jax.jit(
-        jax.shard_map(local_fixed, mesh=mesh, in_specs=(specs, grad_specs),
-                      out_specs=(grad_specs, specs), check_vma=False)
-    )  # fmt: skip
-
-
 # Each arm's own program gives what the switch gives at that arm, from the same state.
 same = True
 for arm in range(len(arms)):
@@ -98,7 +102,7 @@ for arm in range(len(arms)):
     g = {k: rng.standard_normal((RANKS, *v.shape)).astype(np.float32) for k, v in params.items()}
     g = {k: jax.device_put(v, NamedSharding(mesh, P("dp"))) for k, v in g.items()}
     a = jax.tree.leaves(step(state, g))
-    b = jax.tree.leaves(fixed_step(arm)(state, g))
+    b = jax.tree.leaves(programs[arm](state, g))
     same = same and all(
         np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True)
     )

@@ -1,7 +1,7 @@
 """auto learns what each compressor costs in steps from the run (jaxcomm.cost.learn,
 jaxcomm.learning): the learner's schedule and decisions, the guard that keeps dense unless a
 compressor beats it, identical decisions from identical inputs, and error feedback conserved
-across every switch of the compiled step (tests/learning_worker.py, 2 CPU devices)."""
+across every switch between the arms' programs (tests/learning_worker.py, 2 CPU devices)."""
 
 from __future__ import annotations
 
@@ -261,5 +261,5 @@ def test_error_feedback_is_conserved_across_switches():
     assert out["gap"] <= 1e-5 * out["scale"]
     assert out["residual_nonzero"]  # the compressors did hold signal back
     assert out["dense_left_zero_residual"]  # and dense sent all of it
-    # An arm compiled alone (the decided arm between trials) is the switch at that arm.
+    # Each arm's own program (how the examples' loop runs them) is the switch at that arm.
     assert out["fixed_same_as_switch"]
