@@ -1,10 +1,11 @@
-"""A gradient reduction whose algorithm is chosen while training, one compiled step for all.
+"""A gradient reduction whose algorithm is chosen while training, over one shared state.
 
 :func:`learned_gradients` compiles every candidate reduction ("arm") as a branch of one
 ``lax.switch`` indexed by an arm number in the state, which the training loop sets between
-steps (:func:`set_arm`) as a :class:`jaxcomm.cost.learn.Learner` decides. The arm must be the
-same on every rank: the learner decides from losses averaged over the ranks and seconds
-agreed over them.
+steps (:func:`set_arm`) as a :class:`jaxcomm.cost.learn.Learner` decides; or, with ``fixed``,
+one arm alone over the same state, so that a loop may run each arm by a program of its own.
+The arm must be the same on every rank: the learner decides from losses averaged over the
+ranks and seconds agreed over them.
 
 Every arm shares one set of error-feedback residuals: a compressor adds them to its gradient
 and keeps what it did not send; the dense arm sends gradient and residuals and leaves zero.
@@ -62,8 +63,8 @@ def learned_gradients(
         error feedback or :class:`jaxcomm.cost.Auto` (not a leaf-shaped one such as
         PowerSGD, whose state differs).
       fixed: compile arm ``fixed`` alone, whatever the state's ``arm`` says: the same state,
-        without the ``lax.switch``, for the steps between trials (a branch of a switch ran
-        about 8 ms a step slower on XLA:CPU than the same reduction alone).
+        without the ``lax.switch``. The examples' loop runs every arm so, one program each
+        (on XLA:CPU a switched step ran 8-45 ms slower than the same reduction alone).
       **options: the other arguments of ``allreduce_gradients`` (``bucket_size``,
         ``dense_dtype``, ``mean``, ...), the same for every arm.
 
