@@ -1,12 +1,12 @@
 """Which reductions a learning ``auto`` tries (:class:`jaxcomm.cost.learn.Learner`'s arms),
 from the cost model's predictions on the measured world: the compressors predicted faster
-per step than dense (:func:`propose`), the safe one first (:func:`is_safe`,
-:func:`first_arm`), and whether dense needs a window at all (:func:`skipped`).
+per step than dense (:func:`propose`), whether dense needs a window at all (:func:`skipped`),
+and which safe arm goes first (:func:`is_safe`, :func:`first_arm`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from .choose import choose
 from .model import DEFAULT_ALLOWED, Options, Profile, World, steps_factor_of
@@ -121,12 +121,19 @@ def is_safe(name: str) -> bool:
     return steps_factor_of(name) <= 1.0
 
 
-def first_arm(arms: Sequence[str]) -> int:
-    """The arm a :class:`Learner` of :func:`propose`'s `arms` starts with: the safe
-    compressor when one was proposed (the model predicts it faster than dense), else dense.
+def first_arm(arms: Sequence[str], skip: Mapping[str, float] | None = None) -> int:
+    """The arm a :class:`Learner` of :func:`propose`'s `arms` warms up on and opens each
+    round with: the safe compressor where dense is ``skip``-ped (:func:`skipped`: the model
+    predicts dense slower by a margin for its own error), else dense. A safe compressor
+    predicted only a little faster than dense may be slower on the run's own devices, and a
+    short run spends its whole warm-up on this arm: dense never loses to dense.
 
     Example:
-      >>> first_arm(["dense", "blockquant", "gtopk"]), first_arm(["dense", "gtopk"])
+      >>> first_arm(["dense", "blockquant", "gtopk"], {"dense": 0.5}), first_arm(["dense", "gtopk"])
       (1, 0)
+      >>> first_arm(["dense", "blockquant", "gtopk"])  # the model is not sure: dense
+      0
     """
+    if not skip or "dense" not in skip:
+        return 0
     return next((i for i, a in enumerate(arms) if i > 0 and is_safe(a)), 0)

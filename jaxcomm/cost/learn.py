@@ -6,15 +6,16 @@ as the run goes: it runs the candidate reductions ("arms": dense first, the guar
 compressors the model proposes) in short interleaved windows, compares them by the training
 loss's decrease per second, keeps the best one, and re-checks now and then.
 
-* The first ``warmup`` steps run the fastest safe arm alone, as DGC and gTop-k warm up
+* The first ``warmup`` steps run the first safe arm alone (:func:`first_arm`: dense, or
+  the safe compressor where the model predicts dense far slower), as DGC and gTop-k warm up
   before compressing: the model changes fastest there, a window there says least about the
   rest of the run, and a short run reaches its target within them.
 * A window is ``window`` steps of one arm. The loss decrease per step is the least-squares
   slope of the loss over the window's steps after its first ``settle`` (the switch's
   transient); its seconds are the window's wall clock (the largest over the ranks).
 * A round runs every arm once, the *safe* arms (whose prior says they need dense's steps:
-  dense, or a bounded-error quantizer) bracketing the others: the fastest safe arm first
-  (:func:`first_arm`), the others in an order rotated by one each round, then the second safe
+  dense, or a bounded-error quantizer) bracketing the others: the first safe arm opens,
+  the others in an order rotated by one each round, then the second safe
   arm, or the first again when it is the only one. The loss falls faster early in training
   than later, so the windows' decreases are fitted as an effect per arm plus a trend in time
   (:func:`arm_decrease`), and every other arm is compared with the safe decrease

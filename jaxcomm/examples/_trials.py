@@ -78,7 +78,7 @@ class Trials:
         arms = learn.propose(sizes, world, profile, ["dense", *self.arms], options)
         learning = learn.Learning()
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
-        first = learn.first_arm(arms)
+        first = learn.first_arm(arms, skip)
         self.learner = learn.Learner(arms, learning, step + learning.warmup, first, skip)
         numbers = [self.names.index(a) for a in arms[1:] if a not in skip]  # dense's is in
         if numbers:
