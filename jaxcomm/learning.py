@@ -52,6 +52,7 @@ def learned_gradients(
     axis_name: str | tuple[str, ...],
     arms: Sequence[Any],
     fixed: int | None = None,
+    flush: bool = True,
     **options: Any,
 ) -> optax.GradientTransformation:
     """``jaxcomm.optax.allreduce_gradients`` over every one of ``arms``, the one that runs
@@ -65,6 +66,9 @@ def learned_gradients(
       fixed: compile arm ``fixed`` alone, whatever the state's ``arm`` says: the same state,
         without the ``lax.switch``. The examples' loop runs every arm so, one program each
         (on XLA:CPU a switched step ran 8-45 ms slower than the same reduction alone).
+      flush: with ``fixed=0`` (dense), ``False`` passes the residuals on untouched rather
+        than sending them with the gradient and zeroing them: for a step that follows a
+        dense one, whose residuals are zero, it spares two passes over them.
       **options: the other arguments of ``allreduce_gradients`` (``bucket_size``,
         ``dense_dtype``, ``mean``, ...), the same for every arm.
 
@@ -82,6 +86,8 @@ def learned_gradients(
         )
     if fixed is not None and not 0 <= fixed < len(arms):
         raise ValueError(f"learned_gradients: fixed must index arms (0 to {len(arms) - 1})")
+    if not flush and fixed != 0:
+        raise ValueError("learned_gradients: flush=False needs fixed=0 (dense alone)")
     txs = [jc_optax.allreduce_gradients(axis_name, a, **options) for a in arms]
     # The residuals every arm shares: any compressor's state has them (dense has none).
     carrier = txs[1] if len(txs) > 1 else jc_optax.allreduce_gradients(axis_name, "auto")
@@ -92,16 +98,14 @@ def learned_gradients(
     def branch(k: int) -> Any:
         def run(token: jax.Array, updates: Any, inner: Any, params: Any) -> tuple:
             _ordering.token_out(token)
-            if arms[k] is None:  # dense: the residuals go with the gradient
-                flushed = jax.tree.map(
-                    lambda g, r: (g.astype(jnp.float32) + r.reshape(jnp.shape(g))).astype(g.dtype),
-                    updates,
-                    inner.residuals,
-                )
+            if arms[k] is None:  # dense: the residuals go with the gradient, unless zero
+                sent, left = updates, inner.residuals  # dense after dense (not flush)
+                if flush:
+                    sent = jax.tree.map(_plus, updates, inner.residuals)
+                    left = jax.tree.map(jnp.zeros_like, inner.residuals)
                 dense = jc_optax.AllreduceGradientsState(inner.count, None)
-                out, state = txs[k].update(flushed, dense, params)
-                zeros = jax.tree.map(jnp.zeros_like, inner.residuals)
-                new_inner = jc_optax.AllreduceGradientsState(state.count, zeros)
+                out, state = txs[k].update(sent, dense, params)
+                new_inner = jc_optax.AllreduceGradientsState(state.count, left)
             else:
                 out, new_inner = txs[k].update(updates, inner, params)
             return _ordering.token_in(), out, new_inner
@@ -120,6 +124,11 @@ def learned_gradients(
         return out, LearnedState(state.arm, inner)
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _plus(g: jax.Array, r: jax.Array) -> jax.Array:
+    """``g + r`` summed in float32, in ``g``'s dtype (``r``: the flat residual)."""
+    return (g.astype(jnp.float32) + r.reshape(jnp.shape(g))).astype(g.dtype)
 
 
 def set_arm(state: Any, arm: int, sharding: jax.sharding.Sharding) -> Any:

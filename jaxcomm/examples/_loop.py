@@ -181,13 +181,14 @@ class Reduction:
         )
 
     def reducer(
-        self, warmup_phase_steps: int, fixed: int | None = None
+        self, warmup_phase_steps: int, fixed: int | None = None, flush: bool = True
     ) -> optax.GradientTransformation | None:
         """The jaxcomm gradient transformation (None for the ``psum`` baseline).
 
         Args:
           warmup_phase_steps: steps per warm-up density (the paper: an epoch).
           fixed: a learning ``auto``'s arm compiled alone (``learned_gradients``' ``fixed``).
+          flush: with ``fixed=0``, whether dense sends the residuals (``learned_gradients``).
 
         Returns:
           ``jaxcomm.optax.allreduce_gradients(...)`` or None.
@@ -209,6 +210,7 @@ class Reduction:
                 AXIS,
                 [None, *arms.values()],
                 fixed,
+                flush,
                 bucket_size=self.bucket_size,
                 dense_dtype=jnp.dtype(self.grad_dtype),
             )
@@ -517,19 +519,19 @@ class Step:
         # The reduced gradient goes on in float32 (a bf16 momentum trace loses small updates).
         widen = optax.stateless(lambda u, p: jax.tree.map(lambda g: g.astype(jnp.float32), u))
 
-        def program(fixed: int | None = None) -> jaxcomm.DataParallelStep:
+        def program(fixed: int | None = None, flush: bool = True) -> jaxcomm.DataParallelStep:
             # The loss and metric average in one jaxcomm allreduce (metric_collectives), so
             # every cross-process wait of a jaxcomm step is bounded by JAXCOMM_TIMEOUT_S:
             # XLA's CPU collectives (Gloo) have no such deadline and sat through a 60 s
             # partition (docs/faults.md).
-            tx = optax.chain(reduction.reducer(warmup_phase_steps, fixed), widen, optimizer)
+            tx = optax.chain(reduction.reducer(warmup_phase_steps, fixed, flush), widen, optimizer)
             return jaxcomm.data_parallel_step(loss_fn, tx, mesh, AXIS, **options)
 
         if not reduction.learns():
             self._step = program()
             return
         self._arms = _trials.ArmPrograms(program)
-        self._step = self._arms.ready[0]
+        self._step = self._arms.ready[0, True]
         settings = reduction.options(warmup_phase_steps)
         self.trials = _trials.Trials(reduction, settings, self._arms, _AgreedMax(mesh), host_scalar)
 
@@ -555,7 +557,7 @@ class Step:
         of the arm the trials set)."""
         if self.trials is None:
             return self._step(params, state, *batch)
-        program = self._arms(self.trials.current, (params, state, *batch))
+        program = self._arms(self.trials.program, (params, state, *batch))
         return program(params, state, *batch)
 
     def wait(self) -> None:

@@ -55,7 +55,8 @@ class Trials:
         self.programs = programs
         self.agreed_max, self.read = agreed_max, read
         self.learner: learn.Learner | None = None
-        self.current = 0  # the arm the next step runs (dense until the learner starts)
+        self.previous: int | None = None  # the arm of the last step (None: unknown)
+        self.program: tuple[int, bool] = (0, True)  # the next step's (ArmPrograms' key)
         self.losses: list[Any] = []
         self.clock = 0.0
         self.paused = 0.0
@@ -74,26 +75,34 @@ class Trials:
         inter = profile.inter_process if processes > 1 else "same_host"
         world = cost.World(processes, local, inter)
         wide = 2 if self.reduction.grad_dtype == "bfloat16" else 4
+        for (
+            arm
+        ) in self.arms.values():  # each arm's buckets, in the decisions (metrics), tried or not
+            for n in sizes:
+                cost.resolve_auto(arm, n, jax.device_count(), processes, local, element_bytes=wide)
         options = dataclasses.replace(self.options, element_bytes=wide)
         arms = learn.propose(sizes, world, profile, ["dense", *self.arms], options)
         learning = learn.Learning()
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
         first = learn.first_arm(arms, skip)
         self.learner = learn.Learner(arms, learning, step + learning.warmup, first, skip)
-        numbers = [self.names.index(a) for a in arms[1:] if a not in skip]  # dense's is in
-        if numbers:
-            seconds = self.programs.compile(numbers)
-            learn.compiled(step, [self.names[k] for k in numbers], seconds)
+        # Dense's flushing program ran the first step; dense after dense needs no flush.
+        keys = [(0, False)] + [(self.names.index(a), True) for a in arms[1:] if a not in skip]
+        seconds = self.programs.compile(keys)
+        learn.compiled(step, [self.names[k] for k, _ in keys], seconds)
 
-    def before(self, step: int, wait: Callable[[], None]) -> int:
-        """The arm (its number) that runs ``step``; starts a window's clock at its first step."""
-        if self.learner is None:
-            return self.current
-        self.current = self.names.index(self.learner.arms[self.learner.arm_at(step)])
-        if self.learner.window_start(step):
+    def before(self, step: int, wait: Callable[[], None]) -> None:
+        """Sets :attr:`program` for ``step``: its arm, and whether dense flushes the
+        residuals (not after a dense step: they are zero; a restored state's may not be);
+        starts a window's clock at its first step."""
+        arm = 0
+        if self.learner is not None:
+            arm = self.names.index(self.learner.arms[self.learner.arm_at(step)])
+        self.program = (arm, not (arm == 0 and self.previous == 0))
+        self.previous = arm
+        if self.learner is not None and self.learner.window_start(step):
             wait()
             self.clock, self.paused, self.losses = time.perf_counter(), 0.0, []
-        return self.current
 
     def after(self, step: int, params: Any, loss: Any, wait: Callable[[], None]) -> None:
         """Records ``step``'s loss; closes its window when it is the last."""
@@ -116,34 +125,36 @@ class Trials:
 
 
 class ArmPrograms:
-    """Each arm's own program (``learned_gradients(..., fixed=arm)``: one state for all, no
-    switch), compiled for the shapes and shardings of the first step's arguments.
+    """Each arm's own program (``learned_gradients(..., fixed=arm, flush=...)``: one state for
+    all, no switch), compiled for the shapes and shardings of the first step's arguments.
+    A program's key is ``(arm, flush)``; ``flush`` is True but for dense after dense.
 
     Args:
-      build: ``arm -> DataParallelStep`` (not compiled yet).
+      build: ``(arm, flush) -> DataParallelStep`` (not compiled yet).
     """
 
-    def __init__(self, build: Callable[[int], Any]) -> None:
+    def __init__(self, build: Callable[[int, bool], Any]) -> None:
         self.build = build
-        self.ready: dict[int, Any] = {0: build(0)}  # dense's: the first step compiles it
+        # Dense's flushing program: the first step compiles it.
+        self.ready: dict[tuple[int, bool], Any] = {(0, True): build(0, True)}
         self.like: tuple | None = None
 
-    def __call__(self, arm: int, args: tuple) -> Any:
-        """The program of ``arm`` for a step of ``args`` (compiled now if it is not yet)."""
+    def __call__(self, key: tuple[int, bool], args: tuple) -> Any:
+        """The program of ``key`` for a step of ``args`` (compiled now if it is not yet)."""
         if self.like is None:
             self.like = jax.tree.map(
                 lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), args
             )
-        self.compile([arm])
-        return self.ready[arm]
+        self.compile([key])
+        return self.ready[key]
 
-    def compile(self, arms: list[int]) -> float:
-        """Compiles the programs of ``arms`` not compiled yet (after the first step); returns
+    def compile(self, keys: list[tuple[int, bool]]) -> float:
+        """Compiles the programs of ``keys`` not compiled yet (after the first step); returns
         the seconds it took."""
         start = time.perf_counter()
-        for arm in arms:
-            if arm not in self.ready:
-                program = self.build(arm)
+        for key in keys:
+            if key not in self.ready:
+                program = self.build(*key)
                 program.compile(*self.like)
-                self.ready[arm] = program
+                self.ready[key] = program
         return time.perf_counter() - start
