@@ -87,7 +87,8 @@ class Trials:
         first = learn.first_arm(arms, skip)
         self.learner = learn.Learner(arms, learning, step + learning.warmup, first, skip)
         # Dense's flushing program ran the first step; dense after dense needs no flush.
-        keys = [(0, False)] + [(self.names.index(a), True) for a in arms[1:] if a not in skip]
+        keys = [] if "dense" in skip else [(0, False)]
+        keys += [(self.names.index(a), True) for a in arms[1:] if a not in skip]
         seconds = self.programs.compile(keys)
         learn.compiled(step, [self.names[k] for k, _ in keys], seconds)
 
