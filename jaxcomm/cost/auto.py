@@ -179,9 +179,8 @@ def resolve_auto(
             **dataclasses.asdict(profile.links[world.flat_link()]),
         },
     }
-    if decision not in _decisions:  # a step traced again decides nothing new
-        _decisions.append(decision)
-        _log.info("jaxcomm auto: %d elements over %d ranks -> %s", n, axis_size, name)
+    _decisions.append(decision)
+    _log.info("jaxcomm auto: %d elements over %d ranks -> %s", n, axis_size, name)
     return chosen
 
 

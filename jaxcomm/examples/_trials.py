@@ -75,11 +75,6 @@ class Trials:
         inter = profile.inter_process if processes > 1 else "same_host"
         world = cost.World(processes, local, inter)
         wide = 2 if self.reduction.grad_dtype == "bfloat16" else 4
-        for (
-            arm
-        ) in self.arms.values():  # each arm's buckets, in the decisions (metrics), tried or not
-            for n in sizes:
-                cost.resolve_auto(arm, n, jax.device_count(), processes, local, element_bytes=wide)
         options = dataclasses.replace(self.options, element_bytes=wide)
         arms = learn.propose(sizes, world, profile, ["dense", *self.arms], options)
         learning = learn.Learning()
@@ -89,8 +84,12 @@ class Trials:
         # Dense's flushing program ran the first step; dense after dense needs no flush.
         keys = [] if "dense" in skip else [(0, False)]
         keys += [(self.names.index(a), True) for a in arms[1:] if a not in skip]
-        seconds = self.programs.compile(keys)
+        seconds = self.programs.compile(keys)  # each arm traced records its buckets' choices
         learn.compiled(step, [self.names[k] for k, _ in keys], seconds)
+        untried = [a for name, a in self.arms.items() if name not in arms]
+        for arm in untried:  # their choices too, in the decisions (metrics)
+            for n in sizes:
+                cost.resolve_auto(arm, n, jax.device_count(), processes, local, element_bytes=wide)
 
     def before(self, step: int, wait: Callable[[], None]) -> None:
         """Sets :attr:`program` for ``step``: its arm, and whether dense flushes the
