@@ -541,7 +541,7 @@ class Step:
         return sum(p.traces for p in self._programs())
 
     def _programs(self) -> list[Any]:
-        """The programs that have run steps: this step's, and a learning auto's arms'."""
+        """The step's programs: its one, or every compiled arm's of a learning auto."""
         return [self._step] if self.trials is None else list(self._arms.ready.values())
 
     def init(self, params: Any) -> tuple[Any, Any]:
