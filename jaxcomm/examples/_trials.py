@@ -6,8 +6,9 @@ The first (compiling) step runs dense's program. After it, ``auto`` without a pr
 measures the world, the cost model proposes the arms worth a trial
 (:func:`jaxcomm.cost.learn.propose`), rules out dense's window where it predicts dense far
 slower than a safe compressor (:func:`jaxcomm.cost.learn.skipped`), every proposed arm's
-program compiles (outside the training clock, as the first step's compilation is), and the
-learner schedules the windows. A window's seconds are its training wall clock (its
+program compiles (outside the training clock, as the first step's compilation is; the ranks
+then agree on its seconds, so that they open the clock together), and the learner schedules
+the windows. A window's seconds are its training wall clock (its
 evaluations excluded), the largest over the ranks, and its losses the steps' losses averaged
 over the ranks: every rank switches at the same steps to the same arm.
 
@@ -85,6 +86,9 @@ class Trials:
         keys = [] if "dense" in skip else [(0, False)]
         keys += [(self.names.index(a), True) for a in arms[1:] if a not in skip]
         seconds = self.programs.compile(keys)  # each arm traced records its buckets' choices
+        # A barrier as well: a rank that compiled sooner would wait for the slower one inside
+        # its next step's collective, on the training clock (0-3 s on 2 emulated nodes).
+        seconds = self.agreed_max(seconds)
         learn.compiled(step, [self.names[k] for k, _ in keys], seconds)
         untried = [a for name, a in self.arms.items() if name not in arms]
         for arm in untried:  # their choices too, in the decisions (metrics)

@@ -152,6 +152,9 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
     for d in report.get("learned", []):
         if d["event"] == "arms":
             ctx.print(f"{name} auto: trials of {', '.join(d['arms'])} from step {d['step']}")
+        elif d["event"] == "compiled":
+            ctx.print(f"{name} auto: compiled the programs of {', '.join(d['arms'])} in "
+                      f"{d['seconds']:.1f} s before step {d['step']}")  # fmt: skip
         elif d["event"] == "skipped":
             why = ", ".join(
                 f"{a} (predicted {t * 1e3:.0f} ms)" for a, t in d["predicted_s"].items()
