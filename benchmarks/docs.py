@@ -663,6 +663,10 @@ def e2e_columns(row: dict[str, Any]) -> list[str]:
             reach += f" ({lo:.0f}–{hi:.0f}, {len(row['seeds'])} seeds)"
     else:
         reach = f"> {row['capped_at_s']:.0f} s (cap)" if row["capped_at_s"] else "–"
+        n, reached = len(row["seeds"]), row.get("reached", 0)
+        if reached and row["time_to_target_spread_s"]:  # some seeds reached, not every one
+            lo, hi = row["time_to_target_spread_s"]
+            reach += f" on {n - reached} of {n} seeds, the others {lo:.1f}–{hi:.1f} s"
     speed = _num(row["speedup"], ".2f")
     if row["speedup"] is not None:
         speed = ("≥ " if row["speedup_is_lower_bound"] else "") + speed + "×"
@@ -1159,6 +1163,55 @@ def cost_extrapolation(results: pathlib.Path) -> str:
         caption=f"{elements(data['elements'])} float32, density {data['density']}, α = "
         f"{data['alpha_s'] * 1e6:g} µs between processes, kernels of {data['profile']}; ms per "
         "call (`benchmarks/results/cost-model-extrapolation.json`):",
+    )
+
+
+@section("docs/cost-model.md", "learn-windows")
+def learn_windows(results: pathlib.Path) -> str:
+    """``benchmarks/learn_windows.py``: what a trial window's loss decrease can tell."""
+    return each(results, "learn-windows-*.json", _learn_windows)
+
+
+def _learn_windows(data: dict[str, Any], file: str) -> str:
+    by = {(r["arm"], r["window"], r["measure"]): r for r in data["noise"]}
+    rows = []
+    for arm, w in dict.fromkeys((r["arm"], r["window"]) for r in data["noise"]):
+        cells = []
+        for measure in ("batch", "probe"):
+            r = by[(arm, w, measure)]
+            below = r.get("below_reference_se")
+            cells += [f"{r['decrease_per_step']:.4f} ± {r['noise']:.4f}",
+                      "" if below is None else f"{below:.1f}"]  # fmt: skip
+        rows.append([f"`{arm}`", w, *cells])
+    reference = data["noise"][0]["arm"]
+    out = table(
+        ["arm", "window", "batch slope", f"below `{reference}` (SE)", "probe", "below (SE)"],
+        rows,
+        caption=f"`{data['workload']}`, each reduction alone, seeds {data['seeds']}, windows "
+        f"from step {data['start']}; loss decrease per step ± its scatter across the seeds "
+        f"(`benchmarks/results/{file}`):",
+    )
+    b = data.get("bound")
+    if not b:
+        return out
+    windows = list(b["round_cost_s"])
+    rows = [
+        [f"{w} steps", f"{b['round_cost_s'][w]:.1f} s"]
+        + [f"{m['relative_error'][w]:.2f}" for m in b["measures"].values()]
+        for w in windows
+    ]
+    return (
+        out
+        + "\n\n"
+        + table(
+            ["window", "one round costs", *(f"error, {m}" for m in b["measures"])],
+            rows,
+            caption=f"Against the full runs of `{data['cells']}`: ranking `{b['fastest']}` above "
+            f"`{b['runner_up']}` needs the relative error of the ratio of their decreases under "
+            f"{b['margin_log'] / 2:.2f} (half the log of their times' ratio: two standard errors); "
+            f"a round of windows costs what the other reductions' steps cost beyond the fastest's; "
+            f"15 % of the fastest run is {b['allowance_s']:.1f} s:",
+        )
     )
 
 
