@@ -5,7 +5,7 @@ in short windows of the run. This script measures, on a workload, each reduction
 decrease per step in windows of ``w`` steps and its noise, for two measures of the decrease:
 
 - ``batch``: the least-squares slope of the steps' own batch losses (what the learner reads),
-  its first 3 steps left out as the learner does;
+  its first steps left out as the learner does (:func:`jaxcomm.cost.learn.window_rate`);
 - ``probe``: the difference of the loss of a fixed set of training examples (the probe) at the
   window's two ends, a forward pass per window end.
 
@@ -47,9 +47,11 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+import yaml  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+from jaxcomm.cost import learn  # noqa: E402
 from jaxcomm.examples import _loop, bytes_lm, digits  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -57,19 +59,26 @@ from _bench import write_result_and_plot  # noqa: E402
 
 ARMS = ("dense", "blockquant", "adaptive", "topk_allgather", "gtopk", "onebit")
 WINDOWS = (10, 20, 40)
-SETTLE = 3  # the learner's (jaxcomm.cost.learn.Learning.settle)
-START = 50  # the learner's warm-up: its first window opens here
+SETTLE = learn.Learning().settle  # the learner's: a window's first steps left out
+START = learn.Learning().warmup  # the learner's: its first window opens here
 PROBE = 1024  # examples (bytes-lm: windows) of the probe
 ALLOWANCE = 0.15  # the issue's target: within 15 % of the fastest
+RECIPES = pathlib.Path(__file__).resolve().parent.parent / "recipes"
+
+
+def recipe_settings(name: str, config: type, arm: str, seed: int) -> Any:
+    """``config`` of ``recipes/<name>.yaml`` (its ``train``, ``jaxcomm`` and ``args``, which
+    win, as the launcher passes them) for ``arm`` and ``seed``: 16-bit dense wire, no sparse
+    warm-up (the learner's arms have none), every step waited for."""
+    recipe = yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
+    fields = {**recipe.get("train", {}), **recipe.get("jaxcomm", {}), **recipe.get("args", {})}
+    fields.update(algorithm=arm, seed=seed, grad_dtype="bfloat16", warmup=False, max_in_flight=0)
+    return _loop.make_config(config, fields, name)
 
 
 def teacher(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
-    """The held-out teacher workload (recipes/heldout-teacher.yaml's settings)."""
-    cfg = digits.DigitsConfig(
-        algorithm=arm, density=0.01, warmup=False, grad_dtype="bfloat16", data="teacher",
-        optimizer="adamw", learning_rate=3e-4, hidden=1408, layers=2, batch_size=64,
-        proportion=64, seed=seed, max_in_flight=0,
-    )  # fmt: skip
+    """The held-out teacher workload (recipes/heldout-teacher.yaml)."""
+    cfg = recipe_settings("heldout-teacher", digits.DigitsConfig, arm, seed)
     t = digits.build(cfg)
     params, state = t.init()
     x, y, _, _ = digits.load_split(cfg)
@@ -85,12 +94,8 @@ def teacher(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
 
 
 def lm(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
-    """The grid's byte LM (recipes/bytes-lm.yaml's settings)."""
-    cfg = bytes_lm.BytesLMConfig(
-        algorithm=arm, density=0.01, warmup=False, grad_dtype="bfloat16", seed=seed,
-        batch_size=16, width=256, layers=4, heads=4, seq_len=64, learning_rate=0.002,
-        weight_decay=0.01, max_corpus_bytes=4_000_000, max_in_flight=0,
-    )  # fmt: skip
+    """The grid's byte LM (recipes/bytes-lm.yaml)."""
+    cfg = recipe_settings("bytes-lm", bytes_lm.BytesLMConfig, arm, seed)
     mesh = _loop.data_parallel_mesh()
     train_bytes, _ = bytes_lm.load_corpus(cfg.max_corpus_bytes)
     model = bytes_lm.ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
@@ -128,19 +133,12 @@ def trajectory(workload: str, arm: str, seed: int, steps: int) -> dict[str, list
     return {"batch": losses, "probe": [probes[i] for i in sorted(probes)]}
 
 
-def slope(ys: list[float]) -> float:
-    """The least-squares slope of ``ys`` against their index."""
-    n = len(ys)
-    mx, my = (n - 1) / 2, sum(ys) / n
-    return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
-
-
 def window_estimates(run: dict[str, list[float]], w: int) -> dict[str, list[float]]:
     """Each window's decrease per step from ``START`` on, by both measures."""
     steps = len(run["batch"])
     firsts = range(START, steps - w + 1, w)
     return {
-        "batch": [-slope(run["batch"][s + SETTLE : s + w]) for s in firsts],
+        "batch": [learn.window_rate(run["batch"][s : s + w], 1.0, SETTLE)[0] for s in firsts],
         "probe": [(run["probe"][s // 10] - run["probe"][(s + w) // 10]) / w for s in firsts],
     }
 
