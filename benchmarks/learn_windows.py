@@ -271,9 +271,7 @@ def main() -> None:
     parser.add_argument(
         "--reuse", type=pathlib.Path, help="an earlier result JSON: its noise, not new runs"
     )
-    parser.add_argument(
-        "--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results/learn")
-    )
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
     if args.steps % 10 or args.steps < START + max(WINDOWS):
         parser.error(f"--steps must be a multiple of 10 and at least {START + max(WINDOWS)}")
