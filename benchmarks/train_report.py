@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import pathlib
 import statistics
 from typing import Any
@@ -35,7 +36,8 @@ from docs import main as docs_main
 def summarize(
     cells: list[dict[str, Any]], computes: dict[tuple[str, int, int], float] | None = None
 ) -> list[dict[str, Any]]:
-    """One row per (workload, network, label): seeds pooled (median time to target, spread),
+    """One row per (workload, network, label): seeds pooled (median time to target, a seed
+    that missed it counted as the slowest; spread),
     the speedup over the fastest dense 16-bit run of the same cell, and the bound on any
     speedup there (``computes``: each workload's measured compute step)."""
     computes = computes or {}
@@ -74,7 +76,7 @@ def _summary_row(workload: str, net: str, label: str, runs: list[dict[str, Any]]
         "label": label,
         "seeds": sorted(r["seed"] for r in runs),
         "reached": len(reached),
-        "time_to_target_s": _median(reached) if len(reached) == len(runs) else None,
+        "time_to_target_s": _censored_median(reached, len(runs)),
         "time_to_target_spread_s": (min(reached), max(reached)) if reached else None,
         "capped_at_s": max(caps) if caps else None,
         "target": first["target"],
@@ -127,6 +129,19 @@ def _add_speedups(cell_rows: list[dict[str, Any]], computes: dict) -> None:
         t = r["time_to_target_s"]
         r["speedup"] = base_t / t if (base_t and t) else None
         r["speedup_is_lower_bound"] = lower and r["speedup"] is not None
+
+
+def _censored_median(reached: list[float], runs: int) -> float | None:
+    """The median time to target over ``runs`` seeds, ``reached`` of which reached it: a seed
+    that missed counts as slower than every seed that reached it (it stopped at its cap), so
+    the median exists while fewer than half missed, and is None otherwise.
+
+    Example:
+      >>> _censored_median([1.0, 2.0, 3.0], 4), _censored_median([1.0, 2.0], 4)
+      (2.5, None)
+    """
+    middle = statistics.median(sorted(reached) + [math.inf] * (runs - len(reached)))
+    return middle if math.isfinite(middle) else None
 
 
 def _median(values: list[float | None]) -> float | None:

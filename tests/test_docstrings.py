@@ -30,7 +30,14 @@ import jaxcomm
 
 SCRIPTS = [
     REPO_ROOT / "benchmarks" / name
-    for name in ("_bench.py", "docs.py", "overlap_job.py", "train.py", "train_grid.py")
+    for name in (
+        "_bench.py",
+        "docs.py",
+        "overlap_job.py",
+        "train.py",
+        "train_grid.py",
+        "train_report.py",
+    )
 ]
 
 

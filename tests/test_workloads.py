@@ -257,6 +257,35 @@ def test_train_benchmark_grid_resumes_and_reports(tmp_path):
     assert {c.name: c.stat().st_mtime_ns for c in cells} == first  # nothing ran again
 
 
+def test_report_pools_seeds_with_a_missed_target_into_a_censored_median():
+    """A seed that missed the target counts as the slowest of its row: the median of the
+    others stands while fewer than half missed, the row says how many missed, and the
+    baseline of a cell is the fastest 16-bit row by that median."""
+    report = _train_part("train_report")
+    docs = sys.modules["docs"]
+
+    def cell(label: str, seed: int, t: float | None) -> dict:
+        return {"workload": "digits-small", "network": "1gbit", "nodes": 2, "devices": 1,
+                "label": label, "seed": seed, "time_to_target_s": t, "training_s": t or 50.0,
+                "target": 0.98, "metric": "test_accuracy", "higher_is_better": True,
+                "best": 0.99 if t else 0.97, "step_s": 0.01, "steps": 100,
+                "bytes_sent_per_step": 1e5}  # fmt: skip
+
+    cells = [cell("dense-bf16", s, t) for s, t in enumerate([1.0, 3.0, None, 2.0])]
+    cells += [cell("psum-bf16", 0, 9.0), cell("gtopk", 0, 4.0), cell("gtopk", 1, None)]
+    rows = {r["label"]: r for r in report.summarize(cells)}
+    dense = rows["dense-bf16"]
+    assert dense["time_to_target_s"] == 2.5  # median of 1, 2, 3 and the miss
+    assert (dense["reached"], dense["capped_at_s"]) == (3, 50.0)
+    assert rows["gtopk"]["time_to_target_s"] is None  # half of its seeds missed
+    assert rows["gtopk"]["baseline"] == "dense-bf16"
+    assert rows["psum-bf16"]["speedup"] == pytest.approx(2.5 / 9.0)
+    assert docs.e2e_columns(dense)[1] == "2.5 s (1.0–3.0, 4 seeds; 1 missed it, > 50 s)"
+    assert (
+        docs.e2e_columns(rows["gtopk"])[1] == "> 50 s (cap) on 1 of 2 seeds, the others 4.0–4.0 s"
+    )
+
+
 def test_predict_step_of_powersgd_reads_its_leaf_shapes():
     """PowerSGD sends by leaf shape, not by optax bucket: benchmarks/train.py predicts its
     cells with jaxcomm.cost.predict_tree over the model's shapes, and its dense warm-up
