@@ -61,6 +61,7 @@ WORKLOADS = {
     "heldout-teacher": Workload(
         "heldout-teacher.yaml", "test_accuracy", True, "digits-mlp-*.json", True
     ),
+    "heldout-deep": Workload("heldout-deep.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
 }
 
 # The algorithm registry (jaxcomm/algorithms/, light: no JAX): a new algorithm joins the
