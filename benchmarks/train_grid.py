@@ -36,7 +36,7 @@ class Workload:
       metric: the result's key (``test_accuracy``, ``validation_bits_per_byte``).
       higher_is_better: accuracy (True) or bits per byte (False).
       result_glob: the rank-0 result file the job writes in its run directory.
-      held_out: kept out of everything that fits or tunes ``auto``: its auto cells get no
+      held_out: kept out of everything that fits ``auto``'s model: its auto cells get no
         profile, compute step or steps factors (auto measures its world and learns the steps
         from the run), and its cells feed nothing else.
     """
@@ -55,7 +55,8 @@ WORKLOADS = {
     "lbann-mlp": Workload("lbann-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json"),
     "bytes-lm": Workload("bytes-lm.yaml", "validation_bits_per_byte", False, "bytes-lm-*.json"),
     "digits-small": Workload("digits-small.yaml", "test_accuracy", True, "digits-mlp-*.json"),
-    # Held out: auto is judged on them, never tuned on them (recipes/heldout-*.yaml).
+    # Held out: auto is judged on them; no profile or steps factor comes from them. The first
+    # three were read while the learner was built, heldout-deep was not (recipes/heldout-*.yaml).
     "heldout-mlp": Workload("heldout-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
     "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
     "heldout-teacher": Workload(
