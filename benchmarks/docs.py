@@ -657,21 +657,21 @@ def e2e_columns(row: dict[str, Any]) -> list[str]:
       ...   "predicted_step_s": 0.12, "prediction_error": -0.2, "bytes_sent_per_step": 2e5})[:3]
       ['gtopk', '12.0 s', '2.00×']
     """
-    t = row["time_to_target_s"]
+    t, spread = row["time_to_target_s"], row["time_to_target_spread_s"]
+    n = len(row["seeds"])
     if t is not None:
         reach = f"{t:.1f} s"
-        n, missed = len(row["seeds"]), len(row["seeds"]) - row.get("reached", len(row["seeds"]))
-        if n > 1 and row["time_to_target_spread_s"]:
-            lo, hi = row["time_to_target_spread_s"]
+        missed = n - row.get("reached", n)
+        if n > 1 and spread:
+            lo, hi = spread
             digits = ".1f" if hi < 10 else ".0f"  # a few seconds' spread in tenths
             reach += f" ({lo:{digits}}–{hi:{digits}}, {n} seeds"
             reach += f"; {missed} missed it, > {row['capped_at_s']:.0f} s)" if missed else ")"
     else:
         reach = f"> {row['capped_at_s']:.0f} s (cap)" if row["capped_at_s"] else "–"
-        n, reached = len(row["seeds"]), row.get("reached", 0)
-        if reached and row["time_to_target_spread_s"]:  # some seeds reached, not every one
-            lo, hi = row["time_to_target_spread_s"]
-            reach += f" on {n - reached} of {n} seeds, the others {lo:.1f}–{hi:.1f} s"
+        reached = row.get("reached", 0)
+        if reached and spread:  # some seeds reached, not every one
+            reach += f" on {n - reached} of {n} seeds, the others {spread[0]:.1f}–{spread[1]:.1f} s"
     speed = _num(row["speedup"], ".2f")
     if row["speedup"] is not None:
         speed = ("≥ " if row["speedup_is_lower_bound"] else "") + speed + "×"

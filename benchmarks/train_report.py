@@ -37,9 +37,9 @@ def summarize(
     cells: list[dict[str, Any]], computes: dict[tuple[str, int, int], float] | None = None
 ) -> list[dict[str, Any]]:
     """One row per (workload, network, label): seeds pooled (median time to target, a seed
-    that missed it counted as the slowest; spread),
-    the speedup over the fastest dense 16-bit run of the same cell, and the bound on any
-    speedup there (``computes``: each workload's measured compute step)."""
+    that missed it counted as the slowest; spread), the speedup over the fastest dense 16-bit
+    run of the same cell, and the bound on any speedup there (``computes``: each workload's
+    measured compute step)."""
     computes = computes or {}
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for c in cells:
