@@ -60,7 +60,7 @@ from _bench import write_result_and_plot  # noqa: E402
 ARMS = ("dense", "blockquant", "adaptive", "topk_allgather", "gtopk", "onebit")
 WINDOWS = (10, 20, 40)
 SETTLE = learn.Learning().settle  # the learner's: a window's first steps left out
-START = learn.Learning().warmup  # the learner's: its first window opens here
+START = learn.Learning().warmup  # the learner's warm-up: the windows measured follow it
 PROBE = 1024  # examples (bytes-lm: windows) of the probe
 ALLOWANCE = 0.15  # the target: within 15 % of the fastest
 RECIPES = pathlib.Path(__file__).resolve().parent.parent / "recipes"

@@ -26,22 +26,42 @@ def _explored(
     **more,
 ) -> learn.Learner:
     """A learner over the arms of `decrease` (in its order), ``Learning(window, settle, **more)``,
-    after every planned window of its first exploration: each arm's loss falls
-    ``decrease[arm]`` per step, on top of a trend that slows down over training, at
-    ``seconds[arm]`` per step."""
+    after every planned window of its first exploration (:func:`_run_windows`)."""
     learning = learn.Learning(window=window, settle=settle, **more)
     learner = learn.Learner(list(decrease), learning, first=first)
-    step = 0
-    while learner.chosen is None:
-        name = learner.arms[learner.arm_at(step)]
-        assert learner.window_start(step)
+    _run_windows(learner, 0, decrease, seconds)
+    assert learner.chosen is not None
+    return learner
+
+
+def _run_windows(
+    learner: learn.Learner, step: int, decrease: dict[str, float], seconds: dict[str, float]
+) -> int:
+    """Runs the learner's windows from `step` while one opens there, and returns the step
+    after them: each arm's loss falls ``decrease[arm]`` per step, on top of a trend that slows
+    down over training, at ``seconds[arm]`` per step."""
+    while learner.window_start(step):
+        first, last, name = learner.window_at(step)
+        assert first == step
         losses, loss = [], 10.0 - 0.001 * step
-        for i in range(window):
+        for i in range(last - first + 1):
             loss -= decrease[name] + 0.005 / (1 + (step + i) / 100)  # training slows down
             losses.append(loss)
-        learner.close(step + window - 1, losses, seconds[name] * window)
-        step += window
-    return learner
+        learner.close(last, losses, seconds[name] * len(losses))
+        step = last + 1
+    return step
+
+
+def _round_order(learner: learn.Learner) -> list[str]:
+    """The arms of the learner's windows from step 0 while one opens, each closed on flat
+    losses at a second a step."""
+    step, order = 0, []
+    while learner.window_start(step):
+        first, last, name = learner.window_at(step)
+        order.append(name)
+        learner.close(last, [1.0] * (last - first + 1), float(last - first + 1))
+        step = last + 1
+    return order
 
 
 def _last(event: str) -> dict:
@@ -51,11 +71,9 @@ def _last(event: str) -> dict:
 
 def test_learner_picks_the_fastest_loss_per_second():
     # gTop-k: 80 % of dense's decrease per step at 40 % of its seconds.
-    learner = _explored(
-        {"dense": 0.01, "gtopk": 0.008, "onebit": 0.002},
-        {"dense": 0.5, "gtopk": 0.2, "onebit": 0.2},
-        rounds=2,
-    )
+    decrease = {"dense": 0.01, "gtopk": 0.008, "onebit": 0.002}
+    seconds = {"dense": 0.5, "gtopk": 0.2, "onebit": 0.2}
+    learner = _explored(decrease, seconds, rounds=2)
     assert learner.chosen == "gtopk"
     decision = _last("decision")
     assert decision["choice"] == "gtopk"
@@ -72,27 +90,30 @@ def test_learner_picks_the_fastest_loss_per_second():
     recheck = after + learner.learning.confirm
     assert learner.learning.confirm < learner.learning.recheck_every
     assert learner.arm_at(recheck - 1) == learner.arms.index("gtopk")
-    assert {learner.arm_at(recheck + i * 10) for i in range(3)} == {0, 1, 2}
+    tried = len(learner.windows)
+    _run_windows(learner, recheck, decrease, seconds)
+    assert {w["arm"] for w in learner.windows[tried:]} == set(decrease)
 
 
 def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     # Dense at ten times gTop-k's seconds per step (a slow link): even credited with the best
     # decrease per step of the first round it cannot win, so the second round leaves it out.
-    # In the first it opens and closes the round (the only safe arm brackets the others).
-    learner = _explored(
-        {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004},
-        {"dense": 1.0, "gtopk": 0.1, "onebit": 0.1},
-        rounds=2,
-    )
+    # In the first it opens and closes the round (the only safe arm brackets the others); its
+    # closing window, measured dear, is half a window (as many seconds would be one step).
+    decrease = {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004}
+    seconds = {"dense": 1.0, "gtopk": 0.1, "onebit": 0.1}
+    learner = _explored(decrease, seconds, rounds=2)
     assert learner.chosen == "gtopk"
-    arms = [w["arm"] for w in learner.windows]
-    assert arms[:4] == ["dense", "gtopk", "onebit", "dense"] and arms.count("dense") == 2
+    spans = [(w["arm"], w["last_step"] - w["first_step"] + 1) for w in learner.windows]
+    assert spans[:4] == [("dense", 10), ("gtopk", 10), ("onebit", 10), ("dense", 5)]
+    assert [a for a, _ in spans].count("dense") == 2
     pruned = _last("pruned")
-    assert pruned["arms"] == ["dense"] and pruned["step"] == 40
+    assert pruned["arms"] == ["dense"] and pruned["step"] == 35
     # The decision's measurements prune the re-check too: it tries the compressors only.
-    recheck = learner.learning.confirm + 60
-    assert {learner.arms[learner.arm_at(recheck + 10 * i)] for i in range(2)} == {"gtopk", "onebit"}
-    assert not learner.in_window(recheck + 20)
+    recheck = learner.learning.confirm + _last("decision")["step"]
+    tried = len(learner.windows)
+    assert _run_windows(learner, recheck, decrease, seconds) == recheck + 20
+    assert {w["arm"] for w in learner.windows[tried:]} == {"gtopk", "onebit"}
 
 
 def test_a_switch_to_a_sparse_arm_is_confirmed_sooner_than_a_recheck():
@@ -186,7 +207,7 @@ def test_the_safe_compressor_is_proposed_and_the_safe_arms_bracket_the_others():
     assert arms[:2] == ["dense", "blockquant"] and len(arms) == 5
     first = learn.first_arm(arms)
     learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=first)
-    order = [arms[learner.arm_at(10 * i)] for i in range(5)]
+    order = _round_order(learner)
     assert order == ["dense", *arms[2:], "blockquant"]  # the safe arms bracket the others
     # Where the model predicts dense far slower, dense runs no window: block int8 opens.
     assert learn.first_arm(arms, {"dense": 1.0}) == 1
@@ -207,13 +228,23 @@ def test_dense_runs_no_window_when_the_model_predicts_it_far_slower_than_block_i
     first = learn.first_arm(arms, skip)
     learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=first, skip=skip)
     assert _last("skipped")["predicted_s"] == skip
-    assert [arms[learner.arm_at(10 * i)] for i in range(3)] == ["blockquant", "gtopk", "blockquant"]
-    for i, (decrease, seconds) in enumerate([(0.05, 0.2), (0.03, 0.04), (0.04, 0.2)]):
-        learner.close(10 * i + 9, [2.0 - decrease * j for j in range(10)], seconds * 10)
+    step, centers = 0, []
+    for arm, decrease, seconds in [("blockquant", 0.05, 0.2), ("gtopk", 0.03, 0.04),
+                                   ("blockquant", 0.04, 0.2)]:  # fmt: skip
+        first, last, name = learner.window_at(step)
+        assert (first, name) == (step, arm)
+        n = last - first + 1
+        learner.close(last, [2.0 - decrease * j for j in range(n)], seconds * n)
+        centers.append((first + last) / 2)
+        step = last + 1
+    # Block int8's second window: as many seconds as 10 of gTop-k's steps, but at least 5.
+    assert step == 25
     decision = _last("decision")
     assert learner.chosen == "gtopk" and "dense" not in decision["seconds_per_step"]
     # Steps relative to the safe arms' decrease, interpolated to gTop-k's window.
-    assert decision["steps_factor"]["gtopk"] == pytest.approx(0.045 / 0.03, rel=0.01)
+    at = (centers[1] - centers[0]) / (centers[2] - centers[0])
+    safe = 0.05 + (0.04 - 0.05) * at
+    assert decision["steps_factor"]["gtopk"] == pytest.approx(safe / 0.03, rel=0.01)
 
 
 @pytest.mark.parametrize("block_seconds, chosen", [(0.25, "dense"), (0.1, "blockquant")])

@@ -9,10 +9,14 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
 * The first ``warmup`` steps run the first safe arm alone (:func:`first_arm`: dense, or
   the safe compressor where the model predicts dense far slower), as DGC and gTop-k warm up
   before compressing: the model changes fastest there, a window there says least about the
-  rest of the run, and a short run reaches its target within them.
-* A window is ``window`` steps of one arm. The loss decrease per step is the least-squares
-  slope of the loss over the window's steps after its first ``settle`` (the switch's
-  transient); its seconds are the window's wall clock (the largest over the ranks).
+  rest of the run, and a short run reaches its target within them. Their last ``window``
+  steps are the first round's opening window, which runs that arm anyway.
+* A window is ``window`` steps of one arm, or as many seconds: exploration is paid for in
+  seconds, so an arm measured slower per step than the fastest measured so far runs
+  proportionally fewer steps (at least half a window, :meth:`Learning.steps_for`); on a slow
+  link the safe arms' windows are the dearest. The loss decrease per step is the
+  least-squares slope of the loss over the window's steps after its first ``settle`` (the
+  switch's transient); its seconds are the window's wall clock (the largest over the ranks).
 * A round runs every arm once, the *safe* arms (whose prior says they need dense's steps:
   dense, or a bounded-error quantizer) bracketing the others: the first safe arm opens,
   the others in an order rotated by one each round, then the second safe
@@ -84,14 +88,17 @@ class Learning:
     """How :class:`Learner` explores.
 
     Args:
-      window: steps per trial window (the slope of a few noisy batch losses errs by as much
-        as the decrease it measures; a slope's error falls as its points to the power 1.5).
+      window: steps per trial window of the fastest arm (the slope of a few noisy batch
+        losses errs by as much as the decrease it measures; a slope's error falls as its
+        points to the power 1.5); a slower arm's window lasts as many seconds
+        (:meth:`steps_for`).
       settle: first steps of a window left out of its slope (the switch's transient).
       rounds: rounds of the first exploration (each rotated by one arm).
       recheck_every: steps the decided arm runs before a round re-checks every arm.
       confirm: steps before the re-check that follows a switch to an arm that is not safe.
-      warmup: steps the first safe arm runs before the first trial (the caller starts the
-        learner that late): as DGC's and gTop-k's warm-ups, no compressor that needs more
+      warmup: steps the first safe arm runs before any other arm's trial, the last
+        ``window`` of them the first round's opening window (the caller starts the learner
+        at :attr:`opens_at`): as DGC's and gTop-k's warm-ups, no compressor that needs more
         steps trains the first steps, where the model changes fastest and a window says the
         least about the rest of the run; a short run reaches its target in them.
       margin: a compressor is chosen over dense only when its rate exceeds dense's by this
@@ -117,6 +124,32 @@ class Learning:
     margin: float = 1.1
     prune: float = 3.0
     dense_over: float = DENSE_OVER
+
+    @property
+    def opens_at(self) -> int:
+        """Steps after the learner's first step at which its first window opens: the
+        warm-up's last window is the first round's opening one.
+
+        Example:
+          >>> Learning(window=20, warmup=50).opens_at, Learning(window=20, warmup=10).opens_at
+          (30, 0)
+        """
+        return max(0, self.warmup - self.window)
+
+    def steps_for(self, seconds: float | None, fastest: float | None) -> int:
+        """The steps of a window of an arm measured at ``seconds`` per step, when the
+        fastest arm measured runs ``fastest`` (None: not measured yet, a full window): as
+        many seconds as ``window`` steps of the fastest, and at least half a window (and
+        ``settle`` + 3) for a slope.
+
+        Example:
+          >>> [Learning(window=20).steps_for(s, 0.02) for s in (0.02, 0.03, 0.08)]
+          [20, 13, 10]
+        """
+        if not seconds or not fastest:
+            return self.window
+        floor = max(self.settle + 3, self.window // 2)
+        return max(floor, min(self.window, round(self.window * fastest / seconds)))
 
     def __post_init__(self) -> None:
         if self.window < 4 or not 0 <= self.settle <= self.window - 3:
@@ -190,10 +223,14 @@ class Learner:
 
     Example:
       >>> learner = Learner(["dense", "gtopk"], Learning(window=4, settle=0, rounds=1))
-      >>> [learner.arm_at(s) for s in range(12)]
-      [0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]
+      >>> learner.window_at(0)  # each window is planned when the one before it closes
+      (0, 3, 'dense')
       >>> learner.close(3, [4.0, 3.9, 3.8, 3.7], 1.0)  # dense: 0.1 per step, 0.4 per s
+      >>> learner.window_at(4)
+      (4, 7, 'gtopk')
       >>> learner.close(7, [3.7, 3.5, 3.3, 3.1], 1.0)  # gtopk: 0.2 per step, 0.8 per s
+      >>> learner.window_at(8)  # both arms measured at 0.25 s a step: a full window
+      (8, 11, 'dense')
       >>> learner.close(11, [3.1, 3.0, 2.9, 2.8], 1.0)  # dense again
       >>> learner.arm_at(12), learner.chosen
       (1, 'gtopk')
@@ -219,6 +256,7 @@ class Learner:
         self.windows: list[dict[str, Any]] = []
         self.chosen: str | None = None
         self._plan: list[tuple[int, int, int]] = []  # (first step, last step, arm)
+        self._queue: list[int] = []  # the round's arms not planned yet
         self._first = first
         self._rounds = 0  # rotates the bracketed arms by one each round
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
@@ -257,12 +295,22 @@ class Learner:
         return [opener, *others, *(rest or [opener])]
 
     def _plan_round(self, start: int) -> None:
-        """One round of windows from ``start`` (:meth:`_order`)."""
-        w, order = self.learning.window, self._order()
-        self._plan = [(start + j * w, start + (j + 1) * w - 1, arm) for j, arm in enumerate(order)]
+        """One round of windows from ``start`` (:meth:`_order`), planned one at a time: a
+        window's steps follow the seconds measured before it (:meth:`_plan_next`)."""
+        self._queue = self._order()
+        self._plan = []
         self._rounds += 1
         self._rounds_left -= 1
-        self._round_end = start + len(order) * w
+        self._plan_next(start)
+
+    def _plan_next(self, start: int) -> None:
+        """The round's next window from ``start``, as long in seconds as a full window of
+        the fastest arm measured (:meth:`Learning.steps_for`)."""
+        arm = self._queue.pop(0)
+        latest = {w["arm"]: w["seconds_per_step"] for w in self.windows}
+        measured = [latest[self.arms[i]] for i in self._active if self.arms[i] in latest]
+        steps = self.learning.steps_for(latest.get(self.arms[arm]), min(measured, default=None))
+        self._plan.append((start, start + steps - 1, arm))
 
     def _rates(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         """Each active arm's (loss decrease per step, seconds per step, decrease per second)
@@ -312,6 +360,11 @@ class Learner:
             _decisions.append({"event": "pruned", "step": step, "arms": dropped, "rates": rate})
             self._active = keep
 
+    def window_at(self, step: int) -> tuple[int, int, str] | None:
+        """The planned window holding ``step``: ``(first step, last step, arm)``, or None."""
+        span = next(((f, last, a) for f, last, a in self._plan if f <= step <= last), None)
+        return None if span is None else (span[0], span[1], self.arms[span[2]])
+
     def arm_at(self, step: int) -> int:
         """The arm of ``step`` (steps are asked in increasing order)."""
         for first, last, arm in self._plan:
@@ -355,7 +408,8 @@ class Learner:
         }
         self.windows.append(record)
         _decisions.append(record)
-        if step + 1 != self._round_end:
+        if self._queue:
+            self._plan_next(step + 1)
             return
         if self._rounds_left > 0:
             self._prune(step + 1)
