@@ -57,8 +57,8 @@ WORKLOADS = {
     "digits-small": Workload("digits-small.yaml", "test_accuracy", True, "digits-mlp-*.json"),
     # Held out: auto is judged on them; no profile or steps factor comes from them. The first
     # three were read while the learner was built; heldout-deep was read after it was frozen at
-    # cee38fa, heldout-convadam and heldout-wideadam only after the change each was defined
-    # before (recipes/heldout-*.yaml).
+    # cee38fa, heldout-convadam and heldout-wideadam only after the learner they judge
+    # (recipes/heldout-*.yaml).
     "heldout-mlp": Workload("heldout-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
     "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
     "heldout-teacher": Workload(
