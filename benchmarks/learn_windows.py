@@ -44,9 +44,7 @@ from typing import Any
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 import yaml  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
@@ -82,38 +80,25 @@ def teacher(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
     t = digits.build(cfg)
     params, state = t.init()
     x, y, _, _ = digits.load_split(cfg)
-    model = digits.MLP(cfg.hidden, cfg.layers)
     rep = NamedSharding(t.mesh, P())
     xp, yp = jax.device_put(x[:PROBE], rep), jax.device_put(y[:PROBE], rep)
-
-    @jax.jit
-    def probe(p: Any) -> jax.Array:
-        return optax.softmax_cross_entropy_with_integer_labels(model.apply(p, xp), yp).mean()
-
+    probe = jax.jit(lambda p: t.loss(p, xp, yp)[0])
     return t.step, params, state, t.batch, probe
 
 
 def lm(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
     """The grid's byte LM (recipes/bytes-lm.yaml)."""
     cfg = recipe_settings("bytes-lm", bytes_lm.BytesLMConfig, arm, seed)
-    mesh = _loop.data_parallel_mesh()
-    train_bytes, _ = bytes_lm.load_corpus(cfg.max_corpus_bytes)
-    model = bytes_lm.ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
-    loss_fn = lambda p, w: bytes_lm._loss_and_bits(model, p, w)  # noqa: E731
-    step = _loop.Step(
-        loss_fn, optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay),
-        cfg.reduction(), cfg.warmup_phase_steps, mesh, 0,
-    )  # fmt: skip
-    params, state = step.init(
-        model.init(jax.random.key(seed), jnp.zeros((1, cfg.seq_len), jnp.int32))
-    )
+    t = bytes_lm.build(cfg)
+    params, state = t.init()
+    train_bytes, _ = t.corpus
     span = cfg.seq_len + 1
     starts = np.random.default_rng(12345).integers(0, len(train_bytes) - span, PROBE // 8)
     probe_windows = jax.device_put(
-        bytes_lm._windows(train_bytes, starts, span), NamedSharding(mesh, P())
+        bytes_lm._windows(train_bytes, starts, span), NamedSharding(t.mesh, P())
     )
-    probe = jax.jit(lambda p: loss_fn(p, probe_windows)[0])
-    return step, params, state, bytes_lm._batches(cfg, mesh, train_bytes), probe
+    probe = jax.jit(lambda p: t.loss(p, probe_windows)[0])
+    return t.step, params, state, t.batch, probe
 
 
 WORKLOADS = {"teacher": teacher, "bytes-lm": lm}

@@ -6,6 +6,7 @@ benchmarks/train.py's grid (names, resuming, report) on the small workload."""
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import subprocess
 import sys
@@ -425,3 +426,24 @@ def test_a_seed_without_cells_of_its_own_gets_the_other_seeds_steps_factors(tmp_
     assert train.measured_steps_factor(tmp_path, "bytes-lm", 2, 2, True)["adaptive"] == 3.0
     assert train.measured_steps_factor(tmp_path, "bytes-lm", 2, 2, True, False)["adaptive"] == 3.0
     assert train.measured_steps_factor(tmp_path, "bytes-lm", 2, 0, True)["adaptive"] == 8.0
+
+
+@pytest.mark.slow  # compiles the byte LM: CI runs it with `pytest -m slow`
+def test_learn_windows_builds_its_workloads_as_the_examples_train_them():
+    # benchmarks/learn_windows.py runs each reduction alone on the examples' own trainers
+    # (digits.build, bytes_lm.build); a few steps of each: finite batch losses, and a probe
+    # that starts near an untrained model's cross-entropy (log 10 and log 256 nats).
+    code = (
+        "import json, sys; sys.path.insert(0, 'benchmarks'); import learn_windows as lw; "
+        "print(json.dumps({w: lw.trajectory(w, 'dense', 0, 3) for w in ('teacher', 'bytes-lm')}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    for workload, untrained in (("teacher", math.log(10)), ("bytes-lm", math.log(256))):
+        run = runs[workload]
+        assert len(run["batch"]) == 3 and all(math.isfinite(v) for v in run["batch"])
+        assert len(run["probe"]) == 2  # at step 0 and after the last step
+        assert run["probe"][0] == pytest.approx(untrained, rel=0.5)

@@ -22,7 +22,7 @@ import math
 import pathlib
 import sysconfig
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -167,6 +167,54 @@ def _windows(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
     return np.stack([data[s : s + length] for s in starts]).astype(np.int32)
 
 
+class Trainer(NamedTuple):
+    """Compiled pieces of a run (see :func:`build`).
+
+    Attributes:
+      mesh: the ``dp`` mesh over all devices.
+      init: ``() -> (params, opt_state)``, placed on the mesh.
+      step: the paced :class:`jaxcomm.examples._loop.Step`, ``(params, opt_state, windows)
+        -> (params, opt_state, loss, bits per byte)``.
+      loss: ``(params, windows) -> (loss in nats, bits per byte)`` (not jitted).
+      batch: ``(global step) -> (windows,)``: this process's slice of the global batch.
+      corpus: ``(train bytes, validation bytes)``.
+    """
+
+    mesh: Mesh
+    init: Callable[[], tuple[Any, Any]]
+    step: _loop.Step
+    loss: Callable[..., Any]
+    batch: Callable[[int], tuple[jax.Array]]
+    corpus: tuple[np.ndarray, np.ndarray]
+
+
+def build(cfg: BytesLMConfig) -> Trainer:
+    """Builds the model, optimizer, placement, data and the jitted shard_mapped step.
+
+    Example:
+      >>> t = build(BytesLMConfig(algorithm="dense", steps=1, width=64, layers=2, heads=2))
+      >>> params, state = t.init()  # doctest: +SKIP
+      >>> params, state, loss, bits = t.step(params, state, *t.batch(0))  # doctest: +SKIP
+    """
+    mesh = _loop.data_parallel_mesh(cfg.diloco_sites)
+    if cfg.batch_size % mesh.size:
+        raise ValueError(f"batch_size={cfg.batch_size} must be a multiple of {mesh.size} devices")
+    train_bytes, val_bytes = load_corpus(cfg.max_corpus_bytes)
+    model = ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
+    loss_fn = functools.partial(_loss_and_bits, model)
+    optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
+    step = _loop.Step(
+        loss_fn, optimizer, cfg.reduction(), cfg.warmup_phase_steps, mesh, cfg.max_in_flight
+    )
+
+    def init() -> tuple[Any, Any]:
+        tokens = jnp.zeros((1, cfg.seq_len), jnp.int32)
+        return step.init(model.init(jax.random.key(cfg.seed), tokens))
+
+    batch = _batches(cfg, mesh, train_bytes)
+    return Trainer(mesh, init, step, loss_fn, batch, (train_bytes, val_bytes))
+
+
 def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> dict[str, Any]:
     """Trains the byte LM and returns the final metrics.
 
@@ -190,26 +238,16 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
       >>> result["validation_bits_per_byte"]  # doctest: +SKIP
     """
     cfg = _loop.make_config(BytesLMConfig, config, "bytes-lm")
-    mesh = _loop.data_parallel_mesh(cfg.diloco_sites)
-    if cfg.batch_size % mesh.size:
-        raise ValueError(f"batch_size={cfg.batch_size} must be a multiple of {mesh.size} devices")
-    train_bytes, val_bytes = load_corpus(cfg.max_corpus_bytes)
-    model = ByteTransformer(cfg.width, cfg.layers, cfg.heads, cfg.seq_len)
-    loss_fn = functools.partial(_loss_and_bits, model)
-    optimizer = optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay)
-    step = _loop.Step(
-        loss_fn, optimizer, cfg.reduction(), cfg.warmup_phase_steps, mesh, cfg.max_in_flight
-    )
-    params, state = step.init(
-        model.init(jax.random.key(cfg.seed), jnp.zeros((1, cfg.seq_len), jnp.int32))
-    )
+    t = build(cfg)
+    train_bytes, val_bytes = t.corpus
+    params, state = t.init()
     n_params = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(params))
     loop = _loop.train_loop(
-        step,
+        t.step,
         params,
         state,
-        _batches(cfg, mesh, train_bytes),
-        _validation(cfg, mesh, val_bytes, loss_fn),
+        t.batch,
+        _validation(cfg, t.mesh, val_bytes, t.loss),
         steps=cfg.steps,
         eval_every=cfg.eval_every,
         eval_name="validation_bits_per_byte",
@@ -218,7 +256,7 @@ def train(*, logger: Any = None, run_dir: str | None = None, **config: Any) -> d
         **_loop.checkpoint_options(cfg, run_dir),
         **cfg.loop_options(higher_is_better=False),
     )
-    result = _result(cfg, loop, step, n_params, len(train_bytes) + len(val_bytes))
+    result = _result(cfg, loop, t.step, n_params, len(train_bytes) + len(val_bytes))
     if run_dir is not None and jax.process_index() == 0:
         path = pathlib.Path(run_dir) / f"bytes-lm-{result['label']}.json"
         path.write_text(json.dumps(result, indent=2))

@@ -221,6 +221,7 @@ class Trainer(NamedTuple):
       accuracy: jitted ``(params, x, y) -> accuracy``.
       batch: ``(global step) -> (x, y)``: this process's slice of the global batch, placed.
       trace_count: ``() -> int``, how often ``step`` was traced (compilations).
+      loss: ``(params, x, y) -> (cross-entropy, accuracy)`` (not jitted).
     """
 
     mesh: Mesh
@@ -229,6 +230,7 @@ class Trainer(NamedTuple):
     accuracy: Callable[..., Any]
     batch: Callable[[int], tuple[jax.Array, jax.Array]]
     trace_count: Callable[[], int]
+    loss: Callable[..., Any]
 
 
 def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
@@ -287,7 +289,7 @@ def build(config: DigitsConfig, mesh: Mesh | None = None) -> Trainer:
             jax.make_array_from_process_local_data(data_sharding, y_train[mine]),
         )
 
-    return Trainer(mesh, init, step, accuracy, batch, lambda: step.traces)
+    return Trainer(mesh, init, step, accuracy, batch, lambda: step.traces, loss_fn)
 
 
 def _optimizer(config: DigitsConfig) -> optax.GradientTransformation:
