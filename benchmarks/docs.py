@@ -1220,6 +1220,25 @@ def _learn_windows(data: dict[str, Any], file: str) -> str:
     )
 
 
+@section("docs/cost-model.md", "window-order")
+def window_order(results: pathlib.Path) -> str:
+    """``benchmarks/window_order.py``: what the held-out runs' lossy trial windows measured."""
+    data = load(results, "window-order")
+    rows = [
+        [r["after"], r["windows"], r["not_falling"],
+         " / ".join(f"{q:.2f}" for q in r["quartiles"] or [])]
+        for r in data["summary"]
+    ]  # fmt: skip
+    return table(
+        ["what ran before", "lossy windows", "loss not falling", "quotient: quartiles"],
+        rows,
+        caption=f"`python benchmarks/window_order.py`, the auto cells of `{data['cells']}`: "
+        "each lossy window's decrease per step over the safe windows' around it, divided by "
+        "the full runs' safe steps over the arm's (1: the window agrees with the full runs; "
+        "`benchmarks/results/window-order.json`):",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The README's picture (a PNG: drawn on request, not compared by --check)
 

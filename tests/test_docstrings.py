@@ -37,6 +37,7 @@ SCRIPTS = [
         "train.py",
         "train_grid.py",
         "train_report.py",
+        "window_order.py",
     )
 ]
 
