@@ -429,16 +429,18 @@ def test_a_seed_without_cells_of_its_own_gets_the_other_seeds_steps_factors(tmp_
 
 
 @pytest.mark.slow  # compiles the byte LM: CI runs it with `pytest -m slow`
-def test_learn_windows_builds_its_workloads_as_the_examples_train_them():
+def test_learn_windows_builds_its_workloads_as_the_examples_train_them(tmp_path):
     # benchmarks/learn_windows.py runs each reduction alone on the examples' own trainers
     # (digits.build, bytes_lm.build); a few steps of each: finite batch losses, and a probe
     # that starts near an untrained model's cross-entropy (log 10 and log 256 nats).
+    # Run from elsewhere than the tree, so that `jaxcomm` is the installed package.
     code = (
-        "import json, sys; sys.path.insert(0, 'benchmarks'); import learn_windows as lw; "
+        f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
+        "import learn_windows as lw; "
         "print(json.dumps({w: lw.trajectory(w, 'dense', 0, 3) for w in ('teacher', 'bytes-lm')}))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads(done.stdout.strip().splitlines()[-1])
