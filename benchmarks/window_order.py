@@ -84,6 +84,10 @@ def rounds(learned: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def cell_windows(path: pathlib.Path, steps: dict[str, float]) -> list[dict[str, Any]]:
     """Every lossy window of one auto cell that follows another window directly, with its
     ratio to the safe decrease around it and the full runs' ratio."""
+    # The safe arms' steps to target in the full runs of the cell's workload and link.
+    reference = min((steps[a] for a in ("dense-bf16", "blockquant") if a in steps), default=0)
+    if not reference:
+        return []
     cell = json.loads(path.read_text())
     windows = rounds(cell.get("auto_learned", []))
     rows = []
@@ -92,9 +96,6 @@ def cell_windows(path: pathlib.Path, steps: dict[str, float]) -> list[dict[str, 
             continue
         safe = bracketed(windows, i)
         if safe is None or w["arm"] not in steps:
-            continue
-        reference = min((steps[a] for a in ("dense-bf16", "blockquant") if a in steps), default=0)
-        if not reference:
             continue
         ratio, truth = w["loss_decrease_per_step"] / safe, reference / steps[w["arm"]]
         rows.append({

@@ -360,29 +360,35 @@ class Learner:
             _decisions.append({"event": "pruned", "step": step, "arms": dropped, "rates": rate})
             self._active = keep
 
+    def _span(self, step: int) -> tuple[int, int, int] | None:
+        """The planned window holding ``step``: ``(first step, last step, arm index)``."""
+        return next((p for p in self._plan if p[0] <= step <= p[1]), None)
+
     def window_at(self, step: int) -> tuple[int, int, str] | None:
         """The planned window holding ``step``: ``(first step, last step, arm)``, or None."""
-        span = next(((f, last, a) for f, last, a in self._plan if f <= step <= last), None)
+        span = self._span(step)
         return None if span is None else (span[0], span[1], self.arms[span[2]])
 
     def arm_at(self, step: int) -> int:
         """The arm of ``step`` (steps are asked in increasing order)."""
-        for first, last, arm in self._plan:
-            if first <= step <= last:
-                return arm
+        span = self._span(step)
+        if span is not None:
+            return span[2]
         return self.arms.index(self.chosen) if self.chosen is not None else self._first
 
     def in_window(self, step: int) -> bool:
         """Whether ``step`` belongs to a planned window (its loss is then due)."""
-        return any(first <= step <= last for first, last, _ in self._plan)
+        return self._span(step) is not None
 
     def window_start(self, step: int) -> bool:
         """Whether ``step`` is the first of a planned window (its clock starts then)."""
-        return any(first == step for first, _, _ in self._plan)
+        span = self._span(step)
+        return span is not None and span[0] == step
 
     def window_end(self, step: int) -> bool:
         """Whether ``step`` is the last of a planned window (its losses are then due)."""
-        return any(last == step for _, last, _ in self._plan)
+        span = self._span(step)
+        return span is not None and span[1] == step
 
     def close(self, step: int, losses: Sequence[float], seconds: float) -> None:
         """Records the window that ended at ``step`` (its steps' losses, averaged over the
@@ -394,7 +400,7 @@ class Learner:
           losses: each step's loss, in order.
           seconds: the window's wall clock.
         """
-        first, last, arm = next(p for p in self._plan if p[1] == step)
+        first, last, arm = self._span(step)
         per_step, rate = window_rate(losses, seconds, self.learning.settle)
         record = {
             "event": "window",
