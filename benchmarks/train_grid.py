@@ -57,7 +57,8 @@ WORKLOADS = {
     "digits-small": Workload("digits-small.yaml", "test_accuracy", True, "digits-mlp-*.json"),
     # Held out: auto is judged on them; no profile or steps factor comes from them. The first
     # three were read while the learner was built; heldout-deep was read after it was frozen at
-    # cee38fa, heldout-convadam and heldout-wideadam only after the learner they judge
+    # cee38fa, heldout-convadam and heldout-wideadam only after the learner they judge,
+    # heldout-convsgd and heldout-tripleadam only after the probed windows
     # (recipes/heldout-*.yaml).
     "heldout-mlp": Workload("heldout-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
     "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
@@ -70,6 +71,12 @@ WORKLOADS = {
     ),
     "heldout-wideadam": Workload(
         "heldout-wideadam.yaml", "test_accuracy", True, "digits-mlp-*.json", True
+    ),
+    "heldout-convsgd": Workload(
+        "heldout-convsgd.yaml", "test_accuracy", True, "digits-cnn-*.json", True
+    ),
+    "heldout-tripleadam": Workload(
+        "heldout-tripleadam.yaml", "test_accuracy", True, "digits-mlp-*.json", True
     ),
 }
 
