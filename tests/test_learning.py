@@ -115,21 +115,21 @@ def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     # decrease per step of the first round it cannot win, so the second round leaves it out.
     # In the first it opens and closes the round (the only safe arm brackets the others); its
     # closing window, measured dear, is half a window (as many seconds would be one step);
-    # each compressor's window ends with dense's flush.
+    # each compressor's window ends with dense's 4-step flush.
     decrease = {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004}
     seconds = {"dense": 1.0, "gtopk": 0.1, "onebit": 0.1}
     learner = _explored(decrease, seconds, rounds=2)
     assert learner.chosen == "gtopk"
     spans = [(w["arm"], w["last_step"] - w["first_step"] + 1) for w in learner.windows]
-    assert spans[:4] == [("dense", 10), ("gtopk", 11), ("onebit", 11), ("dense", 5)]
+    assert spans[:4] == [("dense", 10), ("gtopk", 14), ("onebit", 14), ("dense", 5)]
     assert [a for a, _ in spans].count("dense") == 2
     pruned = _last("pruned")
-    assert pruned["arms"] == ["dense"] and pruned["step"] == 37
+    assert pruned["arms"] == ["dense"] and pruned["step"] == 43
     # The decision's measurements prune the re-check too: it tries the compressors only,
     # dense still flushing (first what the decided gTop-k held back, then each window).
     recheck = learner.learning.confirm + _last("decision")["step"]
     tried = len(learner.windows)
-    assert _run_windows(learner, recheck, decrease, seconds) == recheck + 1 + 11 + 11
+    assert _run_windows(learner, recheck, decrease, seconds) == recheck + 4 + 14 + 14
     assert {w["arm"] for w in learner.windows[tried:]} == {"gtopk", "onebit"}
 
 
@@ -265,13 +265,13 @@ def test_dense_runs_no_window_when_the_model_predicts_it_far_slower_than_block_i
     learner = learn.Learner(arms, learn.Learning(window=10), first=first, skip=skip)
     assert _last("skipped")["predicted_s"] == skip
     # Block int8's second window: as many seconds as 10 of gTop-k's steps, but at least 5
-    # (gTop-k's window is 10 steps and block int8's flush, centred at 15).
-    at = (15.0 - 4.5) / (23.0 - 4.5)
+    # (gTop-k's window is 10 steps and block int8's 4-step flush, centred at 16.5).
+    at = (16.5 - 4.5) / (26.0 - 4.5)
     safe = 0.05 + (0.04 - 0.05) * at  # the safe decrease interpolated to gTop-k's window
     step = 0
     for arm, decrease, seconds, span in [("blockquant", 0.05, 0.2, (0, 9)),
-                                         ("gtopk", 0.03, 0.04, (10, 20)),
-                                         ("blockquant", 0.04, 0.2, (21, 25))]:  # fmt: skip
+                                         ("gtopk", 0.03, 0.04, (10, 23)),
+                                         ("blockquant", 0.04, 0.2, (24, 28))]:  # fmt: skip
         assert learner.window_at(step) == (*span, arm)
         step = _close(learner, step, decrease, seconds, flushed=safe)
     decision = _last("decision")

@@ -18,9 +18,10 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   *probe* (the same training batches, :func:`probe_reading`) at its two ends, not from the
   steps' own batch losses, whose slope over a window errs by as much as it measures. Its
   seconds are the wall clock of its arm's steps (the largest over the ranks).
-* Every lossy window ends with a step of the round's opening safe arm (the *flush*), which
-  sends the error-feedback residual the window held back. The window's decrease is read
-  after it, and it is fitted as a safe arm's step. A lossy window thus neither inherits what earlier
+* Every lossy window ends with ``flush`` steps of the round's opening safe arm: the first
+  sends the error-feedback residual the window held back, the others what the optimizer's
+  momentum still owes the window's steps. The window's decrease is read after them, and
+  they are fitted as the safe arm's steps. A lossy window thus neither inherits what earlier
   windows held back (such windows read high) nor is charged for what it holds back (read
   low, a window after a safe one mostly saw its loss rise); a re-check after a lossy
   decision flushes the same way before its first window is read.
@@ -115,10 +116,8 @@ class Learning:
         proposed safe compressor's by this factor (:func:`skipped`).
       flush: steps of the round's opening safe arm that end every lossy window (and open a
         re-check after a lossy decision): the first sends the residual the window held
-        back. They are read with the window and fitted as the safe arm's steps
-        (:func:`arm_decrease`). More would also let the optimizer's momentum deliver what
-        it owes the window's steps, but that takes about a window of the safe arm, the
-        dearest per step on a slow link, per lossy window.
+        back, the others what the optimizer's momentum still owes its steps. They are read
+        with the window and fitted as the safe arm's steps (:func:`arm_decrease`).
 
     Example:
       >>> Learning(window=10).window
@@ -133,7 +132,7 @@ class Learning:
     margin: float = 1.1
     prune: float = 3.0
     dense_over: float = DENSE_OVER
-    flush: int = 1
+    flush: int = 4
 
     @property
     def opens_at(self) -> int:
@@ -230,7 +229,7 @@ class Learner:
         out (:func:`skipped`).
 
     Example:
-      >>> learner = Learner(["dense", "gtopk"], Learning(window=4))
+      >>> learner = Learner(["dense", "gtopk"], Learning(window=4, flush=1))
       >>> learner.window_at(0)  # each window is planned when the one before it closes
       (0, 3, 'dense')
       >>> learner.close(3, 0.4, 0.01, 1.0)  # dense: the probe fell 0.1 a step, 0.4 a second
