@@ -4,10 +4,10 @@ The learner (:mod:`jaxcomm.cost.learn`) compares reductions by how fast the trai
 in short windows of the run. This script measures, on a workload, each reduction's loss
 decrease per step in windows of ``w`` steps and its noise, for two measures of the decrease:
 
-- ``batch``: the least-squares slope of the steps' own batch losses (what the learner read
-  until it read a probe), its first steps left out (:func:`batch_slope`);
+- ``batch``: the least-squares slope of the steps' own batch losses (what the learner reads),
+  its first steps left out as the learner does (:func:`jaxcomm.cost.learn.window_rate`);
 - ``probe``: the difference of the loss of a fixed set of training examples (the probe) at the
-  window's two ends, a forward pass per window end (what the learner reads).
+  window's two ends, a forward pass per window end.
 
 Every reduction runs alone from the same initialization for ``--steps`` steps, one process of
 2 devices, for each seed. A window's noise is the scatter of its estimate across the seeds
@@ -57,7 +57,7 @@ from _bench import write_result_and_plot  # noqa: E402
 
 ARMS = ("dense", "blockquant", "adaptive", "topk_allgather", "gtopk", "onebit")
 WINDOWS = (10, 20, 40)
-SETTLE = 3  # a window's first steps left out of its batch slope (the switch's transient)
+SETTLE = learn.Learning().settle  # the learner's: a window's first steps left out
 START = learn.Learning().warmup  # the learner's warm-up: the windows measured follow it
 PROBE = 1024  # examples (bytes-lm: windows) of the probe
 ALLOWANCE = 0.15  # the issue's target: within 15 % of the fastest
@@ -118,30 +118,12 @@ def trajectory(workload: str, arm: str, seed: int, steps: int) -> dict[str, list
     return {"batch": losses, "probe": [probes[i] for i in sorted(probes)]}
 
 
-def batch_slope(losses: list[float], settle: int) -> float:
-    """The loss decrease per step of a window's batch losses: the negated least-squares slope
-    of ``losses[settle:]`` against their step (0 with under 2).
-
-    Example:
-      >>> batch_slope([9.0, 4.0, 3.0, 2.0], 1)
-      1.0
-    """
-    ys = losses[settle:]
-    n = len(ys)
-    if n < 2:
-        return 0.0
-    mx, my = (n - 1) / 2, statistics.fmean(ys)
-    return -sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum(
-        (i - mx) ** 2 for i in range(n)
-    )
-
-
 def window_estimates(run: dict[str, list[float]], w: int) -> dict[str, list[float]]:
     """Each window's decrease per step from ``START`` on, by both measures."""
     steps = len(run["batch"])
     firsts = range(START, steps - w + 1, w)
     return {
-        "batch": [batch_slope(run["batch"][s : s + w], SETTLE) for s in firsts],
+        "batch": [learn.window_rate(run["batch"][s : s + w], 1.0, SETTLE)[0] for s in firsts],
         "probe": [(run["probe"][s // 10] - run["probe"][(s + w) // 10]) / w for s in firsts],
     }
 

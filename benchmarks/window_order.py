@@ -15,10 +15,6 @@ as the full runs do, below 0 where the loss did not fall in the window. Its quar
 ran before the window, say how far one window is from the truth it stands for, and whether
 the order of the windows moves it.
 
-Since the learner flushes every lossy window (its last steps run the safe arm) and reads a
-fixed probe, its windows form a group of their own: each starts from an empty residual, and
-its decrease is its own steps' (the flush's share taken out at the safe arms' decrease).
-
 Usage:
   python benchmarks/window_order.py --cells benchmarks/results/e2e/cells
 """
@@ -39,10 +35,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _bench import write_result_and_plot  # noqa: E402
 
 AFTER = ("after a safe arm", "after 1 lossy arm", "after 2 lossy arms", "after 3 or more")
-"""The groups of the windows read on batch slopes: how many lossy windows ran since the last
-safe one (each left its unsent residual to the next)."""
-FLUSHED = "flushed, on a probe"
-"""The group of the windows that end with a flush, read on a probe."""
+"""The groups: how many lossy windows ran since the last safe one (each left its unsent
+residual to the next)."""
 
 
 def reached_steps(cells: pathlib.Path) -> dict[str, float]:
@@ -103,21 +97,19 @@ def cell_windows(path: pathlib.Path, steps: dict[str, float]) -> list[dict[str, 
         safe = bracketed(windows, i)
         if safe is None or w["arm"] not in steps:
             continue
-        share = w.get("flush_share", 0.0)
-        own = (w["loss_decrease_per_step"] - share * safe) / (1.0 - share)
-        ratio, truth = own / safe, reference / steps[w["arm"]]
-        after = FLUSHED if "flush_share" in w else AFTER[min(lossy_before(windows, i), 3)]
+        ratio, truth = w["loss_decrease_per_step"] / safe, reference / steps[w["arm"]]
         rows.append({
             "cell": f"{cell['workload']} · {cell['network']} · s{cell['seed']}",
-            "arm": w["arm"], "first_step": w["first_step"], "after": after,
+            "arm": w["arm"], "first_step": w["first_step"],
+            "after": AFTER[min(lossy_before(windows, i), len(AFTER) - 1)],
             "window_ratio": ratio, "full_run_ratio": truth, "quotient": ratio / truth,
         })  # fmt: skip
     return rows
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """By what ran before (and over all the windows read on batch slopes): windows, how many
-    measured a loss that did not fall, and the quartiles of the quotient.
+    """By what ran before (and over all): windows, how many measured a loss that did not
+    fall, and the quartiles of the quotient.
 
     Example:
       >>> rows = [{"after": AFTER[0], "quotient": q} for q in (-1.0, 0.5, 1.0, 2.0)]
@@ -125,12 +117,8 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
       ([-0.625, 0.75, 1.75], 1)
     """
     out = []
-    for after in (*AFTER, "all on batch slopes", FLUSHED):
-        group = [
-            r["quotient"]
-            for r in rows
-            if r["after"] == after or (after.startswith("all") and r["after"] in AFTER)
-        ]
+    for after in (*AFTER, "all"):
+        group = [r["quotient"] for r in rows if after in ("all", r["after"])]
         out.append({
             "after": after, "windows": len(group), "not_falling": sum(q <= 0 for q in group),
             "quartiles": statistics.quantiles(group, n=4) if len(group) > 1 else None,
@@ -142,7 +130,7 @@ def draw(rows: list[dict[str, Any]]) -> Callable[[Any], None]:
     """Each window's ratio against the full runs' ratio, by what ran before it."""
 
     def plot(ax: Any) -> None:
-        for after, marker in zip((*AFTER, FLUSHED), "os^vD", strict=True):
+        for after, marker in zip(AFTER, "os^v", strict=True):
             pts = [(r["full_run_ratio"], r["window_ratio"]) for r in rows if r["after"] == after]
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker, alpha=0.6, label=after)

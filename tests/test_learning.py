@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import statistics
 
 import pytest
 from collectives_harness import run_script
@@ -22,60 +21,46 @@ def _explored(
     decrease: dict[str, float],
     seconds: dict[str, float],
     window: int = 10,
+    settle: int = 2,
     first: int = 0,
     **more,
 ) -> learn.Learner:
-    """A learner over the arms of `decrease` (in its order), ``Learning(window, **more)``,
+    """A learner over the arms of `decrease` (in its order), ``Learning(window, settle, **more)``,
     after every planned window of its first exploration (:func:`_run_windows`)."""
-    learner = learn.Learner(list(decrease), learn.Learning(window=window, **more), first=first)
+    learning = learn.Learning(window=window, settle=settle, **more)
+    learner = learn.Learner(list(decrease), learning, first=first)
     _run_windows(learner, 0, decrease, seconds)
     assert learner.chosen is not None
     return learner
-
-
-def _close(
-    learner: learn.Learner,
-    step: int,
-    per_step: float,
-    seconds: float = 1.0,
-    error: float = 0.0,
-    flushed: float | None = None,
-) -> int:
-    """Closes the window that opens at `step`: its arm's steps lowered the probe `per_step`
-    each (± `error`), its flush steps `flushed` each (None: as much), at `seconds` a step of
-    its arm; returns the step after it."""
-    first, last, _ = learner.window_at(step)
-    assert first == step
-    begin = next(s for s in range(first, last + 1) if learner.probe_before(s))
-    tail = next((last + 1 - s for s in range(begin, last + 1) if learner.flush_at(s)), 0)
-    own = last - begin + 1 - tail
-    decrease = per_step * own + (per_step if flushed is None else flushed) * tail
-    learner.close(last, decrease, error * (own + tail), seconds * own)
-    return last + 1
 
 
 def _run_windows(
     learner: learn.Learner, step: int, decrease: dict[str, float], seconds: dict[str, float]
 ) -> int:
     """Runs the learner's windows from `step` while one opens there, and returns the step
-    after them: each arm's loss falls ``decrease[arm]`` per step (its flush's, its flusher's),
-    on top of a trend that slows down over training, at ``seconds[arm]`` per step."""
+    after them: each arm's loss falls ``decrease[arm]`` per step, on top of a trend that slows
+    down over training, at ``seconds[arm]`` per step."""
     while learner.window_start(step):
         first, last, name = learner.window_at(step)
-        trend = statistics.fmean(0.005 / (1 + s / 100) for s in range(first, last + 1))
-        flusher = learner.arms[learner.arm_at(last)]
-        flushed = decrease.get(flusher, decrease[name]) + trend
-        step = _close(learner, step, decrease[name] + trend, seconds[name], flushed=flushed)
+        assert first == step
+        losses, loss = [], 10.0 - 0.001 * step
+        for i in range(last - first + 1):
+            loss -= decrease[name] + 0.005 / (1 + (step + i) / 100)  # training slows down
+            losses.append(loss)
+        learner.close(last, losses, seconds[name] * len(losses))
+        step = last + 1
     return step
 
 
 def _round_order(learner: learn.Learner) -> list[str]:
-    """The arms of the learner's windows from step 0 while one opens, each closed on a flat
-    probe at a second a step."""
+    """The arms of the learner's windows from step 0 while one opens, each closed on flat
+    losses at a second a step."""
     step, order = 0, []
     while learner.window_start(step):
-        order.append(learner.window_at(step)[2])
-        step = _close(learner, step, 0.0)
+        first, last, name = learner.window_at(step)
+        order.append(name)
+        learner.close(last, [1.0] * (last - first + 1), float(last - first + 1))
+        step = last + 1
     return order
 
 
@@ -114,77 +99,55 @@ def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     # Dense at ten times gTop-k's seconds per step (a slow link): even credited with the best
     # decrease per step of the first round it cannot win, so the second round leaves it out.
     # In the first it opens and closes the round (the only safe arm brackets the others); its
-    # closing window, measured dear, is half a window (as many seconds would be one step);
-    # each compressor's window ends with dense's 4-step flush.
+    # closing window, measured dear, is half a window (as many seconds would be one step).
     decrease = {"dense": 0.01, "gtopk": 0.008, "onebit": 0.004}
     seconds = {"dense": 1.0, "gtopk": 0.1, "onebit": 0.1}
     learner = _explored(decrease, seconds, rounds=2)
     assert learner.chosen == "gtopk"
     spans = [(w["arm"], w["last_step"] - w["first_step"] + 1) for w in learner.windows]
-    assert spans[:4] == [("dense", 10), ("gtopk", 14), ("onebit", 14), ("dense", 5)]
+    assert spans[:4] == [("dense", 10), ("gtopk", 10), ("onebit", 10), ("dense", 5)]
     assert [a for a, _ in spans].count("dense") == 2
     pruned = _last("pruned")
-    assert pruned["arms"] == ["dense"] and pruned["step"] == 43
-    # The decision's measurements prune the re-check too: it tries the compressors only,
-    # dense still flushing (first what the decided gTop-k held back, then each window).
+    assert pruned["arms"] == ["dense"] and pruned["step"] == 35
+    # The decision's measurements prune the re-check too: it tries the compressors only.
     recheck = learner.learning.confirm + _last("decision")["step"]
     tried = len(learner.windows)
-    assert _run_windows(learner, recheck, decrease, seconds) == recheck + 4 + 14 + 14
+    assert _run_windows(learner, recheck, decrease, seconds) == recheck + 20
     assert {w["arm"] for w in learner.windows[tried:]} == {"gtopk", "onebit"}
 
 
 def test_a_switch_to_a_sparse_arm_is_confirmed_sooner_than_a_recheck():
-    learning = learn.Learning(window=4, confirm=50, recheck_every=400)
+    learning = learn.Learning(window=4, settle=0, confirm=50, recheck_every=400)
     learner = learn.Learner(["dense", "gtopk"], learning)
 
-    def round_from(step: int) -> int:  # dense, gtopk, dense: gTop-k twice as fast per second
-        for arm, decrease in [("dense", 0.1), ("gtopk", 0.2), ("dense", 0.1)]:
-            assert learner.window_start(step) and learner.window_at(step)[2] == arm
-            step = _close(learner, step, decrease)
-        return step
+    def round_from(start: int) -> None:  # dense, gtopk, dense: gTop-k twice as fast per second
+        for i, (arm, decrease) in enumerate([(0, 0.1), (1, 0.2), (0, 0.1)]):
+            first = start + 4 * i
+            assert learner.arm_at(first) == arm and learner.window_start(first)
+            learner.close(first + 3, [4.0 - decrease * j for j in range(4)], 1.0)
 
-    end = round_from(0)
-    assert learner.chosen == "gtopk" and learner.window_start(end + 50)
-    end = round_from(end + 50)  # the confirmation: gTop-k stays, then a usual re-check
-    assert learner.chosen == "gtopk" and not learner.window_start(end + 50)
-    assert learner.window_start(end + 400)
-
-
-def test_every_lossy_window_starts_and_ends_with_an_empty_residual():
-    # A lossy window's last step runs the round's opening safe arm, which sends what the
-    # window held back, and the probe is read after it: no window inherits another's
-    # residual. A re-check after a lossy decision first flushes it the same way, before its
-    # opening window is read.
-    learning = learn.Learning(window=4, confirm=50, flush=2)
-    learner = learn.Learner(["dense", "gtopk", "onebit"], learning)
-    arms, step = [], 0
-    while learner.window_start(step):
-        first, last, name = learner.window_at(step)
-        arms.append([learner.arms[learner.arm_at(s)] for s in range(first, last + 1)])
-        step = _close(learner, step, {"dense": 0.1, "gtopk": 0.3, "onebit": 0.2}[name])
-    assert arms == [["dense"] * 4, ["gtopk"] * 4 + ["dense"] * 2,
-                    ["onebit"] * 4 + ["dense"] * 2, ["dense"] * 4]  # fmt: skip
-    assert learner.chosen == "gtopk"
-    recheck = step + 50
-    first, last, name = learner.window_at(recheck)
-    assert (first, name) == (recheck, "dense") and learner.arm_at(recheck) == 0
-    assert not learner.probe_before(recheck + 1) and learner.probe_before(recheck + 2)
-    assert [w["flushes"] for w in learner.windows] == [0, 2, 2, 0]
+    round_from(0)
+    assert learner.chosen == "gtopk" and learner.window_start(12 + 50)
+    round_from(62)  # the confirmation: gTop-k stays, and the next round is a usual re-check
+    assert learner.chosen == "gtopk" and not learner.window_start(74 + 50)
+    assert learner.window_start(74 + 400)
 
 
-@pytest.mark.parametrize("noise, kept", [(0.1, True), (0.0, False)])
+@pytest.mark.parametrize("noise, kept", [(0.3, True), (0.0, False)])
 def test_a_recheck_overturns_a_decision_only_beyond_the_noise(noise, kept):
     # gTop-k is decided on clean windows; in the confirming round dense's loss falls faster.
-    # Within twice the error of the difference (a noisy probe) the decision stays; on a
-    # clean probe dense takes over.
-    learner = learn.Learner(["dense", "gtopk"], learn.Learning(window=8, confirm=50))
-    step = 0
-    for decrease in (0.1, 0.2, 0.1):
-        step = _close(learner, step, decrease)
-    assert learner.chosen == "gtopk"
-    step += 50
-    for decrease in (0.1, 0.02, 0.1):
-        step = _close(learner, step, decrease, error=noise)
+    # Within twice the error of the difference (noisy batch losses) the decision stays; on
+    # clean losses dense takes over.
+    learning = learn.Learning(window=8, settle=0, confirm=50)
+    learner = learn.Learner(["dense", "gtopk"], learning)
+    wobble = [noise * (-1) ** j for j in range(8)]
+    for start, rounds in ((0, [(0.1, 0.0), (0.2, 0.0), (0.1, 0.0)]),
+                          (74, [(0.1, noise), (0.02, noise), (0.1, noise)])):  # fmt: skip
+        for i, (decrease, scale) in enumerate(rounds):
+            losses = [4.0 - decrease * j + (w if scale else 0.0) for j, w in enumerate(wobble)]
+            learner.close(start + 8 * i + 7, losses, 1.0)
+        if start == 0:
+            assert learner.chosen == "gtopk"
     decision = _last("decision")
     assert decision["kept"] is kept
     assert learner.chosen == ("gtopk" if kept else "dense")
@@ -203,6 +166,7 @@ def test_learners_fed_the_same_windows_decide_the_same():
             {"dense": 0.01, "gtopk": 0.009, "adaptive": 0.0095},
             {"dense": 1.0, "gtopk": 0.5, "adaptive": 0.45},
             window=8,
+            settle=0,
         )
         made.append((learner.chosen, learner.windows))
     assert made[0] == made[1]
@@ -242,7 +206,7 @@ def test_the_safe_compressor_is_proposed_and_the_safe_arms_bracket_the_others():
     arms = learn.propose([25_000_000], slow, DEFAULT_PROFILE, allowed)
     assert arms[:2] == ["dense", "blockquant"] and len(arms) == 5
     first = learn.first_arm(arms)
-    learner = learn.Learner(arms, learn.Learning(window=10), first=first)
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=first)
     order = _round_order(learner)
     assert order == ["dense", *arms[2:], "blockquant"]  # the safe arms bracket the others
     # Where the model predicts dense far slower, dense runs no window: block int8 opens.
@@ -262,22 +226,24 @@ def test_dense_runs_no_window_when_the_model_predicts_it_far_slower_than_block_i
     assert list(skip) == ["dense"] and skip["dense"] > 0
     assert learn.skipped(["dense", "gtopk"], [2_000_000], slow, profile, wide) == {}
     first = learn.first_arm(arms, skip)
-    learner = learn.Learner(arms, learn.Learning(window=10), first=first, skip=skip)
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=first, skip=skip)
     assert _last("skipped")["predicted_s"] == skip
-    # Block int8's second window: as many seconds as 10 of gTop-k's steps, but at least 5
-    # (gTop-k's window is 10 steps and block int8's 4-step flush, centred at 16.5).
-    at = (16.5 - 4.5) / (26.0 - 4.5)
-    safe = 0.05 + (0.04 - 0.05) * at  # the safe decrease interpolated to gTop-k's window
-    step = 0
-    for arm, decrease, seconds, span in [("blockquant", 0.05, 0.2, (0, 9)),
-                                         ("gtopk", 0.03, 0.04, (10, 23)),
-                                         ("blockquant", 0.04, 0.2, (24, 28))]:  # fmt: skip
-        assert learner.window_at(step) == (*span, arm)
-        step = _close(learner, step, decrease, seconds, flushed=safe)
+    step, centers = 0, []
+    for arm, decrease, seconds in [("blockquant", 0.05, 0.2), ("gtopk", 0.03, 0.04),
+                                   ("blockquant", 0.04, 0.2)]:  # fmt: skip
+        first, last, name = learner.window_at(step)
+        assert (first, name) == (step, arm)
+        n = last - first + 1
+        learner.close(last, [2.0 - decrease * j for j in range(n)], seconds * n)
+        centers.append((first + last) / 2)
+        step = last + 1
+    # Block int8's second window: as many seconds as 10 of gTop-k's steps, but at least 5.
+    assert step == 25
     decision = _last("decision")
     assert learner.chosen == "gtopk" and "dense" not in decision["seconds_per_step"]
-    # Steps relative to the safe arms' decrease at gTop-k's time; its flush's steps count
-    # as the safe arm's.
+    # Steps relative to the safe arms' decrease, interpolated to gTop-k's window.
+    at = (centers[1] - centers[0]) / (centers[2] - centers[0])
+    safe = 0.05 + (0.04 - 0.05) * at
     assert decision["steps_factor"]["gtopk"] == pytest.approx(safe / 0.03, rel=0.01)
 
 
@@ -300,10 +266,11 @@ def test_a_sparse_window_is_compared_with_the_safe_decrease_of_its_time():
     # alone TopK-allgather looked 3x faster per second and was chosen; it needed several
     # times dense's steps. Against the safe arms' decrease at its time, dense stays.
     arms = ["dense", "blockquant", "topk_allgather"]
-    learner = learn.Learner(arms, learn.Learning(window=10), first=1)
-    step = 0
-    for decrease, seconds in [(0.1456, 0.395), (0.0467, 0.321), (0.0137, 0.318)]:
-        step = _close(learner, step, decrease, seconds)
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=2), first=1)
+    measured = [(0.1456, 0.395), (0.0467, 0.321), (0.0137, 0.318)]  # per step, s per step
+    for i, (decrease, seconds) in enumerate(measured):
+        losses = [2.0 - decrease * j for j in range(10)]
+        learner.close(10 * i + 9, losses, seconds * 10)
     assert learner.chosen == "dense"
 
 

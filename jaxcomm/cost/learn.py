@@ -14,17 +14,9 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
 * A window is ``window`` steps of one arm, or as many seconds: exploration is paid for in
   seconds, so an arm measured slower per step than the fastest measured so far runs
   proportionally fewer steps (at least half a window, :meth:`Learning.steps_for`); on a slow
-  link the safe arms' windows are the dearest. A window's loss decrease is read on a fixed
-  *probe* (the same training batches, :func:`probe_reading`) at its two ends, not from the
-  steps' own batch losses, whose slope over a window errs by as much as it measures. Its
-  seconds are the wall clock of its arm's steps (the largest over the ranks).
-* Every lossy window ends with ``flush`` steps of the round's opening safe arm: the first
-  sends the error-feedback residual the window held back, the others what the optimizer's
-  momentum still owes the window's steps. The window's decrease is read after them, and
-  they are fitted as the safe arm's steps. A lossy window thus neither inherits what earlier
-  windows held back (such windows read high) nor is charged for what it holds back (read
-  low, a window after a safe one mostly saw its loss rise); a re-check after a lossy
-  decision flushes the same way before its first window is read.
+  link the safe arms' windows are the dearest. The loss decrease per step is the
+  least-squares slope of the loss over the window's steps after its first ``settle`` (the
+  switch's transient); its seconds are the window's wall clock (the largest over the ranks).
 * A round runs every arm once, the *safe* arms (whose prior says they need dense's steps:
   dense, or a bounded-error quantizer) bracketing the others: the first safe arm opens,
   the others in an order rotated by one each round, then the second safe
@@ -47,15 +39,15 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   an arm that is not safe is confirmed sooner, after ``confirm`` steps: windows early in
   training are the least telling, and a wrong sparse pick costs a multiple of the steps. A
   re-check overturns the decision only when the new pick's rate beats the decided arm's by
-  more than twice the error of the difference (each window's probe error,
-  :func:`probe_reading`): later in training the loss falls little beside its noise.
+  more than twice the error of the difference (each window's slope error,
+  :func:`slope_error`): later in training the loss falls little beside its noise.
 * Steps factors follow from the windows: dense's decrease per step over the arm's, what
   :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
   only to rank the arms worth a trial).
 
 The error-feedback residuals are shared by every arm (``jaxcomm.learning``): a compressor
-keeps what it did not send for the next arm, and a safe arm sends them with its gradient
-(dense all of it, block int8 all but its rounding), so a switch loses no signal.
+keeps what it did not send for the next arm, and the dense arm sends them with its gradient,
+so a switch loses no signal.
 
 The learner is host-side and standard library only. It is deterministic in what it is fed:
 with the same losses (averaged over the ranks) and the same seconds (agreed over the ranks)
@@ -68,7 +60,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from .arms import DENSE_OVER, first_arm, is_safe, predicted_step, propose, skipped
 
@@ -82,8 +74,9 @@ __all__ = [
     "is_safe",
     "propose",
     "predicted_step",
-    "probe_reading",
     "skipped",
+    "slope_error",
+    "window_rate",
 ]
 
 _decisions: list[dict[str, Any]] = []
@@ -95,9 +88,11 @@ class Learning:
     """How :class:`Learner` explores.
 
     Args:
-      window: steps per trial window of the fastest arm (the probe's decrease grows with
-        the window, its error does not); a slower arm's window lasts as many seconds
+      window: steps per trial window of the fastest arm (the slope of a few noisy batch
+        losses errs by as much as the decrease it measures; a slope's error falls as its
+        points to the power 1.5); a slower arm's window lasts as many seconds
         (:meth:`steps_for`).
+      settle: first steps of a window left out of its slope (the switch's transient).
       rounds: rounds of the first exploration (each rotated by one arm).
       recheck_every: steps the decided arm runs before a round re-checks every arm.
       confirm: steps before the re-check that follows a switch to an arm that is not safe.
@@ -114,10 +109,6 @@ class Learning:
         leaves out the arms the last decision's measurements prune so.
       dense_over: dense runs no window when the model predicts its step slower than a
         proposed safe compressor's by this factor (:func:`skipped`).
-      flush: steps of the round's opening safe arm that end every lossy window (and open a
-        re-check after a lossy decision): the first sends the residual the window held
-        back, the others what the optimizer's momentum still owes its steps. They are read
-        with the window and fitted as the safe arm's steps (:func:`arm_decrease`).
 
     Example:
       >>> Learning(window=10).window
@@ -125,6 +116,7 @@ class Learning:
     """
 
     window: int = 20
+    settle: int = 3
     rounds: int = 1
     recheck_every: int = 400
     confirm: int = 100
@@ -132,7 +124,6 @@ class Learning:
     margin: float = 1.1
     prune: float = 3.0
     dense_over: float = DENSE_OVER
-    flush: int = 4
 
     @property
     def opens_at(self) -> int:
@@ -148,7 +139,8 @@ class Learning:
     def steps_for(self, seconds: float | None, fastest: float | None) -> int:
         """The steps of a window of an arm measured at ``seconds`` per step, when the
         fastest arm measured runs ``fastest`` (None: not measured yet, a full window): as
-        many seconds as ``window`` steps of the fastest, and at least half a window.
+        many seconds as ``window`` steps of the fastest, and at least half a window (and
+        ``settle`` + 3) for a slope.
 
         Example:
           >>> [Learning(window=20).steps_for(s, 0.02) for s in (0.02, 0.03, 0.08)]
@@ -156,12 +148,15 @@ class Learning:
         """
         if not seconds or not fastest:
             return self.window
-        floor = self.window // 2
+        floor = max(self.settle + 3, self.window // 2)
         return max(floor, min(self.window, round(self.window * fastest / seconds)))
 
     def __post_init__(self) -> None:
-        if self.window < 4:
-            raise ValueError(f"Learning.window must be >= 4, got {self.window}")
+        if self.window < 4 or not 0 <= self.settle <= self.window - 3:
+            raise ValueError(
+                f"Learning.window must be >= 4 and settle leave >= 3 steps of it, got "
+                f"window={self.window}, settle={self.settle}"
+            )
         if self.rounds < 1:
             raise ValueError(f"Learning.rounds must be >= 1, got {self.rounds}")
         if min(self.recheck_every, self.confirm) < 1 or self.warmup < 0:
@@ -172,49 +167,47 @@ class Learning:
             raise ValueError(f"Learning.prune must be > 1, got {self.prune}")
         if not self.dense_over >= 1.0:
             raise ValueError(f"Learning.dense_over must be >= 1, got {self.dense_over}")
-        if self.flush < 1:
-            raise ValueError(
-                f"Learning.flush must be >= 1 (a lossy window's residual), got {self.flush}"
-            )
 
 
-def probe_reading(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
-    """A window's loss decrease on the probe and its standard error: the mean over the
-    probe's batches of each batch's loss at the window's start less its loss at the end, and
-    the scatter of those differences over the root of their number (the same batches at both
-    ends: what they share cancels).
+def _line(losses: Sequence[float], settle: int) -> tuple[float, float]:
+    """The least-squares slope of ``losses[settle:]`` against their step and its standard
+    error (the scatter about the line; 0 with under 3 points, both 0 with under 2)."""
+    ys = [float(v) for v in losses[settle:]]
+    n = len(ys)
+    if n < 2:
+        return 0.0, 0.0
+    mx, my = (n - 1) / 2, sum(ys) / n
+    sxx = sum((i - mx) ** 2 for i in range(n))
+    slope = sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sxx
+    if n < 3:
+        return slope, 0.0
+    scatter = sum((y - my - slope * (i - mx)) ** 2 for i, y in enumerate(ys)) / (n - 2)
+    return slope, math.sqrt(scatter / sxx)
 
-    Args:
-      before: each probe batch's loss (averaged over the ranks) before the window's steps.
-      after: the same batches' losses after them.
+
+def window_rate(losses: Sequence[float], seconds: float, settle: int = 0) -> tuple[float, float]:
+    """Loss decrease per step (the negated least-squares slope over ``losses[settle:]``) and
+    per second of one window.
 
     Example:
-      >>> [round(v, 6) for v in probe_reading([3.0, 2.0], [2.0, 1.5])]
-      [0.75, 0.25]
+      >>> window_rate([4.0, 3.0, 2.0, 1.0], 2.0)
+      (1.0, 2.0)
     """
-    if len(before) != len(after) or not before:
-        raise ValueError(
-            f"probe_reading needs the same probe batches at both ends, got {len(before)} "
-            f"and {len(after)}"
-        )
-    drops = [float(b) - float(a) for b, a in zip(before, after, strict=True)]
-    mean = statistics.fmean(drops)
-    if len(drops) < 2:
-        return mean, 0.0
-    return mean, statistics.stdev(drops) / math.sqrt(len(drops))
+    per_step = -_line(losses, settle)[0]
+    if len(losses) - settle < 2 or seconds <= 0:
+        return 0.0, 0.0
+    return per_step, per_step * len(losses) / seconds
 
 
-class _Span(NamedTuple):
-    """A planned window: its steps ``first`` to ``last``, its ``arm``, and the steps it
-    flushes with the ``flusher`` arm: its first ``lead`` (before the probe is read) and its
-    last ``tail`` (before the probe is read again)."""
+def slope_error(losses: Sequence[float], settle: int = 0) -> float:
+    """The standard error of :func:`window_rate`'s decrease per step: the least-squares
+    slope's, from the scatter of ``losses[settle:]`` about their line (0 with under 3).
 
-    first: int
-    last: int
-    arm: int
-    lead: int = 0
-    tail: int = 0
-    flusher: int = 0
+    Example:
+      >>> slope_error([4.0, 3.0, 2.0, 1.0])
+      0.0
+    """
+    return _line(losses, settle)[1]
 
 
 class Learner:
@@ -229,17 +222,17 @@ class Learner:
         out (:func:`skipped`).
 
     Example:
-      >>> learner = Learner(["dense", "gtopk"], Learning(window=4, flush=1))
+      >>> learner = Learner(["dense", "gtopk"], Learning(window=4, settle=0, rounds=1))
       >>> learner.window_at(0)  # each window is planned when the one before it closes
       (0, 3, 'dense')
-      >>> learner.close(3, 0.4, 0.01, 1.0)  # dense: the probe fell 0.1 a step, 0.4 a second
-      >>> learner.window_at(4), learner.arm_at(8)  # gTop-k's 4 steps, then dense's flush
-      ((4, 8, 'gtopk'), 0)
-      >>> learner.close(8, 1.0, 0.01, 0.5)  # gTop-k: 0.2 a step (its flush too), 1.6 a second
-      >>> learner.window_at(9)  # dense runs half as many seconds as gTop-k's window: 2 steps
-      (9, 10, 'dense')
-      >>> learner.close(10, 0.2, 0.01, 0.5)
-      >>> learner.arm_at(11), learner.chosen
+      >>> learner.close(3, [4.0, 3.9, 3.8, 3.7], 1.0)  # dense: 0.1 per step, 0.4 per s
+      >>> learner.window_at(4)
+      (4, 7, 'gtopk')
+      >>> learner.close(7, [3.7, 3.5, 3.3, 3.1], 1.0)  # gtopk: 0.2 per step, 0.8 per s
+      >>> learner.window_at(8)  # both arms measured at 0.25 s a step: a full window
+      (8, 11, 'dense')
+      >>> learner.close(11, [3.1, 3.0, 2.9, 2.8], 1.0)  # dense again
+      >>> learner.arm_at(12), learner.chosen
       (1, 'gtopk')
     """
 
@@ -262,11 +255,9 @@ class Learner:
         self.learning = learning or Learning()
         self.windows: list[dict[str, Any]] = []
         self.chosen: str | None = None
-        self._plan: list[_Span] = []
+        self._plan: list[tuple[int, int, int]] = []  # (first step, last step, arm)
         self._queue: list[int] = []  # the round's arms not planned yet
         self._first = first
-        self._flusher = first  # the round's opening safe arm: it flushes the lossy windows
-        self._lead = 0  # the next window's first steps flush what a lossy decision held back
         self._rounds = 0  # rotates the bracketed arms by one each round
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
         if skip:
@@ -286,8 +277,6 @@ class Learner:
         first may prune), then the decision."""
         self._explored_from, self._rounds_left = start, rounds
         self._active = active
-        lossy = self.chosen is not None and not is_safe(self.chosen)
-        self._lead = self.learning.flush if lossy else 0
         self._plan_round(start)
 
     def _order(self) -> list[int]:
@@ -309,8 +298,6 @@ class Learner:
         """One round of windows from ``start`` (:meth:`_order`), planned one at a time: a
         window's steps follow the seconds measured before it (:meth:`_plan_next`)."""
         self._queue = self._order()
-        opener = self.arms[self._queue[0]]
-        self._flusher = self._queue[0] if is_safe(opener) else self._first
         self._plan = []
         self._rounds += 1
         self._rounds_left -= 1
@@ -318,17 +305,12 @@ class Learner:
 
     def _plan_next(self, start: int) -> None:
         """The round's next window from ``start``, as long in seconds as a full window of
-        the fastest arm measured (:meth:`Learning.steps_for`), with its flushes: a lossy
-        window's last step, and the first of one that follows a lossy decision."""
+        the fastest arm measured (:meth:`Learning.steps_for`)."""
         arm = self._queue.pop(0)
         latest = {w["arm"]: w["seconds_per_step"] for w in self.windows}
         measured = [latest[self.arms[i]] for i in self._active if self.arms[i] in latest]
         steps = self.learning.steps_for(latest.get(self.arms[arm]), min(measured, default=None))
-        lead = self._lead
-        tail = 0 if is_safe(self.arms[arm]) else self.learning.flush
-        self._lead = 0
-        last = start + lead + steps + tail - 1
-        self._plan.append(_Span(start, last, arm, lead, tail, self._flusher))
+        self._plan.append((start, start + steps - 1, arm))
 
     def _rates(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         """Each active arm's (loss decrease per step, seconds per step, decrease per second)
@@ -342,9 +324,7 @@ class Learner:
         # interpolated to when it ran, not with whichever safe window ran later.
         cls = {a: SAFE if is_safe(a) else a for a in names}
         pooled = [{**w, "arm": cls[w["arm"]]} for w in since]
-        classes = list(dict.fromkeys(cls[w["arm"]] for w in since))
-        # A lossy window's flush steps ran a safe arm: they are fitted as the safe class's.
-        fitted = arm_decrease(pooled, classes, SAFE if SAFE in classes else None)
+        fitted = arm_decrease(pooled, list(dict.fromkeys(cls.values())))
         per_step = {a: fitted[cls[a]] for a in names}
         seconds = {
             a: statistics.fmean(w["seconds_per_step"] for w in since if w["arm"] == a)
@@ -380,74 +360,57 @@ class Learner:
             _decisions.append({"event": "pruned", "step": step, "arms": dropped, "rates": rate})
             self._active = keep
 
-    def _span(self, step: int) -> _Span | None:
-        """The planned window holding ``step``."""
-        return next((p for p in self._plan if p.first <= step <= p.last), None)
+    def _span(self, step: int) -> tuple[int, int, int] | None:
+        """The planned window holding ``step``: ``(first step, last step, arm index)``."""
+        return next((p for p in self._plan if p[0] <= step <= p[1]), None)
 
     def window_at(self, step: int) -> tuple[int, int, str] | None:
-        """The planned window holding ``step``: ``(first step, last step, arm)``, its flushes
-        included, or None."""
+        """The planned window holding ``step``: ``(first step, last step, arm)``, or None."""
         span = self._span(step)
-        return None if span is None else (span.first, span.last, self.arms[span.arm])
+        return None if span is None else (span[0], span[1], self.arms[span[2]])
 
     def arm_at(self, step: int) -> int:
-        """The arm of ``step`` (steps are asked in increasing order): a window's, its
-        flusher's on a flush step, else the decided arm's."""
+        """The arm of ``step`` (steps are asked in increasing order)."""
         span = self._span(step)
         if span is not None:
-            own = span.first + span.lead <= step <= span.last - span.tail
-            return span.arm if own else span.flusher
+            return span[2]
         return self.arms.index(self.chosen) if self.chosen is not None else self._first
 
+    def in_window(self, step: int) -> bool:
+        """Whether ``step`` belongs to a planned window (its loss is then due)."""
+        return self._span(step) is not None
+
     def window_start(self, step: int) -> bool:
-        """Whether ``step`` is the first of a planned window."""
+        """Whether ``step`` is the first of a planned window (its clock starts then)."""
         span = self._span(step)
-        return span is not None and span.first == step
-
-    def probe_before(self, step: int) -> bool:
-        """Whether the probe is read before ``step``: the first of a window's own steps
-        (its arm's clock starts then)."""
-        span = self._span(step)
-        return span is not None and span.first + span.lead == step
-
-    def flush_at(self, step: int) -> bool:
-        """Whether ``step`` is the first of a lossy window's closing flush (its arm's clock
-        stops before it)."""
-        span = self._span(step)
-        return span is not None and span.tail > 0 and span.last - span.tail + 1 == step
+        return span is not None and span[0] == step
 
     def window_end(self, step: int) -> bool:
-        """Whether ``step`` is the last of a planned window (the probe is read after it)."""
+        """Whether ``step`` is the last of a planned window (its losses are then due)."""
         span = self._span(step)
-        return span is not None and span.last == step
+        return span is not None and span[1] == step
 
-    def close(self, step: int, decrease: float, error: float, seconds: float) -> None:
-        """Records the window that ended at ``step``; decides once the exploration's last
-        window is in.
+    def close(self, step: int, losses: Sequence[float], seconds: float) -> None:
+        """Records the window that ended at ``step`` (its steps' losses, averaged over the
+        ranks, and its seconds, the largest over the ranks); decides once the exploration's
+        last window is in.
 
         Args:
           step: the window's last step.
-          decrease: the probe's loss decrease from before the window's own steps to after
-            its last step (:func:`probe_reading`, the same on every rank).
-          error: its standard error.
-          seconds: the wall clock of the window's own steps (its flushes left out), the
-            largest over the ranks.
+          losses: each step's loss, in order.
+          seconds: the window's wall clock.
         """
-        span = self._span(step)
-        measured = span.last - span.first - span.lead + 1  # its own steps and its flush
-        own = measured - span.tail
-        per_step, seconds_per_step = decrease / measured, seconds / own
+        first, last, arm = self._span(step)
+        per_step, rate = window_rate(losses, seconds, self.learning.settle)
         record = {
             "event": "window",
-            "first_step": span.first,
-            "last_step": span.last,
-            "arm": self.arms[span.arm],
-            "flushes": span.lead + span.tail,
-            "flush_share": span.tail / measured,
+            "first_step": first,
+            "last_step": last,
+            "arm": self.arms[arm],
             "loss_decrease_per_step": per_step,
-            "loss_decrease_se": error / measured,
-            "loss_decrease_per_s": per_step / seconds_per_step if seconds > 0 else 0.0,
-            "seconds_per_step": seconds_per_step,
+            "loss_decrease_se": slope_error(losses, self.learning.settle),
+            "loss_decrease_per_s": rate,
+            "seconds_per_step": seconds / max(1, len(losses)),
         }
         self.windows.append(record)
         _decisions.append(record)
@@ -516,9 +479,8 @@ class Learner:
             ws = [w for w in self.windows[-len(self._plan) :] if w["arm"] == arm]
             if not ws:
                 return True
-            # A window's own share of its steps carries its error (its flush's is the safe's).
-            own = [w["loss_decrease_se"] / (1.0 - w.get("flush_share", 0.0)) for w in ws]
-            error[arm] = math.sqrt(sum(e**2 for e in own)) / len(ws) / seconds[arm]
+            se = math.sqrt(sum(w["loss_decrease_se"] ** 2 for w in ws)) / len(ws)
+            error[arm] = se / seconds[arm]
         return rate[pick] - rate[self.chosen] > 2 * math.hypot(*error.values())
 
 
@@ -530,9 +492,7 @@ def _fastest_safe(seconds: Mapping[str, float]) -> str | None:
     return min(safe, key=lambda a: (seconds[a], a)) if safe else None
 
 
-def arm_decrease(
-    windows: Sequence[Mapping[str, Any]], arms: Sequence[str], flushed_by: str | None = None
-) -> dict[str, float]:
+def arm_decrease(windows: Sequence[Mapping[str, Any]], arms: Sequence[str]) -> dict[str, float]:
     """Each arm's loss decrease per step, the training's own slowing down taken out.
 
     The loss falls faster early in training than later, so a window's decrease depends on
@@ -540,15 +500,12 @@ def arm_decrease(
     plus a polynomial in the window's position (none with one window per arm, linear with
     one or two more, quadratic beyond), by least squares; each arm's decrease is its effect
     plus the trend's mean over the windows. One spare window is enough for a line: an arm
-    run between two windows of another is compared with that other interpolated. A window's
-    ``flush_share`` of its steps (its flush, run by the arm ``flushed_by``) counts as that
-    arm's.
+    run between two windows of another is compared with that other interpolated.
 
     Args:
-      windows: ``{"arm", "first_step", "last_step", "loss_decrease_per_step"}`` each, and
-        optionally ``"flush_share"``; every arm has at least one.
+      windows: ``{"arm", "first_step", "last_step", "loss_decrease_per_step"}`` each; every
+        arm has at least one.
       arms: the arms' names.
-      flushed_by: the arm of the flush steps (None: windows are their arm's alone).
 
     Returns:
       name -> loss decrease per step.
@@ -568,23 +525,13 @@ def arm_decrease(
     spread = max(1.0, max(abs(c - mid) for c in centers))
     xs = [(c - mid) / spread for c in centers]
     rows = [
-        _shares(w, arms, flushed_by) + [x ** (p + 1) for p in range(degree)]
+        [1.0 if w["arm"] == a else 0.0 for a in arms] + [x ** (p + 1) for p in range(degree)]
         for w, x in zip(windows, xs, strict=True)
     ]
     ys = [float(w["loss_decrease_per_step"]) for w in windows]
     coef = _least_squares(rows, ys)
     trend = statistics.fmean(sum(coef[k + p] * x ** (p + 1) for p in range(degree)) for x in xs)
     return {a: coef[i] + trend for i, a in enumerate(arms)}
-
-
-def _shares(window: Mapping[str, Any], arms: Sequence[str], flushed_by: str | None) -> list:
-    """A window's row of arm shares: its arm's, less the flush's, which goes to
-    ``flushed_by``."""
-    flush = float(window.get("flush_share", 0.0)) if flushed_by is not None else 0.0
-    row = [(1.0 - flush) if a == window["arm"] else 0.0 for a in arms]
-    if flush:
-        row[arms.index(flushed_by)] += flush
-    return row
 
 
 def _least_squares(rows: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:

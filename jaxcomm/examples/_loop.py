@@ -533,9 +533,7 @@ class Step:
         self._arms = _trials.ArmPrograms(program)
         self._step = self._arms.ready[0, True]
         settings = reduction.options(warmup_phase_steps)
-        self.trials = _trials.Trials(
-            reduction, settings, self._arms, _AgreedMax(mesh), host_scalar, _probe(loss_fn, mesh)
-        )
+        self.trials = _trials.Trials(reduction, settings, self._arms, _AgreedMax(mesh), host_scalar)
 
     @property
     def traces(self) -> int:
@@ -577,18 +575,6 @@ class Step:
         (DiLoCo with a delay), so that no detached collective is left open."""
         self.wait()
         return self._step.finish(params, state)
-
-
-def _probe(loss_fn: Callable[..., tuple], mesh: Mesh) -> Callable[[Any, tuple], jax.Array]:
-    """``(params, batch) -> the batch's loss averaged over the ranks`` (a forward pass: the
-    learning ``auto``'s probe)."""
-
-    def mean_loss(params: Any, batch: tuple) -> jax.Array:
-        return lax.pmean(loss_fn(params, *batch)[0].astype(jnp.float32), tuple(mesh.axis_names))
-
-    return jax.jit(
-        jax.shard_map(mean_loss, mesh=mesh, in_specs=(P(), batch_spec(mesh)), out_specs=P())
-    )
 
 
 class XlaStep:
@@ -806,8 +792,6 @@ def train_loop(
     jaxcomm.reset_metrics()
     run = _resume(step, params, state, steps, checkpoint_dir, eval_name)
     stop = _Stop(target, higher_is_better, time_cap_s, step.mesh)
-    if step.trials is not None:
-        step.trials.probe_on(batch)
     for i in range(run.start, steps):
         loss_d, metric_d = _advance(step, run, batch, i, logger)
         evaluate_now = i % eval_every == 0 or i == steps - 1
@@ -910,10 +894,10 @@ def _advance(step: Step, run: _Run, batch: Callable[[int], tuple], i: int, logge
     """Dispatches step ``i`` (with a learning auto's arm); its device loss and metric."""
     trials = step.trials
     if trials is not None:
-        trials.before(i, run.params, step.wait)
+        trials.before(i, step.wait)
     run.params, run.state, loss, metric = step(run.params, run.state, *batch(i))
     if trials is not None:
-        trials.after(i, run.params, step.wait)
+        trials.after(i, run.params, loss, step.wait)
     progress = getattr(logger, "progress", None)
     if progress is not None:
         progress(i + 1)

@@ -8,12 +8,9 @@ measures the world, the cost model proposes the arms worth a trial
 slower than a safe compressor (:func:`jaxcomm.cost.learn.skipped`), every proposed arm's
 program compiles (outside the training clock, as the first step's compilation is; the ranks
 then agree on its seconds, so that they open the clock together), and the learner schedules
-the windows. A window's seconds are the training wall clock of its arm's steps (its
-evaluations, flushes and probe readings excluded), the largest over the ranks; its decrease
-is read on the probe, the loss of the run's first ``PROBE_BATCHES`` batches averaged over
-the ranks (:func:`jaxcomm.cost.learn.probe_reading`): every rank switches at the same steps
-to the same arm. The probe's forward passes stay on the run's training clock: they are
-exploration's cost.
+the windows. A window's seconds are its training wall clock (its
+evaluations excluded), the largest over the ranks, and its losses the steps' losses averaged
+over the ranks: every rank switches at the same steps to the same arm.
 
 Each arm runs a program of its own (``learned_gradients(..., fixed=arm)``, one state for
 all) rather than one ``lax.switch`` over every arm: on XLA:CPU a switched step ran 25-45 ms
@@ -32,11 +29,6 @@ import numpy as np
 from jaxcomm import cost
 from jaxcomm.cost import learn, measure
 
-PROBE_BATCHES = 16
-"""Training batches of the probe (1024 examples at the examples' batch of 64): on the teacher
-task a 20-step window read on such a probe erred 2-3 times less than the slope of its batch
-losses (``benchmarks/learn_windows.py``)."""
-
 
 class Trials:
     """Drives a :class:`~jaxcomm.cost.learn.Learner` from the loop.
@@ -47,8 +39,6 @@ class Trials:
       programs: the arms' programs (:class:`ArmPrograms`).
       agreed_max: ``seconds -> the largest over the ranks`` (a collective every rank calls).
       read: ``device scalar -> float``.
-      probe: ``(params, batch) -> device scalar``, a batch's loss averaged over the ranks;
-        the loop gives the batches (:meth:`probe_on`).
     """
 
     def __init__(
@@ -58,7 +48,6 @@ class Trials:
         programs: ArmPrograms,
         agreed_max: Callable[[float], float],
         read: Callable[[Any], float],
-        probe: Callable[[Any, tuple], Any],
     ) -> None:
         self.reduction = reduction
         self.arms = reduction.auto_arms(options)
@@ -69,23 +58,9 @@ class Trials:
         self.learner: learn.Learner | None = None
         self.previous: int | None = None  # the arm of the last step (None: unknown)
         self.program: tuple[int, bool] = (0, True)  # the next step's (ArmPrograms' key)
-        self.probe = probe
-        self.batches: Callable[[int], tuple] | None = None
-        self.before_probe: tuple[int, list[float]] = (-1, [])  # (the step it precedes, losses)
+        self.losses: list[Any] = []
         self.clock = 0.0
         self.paused = 0.0
-        self.stopped: float | None = None  # when the arm's clock stopped (a flush follows)
-
-    def probe_on(self, batches: Callable[[int], tuple]) -> None:
-        """The loop's batches (``step -> batch``): the probe is the first
-        :data:`PROBE_BATCHES` of them."""
-        self.batches = batches
-
-    def _read_probe(self, params: Any) -> list[float]:
-        """Each probe batch's loss at ``params``, averaged over the ranks."""
-        if self.batches is None:
-            raise RuntimeError("Trials.probe_on(batches) must be called before the first window")
-        return [self.read(self.probe(params, self.batches(i))) for i in range(PROBE_BATCHES)]
 
     def _start(self, step: int, params: Any, wait: Callable[[], None]) -> None:
         """After the compiling step: measures the world (no profile given), proposes the arms
@@ -111,9 +86,6 @@ class Trials:
         keys = [] if "dense" in skip else [(0, False)]
         keys += [(self.names.index(a), True) for a in arms[1:] if a not in skip]
         seconds = self.programs.compile(keys)  # each arm traced records its buckets' choices
-        compiling = time.perf_counter()
-        self._read_probe(params)  # compiles the probe, outside the clock as the arms are
-        seconds += time.perf_counter() - compiling
         # A barrier as well: a rank that compiled sooner would wait for the slower one inside
         # its next step's collective, on the training clock (0-3 s on 2 emulated nodes).
         seconds = self.agreed_max(seconds)
@@ -123,47 +95,37 @@ class Trials:
             for n in sizes:
                 cost.resolve_auto(arm, n, jax.device_count(), processes, local, element_bytes=wide)
 
-    def before(self, step: int, params: Any, wait: Callable[[], None]) -> None:
+    def before(self, step: int, wait: Callable[[], None]) -> None:
         """Sets :attr:`program` for ``step``: its arm, and whether dense flushes the
         residuals (not after a dense step: they are zero; a restored state's may not be);
-        reads the probe and starts the arm's clock before a window's own steps, stops it
-        before a flush."""
+        starts a window's clock at its first step."""
         arm = 0
-        learner = self.learner
-        if learner is not None:
-            arm = self.names.index(learner.arms[learner.arm_at(step)])
+        if self.learner is not None:
+            arm = self.names.index(self.learner.arms[self.learner.arm_at(step)])
         self.program = (arm, not (arm == 0 and self.previous == 0))
         self.previous = arm
-        if learner is None:
-            return
-        if learner.probe_before(step):
+        if self.learner is not None and self.learner.window_start(step):
             wait()
-            if self.before_probe[0] != step:  # (the window before ended at the step before)
-                self.before_probe = (step, self._read_probe(params))
-            self.clock, self.paused, self.stopped = time.perf_counter(), 0.0, None
-        if learner.flush_at(step):
-            wait()
-            self.stopped = time.perf_counter()
+            self.clock, self.paused, self.losses = time.perf_counter(), 0.0, []
 
-    def after(self, step: int, params: Any, wait: Callable[[], None]) -> None:
-        """Closes ``step``'s window when it is the last: its seconds, then the probe."""
+    def after(self, step: int, params: Any, loss: Any, wait: Callable[[], None]) -> None:
+        """Records ``step``'s loss; closes its window when it is the last."""
         if self.learner is None:
             self._start(step + 1, params, wait)
             return
-        if not self.learner.window_end(step):
+        if not self.learner.in_window(step):
             return
-        wait()
-        end = time.perf_counter() if self.stopped is None else self.stopped
-        seconds = self.agreed_max(end - self.clock - self.paused)
-        after = self._read_probe(params)
-        decrease, error = learn.probe_reading(self.before_probe[1], after)
-        self.before_probe = (step + 1, after)
-        self.learner.close(step, decrease, error, seconds)
+        self.losses.append(loss)
+        if self.learner.window_end(step):
+            wait()
+            seconds = self.agreed_max(time.perf_counter() - self.clock - self.paused)
+            losses = [self.read(v) for v in self.losses]
+            self.losses = []
+            self.learner.close(step, losses, seconds)
 
     def pause(self, seconds: float) -> None:
-        """Time spent outside training (an evaluation) while a window's arm runs."""
-        if self.stopped is None:
-            self.paused += seconds
+        """Time spent outside training (an evaluation) inside the current window."""
+        self.paused += seconds
 
 
 class ArmPrograms:
