@@ -58,8 +58,8 @@ WORKLOADS = {
     # Held out: auto is judged on them; no profile or steps factor comes from them. The first
     # three were read while the learner was built; heldout-deep was read after it was frozen at
     # cee38fa, heldout-convadam and heldout-wideadam only after the learner they judge,
-    # heldout-convsgd and heldout-tripleadam only after the probed windows
-    # (recipes/heldout-*.yaml).
+    # heldout-convsgd and heldout-tripleadam only after the probed windows, which lost there
+    # and were reverted (recipes/heldout-*.yaml).
     "heldout-mlp": Workload("heldout-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
     "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
     "heldout-teacher": Workload(
