@@ -59,7 +59,8 @@ WORKLOADS = {
     # three were read while the learner was built; heldout-deep was read after it was frozen at
     # cee38fa, heldout-convadam and heldout-wideadam only after the learner they judge,
     # heldout-convsgd and heldout-tripleadam only after the probed windows, which lost there
-    # and were reverted (recipes/heldout-*.yaml).
+    # and were reverted; heldout-bigbatch and heldout-plainsgd have not run yet
+    # (recipes/heldout-*.yaml).
     "heldout-mlp": Workload("heldout-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
     "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
     "heldout-teacher": Workload(
@@ -77,6 +78,12 @@ WORKLOADS = {
     ),
     "heldout-tripleadam": Workload(
         "heldout-tripleadam.yaml", "test_accuracy", True, "digits-mlp-*.json", True
+    ),
+    "heldout-bigbatch": Workload(
+        "heldout-bigbatch.yaml", "test_accuracy", True, "digits-mlp-*.json", True
+    ),
+    "heldout-plainsgd": Workload(
+        "heldout-plainsgd.yaml", "test_accuracy", True, "digits-mlp-*.json", True
     ),
 }
 
