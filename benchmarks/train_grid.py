@@ -51,6 +51,12 @@ class Workload:
         return yaml.safe_load((REPO / "recipes" / self.recipe).read_text())
 
 
+def _held_out(name: str, model: str) -> Workload:
+    """A held-out digits job (``recipes/<name>.yaml``, ``model``: ``mlp`` or ``cnn``) trained
+    to a test accuracy."""
+    return Workload(f"{name}.yaml", "test_accuracy", True, f"digits-{model}-*.json", True)
+
+
 WORKLOADS = {
     "lbann-mlp": Workload("lbann-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json"),
     "bytes-lm": Workload("bytes-lm.yaml", "validation_bits_per_byte", False, "bytes-lm-*.json"),
@@ -61,30 +67,21 @@ WORKLOADS = {
     # heldout-convsgd and heldout-tripleadam only after the probed windows, which lost there
     # and were reverted; heldout-bigbatch and heldout-plainsgd have not run yet
     # (recipes/heldout-*.yaml).
-    "heldout-mlp": Workload("heldout-mlp.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
-    "heldout-cnn": Workload("heldout-cnn.yaml", "test_accuracy", True, "digits-cnn-*.json", True),
-    "heldout-teacher": Workload(
-        "heldout-teacher.yaml", "test_accuracy", True, "digits-mlp-*.json", True
-    ),
-    "heldout-deep": Workload("heldout-deep.yaml", "test_accuracy", True, "digits-mlp-*.json", True),
-    "heldout-convadam": Workload(
-        "heldout-convadam.yaml", "test_accuracy", True, "digits-cnn-*.json", True
-    ),
-    "heldout-wideadam": Workload(
-        "heldout-wideadam.yaml", "test_accuracy", True, "digits-mlp-*.json", True
-    ),
-    "heldout-convsgd": Workload(
-        "heldout-convsgd.yaml", "test_accuracy", True, "digits-cnn-*.json", True
-    ),
-    "heldout-tripleadam": Workload(
-        "heldout-tripleadam.yaml", "test_accuracy", True, "digits-mlp-*.json", True
-    ),
-    "heldout-bigbatch": Workload(
-        "heldout-bigbatch.yaml", "test_accuracy", True, "digits-mlp-*.json", True
-    ),
-    "heldout-plainsgd": Workload(
-        "heldout-plainsgd.yaml", "test_accuracy", True, "digits-mlp-*.json", True
-    ),
+    **{
+        name: _held_out(name, model)
+        for name, model in [
+            ("heldout-mlp", "mlp"),
+            ("heldout-cnn", "cnn"),
+            ("heldout-teacher", "mlp"),
+            ("heldout-deep", "mlp"),
+            ("heldout-convadam", "cnn"),
+            ("heldout-wideadam", "mlp"),
+            ("heldout-convsgd", "cnn"),
+            ("heldout-tripleadam", "mlp"),
+            ("heldout-bigbatch", "mlp"),
+            ("heldout-plainsgd", "mlp"),
+        ]
+    },
 }
 
 # The algorithm registry (jaxcomm/algorithms/, light: no JAX): a new algorithm joins the
