@@ -274,6 +274,77 @@ def test_a_sparse_window_is_compared_with_the_safe_decrease_of_its_time():
     assert learner.chosen == "dense"
 
 
+def _noisy(level: float, slope: float, steps: int, seed: int, scatter: float = 0.1) -> list:
+    """Batch losses from ``level`` falling ``slope`` per step, with a fixed scatter."""
+    import random
+
+    rng = random.Random(seed)
+    return [level - slope * j + rng.gauss(0.0, scatter) for j in range(steps)]
+
+
+def _feed(learner: learn.Learner, step: int, losses: list) -> int:
+    """Runs the window opening at ``step`` on ``losses`` as the loop does (:meth:`cut` after
+    each step it is due, :meth:`close` at its end, a second a step); the step after it."""
+    first, last, _ = learner.window_at(step)
+    assert len(losses) >= last - first + 1
+    for j in range(last - first + 1):
+        seen = losses[: j + 1]
+        if first + j == last or (
+            learner.cut_due(first + j, len(seen)) and learner.cut(first + j, seen)
+        ):
+            learner.close(first + j, seen, float(len(seen)))
+            return first + j + 1
+    raise AssertionError("unreachable: the window's last step closes it")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_compressor_whose_loss_rises_is_cut_short_and_not_chosen(seed):
+    # Dense falls; gTop-k's loss climbs 0.05 a step (error feedback setting training back);
+    # one-bit falls more slowly than dense (merely slower): only gTop-k's window ends early.
+    learning = learn.Learning(window=20, settle=2, stop_z=3.0, stop_after=4)
+    learner = learn.Learner(["dense", "gtopk", "onebit"], learning)
+    step = _feed(learner, 0, _noisy(2.0, 0.01, 20, seed))
+    assert learner.window_at(step)[2] == "gtopk"
+    step = _feed(learner, step, _noisy(1.8, -0.05, 20, seed + 10))
+    cut = learner.windows[-1]
+    assert cut["cut"] and 4 <= cut["last_step"] - cut["first_step"] + 1 < 20
+    assert cut["loss_decrease_per_step"] < 0  # read whole: the rise is what it measured
+    assert learner.window_at(step) == (step, step + 19, "onebit")  # the round goes on at once
+    step = _feed(learner, step, _noisy(1.9, 0.004, 20, seed + 20))
+    assert not learner.windows[-1]["cut"]
+    _feed(learner, step, _noisy(1.85, 0.01, 20, seed + 30))
+    assert learner.chosen != "gtopk"
+    assert [w["cut"] for w in learner.windows] == [False, True, False, False]
+
+
+def test_a_window_is_never_cut_on_noise_nor_a_safe_one_nor_before_stop_after():
+    # A flat loss with the same scatter as the window before it: no cut in 200 windows.
+    learning = learn.Learning(window=20, settle=0, stop_z=3.0, stop_after=4)
+    cuts = 0
+    for seed in range(200):
+        learner = learn.Learner(["dense", "gtopk"], learning)
+        step = _feed(learner, 0, _noisy(1.0, 0.0, 20, seed))
+        _feed(learner, step, _noisy(1.0, 0.0, 20, seed + 1000))
+        cuts += learner.windows[-1]["cut"]
+    assert cuts <= 2
+    learner = learn.Learner(["dense", "blockquant", "gtopk"], learning)
+    step = _feed(learner, 0, _noisy(1.0, 0.0, 20, 0))
+    assert learner.window_at(step)[2] == "gtopk"
+    assert not learner.cut_due(step + 2, 3)  # fewer than stop_after steps
+    assert learner.cut_due(step + 3, 4)
+    assert not learner.cut_due(step + 19, 20)  # its last step: it closes anyway
+    step = _feed(learner, step, _noisy(1.0, 0.0, 20, 1))
+    assert learner.window_at(step)[2] == "blockquant"  # safe: never tested
+    assert not learner.cut_due(step + 10, 11)
+    assert not learner.cut(step + 10, [5.0] * 11)
+    # The window after a cut one is not tested: the cut one ended on a rise, not a level.
+    learner = learn.Learner(["dense", "gtopk", "onebit"], learning)
+    step = _feed(learner, 0, _noisy(1.0, 0.0, 20, 0))
+    step = _feed(learner, step, _noisy(1.0, -0.2, 20, 1))
+    assert learner.windows[-1]["cut"] and learner.window_at(step)[2] == "onebit"
+    assert not learner.cut_due(step + 10, 11)
+
+
 def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match="window"):
         learn.Learning(window=2)
@@ -285,6 +356,8 @@ def test_bad_settings_name_the_field():
         learn.Learner(["dense", "gtopk"], skip={"dense": 1.0})
     with pytest.raises(ValueError, match="dense_over"):
         learn.Learning(dense_over=0.5)
+    with pytest.raises(ValueError, match="stop_after"):
+        learn.Learning(window=10, stop_after=11)
 
 
 @pytest.mark.slow  # a 2-device training world: CI runs it with `pytest -m slow`

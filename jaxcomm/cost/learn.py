@@ -17,6 +17,12 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   link the safe arms' windows are the dearest. The loss decrease per step is the
   least-squares slope of the loss over the window's steps after its first ``settle`` (the
   switch's transient); its seconds are the window's wall clock (the largest over the ranks).
+* A window of an arm that is not safe ends early (:meth:`Learner.cut`) once the mean of its
+  batch losses lies above the level the window before it ended at by ``stop_z`` standard
+  errors: a compressor that sets training back (error feedback starting from a dense run, a
+  momentum or Adam state fed a sparse gradient) does so while its window runs, and each
+  further step of it is one the run must undo. The window is then read whole, its rise
+  included; an arm whose loss merely falls more slowly runs its full window.
 * A round runs every arm once, the *safe* arms (whose prior says they need dense's steps:
   dense, or a bounded-error quantizer) bracketing the others: the first safe arm opens,
   the others in an order rotated by one each round, then the second safe
@@ -81,6 +87,7 @@ __all__ = [
 
 _decisions: list[dict[str, Any]] = []
 SAFE = "safe"  # the class of the safe arms' windows in the fit (:func:`is_safe`)
+LEVEL = 8  # a window's last losses whose mean is the level it ended at (:meth:`Learner.cut`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +116,13 @@ class Learning:
         leaves out the arms the last decision's measurements prune so.
       dense_over: dense runs no window when the model predicts its step slower than a
         proposed safe compressor's by this factor (:func:`skipped`).
+      stop_z: a window of an arm that is not safe ends early when its losses so far lie
+        above the level at which the window before it ended by this many standard errors
+        (:meth:`Learner.cut`; ``math.inf``: never): a compressor that sets the training back
+        does so while its window runs, and each further step of it is damage the run must
+        then undo.
+      stop_after: the fewest steps of such a window before it may end early (the mean of
+        its losses needs a few batches).
 
     Example:
       >>> Learning(window=10).window
@@ -124,6 +138,8 @@ class Learning:
     margin: float = 1.1
     prune: float = 3.0
     dense_over: float = DENSE_OVER
+    stop_z: float = 2.5
+    stop_after: int = 4
 
     @property
     def opens_at(self) -> int:
@@ -167,6 +183,11 @@ class Learning:
             raise ValueError(f"Learning.prune must be > 1, got {self.prune}")
         if not self.dense_over >= 1.0:
             raise ValueError(f"Learning.dense_over must be >= 1, got {self.dense_over}")
+        if not (self.stop_z > 0 and 2 <= self.stop_after <= self.window):
+            raise ValueError(
+                f"Learning.stop_z must be > 0 (math.inf: never stop) and stop_after between 2 "
+                f"and window, got stop_z={self.stop_z}, stop_after={self.stop_after}"
+            )
 
 
 def _line(losses: Sequence[float], settle: int) -> tuple[float, float]:
@@ -258,6 +279,7 @@ class Learner:
         self._plan: list[tuple[int, int, int]] = []  # (first step, last step, arm)
         self._queue: list[int] = []  # the round's arms not planned yet
         self._first = first
+        self._cut = False  # the open window was cut short (:meth:`cut`)
         self._rounds = 0  # rotates the bracketed arms by one each round
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
         if skip:
@@ -390,6 +412,57 @@ class Learner:
         span = self._span(step)
         return span is not None and span[1] == step
 
+    def cut_due(self, step: int, count: int) -> bool:
+        """Whether :meth:`cut` tests the window holding ``step`` after its first ``count``
+        steps (their losses are then due): a window of an arm that is not safe, at least
+        ``stop_after`` steps in and before its last, that follows directly a window that was
+        not cut.
+
+        Example:
+          >>> learner = Learner(["dense", "gtopk"], Learning(window=8, settle=0, stop_after=4))
+          >>> learner.cut_due(3, 4)  # dense's window: safe, never cut
+          False
+        """
+        span = self._span(step)
+        if span is None or step >= span[1] or is_safe(self.arms[span[2]]):
+            return False
+        if count < self.learning.stop_after or not self.windows:
+            return False
+        # A window cut short ended on a rise, not at a level to test against.
+        before = self.windows[-1]
+        return before["last_step"] == span[0] - 1 and not before["cut"]
+
+    def cut(self, step: int, losses: Sequence[float]) -> bool:
+        """Whether the window holding ``step`` ends early, at ``step``; if so its plan ends
+        there and the caller closes it now (:meth:`close`).
+
+        Only an arm that is not safe, after ``stop_after`` steps, whose window follows
+        directly one that was not cut (:meth:`cut_due`): it ends when the mean of its ``losses`` so far (the window's
+        steps up to ``step``, averaged over the ranks) lies above the level at which the
+        window before it ended by more than ``stop_z`` standard errors of the difference
+        (each side's scatter of batch losses). A compressor that sets the training back
+        does so while its window runs (a loss that rises, not one that falls slowly), and
+        every further step of it is a step the run must undo; one that is merely slow runs
+        its whole window.
+
+        Args:
+          step: a step of the window, not its last.
+          losses: the window's losses up to ``step``, in order.
+        """
+        if not self.cut_due(step, len(losses)):
+            return False
+        span, before = self._span(step), self.windows[-1]
+        rise = statistics.fmean(losses) - before["end_level"]
+        error = math.sqrt(
+            before["end_scatter"] ** 2 / before["end_points"]
+            + statistics.variance(losses) / len(losses)
+        )
+        if not rise > self.learning.stop_z * error:
+            return False
+        self._plan[self._plan.index(span)] = (span[0], step, span[2])
+        self._cut = True
+        return True
+
     def close(self, step: int, losses: Sequence[float], seconds: float) -> None:
         """Records the window that ended at ``step`` (its steps' losses, averaged over the
         ranks, and its seconds, the largest over the ranks); decides once the exploration's
@@ -401,17 +474,26 @@ class Learner:
           seconds: the window's wall clock.
         """
         first, last, arm = self._span(step)
-        per_step, rate = window_rate(losses, seconds, self.learning.settle)
+        # A window cut short is read whole: its rise after the switch is what it measured.
+        settle = 0 if self._cut else self.learning.settle
+        per_step, rate = window_rate(losses, seconds, settle)
+        end = [float(v) for v in losses[-LEVEL:]]
         record = {
             "event": "window",
             "first_step": first,
             "last_step": last,
             "arm": self.arms[arm],
             "loss_decrease_per_step": per_step,
-            "loss_decrease_se": slope_error(losses, self.learning.settle),
+            "loss_decrease_se": slope_error(losses, settle),
             "loss_decrease_per_s": rate,
             "seconds_per_step": seconds / max(1, len(losses)),
+            "cut": self._cut,
+            # The level it ended at, which the next window's cut is tested against.
+            "end_level": statistics.fmean(end),
+            "end_scatter": statistics.stdev(end) if len(end) > 1 else 0.0,
+            "end_points": len(end),
         }
+        self._cut = False
         self.windows.append(record)
         _decisions.append(record)
         if self._queue:

@@ -59,6 +59,7 @@ class Trials:
         self.previous: int | None = None  # the arm of the last step (None: unknown)
         self.program: tuple[int, bool] = (0, True)  # the next step's (ArmPrograms' key)
         self.losses: list[Any] = []
+        self.read_losses: list[float] = []  # the first of :attr:`losses`, read
         self.clock = 0.0
         self.paused = 0.0
 
@@ -106,7 +107,8 @@ class Trials:
         self.previous = arm
         if self.learner is not None and self.learner.window_start(step):
             wait()
-            self.clock, self.paused, self.losses = time.perf_counter(), 0.0, []
+            self.clock, self.paused = time.perf_counter(), 0.0
+            self.losses, self.read_losses = [], []
 
     def after(self, step: int, params: Any, loss: Any, wait: Callable[[], None]) -> None:
         """Records ``step``'s loss; closes its window when it is the last."""
@@ -116,12 +118,21 @@ class Trials:
         if not self.learner.in_window(step):
             return
         self.losses.append(loss)
-        if self.learner.window_end(step):
+        end = self.learner.window_end(step)
+        if not end and self.learner.cut_due(step, len(self.losses)):
+            wait()  # the window's losses so far, to end a compressor that sets training back
+            end = self.learner.cut(step, self._read())
+        if end:
             wait()
             seconds = self.agreed_max(time.perf_counter() - self.clock - self.paused)
-            losses = [self.read(v) for v in self.losses]
-            self.losses = []
+            losses = self._read()
+            self.losses, self.read_losses = [], []
             self.learner.close(step, losses, seconds)
+
+    def _read(self) -> list[float]:
+        """The open window's losses so far, as floats (each read from its device once)."""
+        self.read_losses += [self.read(v) for v in self.losses[len(self.read_losses) :]]
+        return list(self.read_losses)
 
     def pause(self, seconds: float) -> None:
         """Time spent outside training (an evaluation) inside the current window."""

@@ -160,6 +160,10 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
                 f"{a} (predicted {t * 1e3:.0f} ms)" for a, t in d["predicted_s"].items()
             )
             ctx.print(f"{name} auto: no trial of {why}: far slower per step than a safe compressor")
+        elif d["event"] == "window" and d.get("cut"):
+            ctx.print(f"{name} auto: step {d['last_step']} ends the trial of {d['arm']} after "
+                      f"{d['last_step'] - d['first_step'] + 1} steps (its loss rose above the "
+                      "level before it)")  # fmt: skip
         elif d["event"] == "pruned":
             ctx.print(f"{name} auto: step {d['step']} stops trying {', '.join(d['arms'])} "
                       "(too slow per step to win)")  # fmt: skip
