@@ -345,6 +345,22 @@ def test_a_window_is_never_cut_on_noise_nor_a_safe_one_nor_before_stop_after():
     assert not learner.cut_due(step + 10, 11)
 
 
+def test_the_warm_up_lasts_as_long_as_warmup_steps_of_the_fastest_arm():
+    # Block int8 predicted at 5x gTop-k's seconds (a slow link): the warm-up is 10 of its
+    # steps, all of them the opening window (half a window: as many seconds would be 4);
+    # dense predicted as fast as gTop-k warms up 50 steps, the last 20 the opening window.
+    learning = learn.Learning(window=20, warmup=50)
+    assert learning.opens_at(0.1, 0.02) == 0
+    assert learning.opens_at(0.02, 0.02) == learning.opens_at() == 30
+    predicted = {"dense": 0.2, "blockquant": 0.1, "gtopk": 0.02}
+    learner = learn.Learner(
+        list(predicted), learning, 0, first=1, skip={"dense": 0.2}, predicted=predicted
+    )
+    assert learner.window_at(0) == (0, 9, "blockquant")
+    learner.close(9, [1.0 - 0.01 * j for j in range(10)], 1.0)
+    assert learner.window_at(10) == (10, 29, "gtopk")  # measured: gTop-k is not yet
+
+
 def test_bad_settings_name_the_field():
     with pytest.raises(ValueError, match="window"):
         learn.Learning(window=2)

@@ -6,11 +6,13 @@ as the run goes: it runs the candidate reductions ("arms": dense first, the guar
 compressors the model proposes) in short interleaved windows, compares them by the training
 loss's decrease per second, keeps the best one, and re-checks now and then.
 
-* The first ``warmup`` steps run the first safe arm alone (:func:`first_arm`: dense, or
-  the safe compressor where the model predicts dense far slower), as DGC and gTop-k warm up
-  before compressing: the model changes fastest there, a window there says least about the
-  rest of the run, and a short run reaches its target within them. Their last ``window``
-  steps are the first round's opening window, which runs that arm anyway.
+* The first steps run the first safe arm alone (:func:`first_arm`: dense, or the safe
+  compressor where the model predicts dense far slower), as DGC and gTop-k warm up before
+  compressing: the model changes fastest there, a window there says least about the rest
+  of the run, and a short run reaches its target within them. They last as many seconds as
+  ``warmup`` steps of the arm the model predicts fastest (:meth:`Learning.opens_at`): on a
+  slow link a safe step costs several of a sparse one. Their last steps are the first
+  round's opening window, which runs that arm anyway.
 * A window is ``window`` steps of one arm, or as many seconds: exploration is paid for in
   seconds, so an arm measured slower per step than the fastest measured so far runs
   proportionally fewer steps (at least half a window, :meth:`Learning.steps_for`); on a slow
@@ -103,11 +105,12 @@ class Learning:
       rounds: rounds of the first exploration (each rotated by one arm).
       recheck_every: steps the decided arm runs before a round re-checks every arm.
       confirm: steps before the re-check that follows a switch to an arm that is not safe.
-      warmup: steps the first safe arm runs before any other arm's trial, the last
-        ``window`` of them the first round's opening window (the caller starts the learner
-        at :attr:`opens_at`): as DGC's and gTop-k's warm-ups, no compressor that needs more
-        steps trains the first steps, where the model changes fastest and a window says the
-        least about the rest of the run; a short run reaches its target in them.
+      warmup: steps of the fastest arm the first safe arm runs for (in seconds, by the
+        model's predictions) before any other arm's trial, the last of them the first
+        round's opening window (the caller starts the learner at :meth:`opens_at`): as
+        DGC's and gTop-k's warm-ups, no compressor that needs more steps trains the first
+        steps, where the model changes fastest and a window says the least about the rest
+        of the run; a short run reaches its target in them.
       margin: a compressor is chosen over dense only when its rate exceeds dense's by this
         factor.
       prune: after the first round, an arm so slow per step that, even with the greatest
@@ -141,16 +144,23 @@ class Learning:
     stop_z: float = 2.5
     stop_after: int = 4
 
-    @property
-    def opens_at(self) -> int:
-        """Steps after the learner's first step at which its first window opens: the
-        warm-up's last window is the first round's opening one.
+    def opens_at(self, seconds: float | None = None, fastest: float | None = None) -> int:
+        """Steps after the learner's first step at which its first window opens, the
+        warm-up's last window being the first round's opening one. The warm-up lasts as
+        many seconds as ``warmup`` steps of the fastest arm, its first arm predicted at
+        ``seconds`` a step and the fastest proposed at ``fastest`` (None: ``warmup`` steps):
+        on a slow link the safe arm's steps are the dearest of the run.
 
         Example:
-          >>> Learning(window=20, warmup=50).opens_at, Learning(window=20, warmup=10).opens_at
+          >>> Learning(window=20, warmup=50).opens_at(), Learning(window=20, warmup=10).opens_at()
           (30, 0)
+          >>> Learning(window=20, warmup=50).opens_at(0.05, 0.02)  # 20 steps: 10 + a window of 10
+          10
         """
-        return max(0, self.warmup - self.window)
+        warm = self.warmup
+        if seconds and fastest:
+            warm = round(self.warmup * min(1.0, fastest / seconds))
+        return max(0, warm - self.steps_for(seconds, fastest))
 
     def steps_for(self, seconds: float | None, fastest: float | None) -> int:
         """The steps of a window of an arm measured at ``seconds`` per step, when the
@@ -241,6 +251,8 @@ class Learner:
       first: the safe arm that opens every round (:func:`first_arm`).
       skip: arms that run no window, each with the predicted seconds per step that ruled it
         out (:func:`skipped`).
+      predicted: the model's seconds per step of the arms, which size the first window
+        before any is measured (as :meth:`Learning.opens_at` sizes the warm-up).
 
     Example:
       >>> learner = Learner(["dense", "gtopk"], Learning(window=4, settle=0, rounds=1))
@@ -264,6 +276,7 @@ class Learner:
         start: int = 0,
         first: int = 0,
         skip: Mapping[str, float] | None = None,
+        predicted: Mapping[str, float] | None = None,
     ):
         if not arms or len(set(arms)) != len(arms):
             raise ValueError(f"Learner.arms must be distinct names, dense first; got {arms!r}")
@@ -279,6 +292,7 @@ class Learner:
         self._plan: list[tuple[int, int, int]] = []  # (first step, last step, arm)
         self._queue: list[int] = []  # the round's arms not planned yet
         self._first = first
+        self._predicted = dict(predicted or {})
         self._cut = False  # the open window was cut short (:meth:`cut`)
         self._rounds = 0  # rotates the bracketed arms by one each round
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
@@ -329,7 +343,8 @@ class Learner:
         """The round's next window from ``start``, as long in seconds as a full window of
         the fastest arm measured (:meth:`Learning.steps_for`)."""
         arm = self._queue.pop(0)
-        latest = {w["arm"]: w["seconds_per_step"] for w in self.windows}
+        # Measured seconds; before any window, the model's (the warm-up's opening window).
+        latest = {w["arm"]: w["seconds_per_step"] for w in self.windows} or self._predicted
         measured = [latest[self.arms[i]] for i in self._active if self.arms[i] in latest]
         steps = self.learning.steps_for(latest.get(self.arms[arm]), min(measured, default=None))
         self._plan.append((start, start + steps - 1, arm))

@@ -82,7 +82,13 @@ class Trials:
         learning = learn.Learning()
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
         first = learn.first_arm(arms, skip)
-        self.learner = learn.Learner(arms, learning, step + learning.opens_at, first, skip)
+        predicted = {
+            a: learn.predicted_step(a, sizes, world, profile, options)
+            for a in arms
+            if a not in skip
+        }
+        opens = learning.opens_at(predicted[arms[first]], min(predicted.values()))
+        self.learner = learn.Learner(arms, learning, step + opens, first, skip, predicted)
         # Dense's flushing program ran the first step; dense after dense needs no flush.
         keys = [] if "dense" in skip else [(0, False)]
         keys += [(self.names.index(a), True) for a in arms[1:] if a not in skip]
