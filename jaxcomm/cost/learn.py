@@ -665,8 +665,9 @@ def compiled(step: int, arms: Sequence[str], seconds: float) -> None:
 def decisions() -> list[dict[str, Any]]:
     """The learners' windows and decisions in this process, in order: ``{"event": "window",
     "arm", "first_step", "last_step", "loss_decrease_per_step", "loss_decrease_per_s",
-    "seconds_per_step"}`` and ``{"event": "decision", "step", "choice",
-    "loss_decrease_per_s", "seconds_per_step", "steps_factor"}`` (per arm).
+    "seconds_per_step", "cut", "end_level"}`` (``cut``: ended early, :meth:`Learner.cut`)
+    and ``{"event": "decision", "step", "choice", "loss_decrease_per_s", "seconds_per_step",
+    "steps_factor"}`` (per arm).
 
     Example:
       >>> isinstance(decisions(), list)
