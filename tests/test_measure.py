@@ -172,7 +172,9 @@ def test_every_rank_learns_the_same(tmp_path):
     compiles = [line for line in logs[0] if line.startswith(" compiled the programs of ")]
     trials = [line for line in logs[0] if line not in compiles]
     assert len(compiles) == 1, logs[0]
-    assert trials[0].startswith(" trials of dense, ") and " -> " in trials[1]
+    # (A trial cut short, when one is, is logged before the decision, alike on both ranks.)
+    assert trials[0].startswith(" trials of dense, ")
+    assert any(" -> " in line for line in trials[1:]), trials
     (result,) = out.rglob("digits-mlp-auto.json")
     run = json.loads(result.read_text())
     learned = run["auto"]["learned"]
