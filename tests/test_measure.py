@@ -180,8 +180,10 @@ def test_every_rank_learns_the_same(tmp_path):
     learned = run["auto"]["learned"]
     windows = [d for d in learned if d["event"] == "window"]
     assert len({w["arm"] for w in windows}) >= 2
-    # The decision closes the exploration (a "pruned" after it is the re-check's).
-    assert [d["event"] for d in learned if d["event"] != "pruned"][-1] == "decision"
+    # A decision closes the first exploration's windows (a re-check's windows may follow it
+    # before the run ends, sooner when a trial was cut short).
+    events = [d["event"] for d in learned]
+    assert "decision" in events and events.index("decision") > events.index("window"), events
     # Every arm runs its own program: dense's (the first step), then each proposed arm's,
     # compiled before the trials.
     (compiled,) = [d for d in learned if d["event"] == "compiled"]
