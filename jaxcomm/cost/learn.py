@@ -452,13 +452,13 @@ class Learner:
         there and the caller closes it now (:meth:`close`).
 
         Only an arm that is not safe, after ``stop_after`` steps, whose window follows
-        directly one that was not cut (:meth:`cut_due`): it ends when the mean of its ``losses`` so far (the window's
-        steps up to ``step``, averaged over the ranks) lies above the level at which the
-        window before it ended by more than ``stop_z`` standard errors of the difference
-        (each side's scatter of batch losses). A compressor that sets the training back
-        does so while its window runs (a loss that rises, not one that falls slowly), and
-        every further step of it is a step the run must undo; one that is merely slow runs
-        its whole window.
+        directly one that was not cut (:meth:`cut_due`): it ends when the mean of its
+        ``losses`` so far (the window's steps up to ``step``, averaged over the ranks) lies
+        above the level at which the window before it ended by more than ``stop_z``
+        standard errors of the difference (each side's scatter of batch losses). A
+        compressor that sets the training back does so while its window runs (a loss that
+        rises, not one that falls slowly), and every further step of it is a step the run
+        must undo; one that is merely slow runs its whole window.
 
         Args:
           step: a step of the window, not its last.
