@@ -65,8 +65,8 @@ WORKLOADS = {
     # three were read while the learner was built; heldout-deep was read after it was frozen at
     # cee38fa, heldout-convadam and heldout-wideadam only after the learner they judge,
     # heldout-convsgd and heldout-tripleadam only after the probed windows, which lost there
-    # and were reverted; heldout-bigbatch and heldout-plainsgd have not run yet
-    # (recipes/heldout-*.yaml).
+    # and were reverted; heldout-bigbatch and heldout-plainsgd only after the cut windows and
+    # the warm-up in seconds (5da6766), which they judged (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [

@@ -359,6 +359,12 @@ def test_the_warm_up_lasts_as_long_as_warmup_steps_of_the_fastest_arm():
     assert learner.window_at(0) == (0, 9, "blockquant")
     learner.close(9, [1.0 - 0.01 * j for j in range(10)], 1.0)
     assert learner.window_at(10) == (10, 29, "gtopk")  # measured: gTop-k is not yet
+    # The model's seconds size the warm-up only where it runs block int8 (dense ruled out).
+    slow, sizes = World(2, 1, "across_hosts"), [4_000_000]
+    arms = ["dense", "blockquant", "gtopk"]
+    assert learn.warmup_seconds(arms, {}, sizes, slow, DEFAULT_PROFILE, Options()) == {}
+    seconds = learn.warmup_seconds(arms, {"dense": 1.0}, sizes, slow, DEFAULT_PROFILE, Options())
+    assert set(seconds) == {"blockquant", "gtopk"} and seconds["gtopk"] < seconds["blockquant"]
 
 
 def test_bad_settings_name_the_field():

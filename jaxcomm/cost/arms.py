@@ -12,7 +12,15 @@ from .choose import choose
 from .model import DEFAULT_ALLOWED, Options, Profile, World, steps_factor_of
 from .timemodel import predict
 
-__all__ = ["DENSE_OVER", "first_arm", "is_safe", "predicted_step", "propose", "skipped"]
+__all__ = [
+    "DENSE_OVER",
+    "first_arm",
+    "is_safe",
+    "predicted_step",
+    "propose",
+    "skipped",
+    "warmup_seconds",
+]
 
 DENSE_OVER = 1.5
 """Dense runs no window when the model predicts its step slower than a proposed safe
@@ -137,3 +145,31 @@ def first_arm(arms: Sequence[str], skip: Mapping[str, float] | None = None) -> i
     if not skip or "dense" not in skip:
         return 0
     return next((i for i, a in enumerate(arms) if i > 0 and is_safe(a)), 0)
+
+
+def warmup_seconds(
+    arms: Sequence[str],
+    skip: Mapping[str, float],
+    sizes: Sequence[int],
+    world: World,
+    profile: Profile,
+    options: Options,
+) -> dict[str, float]:
+    """The model's seconds per step of the arms that run a window, by which the warm-up and
+    its opening window are sized in seconds (``Learning.opens_at``, ``Learner``'s
+    ``predicted``), where the warm-up runs a safe compressor (:func:`first_arm`: dense
+    ``skip``-ped); ``{}`` where it runs dense, whose warm-up keeps its steps.
+
+    A warm-up on dense costs nothing against dense, and its steps let a short run on a fast
+    link finish before any trial (the model's seconds leave out the compute every arm shares,
+    so they overstate how much dearer a dense step is). Where the model rules dense out, the
+    link is dear and each safe step costs several of a sparse one.
+
+    Example:
+      >>> from jaxcomm.cost import DEFAULT_PROFILE
+      >>> warmup_seconds(["dense", "gtopk"], {}, [1000], World(2), DEFAULT_PROFILE, Options())
+      {}
+    """
+    if "dense" not in skip:
+        return {}
+    return {a: predicted_step(a, sizes, world, profile, options) for a in arms if a not in skip}

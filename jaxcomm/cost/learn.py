@@ -9,10 +9,11 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
 * The first steps run the first safe arm alone (:func:`first_arm`: dense, or the safe
   compressor where the model predicts dense far slower), as DGC and gTop-k warm up before
   compressing: the model changes fastest there, a window there says least about the rest
-  of the run, and a short run reaches its target within them. They last as many seconds as
-  ``warmup`` steps of the arm the model predicts fastest (:meth:`Learning.opens_at`): on a
-  slow link a safe step costs several of a sparse one. Their last steps are the first
-  round's opening window, which runs that arm anyway.
+  of the run, and a short run reaches its target within them. On dense they are
+  ``warmup`` steps; on the safe compressor they last as many seconds as ``warmup`` steps
+  of the arm the model predicts fastest (:func:`warmup_seconds`, :meth:`Learning.opens_at`):
+  where dense is ruled out a safe step costs several of a sparse one. Their last steps are
+  the first round's opening window, which runs that arm anyway.
 * A window is ``window`` steps of one arm, or as many seconds: exploration is paid for in
   seconds, so an arm measured slower per step than the fastest measured so far runs
   proportionally fewer steps (at least half a window, :meth:`Learning.steps_for`); on a slow
@@ -70,7 +71,15 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .arms import DENSE_OVER, first_arm, is_safe, predicted_step, propose, skipped
+from .arms import (
+    DENSE_OVER,
+    first_arm,
+    is_safe,
+    predicted_step,
+    propose,
+    skipped,
+    warmup_seconds,
+)
 
 __all__ = [
     "Learner",
@@ -84,6 +93,7 @@ __all__ = [
     "predicted_step",
     "skipped",
     "slope_error",
+    "warmup_seconds",
     "window_rate",
 ]
 
@@ -105,8 +115,9 @@ class Learning:
       rounds: rounds of the first exploration (each rotated by one arm).
       recheck_every: steps the decided arm runs before a round re-checks every arm.
       confirm: steps before the re-check that follows a switch to an arm that is not safe.
-      warmup: steps of the fastest arm the first safe arm runs for (in seconds, by the
-        model's predictions) before any other arm's trial, the last of them the first
+      warmup: steps the first safe arm runs (on the safe compressor: for as many seconds as
+        this many steps of the fastest arm, :func:`warmup_seconds`) before any other arm's
+        trial, the last of them the first
         round's opening window (the caller starts the learner at :meth:`opens_at`): as
         DGC's and gTop-k's warm-ups, no compressor that needs more steps trains the first
         steps, where the model changes fastest and a window says the least about the rest

@@ -82,17 +82,7 @@ class Trials:
         learning = learn.Learning()
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
         first = learn.first_arm(arms, skip)
-        # A warm-up on dense costs nothing against dense: it keeps its steps, which let a short
-        # run on a fast link finish before any trial. One on the safe compressor, where the
-        # model ruled dense out, lasts in seconds (Learning.opens_at): there the link is
-        # dear, and each safe step costs several of a sparse one.
-        predicted = {}
-        if "dense" in skip:
-            predicted = {
-                a: learn.predicted_step(a, sizes, world, profile, options)
-                for a in arms
-                if a not in skip
-            }
+        predicted = learn.warmup_seconds(arms, skip, sizes, world, profile, options)
         opens = learning.opens_at(predicted.get(arms[first]), min(predicted.values(), default=None))
         self.learner = learn.Learner(arms, learning, step + opens, first, skip, predicted)
         # Dense's flushing program ran the first step; dense after dense needs no flush.
