@@ -66,7 +66,9 @@ WORKLOADS = {
     # cee38fa, heldout-convadam and heldout-wideadam only after the learner they judge,
     # heldout-convsgd and heldout-tripleadam only after the probed windows, which lost there
     # and were reverted; heldout-bigbatch and heldout-plainsgd only after the cut windows and
-    # the warm-up in seconds (5da6766), which they judged (recipes/heldout-*.yaml).
+    # the warm-up in seconds (5da6766), which they judged; heldout-shallow and
+    # heldout-smallbatch are defined for the learner's next change and no auto has run them
+    # (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
@@ -80,6 +82,8 @@ WORKLOADS = {
             ("heldout-tripleadam", "mlp"),
             ("heldout-bigbatch", "mlp"),
             ("heldout-plainsgd", "mlp"),
+            ("heldout-shallow", "mlp"),
+            ("heldout-smallbatch", "mlp"),
         ]
     },
 }
