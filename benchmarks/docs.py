@@ -1229,6 +1229,12 @@ def window_order(results: pathlib.Path) -> str:
          " / ".join(f"{q:.2f}" for q in r["quartiles"] or [])]
         for r in data["summary"]
     ]  # fmt: skip
+    closing = "".join(
+        f"\n\nThe round's closing safe window, read {c['read']}: a greater decrease per step "
+        f"than its opening one (earlier in training) in {c['closer_more']} of {c['rounds']} "
+        f"rounds, median ratio {c['median_ratio']:.2f}."
+        for c in data.get("closing", [])
+    )
     return table(
         ["what ran before", "lossy windows", "loss not falling", "quotient: quartiles"],
         rows,
@@ -1236,7 +1242,7 @@ def window_order(results: pathlib.Path) -> str:
         "each lossy window's decrease per step over the safe windows' around it, divided by "
         "the full runs' safe steps over the arm's (1: the window agrees with the full runs; "
         "`benchmarks/results/window-order.json`):",
-    )
+    ) + closing
 
 
 # ---------------------------------------------------------------------------------------------

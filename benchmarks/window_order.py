@@ -13,7 +13,8 @@ arm's own (their medians over seeds, from the cells of the same workload and lin
 ``quotient`` is the window's ratio over the full runs' ratio: 1 where the window ranks the arm
 as the full runs do, below 0 where the loss did not fall in the window. Its quartiles, by what
 ran before the window, say how far one window is from the truth it stands for, and whether
-the order of the windows moves it.
+the order of the windows moves it. The rounds' closing safe windows, which follow a lossy
+one, are set beside their opening ones.
 
 Usage:
   python benchmarks/window_order.py --cells benchmarks/results/e2e/cells
@@ -107,6 +108,48 @@ def cell_windows(path: pathlib.Path, steps: dict[str, float]) -> list[dict[str, 
     return rows
 
 
+def closing_over_opening(path: pathlib.Path) -> list[dict[str, Any]]:
+    """Each round of one auto cell whose safe arm opened it and closed it after a lossy
+    window: the closing window's decrease per step over the opening one's (the loss falls
+    more slowly later in training, so a closer reading more says what it inherited), and
+    whether the closer was read past the flush of what the lossy arms held back
+    (``settle`` beyond the opener's: :meth:`jaxcomm.cost.learn.Learner.flushes`)."""
+    cell = json.loads(path.read_text())
+    windows, out = rounds(cell.get("auto_learned", [])), []
+    for number in sorted({w["round"] for w in windows}):
+        ws = [w for w in windows if w["round"] == number]
+        if len(ws) < 3 or not (is_safe(ws[0]["arm"]) and is_safe(ws[-1]["arm"])):
+            continue
+        opener, closer = ws[0], ws[-1]
+        if is_safe(ws[-2]["arm"]) or opener["loss_decrease_per_step"] <= 0:
+            continue
+        out.append({
+            "cell": f"{cell['workload']} · {cell['network']} · s{cell['seed']}",
+            "ratio": closer["loss_decrease_per_step"] / opener["loss_decrease_per_step"],
+            "past_flush": closer.get("settle", 0) > opener.get("settle", 0),
+        })  # fmt: skip
+    return out
+
+
+def closing_summary(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rounds, how many closers read more than their opener, and the median ratio, for the
+    closers read with the usual settle and those read past the flush.
+
+    Example:
+      >>> closing_summary([{"ratio": r, "past_flush": False} for r in (0.5, 2.0, 3.0)])[0]
+      {'read': 'usual settle', 'rounds': 3, 'closer_more': 2, 'median_ratio': 2.0}
+    """
+    out = []
+    for read, past in (("usual settle", False), ("past the flush", True)):
+        group = [p["ratio"] for p in pairs if p["past_flush"] == past]
+        if group:
+            out.append({
+                "read": read, "rounds": len(group), "closer_more": sum(r > 1 for r in group),
+                "median_ratio": statistics.median(group),
+            })  # fmt: skip
+    return out
+
+
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """By what ran before (and over all): windows, how many measured a loss that did not
     fall, and the quartiles of the quotient.
@@ -147,20 +190,28 @@ def main() -> None:
     )
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
-    rows = []
+    rows, pairs = [], []
     for folder in sorted(args.cells.glob("heldout-*/*")):
         steps = reached_steps(folder)
         for path in sorted(folder.glob("auto*-s*.json")):
             rows += cell_windows(path, steps)
-    table = summary(rows)
+            pairs += closing_over_opening(path)
+    table, closing = summary(rows), closing_summary(pairs)
     args.out.mkdir(parents=True, exist_ok=True)
     print("| what ran before | lossy windows | loss not falling | quotient: quartiles |")
     print("|---|---|---|---|")
     for row in table:
         q = " / ".join(f"{v:.2f}" for v in row["quartiles"] or [])
         print(f"| {row['after']} | {row['windows']} | {row['not_falling']} | {q or '–'} |")
+    for row in closing:
+        print(
+            f"closing safe window, {row['read']}: read more than the opening one in "
+            f"{row['closer_more']} of {row['rounds']} rounds, median ratio "
+            f"{row['median_ratio']:.2f}"
+        )
+    result = {"cells": str(args.cells), "summary": table, "closing": closing, "windows": rows}
     write_result_and_plot(
-        args.out, "window-order", {"cells": str(args.cells), "summary": table, "windows": rows},
+        args.out, "window-order", result,
         draw(rows), figsize=(6.5, 4.5), xlabel="full runs: safe steps / arm steps",
         ylabel="window: arm decrease / safe decrease", title="What a lossy window measures",
         legend_size=8,

@@ -274,6 +274,39 @@ def test_a_sparse_window_is_compared_with_the_safe_decrease_of_its_time():
     assert learner.chosen == "dense"
 
 
+def test_a_safe_window_after_a_lossy_arm_reads_past_the_flush():
+    # Block int8 closes the round after one-bit, and its first step sends what one-bit held
+    # back: the loss jumps and falls back over 4 steps, then falls 0.01 a step as in the
+    # opening window. One-bit falls as fast at half the seconds a step. Read after the usual
+    # settle the recovery made block int8 look faster per second than one-bit; read from
+    # where the loss is back at one-bit's last level, one-bit wins.
+    learning = learn.Learning(window=20, settle=3)
+    learner = learn.Learner(["blockquant", "onebit"], learning)
+    learner.close(19, [2.0 - 0.01 * j for j in range(20)], 20.0)
+    assert learner.windows[-1]["settle"] == 3  # after the warm-up's safe steps
+    learner.close(39, [1.8 - 0.01 * j for j in range(20)], 10.0)
+    first, last, arm = learner.window_at(40)
+    n = last - first + 1
+    assert arm == "blockquant" and n == 10  # as many seconds as 20 of one-bit's steps
+    flush = [2.6 - 0.2 * j if j < 4 else 1.6 - 0.01 * j for j in range(n)]
+    assert learn.window_rate(flush, 1.0, 3)[0] > 0.05  # what the usual settle read
+    learner.close(last, flush, float(n))
+    closing = learner.windows[-1]
+    assert closing["settle"] == 4 and learner.flushes(40) and not learner.flushes(20)
+    assert closing["loss_decrease_per_step"] == pytest.approx(0.01)
+    assert learner.chosen == "onebit"
+    # After a decision for one-bit the re-check's opening window follows one-bit's steps.
+    assert learner.flushes(_last("decision")["step"] + learner.learning.confirm)
+    # A flush the loss never recovers from within the window: at most half of it is left out;
+    # one after which the loss is at once below the level: the usual settle.
+    for losses, settle in [([3.0 - 0.01 * j for j in range(n)], 5), ([1.0] * n, 3)]:
+        learner = learn.Learner(["blockquant", "onebit"], learning)
+        learner.close(19, [2.0 - 0.01 * j for j in range(20)], 20.0)
+        learner.close(39, [1.8 - 0.01 * j for j in range(20)], 10.0)
+        learner.close(49, losses, float(n))
+        assert learner.windows[-1]["settle"] == settle
+
+
 def _noisy(level: float, slope: float, steps: int, seed: int, scatter: float = 0.1) -> list:
     """Batch losses from ``level`` falling ``slope`` per step, with a fixed scatter."""
     import random

@@ -20,6 +20,10 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   link the safe arms' windows are the dearest. The loss decrease per step is the
   least-squares slope of the loss over the window's steps after its first ``settle`` (the
   switch's transient); its seconds are the window's wall clock (the largest over the ranks).
+  A safe window after an arm that is not safe leaves out its steps until the loss is back
+  at the level that arm ended at, up to half the window (:meth:`Learner.flushes`): its
+  first step sends everything that arm held back, and the spike and its recovery would
+  read as a fall faster than the safe arm's own.
 * A window of an arm that is not safe ends early (:meth:`Learner.cut`) once the mean of its
   batch losses lies above the level the window before it ended at by ``stop_z`` standard
   errors: a compressor that sets training back (error feedback starting from a dense run, a
@@ -500,8 +504,7 @@ class Learner:
           seconds: the window's wall clock.
         """
         first, last, arm = self._span(step)
-        # A window cut short is read whole: its rise after the switch is what it measured.
-        settle = 0 if self._cut else self.learning.settle
+        settle = self._settle(first, arm, losses)
         per_step, rate = window_rate(losses, seconds, settle)
         end = [float(v) for v in losses[-LEVEL:]]
         record = {
@@ -514,6 +517,7 @@ class Learner:
             "loss_decrease_per_s": rate,
             "seconds_per_step": seconds / max(1, len(losses)),
             "cut": self._cut,
+            "settle": settle,
             # The level it ended at, which the next window's cut is tested against.
             "end_level": statistics.fmean(end),
             "end_scatter": statistics.stdev(end) if len(end) > 1 else 0.0,
@@ -531,6 +535,38 @@ class Learner:
             self._plan_round(step + 1)
         else:
             self._decide(step + 1)
+
+    def _settle(self, first: int, arm: int, losses: Sequence[float]) -> int:
+        """The first steps of the window from ``first`` left out of its slope: none for a
+        window cut short (its rise after the switch is what it measured); for a safe arm's
+        window that follows steps of an arm that is not safe (:meth:`flushes`), those until
+        its loss is back at the level the window before it ended at (within that level's
+        scatter), at most half the window; ``settle`` otherwise."""
+        settle = self.learning.settle
+        if self._cut:
+            return 0
+        if not (is_safe(self.arms[arm]) and self.flushes(first)):
+            return settle
+        before = next((w for w in reversed(self.windows) if w["last_step"] < first), None)
+        most = max(settle, len(losses) // 2)
+        if before is None:  # after the decided arm's steps: no level recorded
+            return most
+        level = before["end_level"] + before["end_scatter"]
+        back = (j for j in range(settle, most) if losses[j] <= level)
+        return next(back, most)
+
+    def flushes(self, first: int) -> bool:
+        """Whether the step before ``first`` ran an arm that is not safe: a safe window from
+        ``first`` then sends at its first step all that arm held back (the shared residual
+        of its unsent values), a stale update whose spike and recovery its first steps read
+        as a fall faster than the arm's own; in the runs the round's closing safe window
+        read a greater decrease than its opening one, later in training, more often than
+        not (docs/cost-model.md)."""
+        before = next((w for w in reversed(self.windows) if w["last_step"] < first), None)
+        if before is not None and before["last_step"] == first - 1:
+            return not is_safe(before["arm"])
+        ran = self.chosen if self.chosen is not None else self.arms[self._first]
+        return not is_safe(ran)
 
     def _decide(self, step: int) -> None:
         """Takes the best arm of the windows since the last decision; plans the re-check
@@ -676,7 +712,8 @@ def compiled(step: int, arms: Sequence[str], seconds: float) -> None:
 def decisions() -> list[dict[str, Any]]:
     """The learners' windows and decisions in this process, in order: ``{"event": "window",
     "arm", "first_step", "last_step", "loss_decrease_per_step", "loss_decrease_per_s",
-    "seconds_per_step", "cut", "end_level"}`` (``cut``: ended early, :meth:`Learner.cut`)
+    "seconds_per_step", "cut", "settle", "end_level"}`` (``cut``: ended early,
+    :meth:`Learner.cut`; ``settle``: its first steps left out of the slope)
     and ``{"event": "decision", "step", "choice", "loss_decrease_per_s", "seconds_per_step",
     "steps_factor"}`` (per arm).
 
