@@ -295,8 +295,13 @@ def test_a_safe_window_after_a_lossy_arm_reads_past_the_flush():
     assert closing["settle"] == 4 and learner.flushes(40) and not learner.flushes(20)
     assert closing["loss_decrease_per_step"] == pytest.approx(0.01)
     assert learner.chosen == "onebit"
-    # After a decision for one-bit the re-check's opening window follows one-bit's steps.
-    assert learner.flushes(_last("decision")["step"] + learner.learning.confirm)
+    # After a decision for one-bit the re-check's opening window follows one-bit's steps:
+    # half of it is left out, whatever level an earlier window ended at.
+    recheck = _last("decision")["step"] + learner.learning.confirm
+    assert learner.flushes(recheck) and learner.window_at(recheck)[2] == "blockquant"
+    first, last, _ = learner.window_at(recheck)
+    learner.close(last, [0.5] * (last - first + 1), float(last - first + 1))
+    assert learner.windows[-1]["settle"] == (last - first + 1) // 2
     # A flush the loss never recovers from within the window: at most half of it is left out;
     # one after which the loss is at once below the level: the usual settle.
     for losses, settle in [([3.0 - 0.01 * j for j in range(n)], 5), ([1.0] * n, 3)]:

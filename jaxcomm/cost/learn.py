@@ -541,15 +541,16 @@ class Learner:
         window cut short (its rise after the switch is what it measured); for a safe arm's
         window that follows steps of an arm that is not safe (:meth:`flushes`), those until
         its loss is back at the level the window before it ended at (within that level's
-        scatter), at most half the window; ``settle`` otherwise."""
+        scatter), at most half the window, and half after the decided arm's steps (no level
+        recorded); ``settle`` otherwise."""
         settle = self.learning.settle
         if self._cut:
             return 0
         if not (is_safe(self.arms[arm]) and self.flushes(first)):
             return settle
-        before = next((w for w in reversed(self.windows) if w["last_step"] < first), None)
+        before = self.windows[-1] if self.windows else None
         most = max(settle, len(losses) // 2)
-        if before is None:  # after the decided arm's steps: no level recorded
+        if before is None or before["last_step"] != first - 1:  # after the decided arm
             return most
         level = before["end_level"] + before["end_scatter"]
         back = (j for j in range(settle, most) if losses[j] <= level)
