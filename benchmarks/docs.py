@@ -1235,14 +1235,15 @@ def window_order(results: pathlib.Path) -> str:
         f"rounds, median ratio {c['median_ratio']:.2f}."
         for c in data.get("closing", [])
     )
-    return table(
+    head = table(
         ["what ran before", "lossy windows", "loss not falling", "quotient: quartiles"],
         rows,
         caption=f"`python benchmarks/window_order.py`, the auto cells of `{data['cells']}`: "
         "each lossy window's decrease per step over the safe windows' around it, divided by "
         "the full runs' safe steps over the arm's (1: the window agrees with the full runs; "
         "`benchmarks/results/window-order.json`):",
-    ) + closing
+    )
+    return head + closing
 
 
 # ---------------------------------------------------------------------------------------------
