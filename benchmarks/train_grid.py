@@ -67,8 +67,9 @@ WORKLOADS = {
     # heldout-convsgd and heldout-tripleadam only after the probed windows, which lost there
     # and were reverted; heldout-bigbatch and heldout-plainsgd only after the cut windows and
     # the warm-up in seconds (5da6766), which they judged; heldout-shallow and
-    # heldout-smallbatch are defined for the learner's next change and no auto has run them
-    # (recipes/heldout-*.yaml).
+    # heldout-smallbatch only after the safe windows read past the flush (89a6b63), which
+    # they judged; heldout-convbatch and heldout-narrowdeep are defined for the learner's
+    # next change and no auto has run them (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
@@ -84,6 +85,8 @@ WORKLOADS = {
             ("heldout-plainsgd", "mlp"),
             ("heldout-shallow", "mlp"),
             ("heldout-smallbatch", "mlp"),
+            ("heldout-convbatch", "cnn"),
+            ("heldout-narrowdeep", "mlp"),
         ]
     },
 }
