@@ -312,6 +312,28 @@ def test_a_safe_window_after_a_lossy_arm_reads_past_the_flush():
         assert learner.windows[-1]["settle"] == settle
 
 
+def test_a_guard_whose_loss_did_not_fall_gives_way_to_a_compressor_whose_loss_fell():
+    # Held-out smallbatch at 100 Mbit/s: block int8 (the guard, at 10x the compressors'
+    # seconds) read a rising loss over its windows; gTop-k's fell. The guard stayed for 400
+    # of its steps (22 s against 4 s on the other seeds). Now gTop-k is taken and confirmed
+    # after `confirm` steps; with no compressor's loss falling either, the guard stays.
+    for gtopk, chosen, after in [(0.02, "gtopk", "confirm"), (-0.01, "blockquant", None)]:
+        arms = ["blockquant", "gtopk", "onebit"]
+        learner = learn.Learner(arms, learn.Learning(window=10, settle=0))
+        step = 0
+        for arm in ("blockquant", "gtopk", "onebit", "blockquant"):
+            first, last, name = learner.window_at(step)
+            assert name == arm
+            fall = {"blockquant": -0.005, "gtopk": gtopk, "onebit": -0.02}[arm]
+            seconds = 0.5 if arm == "blockquant" else 0.05
+            learner.close(last, [2.0 - fall * j for j in range(last - first + 1)], seconds)
+            step = last + 1
+        assert learner.chosen == chosen
+        if after:
+            decision = _last("decision")["step"]
+            assert learner.window_start(decision + getattr(learner.learning, after))
+
+
 def _noisy(level: float, slope: float, steps: int, seed: int, scatter: float = 0.1) -> list:
     """Batch losses from ``level`` falling ``slope`` per step, with a fixed scatter."""
     import random

@@ -47,13 +47,15 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
 * The guard is the safe arm fastest per step (the safe arms share dense's steps, so only
   their seconds are compared). The decision takes the arm with the greatest rate; a sparse
   or one-bit arm must beat the guard's rate by ``margin`` (auto is never much worse than
-  dense). The decided arm runs ``recheck_every`` steps, then one round re-checks every arm
-  but those too slow per step to win on the decision's measurements (``prune``). A switch to
-  an arm that is not safe is confirmed sooner, after ``confirm`` steps: windows early in
-  training are the least telling, and a wrong sparse pick costs a multiple of the steps. A
-  re-check overturns the decision only when the new pick's rate beats the decided arm's by
-  more than twice the error of the difference (each window's slope error,
-  :func:`slope_error`): later in training the loss falls little beside its noise.
+  dense); where the guard's loss did not fall, the compressor whose loss fell fastest per
+  second is taken, to be confirmed soon. The decided arm runs ``recheck_every`` steps,
+  then one round re-checks every arm but those too slow per step to win on the decision's
+  measurements (``prune``). A switch to an arm that is not safe is confirmed sooner, after
+  ``confirm`` steps: windows early in training are the least telling, and a wrong sparse
+  pick costs a multiple of the steps. A re-check overturns the decision only when the new
+  pick's rate beats the decided arm's by more than twice the error of the difference (each
+  window's slope error, :func:`slope_error`): later in training the loss falls little
+  beside its noise.
 * Steps factors follow from the windows: dense's decrease per step over the arm's, what
   :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
   only to rank the arms worth a trial).
@@ -580,10 +582,15 @@ class Learner:
         if guard is None:  # every safe arm was pruned: far slower than the best
             pick = max(rate, key=lambda a: rate[a])
         else:
-            # The guard unless a compressor's loss falls faster per second by the margin; a
-            # guard whose loss does not fall at all (rate <= 0) says nothing, and it stays.
+            # The guard unless a compressor's loss falls faster per second by the margin. A
+            # guard whose loss did not fall (rate <= 0) gives no rate to beat: a compressor
+            # whose loss fell is taken, and confirmed as soon as any switch to it; staying
+            # on the guard, on a slow link its dearest arm, would be decided on nothing.
             margin = self.learning.margin
-            pick = best if rate[guard] > 0 and rate[best] > margin * rate[guard] else guard
+            if rate[guard] > 0:
+                pick = best if rate[best] > margin * rate[guard] else guard
+            else:
+                pick = best if rate[best] > 0 else guard
             self._first = self.arms.index(guard)
         # Steps relative to dense: the safe arms' shared decrease (dense's own, or the safe
         # compressor's when dense ran no window).
