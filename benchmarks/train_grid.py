@@ -67,7 +67,7 @@ WORKLOADS = {
     # heldout-convsgd and heldout-tripleadam only after the probed windows, which lost there
     # and were reverted; heldout-bigbatch and heldout-plainsgd only after the cut windows and
     # the warm-up in seconds (5da6766), which they judged; heldout-shallow and
-    # heldout-smallbatch only after the safe windows read past the flush (89a6b63), which
+    # heldout-smallbatch only after the safe windows read past the flush (485d87b), which
     # they judged; heldout-convbatch and heldout-narrowdeep are defined for the learner's
     # next change and no auto has run them (recipes/heldout-*.yaml).
     **{
