@@ -458,11 +458,11 @@ class Learner:
         span = self._span(step)
         if span is None or step >= span[1] or is_safe(self.arms[span[2]]):
             return False
-        if count < self.learning.stop_after or not self.windows:
+        if count < self.learning.stop_after:
             return False
         # A window cut short ended on a rise, not at a level to test against.
-        before = self.windows[-1]
-        return before["last_step"] == span[0] - 1 and not before["cut"]
+        before = self._window_before(span[0])
+        return before is not None and not before["cut"]
 
     def cut(self, step: int, losses: Sequence[float]) -> bool:
         """Whether the window holding ``step`` ends early, at ``step``; if so its plan ends
@@ -550,9 +550,9 @@ class Learner:
             return 0
         if not (is_safe(self.arms[arm]) and self.flushes(first)):
             return settle
-        before = self.windows[-1] if self.windows else None
+        before = self._window_before(first)
         most = max(settle, len(losses) // 2)
-        if before is None or before["last_step"] != first - 1:  # after the decided arm
+        if before is None:  # after the decided arm's steps
             return most
         level = before["end_level"] + before["end_scatter"]
         back = (j for j in range(settle, most) if losses[j] <= level)
@@ -565,11 +565,16 @@ class Learner:
         as a fall faster than the arm's own; in the runs the round's closing safe window
         read a greater decrease than its opening one, later in training, more often than
         not (docs/cost-model.md)."""
-        before = next((w for w in reversed(self.windows) if w["last_step"] < first), None)
-        if before is not None and before["last_step"] == first - 1:
+        before = self._window_before(first)
+        if before is not None:
             return not is_safe(before["arm"])
         ran = self.chosen if self.chosen is not None else self.arms[self._first]
         return not is_safe(ran)
+
+    def _window_before(self, first: int) -> dict[str, Any] | None:
+        """The window that ended at the step before ``first``, or None (the warm-up's or the
+        decided arm's steps ran there)."""
+        return next((w for w in reversed(self.windows) if w["last_step"] == first - 1), None)
 
     def _decide(self, step: int) -> None:
         """Takes the best arm of the windows since the last decision; plans the re-check
