@@ -68,8 +68,9 @@ WORKLOADS = {
     # and were reverted; heldout-bigbatch and heldout-plainsgd only after the cut windows and
     # the warm-up in seconds (5da6766), which they judged; heldout-shallow and
     # heldout-smallbatch only after the safe windows read past the flush (485d87b), which
-    # they judged; heldout-convbatch and heldout-narrowdeep are defined for the learner's
-    # next change and no auto has run them (recipes/heldout-*.yaml).
+    # they judged; heldout-convbatch and heldout-narrowdeep only after the guard that gives way
+    # (add2e9c), which they judged; heldout-convsmall and heldout-fourmid are defined for the
+    # learner's next change and no auto has run them (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
@@ -87,6 +88,8 @@ WORKLOADS = {
             ("heldout-smallbatch", "mlp"),
             ("heldout-convbatch", "cnn"),
             ("heldout-narrowdeep", "mlp"),
+            ("heldout-convsmall", "cnn"),
+            ("heldout-fourmid", "mlp"),
         ]
     },
 }
