@@ -1246,6 +1246,34 @@ def window_order(results: pathlib.Path) -> str:
     return head + closing
 
 
+@section("docs/cost-model.md", "steps-prior")
+def steps_prior(results: pathlib.Path) -> str:
+    """``benchmarks/steps_prior.py``: the recorded explorations' decisions, replayed under
+    each setting of the steps' prior."""
+    data = load(results, "steps-prior")
+    prior, noise = data["learner"]["prior_steps"], data["learner"]["noise"]
+    shown = [
+        e for e in data["summary"]
+        if e["rule"] == "recorded" or e["learning"]["prior_steps"] == prior
+    ]  # fmt: skip
+    rows = [
+        [e["rule"] + (" (the learner's)" if e.get("learning", {}).get("noise") == noise
+                      and e["learning"]["prior_steps"] == prior else ""),
+         e["decisions_of"], f"{e['met']} of {e['decisions']}", f"{e['mean_ratio']:.2f}",
+         f"{e['worst']:.2f}"]
+        for e in shown
+    ]  # fmt: skip
+    return table(
+        ["rule", "decisions", f"within {data['met']}× of the fastest", "mean ratio", "worst"],
+        rows,
+        caption="`python benchmarks/steps_prior.py`: each exploration of the auto cells of "
+        f"`benchmarks/results/e2e*` (not {', '.join(data['judged_left_out'])}), its "
+        "pick's full-run time to target over the fastest reduction's (a miss counts 5×); "
+        "`recorded`: what the learner that ran chose; noise 0.01 reads the windows at face "
+        "value, 1000 leaves the prior alone (`benchmarks/results/steps-prior.json`):",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The README's picture (a PNG: drawn on request, not compared by --check)
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import pathlib
+import random
 
 import pytest
 from collectives_harness import run_script
@@ -133,21 +135,49 @@ def test_a_switch_to_a_sparse_arm_is_confirmed_sooner_than_a_recheck():
     assert learner.window_start(74 + 400)
 
 
-@pytest.mark.parametrize("noise, kept", [(0.3, True), (0.0, False)])
-def test_a_recheck_overturns_a_decision_only_beyond_the_noise(noise, kept):
-    # gTop-k is decided on clean windows; in the confirming round dense's loss falls faster.
-    # Within twice the error of the difference (noisy batch losses) the decision stays; on
-    # clean losses dense takes over.
-    learning = learn.Learning(window=8, settle=0, confirm=50)
-    learner = learn.Learner(["dense", "gtopk"], learning)
-    wobble = [noise * (-1) ** j for j in range(8)]
-    for start, rounds in ((0, [(0.1, 0.0), (0.2, 0.0), (0.1, 0.0)]),
-                          (74, [(0.1, noise), (0.02, noise), (0.1, noise)])):  # fmt: skip
-        for i, (decrease, scale) in enumerate(rounds):
-            losses = [4.0 - decrease * j + (w if scale else 0.0) for j, w in enumerate(wobble)]
-            learner.close(start + 8 * i + 7, losses, 1.0)
-        if start == 0:
+def _two_rounds(
+    learner: learn.Learner, confirm: tuple[float, float], noise: float, gtopk_seconds: float
+) -> None:
+    """A first round of dense, gTop-k, dense windows on clean losses (both fall 0.1 a step;
+    dense at 1 s a step, gTop-k at ``gtopk_seconds``), then the confirming round, where they
+    fall ``confirm`` (dense, gTop-k), each loss scattered by ``noise`` (a fixed draw)."""
+    draw = random.Random(0)
+    rounds = [(0, (0.1, 0.1), 0.0), (learner.learning.confirm, confirm, noise)]
+    step = 0
+    for gap, (dense, gtopk), wobble in rounds:
+        step += gap
+        for arm in ("dense", "gtopk", "dense"):
+            first, last, name = learner.window_at(step)
+            assert name == arm
+            fall, seconds = (dense, 1.0) if arm == "dense" else (gtopk, gtopk_seconds)
+            n = last - first + 1
+            losses = [4.0 - fall * j + wobble * draw.gauss(0, 1) for j in range(n)]
+            learner.close(last, losses, n * seconds)
+            step = last + 1
+        if not gap:
             assert learner.chosen == "gtopk"
+
+
+@pytest.mark.parametrize("noise, chosen", [(0.3, "gtopk"), (0.0, "dense")])
+def test_a_recheck_weighs_its_windows_by_their_noise(noise, chosen):
+    # gTop-k is decided on clean windows; in the confirming round its loss falls a fifth of
+    # dense's. On clean losses that is 5x dense's steps at 0.34x its seconds: dense takes
+    # over. On noisy batch losses the windows say little, and the prior (2.5x dense's steps)
+    # keeps gTop-k.
+    learner = learn.Learner(["dense", "gtopk"], learn.Learning(window=16, settle=0, confirm=50))
+    _two_rounds(learner, (0.1, 0.02), noise, 0.34)
+    assert learner.chosen == chosen
+    decision = _last("decision")
+    assert decision["steps_factor"]["gtopk"] == pytest.approx(5.0 if noise == 0 else 2.5, rel=0.3)
+
+
+@pytest.mark.parametrize("gtopk, kept", [(0.1 / 2.1, True), (0.1 / 2.5, False)])
+def test_a_recheck_keeps_the_decided_arm_unless_the_pick_beats_it_by_the_margin(gtopk, kept):
+    # Clean confirming windows, gTop-k at half dense's seconds a step: it needs 2.1x dense's
+    # steps (1.05 s a dense step against dense's 1.0: within the margin of 1.1, it stays) or
+    # 2.5x (1.25 s: dense).
+    learner = learn.Learner(["dense", "gtopk"], learn.Learning(window=8, settle=0, confirm=50))
+    _two_rounds(learner, (0.1, gtopk), 0.0, 0.5)
     decision = _last("decision")
     assert decision["kept"] is kept
     assert learner.chosen == ("gtopk" if kept else "dense")
@@ -312,32 +342,33 @@ def test_a_safe_window_after_a_lossy_arm_reads_past_the_flush():
         assert learner.windows[-1]["settle"] == settle
 
 
-def test_a_guard_whose_loss_did_not_fall_gives_way_to_a_compressor_whose_loss_fell():
-    # Held-out smallbatch at 100 Mbit/s: block int8 (the guard, at 10x the compressors'
-    # seconds) read a rising loss over its windows; gTop-k's fell. The guard stayed for 400
-    # of its steps (22 s against 4 s on the other seeds). Now gTop-k is taken and confirmed
-    # after `confirm` steps; with no compressor's loss falling either, the guard stays.
-    for gtopk, chosen, after in [(0.02, "gtopk", "confirm"), (-0.01, "blockquant", None)]:
-        arms = ["blockquant", "gtopk", "onebit"]
-        learner = learn.Learner(arms, learn.Learning(window=10, settle=0))
-        step = 0
-        for arm in ("blockquant", "gtopk", "onebit", "blockquant"):
-            first, last, name = learner.window_at(step)
-            assert name == arm
-            fall = {"blockquant": -0.005, "gtopk": gtopk, "onebit": -0.02}[arm]
-            seconds = 0.5 if arm == "blockquant" else 0.05
-            learner.close(last, [2.0 - fall * j for j in range(last - first + 1)], seconds)
-            step = last + 1
-        assert learner.chosen == chosen
-        if after:
-            decision = _last("decision")["step"]
-            assert learner.window_start(decision + getattr(learner.learning, after))
+@pytest.mark.parametrize("seconds, chosen", [(0.05, "gtopk"), (0.4, "blockquant")])
+def test_a_guard_whose_loss_did_not_fall_leaves_the_choice_to_the_prior(seconds, chosen):
+    # Held-out smallbatch at 100 Mbit/s: block int8 (the guard) read a rising loss over its
+    # windows, and the compressors' losses rose too. The windows then say nothing of how
+    # many more steps a compressor needs than dense: the prior decides. At a tenth of the
+    # guard's seconds a step a compressor wins (and is confirmed after `confirm` steps); at
+    # four fifths it would need under 1.25x dense's steps, and the guard stays.
+    arms = ["blockquant", "gtopk", "onebit"]
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=0))
+    step = 0
+    for arm in ("blockquant", "gtopk", "onebit", "blockquant"):
+        first, last, name = learner.window_at(step)
+        assert name == arm
+        fall = {"blockquant": -0.005, "gtopk": -0.01, "onebit": -0.02}[arm]
+        n = last - first + 1
+        each = 0.5 if arm == "blockquant" else seconds
+        learner.close(last, [2.0 - fall * j for j in range(n)], each * n)
+        step = last + 1
+    assert learner.chosen == chosen
+    decision = _last("decision")
+    assert decision["steps_factor"]["gtopk"] == pytest.approx(2.83, rel=0.01)
+    if chosen == "gtopk":
+        assert learner.window_start(decision["step"] + learner.learning.confirm)
 
 
 def _noisy(level: float, slope: float, steps: int, seed: int, scatter: float = 0.1) -> list:
     """Batch losses from ``level`` falling ``slope`` per step, with a fixed scatter."""
-    import random
-
     rng = random.Random(seed)
     return [level - slope * j + rng.gauss(0.0, scatter) for j in range(steps)]
 
@@ -454,3 +485,30 @@ def test_error_feedback_is_conserved_across_switches():
     assert out["dense_left_zero_residual"]  # and dense sent all of it
     # Each arm's own program (how the examples' loop runs them) is the switch at that arm.
     assert out["fixed_same_as_switch"]
+
+
+def test_the_steps_posterior_leaves_the_prior_only_as_far_as_the_windows_errors_allow():
+    # An arm whose loss falls half the safe one's: 2x dense's steps on clean windows; the
+    # farther from that the noisier they are, toward the prior's mean (2.5 x e^(0.5^2 / 2);
+    # within 5 %: the ratio's likelihood leans a little to more steps, where the safe
+    # decrease's error weighs less).
+    prior_mean = 2.5 * math.exp(0.5**2 / 2)
+    means = [learn.steps_posterior(0.005, e, 0.01, e) for e in (0.0, 0.0005, 0.002, 0.05)]
+    assert means[0] == pytest.approx(2.0, rel=0.01)
+    assert means[0] < means[1] < means[2] < means[3] == pytest.approx(prior_mean, rel=0.05)
+    # A safe loss that did not fall says nothing: the prior, whatever the arm read.
+    assert learn.steps_posterior(0.02, 0.0, 0.0, 0.0) == pytest.approx(prior_mean, rel=0.01)
+    with pytest.raises(ValueError, match="noise"):
+        learn.Learning(noise=math.inf)
+
+
+def test_a_decision_records_the_steps_it_expected_and_the_windows_read():
+    learner = _explored({"dense": 0.01, "gtopk": 0.008}, {"dense": 0.5, "gtopk": 0.2})
+    decision = _last("decision")
+    measured, expected = decision["steps_factor_measured"], decision["steps_factor"]
+    assert expected["dense"] == measured["dense"] == 1.0
+    # Clean windows: the expected factor is the windows' own.
+    assert expected["gtopk"] == pytest.approx(measured["gtopk"], rel=0.01)
+    costs = decision["seconds_per_dense_step"]
+    assert costs["gtopk"] == pytest.approx(0.2 * expected["gtopk"])
+    assert learner.chosen == min(costs, key=costs.get) == "gtopk"

@@ -3,8 +3,9 @@
 The cost model predicts seconds per step; what it cannot predict is how many more steps a
 compressor needs on this model, optimizer and phase of training. :class:`Learner` measures it
 as the run goes: it runs the candidate reductions ("arms": dense first, the guard, then the
-compressors the model proposes) in short interleaved windows, compares them by the training
-loss's decrease per second, keeps the best one, and re-checks now and then.
+compressors the model proposes) in short interleaved windows, weighs what their training
+losses show of each one's steps against a prior, keeps the one of least expected seconds to
+dense's progress, and re-checks now and then.
 
 * The first steps run the first safe arm alone (:func:`first_arm`: dense, or the safe
   compressor where the model predicts dense far slower), as DGC and gTop-k warm up before
@@ -45,20 +46,23 @@ loss's decrease per second, keeps the best one, and re-checks now and then.
   per step than a proposed safe compressor by ``dense_over`` (:func:`skipped`): the two need
   the same steps, so its window could only confirm that it loses, at the highest price.
 * The guard is the safe arm fastest per step (the safe arms share dense's steps, so only
-  their seconds are compared). The decision takes the arm with the greatest rate; a sparse
-  or one-bit arm must beat the guard's rate by ``margin`` (auto is never much worse than
-  dense); where the guard's loss did not fall, the compressor whose loss fell fastest per
-  second is taken, to be confirmed soon. The decided arm runs ``recheck_every`` steps,
-  then one round re-checks every arm but those too slow per step to win on the decision's
-  measurements (``prune``). A switch to an arm that is not safe is confirmed sooner, after
-  ``confirm`` steps: windows early in training are the least telling, and a wrong sparse
-  pick costs a multiple of the steps. A re-check overturns the decision only when the new
-  pick's rate beats the decided arm's by more than twice the error of the difference (each
-  window's slope error, :func:`slope_error`): later in training the loss falls little
-  beside its noise.
-* Steps factors follow from the windows: dense's decrease per step over the arm's, what
-  :class:`~jaxcomm.cost.Auto` otherwise takes as priors (:func:`propose` uses those priors
-  only to rank the arms worth a trial).
+  their seconds are compared). The decision takes the arm of least expected seconds per
+  dense step: its seconds per step times its expected steps factor, 1 for the guard and,
+  for the others, the posterior mean given its windows' decrease against the safe arms'
+  (:func:`steps_posterior`): a log-normal prior (``prior_steps``, one number for every
+  compressor) weighed against windows whose errors are taken ``noise`` times their slopes'.
+  Short windows read a decrease that errs by more than what separates the arms, and the
+  runs' first decisions chose better on the prior than on the windows read at face value
+  (docs/cost-model.md); clean windows still override it. A pick must beat the arm it
+  displaces (the guard, or the decided arm at a re-check) by ``margin``. The decided arm
+  runs ``recheck_every`` steps, then one round re-checks every arm but those too slow per
+  step to win on the decision's measurements (``prune``). A switch to an arm that is not
+  safe is confirmed sooner, after ``confirm`` steps: windows early in training are the
+  least telling, and a wrong sparse pick costs a multiple of the steps.
+* The decisions record both steps factors: the expected one they used and the windows'
+  own (dense's decrease per step over the arm's), what :class:`~jaxcomm.cost.Auto`
+  otherwise takes from its table (:func:`propose` uses that table only to rank the arms
+  worth a trial).
 
 The error-feedback residuals are shared by every arm (``jaxcomm.learning``): a compressor
 keeps what it did not send for the next arm, and the dense arm sends them with its gradient,
@@ -75,7 +79,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from .arms import (
     DENSE_OVER,
@@ -90,15 +94,19 @@ from .arms import (
 __all__ = [
     "Learner",
     "Learning",
+    "Measured",
     "arm_decrease",
+    "best_arm",
     "compiled",
     "decisions",
     "first_arm",
     "is_safe",
+    "measure",
     "propose",
     "predicted_step",
     "skipped",
     "slope_error",
+    "steps_posterior",
     "warmup_seconds",
     "window_rate",
 ]
@@ -128,8 +136,18 @@ class Learning:
         DGC's and gTop-k's warm-ups, no compressor that needs more steps trains the first
         steps, where the model changes fastest and a window says the least about the rest
         of the run; a short run reaches its target in them.
-      margin: a compressor is chosen over dense only when its rate exceeds dense's by this
-        factor.
+      margin: a pick replaces the arm it would displace (the guard, or the decided arm at a
+        re-check) only when its expected seconds per dense step are lower by this factor.
+      prior_steps: the prior steps factor of every arm that is not safe, the median of a
+        log-normal (:func:`steps_posterior`). One number for all: fitted on the first
+        decisions of the grid's and the judged held-out workloads' auto cells
+        (``benchmarks/results/e2e*``), where the registry's per-algorithm factors, measured on
+        digits-small, chose worse than one shared prior.
+      prior_spread: the prior's standard deviation in log steps (0.5: a factor of 1.65).
+      noise: how much the scatter of a window's decrease exceeds its slope's own standard
+        error (the loss trend, the residual an arm inherits, the switch); windows are
+        weighed against the prior with their errors times this (fitted with
+        ``prior_steps``).
       prune: after the first round, an arm so slow per step that, even with the greatest
         decrease per step of any arm, its rate stays below the best's over this factor runs
         no further window (dense too: on a slow link its windows cost the most); a re-check
@@ -156,6 +174,9 @@ class Learning:
     confirm: int = 100
     warmup: int = 50
     margin: float = 1.1
+    prior_steps: float = 2.5
+    prior_spread: float = 0.5
+    noise: float = 4.0
     prune: float = 3.0
     dense_over: float = DENSE_OVER
     stop_z: float = 2.5
@@ -206,6 +227,12 @@ class Learning:
             raise ValueError("Learning.recheck_every and confirm must be >= 1, warmup >= 0")
         if not (math.isfinite(self.margin) and self.margin >= 1.0):
             raise ValueError(f"Learning.margin must be finite and >= 1, got {self.margin}")
+        if not (self.prior_steps >= 1.0 and self.prior_spread > 0 and 0 < self.noise < math.inf):
+            raise ValueError(
+                f"Learning.prior_steps must be >= 1, prior_spread > 0 and noise finite > 0, got "
+                f"prior_steps={self.prior_steps}, prior_spread={self.prior_spread}, "
+                f"noise={self.noise}"
+            )
         if not self.prune > 1.0:
             raise ValueError(f"Learning.prune must be > 1, got {self.prune}")
         if not self.dense_over >= 1.0:
@@ -366,26 +393,11 @@ class Learner:
         steps = self.learning.steps_for(latest.get(self.arms[arm]), min(measured, default=None))
         self._plan.append((start, start + steps - 1, arm))
 
-    def _rates(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-        """Each active arm's (loss decrease per step, seconds per step, decrease per second)
-        over this exploration's windows."""
+    def _rates(self) -> Measured:
+        """What this exploration's windows say of each active arm (:func:`measure`)."""
         names = [self.arms[i] for i in self._active]
-        since = [
-            w for w in self.windows if w["first_step"] >= self._explored_from and w["arm"] in names
-        ]
-        # The safe arms share dense's steps: their windows are one class in the fit, so a
-        # sparse arm's window between two of theirs is compared with the safe decrease
-        # interpolated to when it ran, not with whichever safe window ran later.
-        cls = {a: SAFE if is_safe(a) else a for a in names}
-        pooled = [{**w, "arm": cls[w["arm"]]} for w in since]
-        fitted = arm_decrease(pooled, list(dict.fromkeys(cls.values())))
-        per_step = {a: fitted[cls[a]] for a in names}
-        seconds = {
-            a: statistics.fmean(w["seconds_per_step"] for w in since if w["arm"] == a)
-            for a in names
-        }
-        rate = {a: per_step[a] / seconds[a] if seconds[a] > 0 else 0.0 for a in names}
-        return per_step, seconds, rate
+        since = [w for w in self.windows if w["first_step"] >= self._explored_from]
+        return measure(since, names, self.learning)
 
     def _kept(
         self, per_step: Mapping[str, float], seconds: Mapping[str, float], rate: Mapping[str, float]
@@ -404,10 +416,10 @@ class Learner:
             if most / max(seconds[self.arms[i]], 1e-12) * self.learning.prune >= best
         ]
 
-    def _prune(self, step: int, measured: tuple | None = None) -> None:
+    def _prune(self, step: int, measured: Measured | None = None) -> None:
         """Drops the arms too slow per step to win (:meth:`_kept`), on this exploration's
-        windows or on ``measured`` (a decision's rates)."""
-        per_step, seconds, rate = measured or self._rates()
+        windows or on ``measured`` (a decision's)."""
+        per_step, seconds, rate = (measured or self._rates())[:3]
         keep = self._kept(per_step, seconds, rate)
         dropped = [self.arms[i] for i in self._active if i not in keep]
         if dropped:
@@ -577,34 +589,21 @@ class Learner:
         return next((w for w in reversed(self.windows) if w["last_step"] == first - 1), None)
 
     def _decide(self, step: int) -> None:
-        """Takes the best arm of the windows since the last decision; plans the re-check
-        without the arms its measurements prune."""
+        """Takes the arm of least expected seconds per dense step over the windows since the
+        last decision (:func:`best_arm`); plans the re-check without the arms its
+        measurements prune."""
         measured = self._rates()
-        per_step, seconds, rate = measured
+        per_step, seconds, rate, factors, cost = measured
         guard = _fastest_safe(seconds)
-        others = [a for a in rate if not is_safe(a)]  # the guard is a safe arm
-        best = max(others, key=lambda a: rate[a], default=guard)
-        if guard is None:  # every safe arm was pruned: far slower than the best
-            pick = max(rate, key=lambda a: rate[a])
-        else:
-            # The guard unless a compressor's loss falls faster per second by the margin. A
-            # guard whose loss did not fall (rate <= 0) gives no rate to beat: a compressor
-            # whose loss fell is taken, and confirmed as soon as any switch to it; staying
-            # on the guard, on a slow link its dearest arm, would be decided on nothing.
-            margin = self.learning.margin
-            if rate[guard] > 0:
-                pick = best if rate[best] > margin * rate[guard] else guard
-            else:
-                pick = best if rate[best] > 0 else guard
+        best = pick = best_arm(measured)
+        # A pick must beat the arm it displaces by the margin: the guard at first, the
+        # decided arm at a re-check (a switch costs a confirmation round).
+        standing = self.chosen if self.chosen in cost else guard
+        if standing is not None and cost[best] * self.learning.margin >= cost[standing]:
+            pick = standing
+        kept = pick == self.chosen and best != pick
+        if guard is not None:
             self._first = self.arms.index(guard)
-        # Steps relative to dense: the safe arms' shared decrease (dense's own, or the safe
-        # compressor's when dense ran no window).
-        base = next((per_step[a] for a in per_step if is_safe(a)), 0.0)
-        factors = {a: base / d if d > 0 and base > 0 else None for a, d in per_step.items()}
-        kept = (
-            self.chosen in rate and pick != self.chosen and not self._overturns(pick, seconds, rate)
-        )
-        pick = self.chosen if kept else pick
         switched = pick != self.chosen and not is_safe(pick)
         self.chosen = pick
         record = {
@@ -615,6 +614,8 @@ class Learner:
             "loss_decrease_per_s": rate,
             "seconds_per_step": seconds,
             "steps_factor": factors,
+            "steps_factor_measured": _measured_factors(per_step),
+            "seconds_per_dense_step": cost,
         }
         _decisions.append(record)
         self._prune(step, measured)
@@ -624,21 +625,122 @@ class Learner:
         else:  # nothing left to compare: the decision stands
             self._plan = []
 
-    def _overturns(
-        self, pick: str, seconds: Mapping[str, float], rate: Mapping[str, float]
-    ) -> bool:
-        """Whether a re-check's ``pick`` beats the arm decided before by more than twice the
-        error of the difference of their rates (as :meth:`_rates` measured them): later in
-        training a window's decrease is small beside its noise, and a re-check must not
-        trade a decision for noise."""
-        error = {}
-        for arm in (pick, self.chosen):
-            ws = [w for w in self.windows[-len(self._plan) :] if w["arm"] == arm]
-            if not ws:
-                return True
-            se = math.sqrt(sum(w["loss_decrease_se"] ** 2 for w in ws)) / len(ws)
-            error[arm] = se / seconds[arm]
-        return rate[pick] - rate[self.chosen] > 2 * math.hypot(*error.values())
+
+class Measured(NamedTuple):
+    """What windows say of each arm, by name (:func:`measure`)."""
+
+    per_step: dict[str, float]  # loss decrease per step, the trend taken out
+    seconds: dict[str, float]  # seconds per step
+    rate: dict[str, float]  # decrease per second
+    factors: dict[str, float]  # expected steps factor (safe arms: 1)
+    cost: dict[str, float]  # seconds per step times the expected steps factor
+
+
+def measure(
+    windows: Sequence[Mapping[str, Any]], names: Sequence[str], learning: Learning
+) -> Measured:
+    """Each of ``names``' loss decrease per step (the safe arms pooled in one class, fitted
+    with the trend by :func:`arm_decrease`), seconds per step and decrease per second over
+    ``windows`` (each name has one at least), its expected steps factor
+    (:func:`steps_posterior`: against the safe arms' decrease, the prior of ``learning``)
+    and its expected seconds per dense step.
+
+    The safe arms share dense's steps: their windows are one class in the fit, so a window
+    between two of theirs is compared with the safe decrease interpolated to when it ran,
+    not with whichever safe window ran later. Where no safe arm ran (all pruned) or its
+    loss did not fall, the windows cannot say how many more steps an arm needs than dense:
+    the prior alone decides.
+    """
+    windows = [w for w in windows if w["arm"] in names]
+    cls = {a: SAFE if is_safe(a) else a for a in names}
+    pooled = [{**w, "arm": cls[w["arm"]]} for w in windows]
+    fitted = arm_decrease(pooled, list(dict.fromkeys(cls.values())))
+    per_step = {a: fitted[cls[a]] for a in names}
+    seconds = {
+        a: statistics.fmean(w["seconds_per_step"] for w in windows if w["arm"] == a) for a in names
+    }
+    rate = {a: per_step[a] / seconds[a] if seconds[a] > 0 else 0.0 for a in names}
+    # Each class's error: the root sum of its windows' slope errors over their count.
+    error = {
+        c: math.sqrt(sum(w["loss_decrease_se"] ** 2 for w in group)) / len(group)
+        for c in set(cls.values())
+        if (group := [w for w, p in zip(windows, pooled, strict=True) if p["arm"] == c])
+    }
+    safe = max(0.0, fitted.get(SAFE, 0.0))
+    factors = {
+        a: 1.0
+        if is_safe(a)
+        else steps_posterior(
+            per_step[a], error[a], safe, error.get(SAFE, 0.0),
+            learning.prior_steps, learning.prior_spread, learning.noise,
+        )
+        for a in names
+    }  # fmt: skip
+    cost = {a: seconds[a] * factors[a] for a in names}
+    return Measured(per_step, seconds, rate, factors, cost)
+
+
+def best_arm(measured: Measured) -> str:
+    """The arm of least expected seconds per dense step: the guard (:func:`_fastest_safe`)
+    stands for the safe arms, which share dense's steps, so only their seconds are
+    compared; every other arm competes with it on its expected steps."""
+    guard = _fastest_safe(measured.seconds)
+    cost = measured.cost
+    return min((a for a in cost if not is_safe(a) or a == guard), key=lambda a: (cost[a], a))
+
+
+def _measured_factors(per_step: Mapping[str, float]) -> dict[str, float | None]:
+    """Steps relative to dense as the windows read them alone: the safe arms' shared
+    decrease (dense's own, or the safe compressor's when dense ran no window) over each
+    arm's (None where either did not fall)."""
+    base = next((per_step[a] for a in per_step if is_safe(a)), 0.0)
+    return {a: base / d if d > 0 and base > 0 else None for a, d in per_step.items()}
+
+
+def steps_posterior(
+    decrease: float,
+    error: float,
+    safe: float,
+    safe_error: float,
+    prior: float = 2.5,
+    spread: float = 0.5,
+    noise: float = 4.0,
+) -> float:
+    """The posterior mean of an arm's steps factor ``f`` (steps to dense's accuracy over
+    dense's), given its windows' loss decrease per step and the safe arms'.
+
+    Its prior is log-normal about ``prior`` with ``spread`` in log steps; its windows read
+    ``decrease ~ Normal(safe / f, noise² (error² + (safe_error / f)²))``. Short windows are
+    noisy beside what separates the arms (``benchmarks/learn_windows.py``: a 20-step
+    window's ratio errs by several times itself), so an arm is credited with what its
+    windows show only as far as their errors allow: clean windows set ``f``, noisy ones
+    leave the prior. A ``safe`` decrease of 0 (the safe loss did not fall) says nothing of
+    ``f``: the prior. Computed on a grid of ``f`` over the prior's 4 spreads each side.
+
+    Example:
+      >>> round(steps_posterior(0.005, 0.0, 0.01, 0.0), 2)  # clean windows: half the decrease
+      2.0
+      >>> round(steps_posterior(0.005, 0.001, 0.0, 0.001), 2)  # safe not falling: the prior
+      2.83
+      >>> round(steps_posterior(0.01, 0.0002, 0.01, 0.0002), 2)  # as fast as safe: near 1
+      1.06
+      >>> round(steps_posterior(0.01, 0.002, 0.01, 0.002), 2)  # the same, noisy: near the prior
+      2.72
+    """
+    logs = [math.log(prior) + spread * (8.0 * i / (_GRID - 1) - 4.0) for i in range(_GRID)]
+    weights = [-0.5 * ((x - math.log(prior)) / spread) ** 2 for x in logs]
+    if safe > 0:
+        floor = (1e-9 * max(abs(decrease), safe)) ** 2  # clean windows: a near-delta
+        for i, x in enumerate(logs):
+            variance = noise**2 * (error**2 + (safe_error / math.exp(x)) ** 2) + floor
+            miss = (decrease - safe / math.exp(x)) ** 2 / variance
+            weights[i] -= 0.5 * (miss + math.log(variance))
+    top = max(weights)
+    mass = [math.exp(w - top) for w in weights]
+    return sum(math.exp(x) * m for x, m in zip(logs, mass, strict=True)) / sum(mass)
+
+
+_GRID = 1001  # points of steps_posterior's grid (0.4 % apart in f)
 
 
 def _fastest_safe(seconds: Mapping[str, float]) -> str | None:
@@ -727,8 +829,9 @@ def decisions() -> list[dict[str, Any]]:
     "arm", "first_step", "last_step", "loss_decrease_per_step", "loss_decrease_per_s",
     "seconds_per_step", "cut", "settle", "end_level"}`` (``cut``: ended early,
     :meth:`Learner.cut`; ``settle``: its first steps left out of the slope)
-    and ``{"event": "decision", "step", "choice", "loss_decrease_per_s", "seconds_per_step",
-    "steps_factor"}`` (per arm).
+    and ``{"event": "decision", "step", "choice", "kept", "loss_decrease_per_s",
+    "seconds_per_step", "steps_factor", "steps_factor_measured", "seconds_per_dense_step"}``
+    (per arm; ``steps_factor``: the expected one the decision used, :func:`steps_posterior`).
 
     Example:
       >>> isinstance(decisions(), list)

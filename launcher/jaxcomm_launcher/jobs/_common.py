@@ -168,8 +168,9 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
             ctx.print(f"{name} auto: step {d['step']} stops trying {', '.join(d['arms'])} "
                       "(too slow per step to win)")  # fmt: skip
         elif d["event"] == "decision":
-            rates = ", ".join(f"{a} {r:.4g}" for a, r in d["loss_decrease_per_s"].items())
-            why = f"loss decrease per s: {rates}" if rates else "no compressor proposed"
+            costs = d.get("seconds_per_dense_step") or {}
+            rates = ", ".join(f"{a} {c * 1e3:.3g} ms" for a, c in costs.items())
+            why = f"expected s per dense step: {rates}" if rates else "no compressor proposed"
             ctx.print(f"{name} auto: step {d['step']} -> {d['choice']} ({why})")
 
 

@@ -1,0 +1,170 @@
+"""How well the learning ``auto``'s decisions choose, replayed on the windows its runs recorded.
+
+Every auto cell of the end-to-end grid (``benchmarks/results/e2e*/cells``) recorded its trial
+windows and decisions (``auto_learned``). This script takes each exploration's windows (those
+since the decision before) and asks which arm a decision rule picks from them
+(:func:`jaxcomm.cost.learn.measure`, :func:`~jaxcomm.cost.learn.best_arm`), under each
+setting of the steps' prior (``Learning.prior_steps``, ``prior_spread``, ``noise``). A pick is
+scored by its own full runs: that reduction's median time to target in the same workload and
+link, over the fastest reduction's. ``recorded`` is what the learner that ran chose. The
+rule is replayed without the margin of a re-check, whose windows it leaves as they ran.
+
+The workloads that judge the prior (``JUDGED``) are left out: the prior is fitted on the
+others, whose auto runs were all made before it.
+
+Usage:
+  python benchmarks/steps_prior.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import pathlib
+import statistics
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from jaxcomm.cost.learn import Learning, best_arm, measure
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _bench import write_result_and_plot  # noqa: E402
+
+JUDGED = ("heldout-convsmall", "heldout-fourmid")
+"""The held-out pair defined to judge the prior: never read here."""
+MET = 1.15  # a pick within this of the fastest reduction meets issue 40's target
+PRIORS = (1.5, 2.0, 2.5, 3.0, 4.0)
+NOISES = (0.01, 1.0, 2.0, 4.0, 8.0, 1000.0)  # 0.01: windows at face value; 1000: prior alone
+
+
+def times_to_target(cells: pathlib.Path) -> dict[str, float]:
+    """Each reduction's median time to target over its seeds in one cell directory of the
+    grid (a run that missed counts as never)."""
+    times: dict[str, list[float]] = {}
+    for path in cells.glob("*-s*.json"):
+        cell = json.loads(path.read_text())
+        if not cell.get("label", "auto").startswith("auto"):
+            reached = cell.get("time_to_target_s")
+            times.setdefault(cell["label"], []).append(math.inf if reached is None else reached)
+    return {label: statistics.median(v) for label, v in times.items()}
+
+
+def explorations(learned: list[dict[str, Any]]) -> Iterator[tuple[int, list, dict]]:
+    """Each exploration of one run: (its index, its windows, the decision that closed it),
+    for those that tried more than one arm."""
+    windows: list[dict[str, Any]] = []
+    index = 0
+    for event in learned:
+        if event["event"] == "window" and "loss_decrease_se" in event:
+            windows.append(event)
+        elif event["event"] == "decision" and windows:
+            if len({w["arm"] for w in windows}) > 1:
+                yield index, windows, event
+            windows, index = [], index + 1
+
+
+def replayed(results: pathlib.Path) -> Iterator[dict[str, Any]]:
+    """Every exploration of every auto-bf16 cell under ``results``, with its full runs' times
+    (read from ``results/e2e/cells``, where each workload's baselines are)."""
+    for path in sorted(results.glob("e2e*/cells/*/*/auto-bf16-s*.json")):
+        workload, link = path.parent.parent.name, path.parent.name
+        if workload in JUDGED:
+            continue
+        times = times_to_target(results / "e2e" / "cells" / workload / link)
+        learned = json.loads(path.read_text()).get("auto_learned") or []
+        for index, windows, decision in explorations(learned):
+            yield {"cell": str(path.relative_to(results)), "exploration": index,
+                   "windows": windows, "recorded": decision["choice"], "times": times}  # fmt: skip
+
+
+def label(arm: str) -> str:
+    """The grid's label of a learner's arm (its dense arm is the 16-bit baseline's wire)."""
+    return "dense-bf16" if arm == "dense" else arm
+
+
+def ratio(arm: str, times: dict[str, float]) -> float:
+    """The arm's full-run time to target over the fastest reduction's (fp32 dense and psum
+    left out: auto-bf16 sends 16-bit)."""
+    fastest = min(t for name, t in times.items() if name not in ("dense", "psum", "psum-bf16"))
+    return times.get(label(arm), math.nan) / fastest
+
+
+def pick(windows: list[dict[str, Any]], learning: Learning) -> str:
+    """The arm a decision under ``learning``'s prior takes from ``windows``."""
+    names = list(dict.fromkeys(w["arm"] for w in windows))
+    return best_arm(measure(windows, names, learning))
+
+
+def score(rows: list[dict[str, Any]], choose: Callable[[dict[str, Any]], str]) -> dict:
+    """How the picks of ``choose`` fare: within ``MET`` of the fastest, and their mean ratio
+    (each capped at 5: a pick that never reaches the target is counted as 5x)."""
+    ratios = [r for r in (ratio(choose(row), row["times"]) for row in rows) if not math.isnan(r)]
+    return {
+        "decisions": len(ratios),
+        "met": sum(r <= MET for r in ratios),
+        "mean_ratio": statistics.fmean(min(r, 5.0) for r in ratios),
+        "worst": max(ratios),
+    }
+
+
+def rules() -> Iterator[tuple[str, Learning | None]]:
+    """The rules replayed: the recorded choice (None), then each prior."""
+    yield "recorded", None
+    for prior, noise in itertools.product(PRIORS, NOISES):
+        yield f"prior {prior}, noise {noise}", Learning(prior_steps=prior, noise=noise)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
+    args = parser.parse_args()
+    rows = list(replayed(args.results))
+    table = []
+    for name, learning in rules():
+        for which, subset in (("first", [r for r in rows if r["exploration"] == 0]),
+                              ("re-check", [r for r in rows if r["exploration"] > 0])):  # fmt: skip
+            choose = (lambda r: r["recorded"]) if learning is None else (
+                lambda r, ln=learning: pick(r["windows"], ln))  # fmt: skip
+            entry = {"rule": name, "decisions_of": which, **score(subset, choose)}
+            if learning is not None:
+                entry["learning"] = dataclasses.asdict(learning)
+            table.append(entry)
+    print("| rule | decisions | picks within 1.15x | mean ratio | worst |")
+    print("|---|---|---|---|---|")
+    for e in table:
+        print(f"| {e['rule']} ({e['decisions_of']}) | {e['decisions']} | {e['met']} | "
+              f"{e['mean_ratio']:.2f} | {e['worst']:.2f} |")  # fmt: skip
+    result = {"judged_left_out": list(JUDGED), "met": MET, "summary": table,
+              "learner": dataclasses.asdict(Learning()),
+              "cells": sorted({r["cell"] for r in rows})}  # fmt: skip
+    write_result_and_plot(
+        args.results, "steps-prior", json.loads(json.dumps(result, default=str)),
+        draw(table), figsize=(7, 4.5), xlabel="noise (windows' errors times)",
+        ylabel="first decisions within 1.15x of the fastest", title="Steps prior, replayed",
+        legend_size=8,
+    )  # fmt: skip
+
+
+def draw(table: list[dict[str, Any]]) -> Callable[[Any], None]:
+    """First decisions met against the noise, one line per prior, the recorded as a level."""
+
+    def plot(ax: Any) -> None:
+        first = [e for e in table if e["decisions_of"] == "first"]
+        for prior in PRIORS:
+            pts = [(e["learning"]["noise"], e["met"] / e["decisions"])
+                   for e in first if e.get("learning", {}).get("prior_steps") == prior]  # fmt: skip
+            ax.plot(*zip(*pts, strict=True), "o-", label=f"prior {prior}")
+        recorded = next(e for e in first if e["rule"] == "recorded")
+        ax.axhline(recorded["met"] / recorded["decisions"], color="k", linestyle="--",
+                   label="recorded")  # fmt: skip
+        ax.set_xscale("log")
+
+    return plot
+
+
+if __name__ == "__main__":
+    main()
