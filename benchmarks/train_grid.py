@@ -69,8 +69,8 @@ WORKLOADS = {
     # the warm-up in seconds (5da6766), which they judged; heldout-shallow and
     # heldout-smallbatch only after the safe windows read past the flush (485d87b), which
     # they judged; heldout-convbatch and heldout-narrowdeep only after the guard that gives way
-    # (add2e9c), which they judged; heldout-convsmall and heldout-fourmid are defined for the
-    # learner's next change and no auto has run them (recipes/heldout-*.yaml).
+    # (add2e9c), which they judged; heldout-convsmall and heldout-fourmid only after the steps'
+    # prior (07c6547), which they judged (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
