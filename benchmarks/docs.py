@@ -1254,7 +1254,7 @@ def steps_prior(results: pathlib.Path) -> str:
     prior, noise = data["learner"]["prior_steps"], data["learner"]["noise"]
     shown = [
         e for e in data["summary"]
-        if e["rule"] == "recorded" or e["learning"]["prior_steps"] == prior
+        if "learning" not in e or e["learning"]["prior_steps"] == prior
     ]  # fmt: skip
     rows = [
         [e["rule"] + (" (the learner's)" if e.get("learning", {}).get("noise") == noise
@@ -1269,7 +1269,8 @@ def steps_prior(results: pathlib.Path) -> str:
         caption="`python benchmarks/steps_prior.py`: each exploration of the auto cells of "
         f"`benchmarks/results/e2e*` (not {', '.join(data['judged_left_out'])}), its "
         "pick's full-run time to target over the fastest reduction's (a miss counts 5×); "
-        "`recorded`: what the learner that ran chose; noise 0.01 reads the windows at face "
+        "`recorded`: what the learner that ran chose; `keep the decision`: a re-check that "
+        "keeps the pick of the exploration before; noise 0.01 reads the windows at face "
         "value, 1000 leaves the prior alone (`benchmarks/results/steps-prior.json`):",
     )
 

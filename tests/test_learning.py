@@ -85,15 +85,20 @@ def test_learner_picks_the_fastest_loss_per_second():
     expected = (0.01 + trend) / (0.008 + trend)
     assert decision["steps_factor"]["gtopk"] == pytest.approx(expected, rel=0.02)
     assert decision["seconds_per_step"]["dense"] == pytest.approx(0.5)
-    # After the decision the chosen arm runs until the re-check, which tries every arm again;
-    # a switch to a sparse arm is confirmed sooner than the usual re-check.
+    # After the decision the chosen arm runs until the confirmation, sooner than the usual
+    # re-check, which tries it against the safe arm only; the re-check after it tries every
+    # arm again.
     after = decision["step"]
     assert learner.arm_at(after) == learner.arms.index("gtopk")
     recheck = after + learner.learning.confirm
     assert learner.learning.confirm < learner.learning.recheck_every
     assert learner.arm_at(recheck - 1) == learner.arms.index("gtopk")
     tried = len(learner.windows)
-    _run_windows(learner, recheck, decrease, seconds)
+    step = _run_windows(learner, recheck, decrease, seconds)
+    assert {w["arm"] for w in learner.windows[tried:]} == {"dense", "gtopk"}
+    assert learner.chosen == "gtopk"
+    tried = len(learner.windows)
+    _run_windows(learner, step + learner.learning.recheck_every, decrease, seconds)
     assert {w["arm"] for w in learner.windows[tried:]} == set(decrease)
 
 
@@ -112,7 +117,10 @@ def test_an_arm_too_slow_per_step_to_win_runs_no_second_round():
     pruned = _last("pruned")
     assert pruned["arms"] == ["dense"] and pruned["step"] == 35
     # The decision's measurements prune the re-check too: it tries the compressors only.
-    recheck = learner.learning.confirm + _last("decision")["step"]
+    # With no safe arm left to confirm the switch against, none comes before it.
+    decided = _last("decision")["step"]
+    assert not learner.window_start(decided + learner.learning.confirm)
+    recheck = decided + learner.learning.recheck_every
     tried = len(learner.windows)
     assert _run_windows(learner, recheck, decrease, seconds) == recheck + 20
     assert {w["arm"] for w in learner.windows[tried:]} == {"gtopk", "onebit"}
@@ -489,13 +497,13 @@ def test_error_feedback_is_conserved_across_switches():
 
 def test_the_steps_posterior_leaves_the_prior_only_as_far_as_the_windows_errors_allow():
     # An arm whose loss falls half the safe one's: 2x dense's steps on clean windows; the
-    # farther from that the noisier they are, toward the prior's mean (2.5 x e^(0.5^2 / 2);
-    # within 5 %: the ratio's likelihood leans a little to more steps, where the safe
-    # decrease's error weighs less).
+    # farther from that the noisier they are, toward the prior's mean (2.5 x e^(0.5^2 / 2)).
     prior_mean = 2.5 * math.exp(0.5**2 / 2)
     means = [learn.steps_posterior(0.005, e, 0.01, e) for e in (0.0, 0.0005, 0.002, 0.05)]
     assert means[0] == pytest.approx(2.0, rel=0.01)
-    assert means[0] < means[1] < means[2] < means[3] == pytest.approx(prior_mean, rel=0.05)
+    assert means[0] < means[1] < means[2] <= means[3] == pytest.approx(prior_mean, rel=0.01)
+    # A loss that rose in the window: more steps than the prior, not fewer.
+    assert learn.steps_posterior(-0.02, 1e-6, 0.01, 1e-4) > prior_mean
     # A safe loss that did not fall says nothing: the prior, whatever the arm read.
     assert learn.steps_posterior(0.02, 0.0, 0.0, 0.0) == pytest.approx(prior_mean, rel=0.01)
     with pytest.raises(ValueError, match="noise"):
@@ -512,3 +520,35 @@ def test_a_decision_records_the_steps_it_expected_and_the_windows_read():
     costs = decision["seconds_per_dense_step"]
     assert costs["gtopk"] == pytest.approx(0.2 * expected["gtopk"])
     assert learner.chosen == min(costs, key=costs.get) == "gtopk"
+
+
+def test_rechecks_wait_twice_as_long_each_time():
+    # Dense stays decided (no switch, no confirmation): re-checks after 400, 800, 1600 steps.
+    decrease, seconds = {"dense": 0.01, "gtopk": 0.002}, {"dense": 0.5, "gtopk": 0.4}
+    learner = _explored(decrease, seconds)
+    starts, step = [], _last("decision")["step"]
+    for _ in range(3):
+        assert learner.chosen == "dense"
+        wait = next(s for s in range(step, step + 5000) if learner.window_start(s)) - step
+        starts.append(wait)
+        step = _run_windows(learner, step + wait, decrease, seconds)
+    assert starts == [400, 800, 1600]
+
+
+def test_a_recheck_without_a_safe_arm_reads_against_the_last_safe_window():
+    # Dense, ten times the compressors' seconds, is pruned after the first round. At the
+    # re-check gTop-k's loss rises (it set the training back) while one-bit's falls as
+    # dense's did. Against dense's last window one-bit needs about dense's steps, gTop-k
+    # many more, and one-bit is taken although gTop-k is the cheaper per step; with no
+    # reference both would be read at the prior, and the cheaper taken.
+    arms = ["dense", "gtopk", "onebit"]
+    learner = learn.Learner(arms, learn.Learning(window=10, settle=0, confirm=50))
+    falls = {"dense": 0.01, "gtopk": 0.012, "onebit": 0.002}
+    each = {"dense": 1.0, "gtopk": 0.09, "onebit": 0.1}
+    step = _run_windows(learner, 0, falls, each)
+    assert learner.chosen == "gtopk" and _last("pruned")["arms"] == ["dense"]
+    step = next(s for s in range(step, step + 1000) if learner.window_start(s))
+    _run_windows(learner, step, {**falls, "gtopk": -0.02, "onebit": 0.01}, each)
+    decision = _last("decision")
+    assert learner.chosen == "onebit" and "dense" in decision["seconds_per_step"]
+    assert decision["steps_factor"]["gtopk"] > 2 * decision["steps_factor"]["onebit"]

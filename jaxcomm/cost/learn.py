@@ -54,11 +54,13 @@ dense's progress, and re-checks now and then.
   Short windows read a decrease that errs by more than what separates the arms, and the
   runs' first decisions chose better on the prior than on the windows read at face value
   (docs/cost-model.md); clean windows still override it. A pick must beat the arm it
-  displaces (the guard, or the decided arm at a re-check) by ``margin``. The decided arm
-  runs ``recheck_every`` steps, then one round re-checks every arm but those too slow per
-  step to win on the decision's measurements (``prune``). A switch to an arm that is not
-  safe is confirmed sooner, after ``confirm`` steps: windows early in training are the
-  least telling, and a wrong sparse pick costs a multiple of the steps.
+  displaces (the guard, or the decided arm at a re-check) by ``margin``. A switch to an
+  arm that is not safe is confirmed after ``confirm`` steps against the safe arms still in
+  play: windows early in training are the least telling, and a wrong sparse pick costs a
+  multiple of the steps. The decided arm then runs ``recheck_every`` steps, and one round
+  re-checks every arm but those too slow per step to win on the decision's measurements
+  (``prune``); each further re-check waits twice as long (:meth:`Learner._next_exploration`).
+  A re-check with no safe arm left reads the others against the latest safe window.
 * The decisions record both steps factors: the expected one they used and the windows'
   own (dense's decrease per step over the arm's), what :class:`~jaxcomm.cost.Auto`
   otherwise takes from its table (:func:`propose` uses that table only to rank the arms
@@ -127,8 +129,10 @@ class Learning:
         (:meth:`steps_for`).
       settle: first steps of a window left out of its slope (the switch's transient).
       rounds: rounds of the first exploration (each rotated by one arm).
-      recheck_every: steps the decided arm runs before a round re-checks every arm.
-      confirm: steps before the re-check that follows a switch to an arm that is not safe.
+      recheck_every: steps the decided arm runs before a round re-checks every arm (each
+        further re-check waits twice as long as the one before).
+      confirm: steps before a switch to an arm that is not safe is confirmed against the
+        safe arms still in play.
       warmup: steps the first safe arm runs (on the safe compressor: for as many seconds as
         this many steps of the fastest arm, :func:`warmup_seconds`) before any other arm's
         trial, the last of them the first
@@ -339,6 +343,7 @@ class Learner:
         self._predicted = dict(predicted or {})
         self._cut = False  # the open window was cut short (:meth:`cut`)
         self._rounds = 0  # rotates the bracketed arms by one each round
+        self._rechecks = 0  # full re-checks planned: each waits twice the one before
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
         if skip:
             _decisions.append({"event": "skipped", "step": start, "predicted_s": skip})
@@ -350,6 +355,7 @@ class Learner:
                  "loss_decrease_per_s": {}, "seconds_per_step": {}, "steps_factor": {}}
             )  # fmt: skip
             return
+        self._pool = active  # the arms still in play (:meth:`_prune` drops from it)
         self._explore(start, self.learning.rounds, active)
 
     def _explore(self, start: int, rounds: int, active: list[int]) -> None:
@@ -358,6 +364,26 @@ class Learner:
         self._explored_from, self._rounds_left = start, rounds
         self._active = active
         self._plan_round(start)
+
+    def _next_exploration(self, step: int, switched: bool) -> None:
+        """After the decision at ``step``: a switch to an arm that is not safe is confirmed
+        after ``confirm`` steps against the safe arms still in play (none left: no
+        confirmation); then every arm in play is re-checked after ``recheck_every`` steps,
+        each further re-check waiting twice as long as the one before. In the runs a
+        re-check's pick was no better than keeping the decision (docs/cost-model.md), and
+        each of its windows of another compressor costs the run, most where it sets the
+        training back: re-checks guard against a change late in training, "now and then"."""
+        pool = self._pool
+        if len(pool) < 2:  # nothing left to compare: the decision stands
+            self._plan = []
+            return
+        confirming = [i for i in pool if is_safe(self.arms[i]) or self.arms[i] == self.chosen]
+        if switched and len(confirming) > 1:
+            self._explore(step + self.learning.confirm, 1, confirming)
+            return
+        wait = self.learning.recheck_every * 2**self._rechecks
+        self._rechecks += 1
+        self._explore(step + wait, 1, pool)
 
     def _order(self) -> list[int]:
         """One round's arms: the safe ones bracket the others, which rotate by one a round."""
@@ -394,9 +420,17 @@ class Learner:
         self._plan.append((start, start + steps - 1, arm))
 
     def _rates(self) -> Measured:
-        """What this exploration's windows say of each active arm (:func:`measure`)."""
+        """What this exploration's windows say of each active arm (:func:`measure`). Where
+        no safe arm ran in it (all pruned), the latest safe window before it joins as the
+        reference the others' steps are read against (the fitted trend carries it to their
+        time): without one, a compressor that set the training back would look as good as
+        any (the prior alone)."""
         names = [self.arms[i] for i in self._active]
         since = [w for w in self.windows if w["first_step"] >= self._explored_from]
+        if not any(is_safe(w["arm"]) for w in since):
+            last = next((w for w in reversed(self.windows) if is_safe(w["arm"])), None)
+            if last is not None:
+                since, names = [last, *since], [*dict.fromkeys([*names, last["arm"]])]
         return measure(since, names, self.learning)
 
     def _kept(
@@ -425,6 +459,7 @@ class Learner:
         if dropped:
             _decisions.append({"event": "pruned", "step": step, "arms": dropped, "rates": rate})
             self._active = keep
+            self._pool = [i for i in self._pool if self.arms[i] not in dropped]
 
     def _span(self, step: int) -> tuple[int, int, int] | None:
         """The planned window holding ``step``: ``(first step, last step, arm index)``."""
@@ -595,7 +630,7 @@ class Learner:
         measured = self._rates()
         per_step, seconds, rate, factors, cost = measured
         guard = _fastest_safe(seconds)
-        best = pick = best_arm(measured)
+        best = pick = best_arm(measured, [self.arms[i] for i in self._active])
         # A pick must beat the arm it displaces by the margin: the guard at first, the
         # decided arm at a re-check (a switch costs a confirmation round).
         standing = self.chosen if self.chosen in cost else guard
@@ -619,11 +654,7 @@ class Learner:
         }
         _decisions.append(record)
         self._prune(step, measured)
-        if len(self._active) > 1:
-            after = self.learning.confirm if switched else self.learning.recheck_every
-            self._explore(step + after, 1, self._active)
-        else:  # nothing left to compare: the decision stands
-            self._plan = []
+        self._next_exploration(step, switched)
 
 
 class Measured(NamedTuple):
@@ -680,12 +711,13 @@ def measure(
     return Measured(per_step, seconds, rate, factors, cost)
 
 
-def best_arm(measured: Measured) -> str:
-    """The arm of least expected seconds per dense step: the guard (:func:`_fastest_safe`)
-    stands for the safe arms, which share dense's steps, so only their seconds are
-    compared; every other arm competes with it on its expected steps."""
-    guard = _fastest_safe(measured.seconds)
-    cost = measured.cost
+def best_arm(measured: Measured, among: Sequence[str] | None = None) -> str:
+    """The arm of ``among`` (None: all measured) of least expected seconds per dense step:
+    the guard (:func:`_fastest_safe`) stands for the safe arms, which share dense's steps,
+    so only their seconds are compared; every other arm competes with it on its expected
+    steps."""
+    cost = {a: c for a, c in measured.cost.items() if among is None or a in among}
+    guard = _fastest_safe({a: measured.seconds[a] for a in cost})
     return min((a for a in cost if not is_safe(a) or a == guard), key=lambda a: (cost[a], a))
 
 
@@ -710,7 +742,7 @@ def steps_posterior(
     dense's), given its windows' loss decrease per step and the safe arms'.
 
     Its prior is log-normal about ``prior`` with ``spread`` in log steps; its windows read
-    ``decrease ~ Normal(safe / f, noise² (error² + (safe_error / f)²))``. Short windows are
+    ``decrease ~ Normal(safe / f, noise² (error² + (safe_error / prior)²))``. Short windows are
     noisy beside what separates the arms (``benchmarks/learn_windows.py``: a 20-step
     window's ratio errs by several times itself), so an arm is credited with what its
     windows show only as far as their errors allow: clean windows set ``f``, noisy ones
@@ -723,18 +755,20 @@ def steps_posterior(
       >>> round(steps_posterior(0.005, 0.001, 0.0, 0.001), 2)  # safe not falling: the prior
       2.83
       >>> round(steps_posterior(0.01, 0.0002, 0.01, 0.0002), 2)  # as fast as safe: near 1
-      1.06
+      1.04
       >>> round(steps_posterior(0.01, 0.002, 0.01, 0.002), 2)  # the same, noisy: near the prior
-      2.72
+      2.65
     """
     logs = [math.log(prior) + spread * (8.0 * i / (_GRID - 1) - 4.0) for i in range(_GRID)]
     weights = [-0.5 * ((x - math.log(prior)) / spread) ** 2 for x in logs]
     if safe > 0:
-        floor = (1e-9 * max(abs(decrease), safe)) ** 2  # clean windows: a near-delta
+        # The safe decrease's error, carried to the arm's scale at the prior's factor: with
+        # it at each f's own scale, a window far below every f's mean (a loss that rose)
+        # would be explained best by the smallest f, whose scale is widest.
+        variance = noise**2 * (error**2 + (safe_error / prior) ** 2)
+        variance += (1e-9 * max(abs(decrease), safe)) ** 2  # clean windows: a near-delta
         for i, x in enumerate(logs):
-            variance = noise**2 * (error**2 + (safe_error / math.exp(x)) ** 2) + floor
-            miss = (decrease - safe / math.exp(x)) ** 2 / variance
-            weights[i] -= 0.5 * (miss + math.log(variance))
+            weights[i] -= 0.5 * (decrease - safe / math.exp(x)) ** 2 / variance
     top = max(weights)
     mass = [math.exp(w - top) for w in weights]
     return sum(math.exp(x) * m for x, m in zip(logs, mass, strict=True)) / sum(mass)
