@@ -70,8 +70,8 @@ WORKLOADS = {
     # heldout-smallbatch only after the safe windows read past the flush (485d87b), which
     # they judged; heldout-convbatch and heldout-narrowdeep only after the guard that gives way
     # (add2e9c), which they judged; heldout-convsmall and heldout-fourmid only after the steps'
-    # prior (07c6547), which they judged; heldout-convplain and heldout-adamdecay are defined
-    # for the learner's next change and no auto has run them (recipes/heldout-*.yaml).
+    # prior (07c6547), which they judged; heldout-convplain and heldout-adamdecay only after
+    # the rarer re-checks (9710391), which they judged (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
