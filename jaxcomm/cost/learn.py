@@ -628,14 +628,18 @@ class Learner:
         last decision (:func:`best_arm`); plans the re-check without the arms its
         measurements prune."""
         measured = self._rates()
-        per_step, seconds, rate, factors, cost = measured
+        per_step, seconds, rate, factors, cost, reference = measured
         guard = _fastest_safe(seconds)
         best = pick = best_arm(measured, [self.arms[i] for i in self._active])
         # A pick must beat the arm it displaces by the margin: the guard at first, the
-        # decided arm at a re-check (a switch costs a confirmation round).
+        # decided arm at a re-check (a switch costs a confirmation round). A re-check with
+        # no falling safe loss to read the steps against keeps the decision: the prior
+        # alone ranks by seconds a step, which the decision weighed with more to go on.
         standing = self.chosen if self.chosen in cost else guard
         if standing is not None and cost[best] * self.learning.margin >= cost[standing]:
             pick = standing
+        if self.chosen in cost and reference <= 0:
+            pick = self.chosen
         kept = pick == self.chosen and best != pick
         if guard is not None:
             self._first = self.arms.index(guard)
@@ -665,6 +669,7 @@ class Measured(NamedTuple):
     rate: dict[str, float]  # decrease per second
     factors: dict[str, float]  # expected steps factor (safe arms: 1)
     cost: dict[str, float]  # seconds per step times the expected steps factor
+    reference: float  # the safe decrease per step the factors were read against (0: none)
 
 
 def measure(
@@ -708,7 +713,7 @@ def measure(
         for a in names
     }  # fmt: skip
     cost = {a: seconds[a] * factors[a] for a in names}
-    return Measured(per_step, seconds, rate, factors, cost)
+    return Measured(per_step, seconds, rate, factors, cost, safe)
 
 
 def best_arm(measured: Measured, among: Sequence[str] | None = None) -> str:
