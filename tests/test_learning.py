@@ -573,3 +573,21 @@ def test_a_recheck_with_no_falling_safe_loss_keeps_the_decision():
         < decision["seconds_per_dense_step"]["topk_allgather"]
     )
     assert learner.chosen == "topk_allgather" and decision["kept"]
+
+
+def test_an_arms_seconds_a_step_are_read_over_all_its_windows():
+    # One-bit's 4-step window, cut short, read 5 ms a step; its 14-step window before, 7 ms.
+    # The re-check's windows alone would make it cheaper than TopK-allgather (6 ms); over
+    # all its windows, weighted by their steps, it is not.
+    def window(arm, first, steps, seconds):
+        return {"arm": arm, "first_step": first, "last_step": first + steps - 1,
+                "loss_decrease_per_step": 0.01, "loss_decrease_se": 0.001,
+                "seconds_per_step": seconds}  # fmt: skip
+
+    earlier = [window("onebit", 0, 14, 0.007), window("topk_allgather", 14, 20, 0.006)]
+    now = [window("onebit", 500, 4, 0.005), window("topk_allgather", 504, 20, 0.006)]
+    names, learning = ["onebit", "topk_allgather"], learn.Learning()
+    assert learn.measure(now, names, learning).seconds["onebit"] == pytest.approx(0.005)
+    pooled = learn.measure(now, names, learning, earlier + now).seconds
+    assert pooled["onebit"] == pytest.approx((14 * 0.007 + 4 * 0.005) / 18)
+    assert pooled["onebit"] > pooled["topk_allgather"] == pytest.approx(0.006)

@@ -60,7 +60,8 @@ dense's progress, and re-checks now and then.
   multiple of the steps. The decided arm then runs ``recheck_every`` steps, and one round
   re-checks every arm but those too slow per step to win on the decision's measurements
   (``prune``); each further re-check waits twice as long (:meth:`Learner._next_exploration`).
-  A re-check with no safe arm left reads the others against the latest safe window.
+  A re-check with no safe arm left reads the others against the latest safe window, and
+  keeps the decision where no safe loss fell (the prior alone would rank by seconds).
 * The decisions record both steps factors: the expected one they used and the windows'
   own (dense's decrease per step over the arm's), what :class:`~jaxcomm.cost.Auto`
   otherwise takes from its table (:func:`propose` uses that table only to rank the arms
@@ -431,7 +432,7 @@ class Learner:
             last = next((w for w in reversed(self.windows) if is_safe(w["arm"])), None)
             if last is not None:
                 since, names = [last, *since], [*dict.fromkeys([*names, last["arm"]])]
-        return measure(since, names, self.learning)
+        return measure(since, names, self.learning, self.windows)
 
     def _kept(
         self, per_step: Mapping[str, float], seconds: Mapping[str, float], rate: Mapping[str, float]
@@ -673,11 +674,15 @@ class Measured(NamedTuple):
 
 
 def measure(
-    windows: Sequence[Mapping[str, Any]], names: Sequence[str], learning: Learning
+    windows: Sequence[Mapping[str, Any]],
+    names: Sequence[str],
+    learning: Learning,
+    timed: Sequence[Mapping[str, Any]] | None = None,
 ) -> Measured:
     """Each of ``names``' loss decrease per step (the safe arms pooled in one class, fitted
-    with the trend by :func:`arm_decrease`), seconds per step and decrease per second over
-    ``windows`` (each name has one at least), its expected steps factor
+    with the trend by :func:`arm_decrease`) and decrease per second over ``windows`` (each
+    name has one at least), its seconds per step over ``timed`` (all its windows; None:
+    ``windows``), its expected steps factor
     (:func:`steps_posterior`: against the safe arms' decrease, the prior of ``learning``)
     and its expected seconds per dense step.
 
@@ -692,9 +697,16 @@ def measure(
     pooled = [{**w, "arm": cls[w["arm"]]} for w in windows]
     fitted = arm_decrease(pooled, list(dict.fromkeys(cls.values())))
     per_step = {a: fitted[cls[a]] for a in names}
-    seconds = {
-        a: statistics.fmean(w["seconds_per_step"] for w in windows if w["arm"] == a) for a in names
-    }
+    # An arm's seconds a step are the world's, not the training's: over all its windows
+    # (``timed``), weighted by their steps; one short window's, cut after 4 steps, erred by
+    # a third and made a compressor that set the training back look the cheapest.
+    steps, spent = dict.fromkeys(names, 0), dict.fromkeys(names, 0.0)
+    for w in timed or windows:
+        if w["arm"] in steps:
+            n = w["last_step"] - w["first_step"] + 1
+            steps[w["arm"]] += n
+            spent[w["arm"]] += w["seconds_per_step"] * n
+    seconds = {a: spent[a] / steps[a] for a in names}
     rate = {a: per_step[a] / seconds[a] if seconds[a] > 0 else 0.0 for a in names}
     # Each class's error: the root sum of its windows' slope errors over their count.
     error = {
