@@ -751,14 +751,15 @@ def steps_posterior(
     error: float,
     safe: float,
     safe_error: float,
-    prior: float = 2.5,
-    spread: float = 0.5,
-    noise: float = 4.0,
+    prior: float = Learning.prior_steps,
+    spread: float = Learning.prior_spread,
+    noise: float = Learning.noise,
 ) -> float:
     """The posterior mean of an arm's steps factor ``f`` (steps to dense's accuracy over
     dense's), given its windows' loss decrease per step and the safe arms'.
 
-    Its prior is log-normal about ``prior`` with ``spread`` in log steps; its windows read
+    Its prior is log-normal about ``prior`` with ``spread`` in log steps (the defaults:
+    :class:`Learning`'s); its windows read
     ``decrease ~ Normal(safe / f, noise² (error² + (safe_error / prior)²))``. Short windows are
     noisy beside what separates the arms (``benchmarks/learn_windows.py``: a 20-step
     window's ratio errs by several times itself), so an arm is credited with what its
