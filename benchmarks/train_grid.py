@@ -71,7 +71,9 @@ WORKLOADS = {
     # they judged; heldout-convbatch and heldout-narrowdeep only after the guard that gives way
     # (add2e9c), which they judged; heldout-convsmall and heldout-fourmid only after the steps'
     # prior (07c6547), which they judged; heldout-convplain and heldout-adamdecay only after
-    # the rarer re-checks (9710391), which they judged (recipes/heldout-*.yaml).
+    # the rarer re-checks (9710391), which they judged; heldout-convlowmom and heldout-himom
+    # are defined for the learner's next change and no auto has run them
+    # (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
@@ -93,6 +95,8 @@ WORKLOADS = {
             ("heldout-fourmid", "mlp"),
             ("heldout-convplain", "cnn"),
             ("heldout-adamdecay", "mlp"),
+            ("heldout-convlowmom", "cnn"),
+            ("heldout-himom", "mlp"),
         ]
     },
 }
