@@ -39,7 +39,9 @@ dense's progress, and re-checks now and then.
   (:func:`arm_decrease`), and every other arm is compared with the safe decrease
   interpolated to when it ran. An arm's rate is its decrease per step over its seconds per
   step. Early windows move the loss the most, and a short run may reach its target within
-  the exploration: they go to the arm least likely to waste them.
+  the exploration: they go to the arm least likely to waste them. The closing safe window
+  is left out where its arm is dearer a step than the cheapest compressor by more than the
+  prior's 95th percentile of steps (:meth:`Learner._unbracketed`): it could not win.
 * Every compressor the model predicts faster per step than dense gets a trial
   (:func:`propose`): a fast arm's window costs little, and the priors that would rank them are
   measured on other models. Dense runs no window when the measured model predicts it slower
@@ -117,6 +119,7 @@ __all__ = [
 _decisions: list[dict[str, Any]] = []
 SAFE = "safe"  # the class of the safe arms' windows in the fit (:func:`is_safe`)
 LEVEL = 8  # a window's last losses whose mean is the level it ended at (:meth:`Learner.cut`)
+_UPPER = 1.645  # the standard normal's 95th percentile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,6 +207,15 @@ class Learning:
         if seconds and fastest:
             warm = round(self.warmup * min(1.0, fastest / seconds))
         return max(0, warm - self.steps_for(seconds, fastest))
+
+    def most_steps(self) -> float:
+        """The steps factor (over dense's) that the prior puts 95 % of compressors under.
+
+        Example:
+          >>> round(Learning().most_steps(), 1)
+          5.7
+        """
+        return self.prior_steps * math.exp(_UPPER * self.prior_spread)
 
     def steps_for(self, seconds: float | None, fastest: float | None) -> int:
         """The steps of a window of an arm measured at ``seconds`` per step, when the
@@ -576,7 +588,7 @@ class Learner:
         self._cut = False
         self.windows.append(record)
         _decisions.append(record)
-        if self._queue:
+        if self._queue and not self._unbracketed(step + 1):
             self._plan_next(step + 1)
             return
         if self._rounds_left > 0:
@@ -585,6 +597,30 @@ class Learner:
             self._plan_round(step + 1)
         else:
             self._decide(step + 1)
+
+    def _unbracketed(self, step: int) -> bool:
+        """Whether the round's closing safe window, due at ``step``, is left out (and
+        recorded so): where its arm's seconds a step exceed the cheapest compressor's
+        measured in the round by more than the steps any compressor needs at the prior's
+        95th percentile, the safe arm cannot win unless the prior is far off, and on such a
+        link its window is the round's dearest. The compressors are then read against the
+        opening safe window alone (the trend then goes unfitted: a later, slower safe window
+        would only lower the safe decrease, and with it their steps)."""
+        closing = self._queue[0]
+        if len(self._queue) != 1 or not is_safe(self.arms[closing]):
+            return False
+        latest = {w["arm"]: w["seconds_per_step"] for w in self.windows}
+        seconds = latest.get(self.arms[closing], self._predicted.get(self.arms[closing]))
+        lossy = [latest[self.arms[i]] for i in self._active
+                 if not is_safe(self.arms[i]) and self.arms[i] in latest]  # fmt: skip
+        if not (seconds and lossy):
+            return False
+        if seconds <= min(lossy) * self.learning.most_steps():
+            return False
+        self._queue = []
+        _decisions.append({"event": "unbracketed", "step": step, "arm": self.arms[closing],
+                           "seconds_per_step": seconds, "cheapest": min(lossy)})  # fmt: skip
+        return True
 
     def _settle(self, first: int, arm: int, losses: Sequence[float]) -> int:
         """The first steps of the window from ``first`` left out of its slope: none for a
@@ -883,7 +919,9 @@ def decisions() -> list[dict[str, Any]]:
     :meth:`Learner.cut`; ``settle``: its first steps left out of the slope)
     and ``{"event": "decision", "step", "choice", "kept", "loss_decrease_per_s",
     "seconds_per_step", "steps_factor", "steps_factor_measured", "seconds_per_dense_step"}``
-    (per arm; ``steps_factor``: the expected one the decision used, :func:`steps_posterior`).
+    (per arm; ``steps_factor``: the expected one the decision used, :func:`steps_posterior`),
+    with ``"pruned"``, ``"skipped"`` and ``"unbracketed"`` (a closing safe window left out,
+    :meth:`Learner._unbracketed`) events between them.
 
     Example:
       >>> isinstance(decisions(), list)
