@@ -72,8 +72,7 @@ WORKLOADS = {
     # (add2e9c), which they judged; heldout-convsmall and heldout-fourmid only after the steps'
     # prior (07c6547), which they judged; heldout-convplain and heldout-adamdecay only after
     # the rarer re-checks (9710391), which they judged; heldout-convlowmom and heldout-himom
-    # are defined for the learner's next change and no auto has run them
-    # (recipes/heldout-*.yaml).
+    # only after the unbracketed rounds (2941e9f), which they judged (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
