@@ -427,10 +427,14 @@ class Learner:
         the fastest arm measured (:meth:`Learning.steps_for`)."""
         arm = self._queue.pop(0)
         # Measured seconds; before any window, the model's (the warm-up's opening window).
-        latest = {w["arm"]: w["seconds_per_step"] for w in self.windows} or self._predicted
+        latest = self._latest_seconds() or self._predicted
         measured = [latest[self.arms[i]] for i in self._active if self.arms[i] in latest]
         steps = self.learning.steps_for(latest.get(self.arms[arm]), min(measured, default=None))
         self._plan.append((start, start + steps - 1, arm))
+
+    def _latest_seconds(self) -> dict[str, float]:
+        """Each arm's seconds per step in its latest window (what plans the next windows)."""
+        return {w["arm"]: w["seconds_per_step"] for w in self.windows}
 
     def _rates(self) -> Measured:
         """What this exploration's windows say of each active arm (:func:`measure`). Where
@@ -446,14 +450,13 @@ class Learner:
                 since, names = [last, *since], [*dict.fromkeys([*names, last["arm"]])]
         return measure(since, names, self.learning, self.windows)
 
-    def _kept(
-        self, per_step: Mapping[str, float], seconds: Mapping[str, float], rate: Mapping[str, float]
-    ) -> list[int]:
+    def _kept(self, measured: Measured) -> list[int]:
         """The active arms fast enough per step to win: credited with the greatest decrease
         per step any arm showed, an arm whose rate is still below the best's over ``prune``
         is dropped. Only its seconds can drop it (a decrease measured in one window is
         confounded with when the window ran), and further windows of it would only cost
         time."""
+        per_step, seconds, rate = measured.per_step, measured.seconds, measured.rate
         best, most = max(rate.values()), max(per_step.values())
         if best <= 0:
             return list(self._active)
@@ -466,11 +469,13 @@ class Learner:
     def _prune(self, step: int, measured: Measured | None = None) -> None:
         """Drops the arms too slow per step to win (:meth:`_kept`), on this exploration's
         windows or on ``measured`` (a decision's)."""
-        per_step, seconds, rate = (measured or self._rates())[:3]
-        keep = self._kept(per_step, seconds, rate)
+        measured = measured or self._rates()
+        keep = self._kept(measured)
         dropped = [self.arms[i] for i in self._active if i not in keep]
         if dropped:
-            _decisions.append({"event": "pruned", "step": step, "arms": dropped, "rates": rate})
+            _decisions.append(
+                {"event": "pruned", "step": step, "arms": dropped, "rates": measured.rate}
+            )
             self._active = keep
             self._pool = [i for i in self._pool if self.arms[i] not in dropped]
 
@@ -609,7 +614,7 @@ class Learner:
         closing = self._queue[0]
         if len(self._queue) != 1 or not is_safe(self.arms[closing]):
             return False
-        latest = {w["arm"]: w["seconds_per_step"] for w in self.windows}
+        latest = self._latest_seconds()
         seconds = latest.get(self.arms[closing], self._predicted.get(self.arms[closing]))
         lossy = [latest[self.arms[i]] for i in self._active
                  if not is_safe(self.arms[i]) and self.arms[i] in latest]  # fmt: skip
