@@ -34,6 +34,7 @@ from jaxcomm.cost.learn import Learning, best_arm, is_safe, measure
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _bench import write_result_and_plot  # noqa: E402
+from train_report import summarize  # noqa: E402
 
 JUDGED = ("heldout-convlowmom", "heldout-himom")
 """The held-out pair that judges the learner's latest change: never read here."""
@@ -44,14 +45,12 @@ NOISES = (0.01, 1.0, 2.0, 4.0, 8.0, 1000.0)  # 0.01: windows at face value; 1000
 
 def times_to_target(cells: pathlib.Path) -> dict[str, float]:
     """Each reduction's median time to target over its seeds in one cell directory of the
-    grid (a run that missed counts as never)."""
-    times: dict[str, list[float]] = {}
-    for path in cells.glob("*-s*.json"):
-        cell = json.loads(path.read_text())
-        if not cell.get("label", "auto").startswith("auto"):
-            reached = cell.get("time_to_target_s")
-            times.setdefault(cell["label"], []).append(math.inf if reached is None else reached)
-    return {label: statistics.median(v) for label, v in times.items()}
+    grid, as the report's tables have it (:func:`train_report.summarize`: a seed that missed
+    counts as the slowest); infinite where half its seeds missed."""
+    runs = [json.loads(path.read_text()) for path in cells.glob("*-s*.json")]
+    rows = summarize([c for c in runs if not c.get("label", "auto").startswith("auto")])
+    return {r["label"]: math.inf if r["time_to_target_s"] is None else r["time_to_target_s"]
+            for r in rows}  # fmt: skip
 
 
 def explorations(learned: list[dict[str, Any]]) -> Iterator[tuple[int, list, dict]]:
