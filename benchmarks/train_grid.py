@@ -72,7 +72,8 @@ WORKLOADS = {
     # (add2e9c), which they judged; heldout-convsmall and heldout-fourmid only after the steps'
     # prior (07c6547), which they judged; heldout-convplain and heldout-adamdecay only after
     # the rarer re-checks (9710391), which they judged; heldout-convlowmom and heldout-himom
-    # only after the unbracketed rounds (2941e9f), which they judged (recipes/heldout-*.yaml).
+    # only after the unbracketed rounds (2941e9f), which they judged; heldout-digitsdeep and
+    # heldout-convwide were defined for the change after those (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
@@ -96,6 +97,8 @@ WORKLOADS = {
             ("heldout-adamdecay", "mlp"),
             ("heldout-convlowmom", "cnn"),
             ("heldout-himom", "mlp"),
+            ("heldout-digitsdeep", "mlp"),
+            ("heldout-convwide", "cnn"),
         ]
     },
 }
