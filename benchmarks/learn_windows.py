@@ -14,17 +14,14 @@ Every reduction runs alone from the same initialization for ``--steps`` steps, o
 (same reduction, same steps, other initialization and batches): a trend that changes between
 windows does not count as noise.
 
-With ``--cells`` (a held-out cell's directory of ``benchmarks/train.py``), it then sets the
-noise beside the cell's full runs: the fastest reduction and the runner-up, the margin of
-decrease per step by which a window must rank them (their seconds per step), the window
-length at which each measure resolves it (two standard errors of the ratio of decreases), and
-what one round of such windows costs against 15 % of the fastest run: each other reduction's
-window is run instead of the fastest, its excess seconds are its seconds per step less what
-the fastest needs for the same progress (the full runs' steps to target).
+It then sets the noise beside the full runs of the workload's cells in the grid (or
+``--cells``), per link: what windows must cost for a learner that reads them to land within
+15 % of the fastest run (:func:`bound`), against those 15 %. Where the least cost exceeds
+them, no learner reading windows meets the target on that row: the target is bounded by this
+measurement.
 
 Usage:
-  python benchmarks/learn_windows.py --workload teacher --seeds 0 1 2 \\
-      --cells benchmarks/results/e2e/cells/heldout-teacher/100mbit-2x1
+  python benchmarks/learn_windows.py --workload heldout-teacher --seeds 0 1 2
   python benchmarks/learn_windows.py --workload bytes-lm --arms dense onebit --seeds 0 1 2 \\
       --steps 170
 """
@@ -54,14 +51,17 @@ from jaxcomm.examples import _loop, bytes_lm, digits  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _bench import write_result_and_plot  # noqa: E402
+from train_report import summarize  # noqa: E402
 
 ARMS = ("dense", "blockquant", "adaptive", "topk_allgather", "gtopk", "onebit")
-WINDOWS = (10, 20, 40)
+WINDOWS = (10, 20, 40, 80, 160)
 SETTLE = learn.Learning().settle  # the learner's: a window's first steps left out
 START = learn.Learning().warmup  # the learner's warm-up: the windows measured follow it
 PROBE = 1024  # examples (bytes-lm: windows) of the probe
 ALLOWANCE = 0.15  # the issue's target: within 15 % of the fastest
+DENSE_ALLOWANCE = 0.10  # and within 10 % of the fastest dense 16-bit run
 RECIPES = pathlib.Path(__file__).resolve().parent.parent / "recipes"
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 
 
 def recipe_settings(name: str, config: type, arm: str, seed: int) -> Any:
@@ -74,16 +74,20 @@ def recipe_settings(name: str, config: type, arm: str, seed: int) -> Any:
     return _loop.make_config(config, fields, name)
 
 
-def teacher(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
-    """The held-out teacher workload (recipes/heldout-teacher.yaml)."""
-    cfg = recipe_settings("heldout-teacher", digits.DigitsConfig, arm, seed)
-    t = digits.build(cfg)
-    params, state = t.init()
-    x, y, _, _ = digits.load_split(cfg)
-    rep = NamedSharding(t.mesh, P())
-    xp, yp = jax.device_put(x[:PROBE], rep), jax.device_put(y[:PROBE], rep)
-    probe = jax.jit(lambda p: t.loss(p, xp, yp)[0])
-    return t.step, params, state, t.batch, probe
+def digits_recipe(name: str) -> Callable[[str, int], tuple[Any, Any, Any, Callable, Callable]]:
+    """A digits recipe's workload (``recipes/<name>.yaml``: the held-out ones, digits-small)."""
+
+    def build(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
+        cfg = recipe_settings(name, digits.DigitsConfig, arm, seed)
+        t = digits.build(cfg)
+        params, state = t.init()
+        x, y, _, _ = digits.load_split(cfg)
+        rep = NamedSharding(t.mesh, P())
+        xp, yp = jax.device_put(x[:PROBE], rep), jax.device_put(y[:PROBE], rep)
+        probe = jax.jit(lambda p: t.loss(p, xp, yp)[0])
+        return t.step, params, state, t.batch, probe
+
+    return build
 
 
 def lm(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
@@ -101,7 +105,13 @@ def lm(arm: str, seed: int) -> tuple[Any, Any, Any, Callable, Callable]:
     return t.step, params, state, t.batch, probe
 
 
-WORKLOADS = {"teacher": teacher, "bytes-lm": lm}
+def recipes_of(job: str) -> list[str]:
+    """The names of the recipes that run ``job``."""
+    return sorted(p.stem for p in RECIPES.glob("*.yaml")
+                  if yaml.safe_load(p.read_text()).get("job") == job)  # fmt: skip
+
+
+WORKLOADS = {**{name: digits_recipe(name) for name in recipes_of("digits")}, "bytes-lm": lm}
 
 
 def trajectory(workload: str, arm: str, seed: int, steps: int) -> dict[str, list[float]]:
@@ -145,15 +155,49 @@ def noise_table(runs: dict[str, list[dict]]) -> list[dict[str, Any]]:
     return rows
 
 
+def paired_noise(runs: dict[str, list[dict]], truth: dict[str, float]) -> list[dict[str, Any]]:
+    """Per pair of arms, window length and measure: the relative error of the ratio of their
+    decreases, read from the same seed's windows (same initialization and batches, so what
+    is common to both cancels), each relative to its arm's decrease over the span
+    (:func:`span_decrease`), scattered across seeds and pooled over the windows. Windows of a
+    run are read at different steps on other batches: their error is at least this."""
+    out = []
+    arms = list(runs)
+    for i, a in enumerate(arms):
+        for b in arms[i + 1 :]:
+            for w in WINDOWS:
+                ea = [window_estimates(r, w) for r in runs[a]]
+                eb = [window_estimates(r, w) for r in runs[b]]
+                for measure in ("batch", "probe"):
+                    ta, tb = (max(truth[x], 1e-12) for x in (a, b))
+                    columns = zip(*(
+                        [y / tb - x / ta for x, y in zip(sa[measure], sb[measure], strict=True)]
+                        for sa, sb in zip(ea, eb, strict=True)
+                    ), strict=True)  # fmt: skip
+                    spread = [statistics.variance(c) for c in columns if len(c) > 1]
+                    error = math.sqrt(statistics.fmean(spread)) if spread else float("nan")
+                    out.append({"arms": [a, b], "window": w, "measure": measure,
+                                "relative_error": error})  # fmt: skip
+    return out
+
+
 def read_cells(directory: pathlib.Path) -> dict[str, dict[str, float]]:
-    """Seed 0's full run of each reduction in a cell directory: seconds per step and steps."""
+    """Each reduction's full runs in a cell directory, seeds pooled as the report pools them
+    (:func:`train_report.summarize`): seconds per step, steps and time to target (infinite
+    where it missed) and the run's seconds (to target, or to its cap). The dense arm is the 16-bit run, as auto-bf16's is; ``dense16`` holds
+    the fastest dense 16-bit run (psum or dense) for the target against it."""
+    runs = [json.loads(path.read_text()) for path in directory.glob("*-s*.json")]
+    rows = {r["label"]: r for r in summarize([c for c in runs if c["label"] != "auto-bf16"])}
     cells = {}
-    for path in sorted(directory.glob("*-s0.json")):
-        c = json.loads(path.read_text())
-        arm = c["label"].split("-")[0]  # dense-bf16 runs the dense arm
-        if c.get("stopped") == "target" and arm in ARMS:
-            cells[arm] = {"step_s": c["step_s"], "steps": c["steps"],
-                          "time_to_target_s": c["time_to_target_s"]}  # fmt: skip
+    for label, r in rows.items():
+        arm = "dense" if label == "dense-bf16" else label
+        if arm in ARMS and label != "dense":
+            missed = r["time_to_target_s"] is None
+            cells[arm] = {"step_s": r["step_s"], "steps": None if missed else r["steps"],
+                          "time_to_target_s": math.inf if missed else r["time_to_target_s"],
+                          "run_s": r["capped_at_s"] if missed else r["time_to_target_s"]}  # fmt: skip
+    dense16 = [rows[k]["time_to_target_s"] for k in ("psum-bf16", "dense-bf16") if k in rows]
+    cells["dense16"] = {"time_to_target_s": min((t for t in dense16 if t), default=math.inf)}
     return cells
 
 
@@ -177,40 +221,99 @@ def span_decrease(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {r["arm"]: r["decrease_per_step"] for r in rows if r["measure"] == "probe"}
 
 
-def bound(rows: list[dict[str, Any]], cells: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """Whether a window ranks the fastest full run above the runner-up (the ratio of their
-    decreases within the log of their times' ratio, two standard errors), and what one round
-    of windows costs against ``ALLOWANCE`` of the fastest run."""
-    ranked = sorted(cells, key=lambda a: cells[a]["time_to_target_s"])
-    fastest, runner = ranked[0], ranked[1]
+def bound(
+    rows: list[dict[str, Any]],
+    cells: dict[str, dict[str, float]],
+    paired: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """What windows cost at least, in expectation, to pick well enough for the targets: to
+    land within ``ALLOWANCE`` of the fastest full run and ``DENSE_ALLOWANCE`` of the fastest
+    dense 16-bit one, set against what those allow.
+
+    The model is one round of windows, then the pick kept to the target. Each rival (an arm
+    whose full run is slower than the fastest's by more than the allowance) runs a window of
+    some length: it costs the rival's excess seconds per step (its seconds less what the
+    fastest needs for the same progress, from the full runs' steps to target; a run that
+    missed made none), and with the chance that the window ranks the rival above the fastest
+    (the ratio of their decreases off by more than the log of their times' ratio, at the
+    window's relative error) the run is the rival's, its time beyond the fastest's. Each
+    rival's least expected cost is taken over every window length (between two measured
+    lengths: the shorter's steps and the longer's error, so it is a floor), and the rivals'
+    are summed. A safe rival (its steps are dense's) whose seconds per step exceed the
+    fastest's times the prior's 95th percentile of steps is ruled out by its seconds alone,
+    as the learner does. Windows of the fastest arm cost nothing, and the noise is the
+    pair's on the same seed's windows (:func:`paired_noise`), less than a run's interleaved
+    windows have: the bound favours the learner."""
+    dense16 = cells["dense16"]["time_to_target_s"]
+    truth = span_decrease(rows)  # the arms measured: only they are ranked
+    ranked = sorted((a for a in cells if a in truth), key=lambda a: cells[a]["time_to_target_s"])
+    fastest = ranked[0]
     best = cells[fastest]
-    margin = math.log(cells[runner]["time_to_target_s"] / best["time_to_target_s"])
-    # The guard needs one safe arm: dense is left out where block int8 ran (the cheaper).
-    others = [a for a in ranked[1:] if not (a == "dense" and "blockquant" in cells)]
-    excess = {
-        a: cells[a]["step_s"] - best["step_s"] * best["steps"] / cells[a]["steps"] for a in others
-    }
-    per_step = sum(excess.values())
-    allowance = ALLOWANCE * best["time_to_target_s"]
-    truth = span_decrease(rows)
-    out: dict[str, Any] = {
-        "fastest": fastest, "runner_up": runner, "margin_log": margin, "excess_s": excess,
-        "round_excess_s_per_window_step": per_step, "allowance_s": allowance,
-        "affordable_window": allowance / per_step, "span_decrease_per_step": truth,
-        "round_cost_s": {w: w * per_step for w in WINDOWS}, "measures": {},
-    }  # fmt: skip
-    for measure in ("batch", "probe"):
-        noise = {(r["arm"], r["window"]): r["noise"] for r in rows if r["measure"] == measure}
-        rel = {
-            w: math.hypot(*(noise[(a, w)] / max(truth[a], 1e-12) for a in (fastest, runner)))
-            for w in WINDOWS
+    allowance = min(ALLOWANCE * best["time_to_target_s"],
+                    (1 + DENSE_ALLOWANCE) * dense16 - best["time_to_target_s"])  # fmt: skip
+    most = learn.Learning().most_steps()
+    rivals = {}
+    for arm in ranked[1:]:
+        c = cells[arm]
+        if c["time_to_target_s"] <= (1 + ALLOWANCE) * best["time_to_target_s"]:
+            continue  # a pick within the allowance needs no ruling out
+        if learn.is_safe(arm) and c["step_s"] > most * best["step_s"]:
+            continue  # too dear a step for any compressor's steps
+        progress = best["steps"] / c["steps"] if c["steps"] else 0.0
+        rival = {  # a run that missed: at least its cap
+            "margin_log": math.log(c["run_s"] / best["time_to_target_s"]),
+            "excess_s_per_step": max(0.0, c["step_s"] - best["step_s"] * progress),
+            # a pick of the rival, kept to the target (a miss: to the run's cap)
+            "wrong_pick_s": c["run_s"] - best["time_to_target_s"],
         }
-        resolving = [w for w in WINDOWS if 2 * rel[w] <= margin]
-        out["measures"][measure] = {"relative_error": rel, "window": min(resolving, default=None)}
+        rival["measures"] = _least_cost(rival, _relative_errors(rows, truth, fastest, arm, paired))
+        rivals[arm] = rival
+    out: dict[str, Any] = {"fastest": fastest, "allowance_s": allowance, "rivals": rivals,
+                           "span_decrease_per_step": truth, "measures": {}}  # fmt: skip
+    for measure in ("batch", "probe"):
+        cost = sum(r["measures"][measure]["least_cost_s"] for r in rivals.values())
+        out["measures"][measure] = {"least_cost_s": cost, "bounded": cost > allowance}
+    out["bounded"] = all(m["bounded"] for m in out["measures"].values())
     return out
 
 
-def print_tables(rows: list[dict[str, Any]], reference: str, result: dict[str, Any] | None) -> None:
+def _relative_errors(rows: list[dict[str, Any]], truth: dict[str, float], fastest: str,
+                     rival: str, paired: list[dict[str, Any]] | None) -> dict[str, dict[int, float]]:  # fmt: skip
+    """Per measure and window length, the relative error of the ratio of ``rival``'s decrease
+    to ``fastest``'s: the pair's own (:func:`paired_noise`), or without it their two errors
+    combined."""
+    pair = {(r["window"], r["measure"]): r["relative_error"]
+            for r in paired or [] if set(r["arms"]) == {fastest, rival}}  # fmt: skip
+    out = {}
+    for measure in ("batch", "probe"):
+        noise = {(r["arm"], r["window"]): r["noise"] for r in rows if r["measure"] == measure}
+        out[measure] = {
+            w: pair.get((w, measure))
+            or math.hypot(*(noise[(a, w)] / max(truth[a], 1e-12) for a in (fastest, rival)))
+            for w in WINDOWS
+        }
+    return out
+
+
+def _least_cost(rival: dict[str, Any], errors: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """Per measure, a rival's least expected cost over window lengths (:func:`bound`), from
+    the shortest measured on (a slope needs its steps): a window of ``w`` steps between
+    measured lengths ``lo <= w <= hi`` costs at least ``lo`` steps' excess and errs at least
+    as ``hi``'s; beyond the longest, its steps alone cost more."""
+    excess, margin, wrong = (rival[k] for k in ("excess_s_per_step", "margin_log", "wrong_pick_s"))
+    out = {}
+    for measure, rel in errors.items():
+        options = {
+            (lo, hi): lo * excess + wrong * 0.5 * math.erfc(margin / (rel[hi] * math.sqrt(2)))
+            for lo, hi in zip(WINDOWS, WINDOWS[1:], strict=False)
+        }
+        options[(max(WINDOWS), None)] = max(WINDOWS) * excess
+        (lo, hi), cost = min(options.items(), key=lambda kv: kv[1])
+        out[measure] = {"relative_error": rel, "least_cost_s": cost, "window": [lo, hi]}
+    return out
+
+
+def print_tables(rows: list[dict[str, Any]], reference: str, bounds: dict[str, Any]) -> None:
     print(f"\n| arm | window | measure | windows | decrease per step | noise | "
           f"below {reference} (SE) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
@@ -219,18 +322,22 @@ def print_tables(rows: list[dict[str, Any]], reference: str, result: dict[str, A
         print(f"| {r['arm']} | {r['window']} | {r['measure']} | {r['windows']} | "
               f"{r['decrease_per_step']:.4f} | {r['noise']:.4f} | "
               f"{'' if below is None else f'{below:.1f}'} |")  # fmt: skip
-    if result is None:
-        return
-    costs = ", ".join(f"{w} steps {c:.1f} s" for w, c in result["round_cost_s"].items())
-    print(f"\nfastest {result['fastest']}, runner-up {result['runner_up']}: a window must rank "
-          f"them within log {result['margin_log']:.3f} (two standard errors); one round of "
-          f"windows costs {costs}; the allowance is {result['allowance_s']:.2f} s (windows of "
-          f"{result['affordable_window']:.1f} steps)")  # fmt: skip
-    for measure, m in result["measures"].items():
-        errs = ", ".join(f"w={w}: {e:.2f}" for w, e in m["relative_error"].items())
-        w = m["window"]
-        print(f"  {measure}: relative error of the ratio {errs}; "
-              + ("no measured window resolves it" if w is None else f"{w} steps resolve it"))  # fmt: skip
+    for cells, b in bounds.items():
+        print(f"\n{cells}: fastest {b['fastest']}, allowance {b['allowance_s']:.2f} s")
+        for arm, r in b["rivals"].items():
+            costs = ", ".join(f"{m}: {v['least_cost_s']:.2f} s ({v['window']})"
+                              for m, v in r["measures"].items())  # fmt: skip
+            print(
+                f"  rival {arm}: {math.exp(r['margin_log']):.2f}x slower, "
+                f"{r['excess_s_per_step'] * 1e3:.1f} ms excess a step; least cost {costs}"
+            )
+        for measure, m in b["measures"].items():
+            print(f"  {measure}: least cost {m['least_cost_s']:.2f} s; bounded: {m['bounded']}")
+
+
+def cell_directories(workload: str, results: pathlib.Path) -> list[pathlib.Path]:
+    """The grid's cell directories of ``workload`` (one per link) under ``results``."""
+    return sorted(p for p in (results / "e2e" / "cells" / workload).glob("*") if p.is_dir())
 
 
 def draw(rows: list[dict[str, Any]]) -> Callable[[Any], None]:
@@ -250,11 +357,12 @@ def draw(rows: list[dict[str, Any]]) -> Callable[[Any], None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="teacher")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="heldout-teacher")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=START + 4 * max(WINDOWS))
-    parser.add_argument("--cells", type=pathlib.Path, help="a cell directory of train.py")
+    parser.add_argument("--steps", type=int, default=START + 2 * max(WINDOWS))
+    parser.add_argument("--cells", type=pathlib.Path, nargs="*",
+                        help="cell directories of train.py (default: the workload's in the grid)")  # fmt: skip
     parser.add_argument(
         "--reuse", type=pathlib.Path, help="an earlier result JSON: its noise, not new runs"
     )
@@ -265,7 +373,8 @@ def main() -> None:
     if len(args.seeds) < 2:
         parser.error("--seeds: at least 2 (the noise is the scatter across seeds)")
     if args.reuse:  # the noise of an earlier run, analysed again
-        rows = json.loads(args.reuse.read_text())["noise"]
+        earlier = json.loads(args.reuse.read_text())
+        rows, paired = earlier["noise"], earlier.get("paired")
     else:
         runs = {
             arm: [trajectory(args.workload, arm, s, args.steps) for s in args.seeds]
@@ -273,12 +382,14 @@ def main() -> None:
         }
         rows = noise_table(runs)
         against_reference(rows, args.arms[0])
-    result = bound(rows, read_cells(args.cells)) if args.cells else None
-    print_tables(rows, rows[0]["arm"], result)
+        paired = paired_noise(runs, span_decrease(rows))
+    cells = cell_directories(args.workload, RESULTS) if args.cells is None else args.cells
+    bounds = {c.name: bound(rows, read_cells(c), paired) for c in cells}
+    print_tables(rows, rows[0]["arm"], bounds)
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"workload": args.workload, "seeds": args.seeds, "steps": args.steps,
               "start": START, "settle": SETTLE, "probe_examples": PROBE, "devices": 2,
-              "cells": str(args.cells) if args.cells else None, "noise": rows, "bound": result}  # fmt: skip
+              "noise": rows, "paired": paired, "bounds": bounds}  # fmt: skip
     write_result_and_plot(
         args.out, f"learn-windows-{args.workload}", record, draw(rows), figsize=(7.5, 4.5),
         xlabel="window (steps)", ylabel="noise / decrease per step",

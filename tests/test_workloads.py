@@ -437,15 +437,85 @@ def test_learn_windows_builds_its_workloads_as_the_examples_train_them(tmp_path)
     code = (
         f"import json, sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
         "import learn_windows as lw; "
-        "print(json.dumps({w: lw.trajectory(w, 'dense', 0, 3) for w in ('teacher', 'bytes-lm')}))"
+        "print(json.dumps({w: lw.trajectory(w, 'dense', 0, 3) "
+        "for w in ('heldout-teacher', 'heldout-convplain', 'bytes-lm')}))"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     runs = json.loads(done.stdout.strip().splitlines()[-1])
-    for workload, untrained in (("teacher", math.log(10)), ("bytes-lm", math.log(256))):
+    for workload, untrained in (
+        ("heldout-teacher", math.log(10)),
+        ("heldout-convplain", math.log(10)),
+        ("bytes-lm", math.log(256)),
+    ):
         run = runs[workload]
         assert len(run["batch"]) == 3 and all(math.isfinite(v) for v in run["batch"])
         assert len(run["probe"]) == 2  # at step 0 and after the last step
         assert run["probe"][0] == pytest.approx(untrained, rel=0.5)
+
+
+def _learn_windows():
+    """benchmarks/learn_windows.py as a module (it imports the grid's report)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "learn_windows", ROOT / "benchmarks" / "learn_windows.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+def test_window_bound_is_each_rivals_least_expected_cost_over_window_lengths():
+    # A learner reading windows must rule out every reduction more than 15 % slower than the
+    # fastest. gtopk (2x slower, 10 ms a step beyond the fastest's progress) errs by 0.5 of
+    # the ratio at 40 steps and 0.25 at 80: its least expected cost, over every length, is
+    # 40 steps' excess plus the chance an 80-step window ranks it first times the 10 s that
+    # costs. The one-bit run missed its target (its steps make no progress; its margin is
+    # its cap); adaptive is within 15 %, block int8 too dear a step for any compressor.
+    lw = _learn_windows()
+    batch = {10: 4.0, 20: 1.0, 40: 0.5, 80: 0.25, 160: 0.2}
+    rows = [
+        {"arm": arm, "window": w, "measure": measure, "decrease_per_step": 0.01, "noise": 0.0}
+        for arm in ("topk_allgather", "gtopk", "onebit", "adaptive", "blockquant")
+        for w in lw.WINDOWS for measure in ("batch", "probe")
+    ]  # fmt: skip
+    paired = [
+        {"arms": ["topk_allgather", arm], "window": w, "measure": measure,
+         "relative_error": batch[w] if measure == "batch" else 10.0}
+        for arm in ("gtopk", "onebit") for w in lw.WINDOWS for measure in ("batch", "probe")
+    ]  # fmt: skip
+    cells = {
+        "topk_allgather": {"step_s": 0.010, "steps": 1000, "time_to_target_s": 10.0, "run_s": 10.0},
+        "gtopk": {"step_s": 0.020, "steps": 1000, "time_to_target_s": 20.0, "run_s": 20.0},
+        "onebit": {"step_s": 0.005, "steps": None, "time_to_target_s": math.inf, "run_s": 900.0},
+        "adaptive": {"step_s": 0.011, "steps": 1000, "time_to_target_s": 11.0, "run_s": 11.0},
+        "blockquant": {"step_s": 0.070, "steps": 500, "time_to_target_s": 35.0, "run_s": 35.0},
+        "dense16": {"time_to_target_s": 100.0},
+    }
+    b = lw.bound(rows, cells, paired)
+    assert b["fastest"] == "topk_allgather" and b["allowance_s"] == pytest.approx(1.5)
+    assert set(b["rivals"]) == {"gtopk", "onebit"}
+    gtopk, onebit = b["rivals"]["gtopk"], b["rivals"]["onebit"]
+    assert gtopk["excess_s_per_step"] == pytest.approx(0.010) and gtopk["wrong_pick_s"] == 10.0
+    wrong_80 = 0.5 * math.erfc(math.log(2) / (0.25 * math.sqrt(2)))  # 0.3 % chance
+    assert gtopk["measures"]["batch"]["window"] == [40, 80]
+    assert gtopk["measures"]["batch"]["least_cost_s"] == pytest.approx(0.4 + 10 * wrong_80)
+    # A noisy measure (error 10 at every length): the longest window's steps are cheaper
+    # than a 45 % chance of the slower run.
+    assert gtopk["measures"]["probe"] == {**gtopk["measures"]["probe"], "window": [160, None],
+                                          "least_cost_s": pytest.approx(1.6)}  # fmt: skip
+    assert onebit["excess_s_per_step"] == 0.005  # no progress: all its seconds
+    wrong_20 = 0.5 * math.erfc(math.log(90) / math.sqrt(2))  # ranked above at error 1.0
+    assert onebit["measures"]["batch"]["least_cost_s"] == pytest.approx(0.05 + 890 * wrong_20)
+    assert not b["measures"]["batch"]["bounded"] and b["measures"]["probe"]["bounded"]
+    assert not b["bounded"]  # a learner reading batch slopes could meet it
+    # Where the fastest dense 16-bit run is close, 10 % over it allows less than 15 % does.
+    tight = lw.bound(rows, {**cells, "dense16": {"time_to_target_s": 9.4}}, paired)
+    assert tight["allowance_s"] == pytest.approx(1.1 * 9.4 - 10.0) and tight["bounded"]
