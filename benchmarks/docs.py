@@ -868,13 +868,17 @@ def e2e_heldout(results: pathlib.Path) -> str:
     if not cells:
         return "No held-out cells in `benchmarks/results/e2e/e2e.json` yet."
     bounds = window_bounds(results)
+    rows = [
+        heldout_summary(rows, bounds.get((rows[0]["workload"], rows[0]["network"])))
+        for _, rows in cells
+    ]
+    verdicts = [r[-1].split(":")[0] for r in rows]
+    tally = ", ".join(f"{verdicts.count(v)} {v}" for v in ("met", "bounded", "missed"))
     summary = table(
         HELDOUT_HEADER,
-        [
-            heldout_summary(rows, bounds.get((rows[0]["workload"], rows[0]["network"])))
-            for _, rows in cells
-        ],  # fmt: skip
-        caption="`auto` against the fastest reduction of the same run (`auto` / fastest "
+        rows,
+        caption=f"{len(rows)} rows: {tally}. "
+        "`auto` against the fastest reduction of the same run (`auto` / fastest "
         "below 1.15× and `auto` / dense 16-bit below 1.10× are the targets). *At start*: the "
         "seconds `auto` spent measuring its world, then compiling its arms' programs, "
         "outside the training clock as every run's first compilation. *Targets*: where missed, "
@@ -1221,6 +1225,7 @@ def learn_windows(results: pathlib.Path) -> str:
     detail = "\n\n".join(
         _learn_windows(load(results, name), f"{name}.json")
         for name in ("learn-windows-bytes-lm", "learn-windows-heldout-teacher")
+        if (results / f"{name}.json").exists()
     )
     return detail + "\n\n" + _window_bounds_table(results)
 
@@ -1257,7 +1262,8 @@ def _window_bounds_table(results: pathlib.Path) -> str:
             for arm, r in b["rivals"].items()
         )
         costs = [f"{m['least_cost_s']:.2f} s" for m in b["measures"].values()]
-        rows.append([f"{workload} · {link}", f"`{b['fastest']}`", rivals or "none", *costs,
+        source = f"../benchmarks/results/learn-windows-{workload}.json"
+        rows.append([f"[{workload}]({source}) · {link}", f"`{b['fastest']}`", rivals or "none", *costs,
                      f"{b['allowance_s']:.2f} s", "yes" if b["bounded"] else "no"])  # fmt: skip
     return table(
         [
@@ -1270,8 +1276,8 @@ def _window_bounds_table(results: pathlib.Path) -> str:
             "bounded",
         ],
         rows,
-        caption="Each held-out workload that missed a target on a link "
-        "(`benchmarks/results/learn-windows-heldout-*.json`), both links. The model: one round "
+        caption="Each held-out workload that missed a target on a link, both links (each "
+        "links its result). The model: one round "
         "of windows, then the pick kept to the target. Each *rival*, a reduction whose full "
         "run is over 15 % slower than the fastest, runs a window; it costs the rival's seconds "
         "a step beyond what the fastest needs for the same progress, and with the chance that "
