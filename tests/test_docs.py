@@ -237,4 +237,6 @@ def test_the_xla_cpu_reproducers_show_what_docs_overlap_says():
     )
     assert len(fifo) == 6, fifo
     behind = [cb for cb, ahead in fifo if ahead != "nothing"]
-    assert len(behind) >= 4, fifo  # every layer's callback but the first layer's
+    # Which callbacks queue behind a matmul depends on when each becomes ready: on a busy
+    # machine as few as 2 of the 5 possible did. One shows the limit; with it lifted, none.
+    assert len(behind) >= 1, fifo
