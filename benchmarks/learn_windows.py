@@ -53,13 +53,15 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _bench import write_result_and_plot  # noqa: E402
 from train_report import summarize  # noqa: E402
 
+from docs import TARGET_OVER_DENSE16, TARGET_OVER_FASTEST  # noqa: E402
+
 ARMS = ("dense", "blockquant", "adaptive", "topk_allgather", "gtopk", "onebit")
 WINDOWS = (10, 20, 40, 80, 160)
 SETTLE = learn.Learning().settle  # the learner's: a window's first steps left out
 START = learn.Learning().warmup  # the learner's warm-up: the windows measured follow it
 PROBE = 1024  # examples (bytes-lm: windows) of the probe
-ALLOWANCE = 0.15  # the target: within 15 % of the fastest
-DENSE_ALLOWANCE = 0.10  # and within 10 % of the fastest dense 16-bit run
+ALLOWANCE = TARGET_OVER_FASTEST - 1  # the targets: within 15 % of the fastest run
+DENSE_ALLOWANCE = TARGET_OVER_DENSE16 - 1  # and within 10 % of the fastest dense 16-bit one
 RECIPES = pathlib.Path(__file__).resolve().parent.parent / "recipes"
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 

@@ -146,10 +146,12 @@ def test_small_workload_runs_to_its_target_and_stops(tmp_path):
     assert capped["steps"] == 4  # step 0 evaluates, step 3 is the first after the cap
 
 
-def _train_script():
+def _benchmark(name: str, file: str):
+    """``benchmarks/<file>`` loaded as module ``name``, benchmarks/ importable meanwhile (its
+    sibling modules)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("e2e_train", ROOT / "benchmarks" / "train.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while they are built
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -158,6 +160,10 @@ def _train_script():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     return module
+
+
+def _train_script():
+    return _benchmark("e2e_train", "train.py")
 
 
 def _train_part(name: str):
@@ -458,18 +464,7 @@ def test_learn_windows_builds_its_workloads_as_the_examples_train_them(tmp_path)
 
 def _learn_windows():
     """benchmarks/learn_windows.py as a module (it imports the grid's report)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "learn_windows", ROOT / "benchmarks" / "learn_windows.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+    return _benchmark("learn_windows", "learn_windows.py")
 
 
 def test_window_bound_is_each_rivals_least_expected_cost_over_window_lengths():
