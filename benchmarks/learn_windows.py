@@ -15,15 +15,15 @@ Every reduction runs alone from the same initialization for ``--steps`` steps, o
 windows does not count as noise.
 
 It then sets the noise beside the full runs of the workload's cells in the grid (or
-``--cells``), per link: what windows must cost for a learner that reads them to land within
-15 % of the fastest run (:func:`bound`), against those 15 %. Where the least cost exceeds
-them, no learner reading windows meets the target on that row: the target is bounded by this
-measurement.
+``--cells``), per link: the least expected cost of one round of windows and the pick it
+makes (:func:`bound`), against what the targets allow. Where it exceeds that, a learner that
+reads such a round and keeps its pick cannot meet the targets on that row: they are bounded
+by this measurement.
 
 Usage:
   python benchmarks/learn_windows.py --workload heldout-teacher --seeds 0 1 2
   python benchmarks/learn_windows.py --workload bytes-lm --arms dense onebit --seeds 0 1 2 \\
-      --steps 170
+      --steps 210
 """
 
 from __future__ import annotations
