@@ -888,8 +888,8 @@ def e2e_heldout(results: pathlib.Path) -> str:
         "are the targets). *At start*: the "
         "seconds `auto` spent measuring its world, then compiling its arms' programs, "
         "outside the training clock as every run's first compilation. *Targets*: where missed, "
-        "what the trial windows of any learner reading them must cost to meet them, against "
-        "what they allow (`benchmarks/learn_windows.py`, in `docs/cost-model.md`).",
+        "the least expected cost of one round of trial windows and the pick it makes, against "
+        "what the targets allow (`benchmarks/learn_windows.py`, in `docs/cost-model.md`).",
     )
     parts = [
         table(E2E_HEADER, [e2e_columns(r) for r in rows], caption=f"**{title}**")
