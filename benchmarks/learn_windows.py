@@ -301,18 +301,37 @@ def _least_cost(rival: dict[str, Any], errors: dict[str, dict[int, float]]) -> d
     """Per measure, a rival's least expected cost over window lengths (:func:`bound`), from
     the shortest measured on (a slope needs its steps): a window of ``w`` steps between
     measured lengths ``lo <= w <= hi`` costs at least ``lo`` steps' excess and errs at least
-    as ``hi``'s; beyond the longest, its steps alone cost more."""
+    as ``hi``'s (the errors fitted non-increasing in the length, :func:`non_increasing`: a
+    longer window errs less, and 3 seeds' estimates need not); beyond the longest, its steps
+    alone cost more."""
     excess, margin, wrong = (rival[k] for k in ("excess_s_per_step", "margin_log", "wrong_pick_s"))
     out = {}
     for measure, rel in errors.items():
+        least = dict(zip(WINDOWS, non_increasing([rel[w] for w in WINDOWS]), strict=True))
         options = {
-            (lo, hi): lo * excess + wrong * 0.5 * math.erfc(margin / (rel[hi] * math.sqrt(2)))
+            (lo, hi): lo * excess + wrong * 0.5 * math.erfc(margin / (least[hi] * math.sqrt(2)))
             for lo, hi in zip(WINDOWS, WINDOWS[1:], strict=False)
         }
         options[(max(WINDOWS), None)] = max(WINDOWS) * excess
         (lo, hi), cost = min(options.items(), key=lambda kv: kv[1])
         out[measure] = {"relative_error": rel, "least_cost_s": cost, "window": [lo, hi]}
     return out
+
+
+def non_increasing(values: list[float]) -> list[float]:
+    """The least-squares non-increasing fit to ``values`` (pooling adjacent violators).
+
+    Example:
+      >>> non_increasing([4.0, 1.0, 2.0, 0.5])
+      [4.0, 1.5, 1.5, 0.5]
+    """
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def print_tables(rows: list[dict[str, Any]], reference: str, bounds: dict[str, Any]) -> None:

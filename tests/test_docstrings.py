@@ -33,6 +33,7 @@ SCRIPTS = [
     for name in (
         "_bench.py",
         "docs.py",
+        "learn_windows.py",
         "overlap_job.py",
         "train.py",
         "train_grid.py",
