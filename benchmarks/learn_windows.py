@@ -140,15 +140,22 @@ def window_estimates(run: dict[str, list[float]], w: int) -> dict[str, list[floa
     }
 
 
-def noise_table(runs: dict[str, list[dict]]) -> list[dict[str, Any]]:
+def estimates(runs: dict[str, list[dict]]) -> dict[str, dict[int, list[dict]]]:
+    """Per arm and window length, each seed's window estimates (:func:`window_estimates`):
+    what :func:`noise_table` and :func:`paired_noise` both read."""
+    return {arm: {w: [window_estimates(r, w) for r in seeds] for w in WINDOWS}
+            for arm, seeds in runs.items()}  # fmt: skip
+
+
+def noise_table(per_seed: dict[str, dict[int, list[dict]]]) -> list[dict[str, Any]]:
     """Per arm, window length and measure: the mean decrease per step and its noise (the
-    scatter across seeds of the same window, pooled over the windows)."""
+    scatter across seeds of the same window, pooled over the windows), from
+    :func:`estimates`."""
     rows = []
-    for arm, seeds in runs.items():
-        for w in WINDOWS:
-            per_seed = [window_estimates(r, w) for r in seeds]
+    for arm, by_window in per_seed.items():
+        for w, seeds in by_window.items():
             for measure in ("batch", "probe"):
-                columns = list(zip(*(e[measure] for e in per_seed), strict=True))
+                columns = list(zip(*(e[measure] for e in seeds), strict=True))
                 spread = [statistics.variance(c) for c in columns if len(c) > 1]
                 mean = statistics.fmean(v for c in columns for v in c)
                 noise = math.sqrt(statistics.fmean(spread)) if spread else float("nan")
@@ -157,24 +164,24 @@ def noise_table(runs: dict[str, list[dict]]) -> list[dict[str, Any]]:
     return rows
 
 
-def paired_noise(runs: dict[str, list[dict]], truth: dict[str, float]) -> list[dict[str, Any]]:
+def paired_noise(
+    per_seed: dict[str, dict[int, list[dict]]], truth: dict[str, float]
+) -> list[dict[str, Any]]:
     """Per pair of arms, window length and measure: the relative error of the ratio of their
     decreases, read from the same seed's windows (same initialization and batches, so what
     is common to both cancels), each relative to its arm's decrease over the span
     (:func:`span_decrease`), scattered across seeds and pooled over the windows. Windows of a
     run are read at different steps on other batches: their error is at least this."""
     out = []
-    arms = list(runs)
+    arms = list(per_seed)
     for i, a in enumerate(arms):
         for b in arms[i + 1 :]:
+            ta, tb = (max(truth[x], 1e-12) for x in (a, b))
             for w in WINDOWS:
-                ea = [window_estimates(r, w) for r in runs[a]]
-                eb = [window_estimates(r, w) for r in runs[b]]
                 for measure in ("batch", "probe"):
-                    ta, tb = (max(truth[x], 1e-12) for x in (a, b))
                     columns = zip(*(
                         [y / tb - x / ta for x, y in zip(sa[measure], sb[measure], strict=True)]
-                        for sa, sb in zip(ea, eb, strict=True)
+                        for sa, sb in zip(per_seed[a][w], per_seed[b][w], strict=True)
                     ), strict=True)  # fmt: skip
                     spread = [statistics.variance(c) for c in columns if len(c) > 1]
                     error = math.sqrt(statistics.fmean(spread)) if spread else float("nan")
@@ -183,11 +190,12 @@ def paired_noise(runs: dict[str, list[dict]], truth: dict[str, float]) -> list[d
     return out
 
 
-def read_cells(directory: pathlib.Path) -> dict[str, dict[str, float]]:
+def read_cells(directory: pathlib.Path) -> tuple[dict[str, dict[str, float]], float]:
     """Each reduction's full runs in a cell directory, seeds pooled as the report pools them
     (:func:`train_report.summarize`): seconds per step, steps and time to target (infinite
-    where it missed) and the run's seconds (to target, or to its cap). The dense arm is the 16-bit run, as auto-bf16's is; ``dense16`` holds
-    the fastest dense 16-bit run (psum or dense) for the target against it."""
+    where it missed) and the run's seconds (to target, or to its cap). The dense arm is the
+    16-bit run, as auto-bf16's is. Then the fastest dense 16-bit run's time to target (psum
+    or dense; infinite where none reached it), for the target against it."""
     runs = [json.loads(path.read_text()) for path in directory.glob("*-s*.json")]
     rows = {r["label"]: r for r in summarize([c for c in runs if c["label"] != "auto-bf16"])}
     cells = {}
@@ -199,8 +207,7 @@ def read_cells(directory: pathlib.Path) -> dict[str, dict[str, float]]:
                           "time_to_target_s": math.inf if missed else r["time_to_target_s"],
                           "run_s": r["capped_at_s"] if missed else r["time_to_target_s"]}  # fmt: skip
     dense16 = [rows[k]["time_to_target_s"] for k in ("psum-bf16", "dense-bf16") if k in rows]
-    cells["dense16"] = {"time_to_target_s": min((t for t in dense16 if t), default=math.inf)}
-    return cells
+    return cells, min((t for t in dense16 if t), default=math.inf)
 
 
 def against_reference(rows: list[dict[str, Any]], reference: str) -> None:
@@ -226,11 +233,12 @@ def span_decrease(rows: list[dict[str, Any]]) -> dict[str, float]:
 def bound(
     rows: list[dict[str, Any]],
     cells: dict[str, dict[str, float]],
+    dense16: float,
     paired: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """What windows cost at least, in expectation, to pick well enough for the targets: to
     land within ``ALLOWANCE`` of the fastest full run and ``DENSE_ALLOWANCE`` of the fastest
-    dense 16-bit one, set against what those allow.
+    dense 16-bit one (``dense16`` seconds), set against what those allow.
 
     The model is one round of windows, then the pick kept to the target. Each rival (an arm
     whose full run is slower than the fastest's by more than the allowance) runs a window of
@@ -246,20 +254,19 @@ def bound(
     as the learner does. Windows of the fastest arm cost nothing, and the noise is the
     pair's on the same seed's windows (:func:`paired_noise`), less than a run's interleaved
     windows have: the bound favours the learner."""
-    dense16 = cells["dense16"]["time_to_target_s"]
     truth = span_decrease(rows)  # the arms measured: only they are ranked
     ranked = sorted((a for a in cells if a in truth), key=lambda a: cells[a]["time_to_target_s"])
     fastest = ranked[0]
     best = cells[fastest]
     allowance = min(ALLOWANCE * best["time_to_target_s"],
                     (1 + DENSE_ALLOWANCE) * dense16 - best["time_to_target_s"])  # fmt: skip
-    most = learn.Learning().most_steps()
+    learning = learn.Learning()
     rivals = {}
     for arm in ranked[1:]:
         c = cells[arm]
         if c["time_to_target_s"] <= (1 + ALLOWANCE) * best["time_to_target_s"]:
             continue  # a pick within the allowance needs no ruling out
-        if learn.is_safe(arm) and c["step_s"] > most * best["step_s"]:
+        if learn.is_safe(arm) and learning.outpaced(c["step_s"], best["step_s"]):
             continue  # too dear a step for any compressor's steps
         progress = best["steps"] / c["steps"] if c["steps"] else 0.0
         rival = {  # a run that missed: at least its cap
@@ -401,11 +408,12 @@ def main() -> None:
             arm: [trajectory(args.workload, arm, s, args.steps) for s in args.seeds]
             for arm in args.arms
         }
-        rows = noise_table(runs)
+        per_seed = estimates(runs)
+        rows = noise_table(per_seed)
         against_reference(rows, args.arms[0])
-        paired = paired_noise(runs, span_decrease(rows))
+        paired = paired_noise(per_seed, span_decrease(rows))
     cells = cell_directories(args.workload, RESULTS) if args.cells is None else args.cells
-    bounds = {c.name: bound(rows, read_cells(c), paired) for c in cells}
+    bounds = {c.name: bound(rows, *read_cells(c), paired) for c in cells}
     print_tables(rows, rows[0]["arm"], bounds)
     args.out.mkdir(parents=True, exist_ok=True)
     record = {"workload": args.workload, "seeds": args.seeds, "steps": args.steps,

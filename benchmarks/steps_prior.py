@@ -10,9 +10,8 @@ link, over the fastest reduction's. ``recorded`` is what the learner that ran ch
 rule is replayed without the margin of a re-check, whose windows it leaves as they ran.
 
 The held-out pairs that judged the learner's latest change or test it (``JUDGED``) are left
-out. The
-prior's settings were fitted before heldout-convsmall and heldout-fourmid, which judged
-them, had run; their rows, and those of each pair after it, joined once it had judged.
+out. The prior's settings were fitted before heldout-convsmall and heldout-fourmid, which
+judged them, had run; their rows, and those of each pair after it, joined once it had judged.
 
 Usage:
   python benchmarks/steps_prior.py
@@ -108,13 +107,13 @@ def pick(windows: list[dict[str, Any]], learning: Learning) -> str:
 
 def unbracketed(windows: list[dict[str, Any]], learning: Learning) -> list[dict[str, Any]]:
     """The windows without the round's closing safe window where the learner leaves it out
-    (its seconds a step beyond the cheapest compressor's times the prior's 95th percentile
-    of steps, :meth:`jaxcomm.cost.learn.Learner._unbracketed`)."""
+    (:meth:`jaxcomm.cost.learn.Learning.outpaced` by the cheapest compressor,
+    :meth:`jaxcomm.cost.learn.Learner._unbracketed`)."""
     last = windows[-1]
     lossy = [w["seconds_per_step"] for w in windows if not is_safe(w["arm"])]
     if len(windows) < 3 or not is_safe(last["arm"]) or not lossy:
         return windows
-    dear = last["seconds_per_step"] > min(lossy) * learning.most_steps()
+    dear = learning.outpaced(last["seconds_per_step"], min(lossy))
     return windows[:-1] if dear else windows
 
 

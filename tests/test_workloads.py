@@ -492,9 +492,8 @@ def test_window_bound_is_each_rivals_least_expected_cost_over_window_lengths():
         "onebit": {"step_s": 0.005, "steps": None, "time_to_target_s": math.inf, "run_s": 900.0},
         "adaptive": {"step_s": 0.011, "steps": 1000, "time_to_target_s": 11.0, "run_s": 11.0},
         "blockquant": {"step_s": 0.070, "steps": 500, "time_to_target_s": 35.0, "run_s": 35.0},
-        "dense16": {"time_to_target_s": 100.0},
     }
-    b = lw.bound(rows, cells, paired)
+    b = lw.bound(rows, cells, 100.0, paired)
     assert b["fastest"] == "topk_allgather" and b["allowance_s"] == pytest.approx(1.5)
     assert set(b["rivals"]) == {"gtopk", "onebit"}
     gtopk, onebit = b["rivals"]["gtopk"], b["rivals"]["onebit"]
@@ -519,5 +518,5 @@ def test_window_bound_is_each_rivals_least_expected_cost_over_window_lengths():
         0.4 + 10 * wrong_80
     )
     # Where the fastest dense 16-bit run is close, 10 % over it allows less than 15 % does.
-    tight = lw.bound(rows, {**cells, "dense16": {"time_to_target_s": 9.4}}, paired)
+    tight = lw.bound(rows, cells, 9.4, paired)
     assert tight["allowance_s"] == pytest.approx(1.1 * 9.4 - 10.0) and tight["bounded"]

@@ -217,6 +217,17 @@ class Learning:
         """
         return self.prior_steps * math.exp(_UPPER * self.prior_spread)
 
+    def outpaced(self, safe_seconds: float, cheapest: float) -> bool:
+        """Whether a safe arm at ``safe_seconds`` a step cannot win against a compressor at
+        ``cheapest`` unless the prior is far off: it is dearer a step by more than the
+        compressor's steps at the prior's 95th percentile (:meth:`most_steps`).
+
+        Example:
+          >>> Learning().outpaced(0.060, 0.010), Learning().outpaced(0.050, 0.010)
+          (True, False)
+        """
+        return safe_seconds > cheapest * self.most_steps()
+
     def steps_for(self, seconds: float | None, fastest: float | None) -> int:
         """The steps of a window of an arm measured at ``seconds`` per step, when the
         fastest arm measured runs ``fastest`` (None: not measured yet, a full window): as
@@ -618,9 +629,7 @@ class Learner:
         seconds = latest.get(self.arms[closing], self._predicted.get(self.arms[closing]))
         lossy = [latest[self.arms[i]] for i in self._active
                  if not is_safe(self.arms[i]) and self.arms[i] in latest]  # fmt: skip
-        if not (seconds and lossy):
-            return False
-        if seconds <= min(lossy) * self.learning.most_steps():
+        if not (seconds and lossy) or not self.learning.outpaced(seconds, min(lossy)):
             return False
         self._queue = []
         _decisions.append({"event": "unbracketed", "step": step, "arm": self.arms[closing],
