@@ -108,7 +108,7 @@ def pick(windows: list[dict[str, Any]], learning: Learning) -> str:
 def unbracketed(windows: list[dict[str, Any]], learning: Learning) -> list[dict[str, Any]]:
     """The windows without the round's closing safe window where the learner leaves it out
     (:meth:`jaxcomm.cost.learn.Learning.outpaced` by the cheapest compressor,
-    :meth:`jaxcomm.cost.learn.Learner._unbracketed`)."""
+    :meth:`jaxcomm.cost.learn.Learner._leave_out_outpaced`)."""
     last = windows[-1]
     lossy = [w["seconds_per_step"] for w in windows if not is_safe(w["arm"])]
     if len(windows) < 3 or not is_safe(last["arm"]) or not lossy:

@@ -605,3 +605,42 @@ def test_a_closing_safe_window_that_cannot_change_the_pick_is_left_out(dense_sec
     learner = _explored({"dense": 0.01, "gtopk": 0.008, "onebit": 0.004}, seconds)
     assert [w["arm"] for w in learner.windows][-1] == ("dense" if closed else "onebit")
     assert learner.chosen == "gtopk"
+
+
+@pytest.mark.parametrize("block_model, left_out", [(0.05, True), (0.02, False)])
+def test_a_safe_arm_predicted_far_dearer_runs_after_the_cheapest_or_not_at_all(
+    block_model, left_out
+):
+    # Dense ruled out (a slow link); the model predicts block int8 at 10x-25x gTop-k's
+    # communication, beyond the prior's 95th percentile of steps (5.7x): gTop-k's window
+    # opens the round. It measures 3 ms a step the model left out (the compute every arm
+    # shares): with it block int8 is estimated at 53 ms against gTop-k's 5 ms, still
+    # outpaced, and runs no window at all; at 23 ms it could win and runs as before.
+    predicted = {"blockquant": block_model, "gtopk": 0.002, "onebit": 0.004}
+    learning = learn.Learning(window=10, settle=2)
+    learner = learn.Learner(
+        ["dense", *predicted], learning, 0, first=1, skip={"dense": 1.0}, predicted=predicted
+    )
+    seconds = {"blockquant": block_model + 0.003, "gtopk": 0.005, "onebit": 0.006}
+    decrease = {"blockquant": 0.01, "gtopk": 0.01, "onebit": 0.002}
+    _run_windows(learner, 0, decrease, seconds)
+    arms = [w["arm"] for w in learner.windows]
+    if left_out:
+        assert arms == ["gtopk", "onebit", "gtopk"]
+        outpaced = _last("outpaced")
+        assert outpaced["arms"] == ["blockquant"] and outpaced["step"] == 10
+        assert outpaced["seconds_per_step"] == pytest.approx(0.053)
+        # Read against gTop-k at the prior's median, one-bit's fifth of its decrease puts
+        # it far above; gTop-k stays at the prior.
+        factors = _last("decision")["steps_factor"]
+        assert factors["onebit"] > 2 * factors["gtopk"]
+        assert factors["gtopk"] == pytest.approx(learning.prior_steps, rel=0.1)
+        # No safe arm is left to confirm the switch against or to re-check.
+        decided = _last("decision")["step"]
+        assert not learner.window_start(decided + learning.confirm)
+        tried = len(learner.windows)
+        _run_windows(learner, decided + learning.recheck_every, decrease, seconds)
+        assert [w["arm"] for w in learner.windows[tried:]] == arms  # the lead brackets it
+    else:
+        assert arms == ["gtopk", "blockquant", "onebit", "blockquant"]
+    assert learner.chosen == "gtopk"

@@ -15,6 +15,15 @@ dense's progress, and re-checks now and then.
   of the arm the model predicts fastest (:func:`warmup_seconds`, :meth:`Learning.opens_at`):
   where dense is ruled out a safe step costs several of a sparse one. Their last steps are
   the first round's opening window, which runs that arm anyway.
+* Where the model predicts the safe compressor's step dearer than the cheapest
+  compressor's by more than the prior's 95th percentile of steps (:meth:`Learning.outpaced`),
+  there is no warm-up: the cheapest compressor (the *lead*) opens the round. Its window
+  measures what the model leaves out (the compute every arm shares); with it the safe
+  arm's step is estimated, and where that is still outpaced the safe arm runs no window
+  at all (:meth:`Learner._leave_out_outpaced`): it could not win, and on a run of a few
+  seconds its one window cost more than the targets allow (docs/cost-model.md). The lead
+  then brackets the other compressors, which are read against it, its steps taken at the
+  prior's median.
 * A window is ``window`` steps of one arm, or as many seconds: exploration is paid for in
   seconds, so an arm measured slower per step than the fastest measured so far runs
   proportionally fewer steps (at least half a window, :meth:`Learning.steps_for`); on a slow
@@ -41,7 +50,7 @@ dense's progress, and re-checks now and then.
   step. Early windows move the loss the most, and a short run may reach its target within
   the exploration: they go to the arm least likely to waste them. The closing safe window
   is left out where its arm is dearer a step than the cheapest compressor by more than the
-  prior's 95th percentile of steps (:meth:`Learner._unbracketed`): it could not win.
+  prior's 95th percentile of steps (:meth:`Learner._leave_out_outpaced`): it could not win.
 * Every compressor the model predicts faster per step than dense gets a trial
   (:func:`propose`): a fast arm's window costs little, and the priors that would rank them are
   measured on other models. Dense runs no window when the measured model predicts it slower
@@ -195,15 +204,20 @@ class Learning:
         warm-up's last window being the first round's opening one. The warm-up lasts as
         many seconds as ``warmup`` steps of the fastest arm, its first arm predicted at
         ``seconds`` a step and the fastest proposed at ``fastest`` (None: ``warmup`` steps):
-        on a slow link the safe arm's steps are the dearest of the run.
+        on a slow link the safe arm's steps are the dearest of the run. No warm-up (0)
+        where the first arm is :meth:`outpaced` by the fastest: its window opens the run.
 
         Example:
           >>> Learning(window=20, warmup=50).opens_at(), Learning(window=20, warmup=10).opens_at()
           (30, 0)
           >>> Learning(window=20, warmup=50).opens_at(0.05, 0.02)  # 20 steps: 10 + a window of 10
           10
+          >>> Learning(window=20, warmup=50).opens_at(0.5, 0.02)  # outpaced: no warm-up
+          0
         """
         warm = self.warmup
+        if seconds and fastest and self.outpaced(seconds, fastest):
+            return 0  # the fastest arm's window opens the round (``Learner``'s lead)
         if seconds and fastest:
             warm = round(self.warmup * min(1.0, fastest / seconds))
         return max(0, warm - self.steps_for(seconds, fastest))
@@ -380,7 +394,24 @@ class Learner:
             )  # fmt: skip
             return
         self._pool = active  # the arms still in play (:meth:`_prune` drops from it)
+        self._lead = self._leading(first, active)
         self._explore(start, self.learning.rounds, active)
+
+    def _leading(self, first: int, active: list[int]) -> int | None:
+        """The compressor whose window opens the first round before the safe arm's, or None:
+        the one the model predicts cheapest, where it predicts the safe ``first`` arm
+        :meth:`Learning.outpaced` by it (dense ruled out: a slow link). The safe window could
+        then only be the round's reference, at the round's highest price; the lead's window
+        measures what the model leaves out (the compute every arm shares) before the safe
+        arm runs at all (:meth:`_leave_out_outpaced`), and where the safe arm is left out the
+        lead is the reference the other compressors are read against."""
+        seconds = self._predicted
+        lossy = [i for i in active if not is_safe(self.arms[i]) and self.arms[i] in seconds]
+        if not lossy or self.arms[first] not in seconds:
+            return None
+        lead = min(lossy, key=lambda i: (seconds[self.arms[i]], self.arms[i]))
+        dear = self.learning.outpaced(seconds[self.arms[first]], seconds[self.arms[lead]])
+        return lead if dear else None
 
     def _explore(self, start: int, rounds: int, active: list[int]) -> None:
         """Plans ``rounds`` rounds of the ``active`` arms from ``start`` (one at a time: the
@@ -410,19 +441,30 @@ class Learner:
         self._explore(step + wait, 1, pool)
 
     def _order(self) -> list[int]:
-        """One round's arms: the safe ones bracket the others, which rotate by one a round."""
+        """One round's arms: the safe ones bracket the others, which rotate by one a round.
+        Until a safe window has run, the lead (:meth:`_leading`) goes first, and brackets
+        the others where no safe arm is left (the trend is then fitted against it)."""
         safe = [i for i in self._active if is_safe(self.arms[i])]
         others = [i for i in self._active if i not in safe]
         if others:
             turn = self._rounds % len(others)
             others = others[turn:] + others[:turn]
+        lead = self._lead if self._lead in others and not self._safe_ran() else None
+        if lead is not None:
+            others = [lead, *(i for i in others if i != lead)]
         if not safe:
-            return others
+            return [*others, lead] if lead is not None and len(others) > 1 else others
         opener = self._first if self._first in safe else safe[0]
         rest = [i for i in safe if i != opener]
         if not others:
             return [opener, *rest]
+        if lead is not None:
+            return [lead, opener, *others[1:], *(rest or [opener])]
         return [opener, *others, *(rest or [opener])]
+
+    def _safe_ran(self) -> bool:
+        """Whether any safe arm has run a window."""
+        return any(is_safe(w["arm"]) for w in self.windows)
 
     def _plan_round(self, start: int) -> None:
         """One round of windows from ``start`` (:meth:`_order`), planned one at a time: a
@@ -452,14 +494,18 @@ class Learner:
         no safe arm ran in it (all pruned), the latest safe window before it joins as the
         reference the others' steps are read against (the fitted trend carries it to their
         time): without one, a compressor that set the training back would look as good as
-        any (the prior alone)."""
+        any (the prior alone). Where no safe arm ever ran (:meth:`_leave_out_outpaced`), the
+        lead is the reference."""
         names = [self.arms[i] for i in self._active]
         since = [w for w in self.windows if w["first_step"] >= self._explored_from]
+        anchor = None
         if not any(is_safe(w["arm"]) for w in since):
             last = next((w for w in reversed(self.windows) if is_safe(w["arm"])), None)
             if last is not None:
                 since, names = [last, *since], [*dict.fromkeys([*names, last["arm"]])]
-        return measure(since, names, self.learning, self.windows)
+            elif self._lead is not None:  # no safe arm ever ran: the lead is the reference
+                anchor = self.arms[self._lead]
+        return measure(since, names, self.learning, self.windows, anchor)
 
     def _kept(self, measured: Measured) -> list[int]:
         """The active arms fast enough per step to win: credited with the greatest decrease
@@ -604,7 +650,9 @@ class Learner:
         self._cut = False
         self.windows.append(record)
         _decisions.append(record)
-        if self._queue and not self._unbracketed(step + 1):
+        if self._queue and is_safe(self.arms[self._queue[0]]):
+            self._leave_out_outpaced(step + 1)
+        if self._queue:
             self._plan_next(step + 1)
             return
         if self._rounds_left > 0:
@@ -614,27 +662,50 @@ class Learner:
         else:
             self._decide(step + 1)
 
-    def _unbracketed(self, step: int) -> bool:
-        """Whether the round's closing safe window, due at ``step``, is left out (and
-        recorded so): where its arm's seconds a step exceed the cheapest compressor's
-        measured in the round by more than the steps any compressor needs at the prior's
-        95th percentile, the safe arm cannot win unless the prior is far off, and on such a
-        link its window is the round's dearest. The compressors are then read against the
-        opening safe window alone (the trend then goes unfitted: a later, slower safe window
-        would only lower the safe decrease, and with it their steps)."""
-        closing = self._queue[0]
-        if len(self._queue) != 1 or not is_safe(self.arms[closing]):
-            return False
+    def _leave_out_outpaced(self, step: int) -> None:
+        """Leaves out the safe window due at ``step`` (and records so) where its arm's seconds
+        a step exceed the cheapest compressor's measured in the round by more than the steps
+        any compressor needs at the prior's 95th percentile (:meth:`Learning.outpaced`): the
+        safe arm cannot win unless the prior is far off, and on such a link its window is the
+        round's dearest.
+
+        * The round's closing window (``"unbracketed"``): the compressors are read against
+          the opening safe window alone (the trend then goes unfitted: a later, slower safe
+          window would only lower the safe decrease, and with it their steps).
+        * A window before any safe one ran (after the lead's, :meth:`_order`;
+          ``"outpaced"``): its arm's seconds are the model's plus what the lead's window
+          measured beyond the model's (:meth:`_estimated`). The safe arms leave the run and
+          the lead closes the round: the other compressors are read against it, its steps
+          taken at the prior's median (:func:`measure`'s ``anchor``)."""
+        due = self.arms[self._queue[0]]
         latest = self._latest_seconds()
-        seconds = latest.get(self.arms[closing], self._predicted.get(self.arms[closing]))
+        seconds = latest.get(due) or self._estimated(due)
         lossy = [latest[self.arms[i]] for i in self._active
                  if not is_safe(self.arms[i]) and self.arms[i] in latest]  # fmt: skip
         if not (seconds and lossy) or not self.learning.outpaced(seconds, min(lossy)):
-            return False
-        self._queue = []
-        _decisions.append({"event": "unbracketed", "step": step, "arm": self.arms[closing],
-                           "seconds_per_step": seconds, "cheapest": min(lossy)})  # fmt: skip
-        return True
+            return
+        record = {"step": step, "arm": due, "seconds_per_step": seconds, "cheapest": min(lossy)}
+        if len(self._queue) == 1:
+            self._queue = []
+            _decisions.append({"event": "unbracketed", **record})
+            return
+        safe = [i for i in self._active if is_safe(self.arms[i])]
+        self._active = [i for i in self._active if i not in safe]
+        self._pool = [i for i in self._pool if i not in safe]
+        self._queue = [i for i in self._queue if i not in safe]
+        if self._queue and self._lead in self._active:
+            self._queue.append(self._lead)
+        _decisions.append({"event": "outpaced", **record, "arms": [self.arms[i] for i in safe]})
+
+    def _estimated(self, name: str) -> float | None:
+        """The seconds a step of ``name``, which ran no window: the model's (None: none)
+        plus the least excess of a measured arm's seconds over the model's (the compute every
+        arm shares, which the model leaves out)."""
+        if name not in self._predicted:
+            return None
+        latest = self._latest_seconds()
+        excess = [latest[a] - self._predicted[a] for a in latest if a in self._predicted]
+        return self._predicted[name] + max(0.0, min(excess, default=0.0))
 
     def _settle(self, first: int, arm: int, losses: Sequence[float]) -> int:
         """The first steps of the window from ``first`` left out of its slope: none for a
@@ -682,11 +753,15 @@ class Learner:
         per_step, seconds, rate, factors, cost, reference = measured
         guard = _fastest_safe(seconds)
         best = pick = best_arm(measured, [self.arms[i] for i in self._active])
-        # A pick must beat the arm it displaces by the margin: the guard at first, the
-        # decided arm at a re-check (a switch costs a confirmation round). A re-check with
-        # no falling safe loss to read the steps against keeps the decision: the prior
-        # alone ranks by seconds a step, which the decision weighed with more to go on.
+        # A pick must beat the arm it displaces by the margin: the guard at first (the lead
+        # where no safe arm ran), the decided arm at a re-check (a switch costs a
+        # confirmation round). A re-check with no falling safe loss to read the steps against
+        # keeps the decision: the prior alone ranks by seconds a step, which the decision
+        # weighed with more to go on.
+        lead = self.arms[self._lead] if self._lead is not None else None
         standing = self.chosen if self.chosen in cost else guard
+        if standing is None and lead in cost:
+            standing = lead
         if standing is not None and cost[best] * self.learning.margin >= cost[standing]:
             pick = standing
         if self.chosen in cost and reference <= 0:
@@ -728,6 +803,7 @@ def measure(
     names: Sequence[str],
     learning: Learning,
     timed: Sequence[Mapping[str, Any]] | None = None,
+    anchor: str | None = None,
 ) -> Measured:
     """Each of ``names``' loss decrease per step (the safe arms pooled in one class, fitted
     with the trend by :func:`arm_decrease`) and decrease per second over ``windows`` (each
@@ -740,7 +816,20 @@ def measure(
     between two of theirs is compared with the safe decrease interpolated to when it ran,
     not with whichever safe window ran later. Where no safe arm ran (all pruned) or its
     loss did not fall, the windows cannot say how many more steps an arm needs than dense:
-    the prior alone decides.
+    the prior alone decides, unless an ``anchor`` (one of ``names``) is given. The others
+    are then read against it, its steps taken at the prior's median: its decrease times the
+    prior stands for the safe one, so the compressors are ranked on their windows against
+    each other, as far as their errors allow.
+
+    Example:
+      >>> ws = [{"arm": a, "first_step": 20 * i, "last_step": 20 * i + 19,
+      ...        "loss_decrease_per_step": d, "loss_decrease_se": 1e-5, "seconds_per_step": 0.01}
+      ...       for i, (a, d) in enumerate([("gtopk", 0.02), ("onebit", 0.005), ("gtopk", 0.02)])]
+      >>> measure(ws, ["gtopk", "onebit"], Learning()).factors  # no reference: the prior's mean
+      {'gtopk': 2.83..., 'onebit': 2.83...}
+      >>> {a: round(f, 1) for a, f in measure(ws, ["gtopk", "onebit"], Learning(),
+      ...                                     anchor="gtopk").factors.items()}
+      {'gtopk': 2.5, 'onebit': 10.0}
     """
     windows = [w for w in windows if w["arm"] in names]
     cls = {a: SAFE if is_safe(a) else a for a in names}
@@ -764,12 +853,15 @@ def measure(
         for c in set(cls.values())
         if (group := [w for w, p in zip(windows, pooled, strict=True) if p["arm"] == c])
     }
-    safe = max(0.0, fitted.get(SAFE, 0.0))
+    safe, safe_error = max(0.0, fitted.get(SAFE, 0.0)), error.get(SAFE, 0.0)
+    if SAFE not in error and anchor in error:
+        safe = max(0.0, learning.prior_steps * per_step[anchor])
+        safe_error = learning.prior_steps * error[anchor]
     factors = {
         a: 1.0
         if is_safe(a)
         else steps_posterior(
-            per_step[a], error[a], safe, error.get(SAFE, 0.0),
+            per_step[a], error[a], safe, safe_error,
             learning.prior_steps, learning.prior_spread, learning.noise,
         )
         for a in names
@@ -934,8 +1026,9 @@ def decisions() -> list[dict[str, Any]]:
     and ``{"event": "decision", "step", "choice", "kept", "loss_decrease_per_s",
     "seconds_per_step", "steps_factor", "steps_factor_measured", "seconds_per_dense_step"}``
     (per arm; ``steps_factor``: the expected one the decision used, :func:`steps_posterior`),
-    with ``"pruned"``, ``"skipped"`` and ``"unbracketed"`` (a closing safe window left out,
-    :meth:`Learner._unbracketed`) events between them.
+    with ``"pruned"``, ``"skipped"``, ``"unbracketed"`` (a closing safe window left out) and
+    ``"outpaced"`` (the safe arms left out before they ran, :meth:`Learner._leave_out_outpaced`)
+    events between them.
 
     Example:
       >>> isinstance(decisions(), list)

@@ -164,9 +164,11 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
             ctx.print(f"{name} auto: step {d['last_step']} ends the trial of {d['arm']} after "
                       f"{d['last_step'] - d['first_step'] + 1} steps (its loss rose above the "
                       "level before it)")  # fmt: skip
-        elif d["event"] == "unbracketed":
-            ctx.print(f"{name} auto: step {d['step']} closes the round without {d['arm']} "
-                      f"({d['seconds_per_step'] * 1e3:.3g} ms a step: it could not win)")  # fmt: skip
+        elif d["event"] in ("unbracketed", "outpaced"):
+            what = "closes the round" if d["event"] == "unbracketed" else "runs no more trials"
+            ctx.print(f"{name} auto: step {d['step']} {what} without {d['arm']} "
+                      f"({d['seconds_per_step'] * 1e3:.3g} ms a step against "
+                      f"{d['cheapest'] * 1e3:.3g} ms: it could not win)")  # fmt: skip
         elif d["event"] == "pruned":
             ctx.print(f"{name} auto: step {d['step']} stops trying {', '.join(d['arms'])} "
                       "(too slow per step to win)")  # fmt: skip
