@@ -38,9 +38,15 @@ from train_report import summarize  # noqa: E402
 
 from docs import TARGET_OVER_FASTEST  # noqa: E402
 
-JUDGED = ("heldout-convlowmom", "heldout-himom", "heldout-digitsdeep", "heldout-convwide")
-"""Never read here: the held-out pair that judged the learner's latest change, and the pair
-that tests the learner as it stands."""
+JUDGED = (
+    "heldout-convlowmom",
+    "heldout-himom",
+    "heldout-digitsdeep",
+    "heldout-convwide",
+    "heldout-digitsadam",
+    "heldout-convdigits",
+)
+"""Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target
 PRIORS = (1.5, 2.0, 2.5, 3.0, 4.0)
 NOISES = (0.01, 1.0, 2.0, 4.0, 8.0, 1000.0)  # 0.01: windows at face value; 1000: prior alone

@@ -73,7 +73,8 @@ WORKLOADS = {
     # prior (07c6547), which they judged; heldout-convplain and heldout-adamdecay only after
     # the rarer re-checks (9710391), which they judged; heldout-convlowmom and heldout-himom
     # only after the unbracketed rounds (2941e9f), which they judged; heldout-digitsdeep and
-    # heldout-convwide were defined for the change after those (recipes/heldout-*.yaml).
+    # heldout-convwide were defined for the change after those, and with heldout-digitsadam
+    # and heldout-convdigits judge the lead (78808b7) (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model)
         for name, model in [
@@ -99,6 +100,8 @@ WORKLOADS = {
             ("heldout-himom", "mlp"),
             ("heldout-digitsdeep", "mlp"),
             ("heldout-convwide", "cnn"),
+            ("heldout-digitsadam", "mlp"),
+            ("heldout-convdigits", "cnn"),
         ]
     },
 }
