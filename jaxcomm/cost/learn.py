@@ -382,6 +382,7 @@ class Learner:
         self._cut = False  # the open window was cut short (:meth:`cut`)
         self._rounds = 0  # rotates the bracketed arms by one each round
         self._rechecks = 0  # full re-checks planned: each waits twice the one before
+        self._lead: int | None = None  # the compressor opening in the safe arm's place
         _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
         if skip:
             _decisions.append({"event": "skipped", "step": start, "predicted_s": skip})
