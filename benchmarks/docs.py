@@ -773,6 +773,7 @@ TARGET_OVER_DENSE16 = 1.10
 
 HELDOUT_HEADER = [
     "workload · link",
+    "learner",
     "`auto` (no profile)",
     "fastest reduction",
     "`auto` / fastest",
@@ -791,7 +792,8 @@ def _reach(row: dict[str, Any] | None) -> str:
 
 
 def heldout_summary(rows: list[dict[str, Any]], bound: dict[str, Any] | None = None) -> list[str]:
-    """One (workload, link) of a held-out workload: ``auto-bf16``'s time to target against the
+    """One (workload, link) of a held-out workload: the learner its ``auto-bf16`` ran (the
+    change its workload judged), auto's time to target against the
     fastest other reduction and the fastest dense 16-bit run of the same run of the grid, and
     whether it met the targets or what bounds them (``bound``: :func:`window_bound`).
 
@@ -802,9 +804,10 @@ def heldout_summary(rows: list[dict[str, Any]], bound: dict[str, Any] | None = N
       ...             "capped_at_s": None, "speedup": None, "speedup_is_lower_bound": False,
       ...             "best": 0.9, "steps": 10, "step_s": 0.1, "predicted_step_s": None,
       ...             "prediction_error": None, "bytes_sent_per_step": 1e6,
-      ...             "measure_s": 0.5 if label.startswith("auto") else None, "compile_s": 2.0}
+      ...             "measure_s": 0.5 if label.startswith("auto") else None, "compile_s": 2.0,
+      ...             "learner": "lead"}
       >>> heldout_summary([row("dense-bf16", 10.0), row("gtopk", 5.0), row("auto-bf16", 5.5)])
-      ['w · 1gbit-2x1', 'auto-bf16, 5.5 s', 'gtopk, 5.0 s', '1.10×', 'dense-bf16, 10.0 s', '0.55×', '0.5 s, 2.0 s', 'met']
+      ['w · 1gbit-2x1', '`lead`', 'auto-bf16, 5.5 s', 'gtopk, 5.0 s', '1.10×', 'dense-bf16, 10.0 s', '0.55×', '0.5 s, 2.0 s', 'met']
     """
     reached = [r for r in rows if r["time_to_target_s"] is not None]
     auto = next((r for r in rows if r["label"] == "auto-bf16"), None)
@@ -821,8 +824,10 @@ def heldout_summary(rows: list[dict[str, Any]], bound: dict[str, Any] | None = N
     over_fastest, over_dense16 = ratio(fastest), ratio(dense16)
     met = over_fastest <= TARGET_OVER_FASTEST and over_dense16 <= TARGET_OVER_DENSE16
     start = [None if auto is None else auto.get(k) for k in ("measure_s", "compile_s")]
+    learner = rows[0].get("learner")
     return [
         f"{rows[0]['workload']} · {rows[0]['network']}",
+        f"`{learner}`" if learner else "shaped it",
         _reach(auto),
         _reach(fastest),
         "–" if over_fastest == math.inf else f"{over_fastest:.2f}×",
@@ -860,6 +865,19 @@ def window_bounds(results: pathlib.Path) -> dict[tuple[str, str], dict[str, Any]
     return out
 
 
+def _tally(summaries: list[list[str]]) -> str:
+    """How many of the held-out summaries (:func:`heldout_summary`) met the targets, are
+    bounded, or missed them.
+
+    Example:
+      >>> _tally([["w", "`lead`", "met"], ["v", "`lead`", "bounded: windows cost ≥ 1 s"]])
+      '2 rows: 1 met, 1 bounded, 0 missed'
+    """
+    verdicts = [s[-1].split(":")[0] for s in summaries]
+    tally = ", ".join(f"{verdicts.count(v)} {v}" for v in ("met", "bounded", "missed"))
+    return f"{len(summaries)} rows: {tally}"
+
+
 @section("docs/e2e.md", "e2e-heldout")
 def e2e_heldout(results: pathlib.Path) -> str:
     """The held-out workloads (``results/e2e/e2e.json`` rows marked ``held_out``): auto's time
@@ -873,13 +891,14 @@ def e2e_heldout(results: pathlib.Path) -> str:
         heldout_summary(rows, bounds.get((rows[0]["workload"], rows[0]["network"])))
         for _, rows in cells
     ]
-    verdicts = [s[-1].split(":")[0] for s in summaries]
-    tally = ", ".join(f"{verdicts.count(v)} {v}" for v in ("met", "bounded", "missed"))
+    now = data.get("learner")
     summary = table(
         HELDOUT_HEADER,
         summaries,
-        caption=f"{len(summaries)} rows: {tally}. "
-        f"`auto` against the fastest reduction of the same run (`auto` / fastest below "
+        caption=f"{_tally(summaries)}; of the learner as it stands (`{now}`), "
+        f"{_tally([s for s in summaries if s[1] == f'`{now}`'])}. *Learner*: the change "
+        "whose learner ran the row's `auto` (the learner before it: "
+        "`benchmarks/results/e2e-before-<change>`). `auto` against the fastest reduction of the same run (`auto` / fastest below "
         f"{TARGET_OVER_FASTEST}× and `auto` / dense 16-bit below {TARGET_OVER_DENSE16:.2f}× "
         "are the targets). *At start*: the "
         "seconds `auto` spent measuring its world, then compiling its arms' programs, "

@@ -39,6 +39,10 @@ class Workload:
       held_out: kept out of everything that fits ``auto``'s model: its auto cells get no
         profile, compute step or steps factors (auto measures its world and learns the steps
         from the run), and its cells feed nothing else.
+      learner: of a held-out workload, the learner change its auto cells judged: they ran
+        the learner with it, the learner before it ran in ``results/e2e-before-<learner>``
+        ("" where they shaped the learner, "before-cut" where they ran the one before the
+        cut windows).
     """
 
     recipe: str
@@ -46,15 +50,16 @@ class Workload:
     higher_is_better: bool
     result_glob: str
     held_out: bool = False
+    learner: str = ""
 
     def load(self) -> dict[str, Any]:
         return yaml.safe_load((REPO / "recipes" / self.recipe).read_text())
 
 
-def _held_out(name: str, model: str) -> Workload:
+def _held_out(name: str, model: str, learner: str) -> Workload:
     """A held-out digits job (``recipes/<name>.yaml``, ``model``: ``mlp`` or ``cnn``) trained
-    to a test accuracy."""
-    return Workload(f"{name}.yaml", "test_accuracy", True, f"digits-{model}-*.json", True)
+    to a test accuracy, its auto cells run by ``learner`` (:attr:`Workload.learner`)."""
+    return Workload(f"{name}.yaml", "test_accuracy", True, f"digits-{model}-*.json", True, learner)
 
 
 WORKLOADS = {
@@ -76,35 +81,38 @@ WORKLOADS = {
     # heldout-convwide were defined for the change after those, and with heldout-digitsadam
     # and heldout-convdigits judge the lead (78808b7) (recipes/heldout-*.yaml).
     **{
-        name: _held_out(name, model)
-        for name, model in [
-            ("heldout-mlp", "mlp"),
-            ("heldout-cnn", "cnn"),
-            ("heldout-teacher", "mlp"),
-            ("heldout-deep", "mlp"),
-            ("heldout-convadam", "cnn"),
-            ("heldout-wideadam", "mlp"),
-            ("heldout-convsgd", "cnn"),
-            ("heldout-tripleadam", "mlp"),
-            ("heldout-bigbatch", "mlp"),
-            ("heldout-plainsgd", "mlp"),
-            ("heldout-shallow", "mlp"),
-            ("heldout-smallbatch", "mlp"),
-            ("heldout-convbatch", "cnn"),
-            ("heldout-narrowdeep", "mlp"),
-            ("heldout-convsmall", "cnn"),
-            ("heldout-fourmid", "mlp"),
-            ("heldout-convplain", "cnn"),
-            ("heldout-adamdecay", "mlp"),
-            ("heldout-convlowmom", "cnn"),
-            ("heldout-himom", "mlp"),
-            ("heldout-digitsdeep", "mlp"),
-            ("heldout-convwide", "cnn"),
-            ("heldout-digitsadam", "mlp"),
-            ("heldout-convdigits", "cnn"),
+        name: _held_out(name, model, learner)
+        for name, model, learner in [
+            ("heldout-mlp", "mlp", ""),
+            ("heldout-cnn", "cnn", ""),
+            ("heldout-teacher", "mlp", ""),
+            ("heldout-deep", "mlp", ""),
+            ("heldout-convadam", "cnn", "before-cut"),
+            ("heldout-wideadam", "mlp", "before-cut"),
+            ("heldout-convsgd", "cnn", "before-cut"),
+            ("heldout-tripleadam", "mlp", "before-cut"),
+            ("heldout-bigbatch", "mlp", "cut"),
+            ("heldout-plainsgd", "mlp", "cut"),
+            ("heldout-shallow", "mlp", "flush"),
+            ("heldout-smallbatch", "mlp", "flush"),
+            ("heldout-convbatch", "cnn", "guard"),
+            ("heldout-narrowdeep", "mlp", "guard"),
+            ("heldout-convsmall", "cnn", "prior"),
+            ("heldout-fourmid", "mlp", "prior"),
+            ("heldout-convplain", "cnn", "rarer"),
+            ("heldout-adamdecay", "mlp", "rarer"),
+            ("heldout-convlowmom", "cnn", "unbracketed"),
+            ("heldout-himom", "mlp", "unbracketed"),
+            ("heldout-digitsdeep", "mlp", "lead"),
+            ("heldout-convwide", "cnn", "lead"),
+            ("heldout-digitsadam", "mlp", "lead"),
+            ("heldout-convdigits", "cnn", "lead"),
         ]
     },
 }
+
+LEARNER = next(w.learner for w in reversed(WORKLOADS.values()) if w.held_out)
+"""The learner as it stands: the change the latest held-out workloads judged."""
 
 # The algorithm registry (jaxcomm/algorithms/, light: no JAX): a new algorithm joins the
 # grid with nothing edited here.

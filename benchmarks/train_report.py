@@ -16,6 +16,7 @@ from typing import Any
 from train_grid import (
     BASELINES_16BIT,
     DEFAULT_OUT,
+    LEARNER,
     VARIANTS,
     WORKLOADS,
     auto_dropped_warmup,
@@ -91,6 +92,7 @@ def _summary_row(workload: str, net: str, label: str, runs: list[dict[str, Any]]
         "auto_pick": " / ".join(dict.fromkeys(p for p in map(auto_pick, runs) if p)) or None,
         "oversubscribed": first.get("oversubscribed"),
         "held_out": WORKLOADS[workload].held_out if workload in WORKLOADS else False,
+        "learner": WORKLOADS[workload].learner if workload in WORKLOADS else "",
         "measure_s": _median([r.get("auto_measure_s") for r in runs]),
         "compile_s": _median([r.get("auto_compile_s") for r in runs]),
         # The compute step its runs were predicted with.
@@ -233,7 +235,7 @@ def report(args: argparse.Namespace) -> None:
     rows = summarize(cells, computes)
     for line in table_lines(rows):
         print(line)
-    write_json(args.out / "e2e.json", {"rows": rows, "cells": len(cells)})
+    write_json(args.out / "e2e.json", {"rows": rows, "cells": len(cells), "learner": LEARNER})
     draw_curves(cells, args.out / "e2e-curves.png")
     draw_pays(rows, args.out / "e2e-pays.png")
     if args.out.resolve() == DEFAULT_OUT.resolve():
