@@ -13,25 +13,48 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 DOCS = pathlib.Path(__file__).resolve().parent
 COMPUTE, WIRE, LOCAL, IDLE = "#4c72b0", "#dd8452", "#55a868", "#c8c8c8"
 
 
-def box(ax, x, y, w, h, color, text="", size=8, text_color="white"):
+def box(
+    ax: Axes,
+    x: float,
+    y: float,
+    w: float,
+    h: float,
+    color: str,
+    text: str = "",
+    size: float = 8,
+    text_color: str = "white",
+) -> None:
     ax.add_patch(Rectangle((x, y), w, h, facecolor=color, edgecolor="black", linewidth=0.6))
     if text:
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size,
-                color=text_color)
+        ax.text(
+            x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, color=text_color
+        )
 
 
-def arrow(ax, start, end, color="black", style="-|>", width=1.0):
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle=style, mutation_scale=10, color=color,
-                                 linewidth=width))
+def arrow(
+    ax: Axes,
+    start: tuple[float, float],
+    end: tuple[float, float],
+    color: str = "black",
+    style: str = "-|>",
+    width: float = 1.0,
+) -> None:
+    ax.add_patch(
+        FancyArrowPatch(
+            start, end, arrowstyle=style, mutation_scale=10, color=color, linewidth=width
+        )
+    )
 
 
-def finish(fig, ax, name: str) -> None:
+def finish(fig: Figure, ax: Axes, name: str) -> None:
     ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(DOCS / f"diagram-{name}.png", dpi=110)
@@ -48,8 +71,13 @@ def bucketing_overlap() -> None:
     ax.text(0, 5.8, "serial: backward, then one allreduce", fontsize=9, weight="bold")
     box(ax, 0, 4.6, 8, 0.8, COMPUTE, "backward: layer 4, 3, 2, 1")
     box(ax, 8, 4.6, 6, 0.8, WIRE, "allreduce of every gradient")
-    ax.text(0, 3.3, "bucketed and overlapped (allreduce_gradients, overlap=True)", fontsize=9,
-            weight="bold")
+    ax.text(
+        0,
+        3.3,
+        "bucketed and overlapped (allreduce_gradients, overlap=True)",
+        fontsize=9,
+        weight="bold",
+    )
     for i, layer in enumerate([4, 3, 2, 1]):
         box(ax, 2 * i, 2.1, 2, 0.8, COMPUTE, f"grad layer {layer}")
     ax.text(-0.1, 2.5, "compute", ha="right", va="center", fontsize=8)
@@ -60,8 +88,9 @@ def bucketing_overlap() -> None:
     arrow(ax, (8, 2.1), (8.2, 1.3))
     ax.text(4.2, 1.55, "start", fontsize=7)
     ax.text(8.2, 1.55, "start", fontsize=7)
-    ax.annotate("", xy=(11.5, 0.3), xytext=(14, 0.3),
-                arrowprops=dict(arrowstyle="<->", color="black"))
+    ax.annotate(
+        "", xy=(11.5, 0.3), xytext=(14, 0.3), arrowprops=dict(arrowstyle="<->", color="black")
+    )
     ax.text(12.75, 0.05, "time saved", ha="center", fontsize=8)
     finish(fig, ax, "overlap")
 
@@ -72,12 +101,16 @@ def hierarchical() -> None:
     fig, ax = plt.subplots(figsize=(8, 3.4))
     ax.set_xlim(0, 16)
     ax.set_ylim(0, 7)
-    steps = ["1. reduce-scatter\ninside the node", "2. allreduce across nodes\n(per slice, "
-             "dense or compressed)", "3. allgather\ninside the node"]
+    steps = [
+        "1. reduce-scatter\ninside the node",
+        "2. allreduce across nodes\n(per slice, dense or compressed)",
+        "3. allgather\ninside the node",
+    ]
     for n, x0 in enumerate([1, 9]):
-        ax.add_patch(Rectangle((x0 - 0.4, 0.4), 6.8, 5.4, facecolor="none", edgecolor="gray",
-                               linestyle="--"))
-        ax.text(x0 + 3, 6.0, f"node {n} (mesh axis \"node\")", ha="center", fontsize=9)
+        ax.add_patch(
+            Rectangle((x0 - 0.4, 0.4), 6.8, 5.4, facecolor="none", edgecolor="gray", linestyle="--")
+        )
+        ax.text(x0 + 3, 6.0, f'node {n} (mesh axis "node")', ha="center", fontsize=9)
         for local in range(2):
             y = 3.6 - 2.4 * local
             box(ax, x0, y, 6, 1.4, IDLE, "", text_color="black")
@@ -85,8 +118,9 @@ def hierarchical() -> None:
             box(ax, x0 + 3 * local, y + 0.2, 3, 0.7, LOCAL, f"owns slice {local}")
     for local in range(2):
         y = 3.6 - 2.4 * local + 0.55
-        arrow(ax, (1 + 3 * local + 3.0, y), (9 + 3 * local, y), color=WIRE, style="<|-|>",
-              width=1.6)
+        arrow(
+            ax, (1 + 3 * local + 3.0, y), (9 + 3 * local, y), color=WIRE, style="<|-|>", width=1.6
+        )
     ax.text(8, 6.55, "   ".join(steps).replace("\n", " "), ha="center", fontsize=7.5)
     finish(fig, ax, "hierarchical")
 
@@ -110,8 +144,13 @@ def gtopk_tree() -> None:
     ax.text(-0.45, 0.25, "local top-k\n(k entries)", fontsize=7, ha="right", va="center")
     ax.text(7.7, 1.45, "merge two sparse sets,\nkeep the top k of the sum", fontsize=7.5)
     ax.text(7.7, 3.65, "root: global top k;\nbroadcast back down\n(log2 P rounds)", fontsize=7.5)
-    ax.text(3.5, -0.5, "P = 8 ranks: each round sends k entries (2k numbers); "
-            "TopK-allgather sends k·(P − 1)", ha="center", fontsize=8)
+    ax.text(
+        3.5,
+        -0.5,
+        "P = 8 ranks: each round sends k entries (2k numbers); TopK-allgather sends k·(P − 1)",
+        ha="center",
+        fontsize=8,
+    )
     finish(fig, ax, "gtopk")
 
 
