@@ -313,3 +313,36 @@ def test_overlap_job_records_times_and_a_timeline(tmp_path):
         collectives = rank0["collectives"]
         assert len(collectives) == (0 if what == "compute" else layers)
         assert all(c["started"] <= c["finished"] for c in collectives)
+
+
+def test_the_run_log_says_each_learner_event_once():
+    # print_auto's line per learner event (jaxcomm.metrics()["auto"]["learned"]), the safe arm
+    # left out before it ran among them, with the seconds that ruled it out.
+    from jaxcomm_launcher.jobs._common import print_auto
+
+    class Log:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def print(self, *parts: object) -> None:
+            self.lines.append(" ".join(map(str, parts)))
+
+    ruled = {"step": 21, "arm": "blockquant", "seconds_per_step": 0.048, "cheapest": 0.0058}
+    learned = [
+        {"event": "arms", "step": 1, "arms": ["dense", "blockquant", "gtopk"]},
+        {"event": "skipped", "step": 1, "predicted_s": {"dense": 0.09}},
+        {"event": "outpaced", **ruled, "arms": ["blockquant"]},
+        {"event": "unbracketed", **ruled, "step": 60},
+        {"event": "pruned", "step": 60, "arms": ["onebit"]},
+        {"event": "decision", "step": 60, "choice": "gtopk",
+         "seconds_per_dense_step": {"gtopk": 0.0145}},
+    ]  # fmt: skip
+    log = Log()
+    print_auto(log, {"auto": {"learned": learned}}, "digits")
+    assert len(log.lines) == len(learned)
+    assert log.lines[2] == (
+        "digits auto: step 21 runs no more trials without blockquant (48 ms a step against "
+        "5.8 ms: it could not win)"
+    )
+    assert "step 60 closes the round without blockquant" in log.lines[3]
+    assert log.lines[-1].endswith("-> gtopk (expected s per dense step: gtopk 14.5 ms)")
