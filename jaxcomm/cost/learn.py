@@ -21,9 +21,10 @@ dense's progress, and re-checks now and then.
   measures what the model leaves out (the compute every arm shares); with it the safe
   arm's step is estimated, and where that is still outpaced the safe arm runs no window
   at all (:meth:`Learner._leave_out_outpaced`): it could not win, and on a run of a few
-  seconds its one window cost more than the targets allow (docs/cost-model.md). The lead
-  then brackets the other compressors, which are read against it, its steps taken at the
-  prior's median.
+  seconds its one window cost more than the targets allow (docs/cost-model.md). The lead,
+  the prior's pick among compressors, is then decided at once; the re-check's round tries
+  the others, bracketed by the lead and read against it, its steps taken at the prior's
+  median.
 * A window is ``window`` steps of one arm, or as many seconds: exploration is paid for in
   seconds, so an arm measured slower per step than the fastest measured so far runs
   proportionally fewer steps (at least half a window, :meth:`Learning.steps_for`); on a slow
@@ -404,8 +405,8 @@ class Learner:
         :meth:`Learning.outpaced` by it (dense ruled out: a slow link). The safe window could
         then only be the round's reference, at the round's highest price; the lead's window
         measures what the model leaves out (the compute every arm shares) before the safe
-        arm runs at all (:meth:`_leave_out_outpaced`), and where the safe arm is left out the
-        lead is the reference the other compressors are read against."""
+        arm runs at all (:meth:`_leave_out_outpaced`); where the safe arm is left out the lead
+        is decided, and is the reference the others are read against at a re-check."""
         seconds = self._predicted
         lossy = [i for i in active if not is_safe(self.arms[i]) and self.arms[i] in seconds]
         if not lossy or self.arms[first] not in seconds:
@@ -675,9 +676,12 @@ class Learner:
           window would only lower the safe decrease, and with it their steps).
         * A window before any safe one ran (after the lead's, :meth:`_order`;
           ``"outpaced"``): its arm's seconds are the model's plus what the lead's window
-          measured beyond the model's (:meth:`_estimated`). The safe arms leave the run and
-          the lead closes the round: the other compressors are read against it, its steps
-          taken at the prior's median (:func:`measure`'s ``anchor``)."""
+          measured beyond the model's (:meth:`_estimated`). The safe arms leave the run, and
+          the round ends on the lead's window: the compressors share one prior steps factor,
+          so the prior ranks them by their seconds a step and picks the lead, and short
+          windows seldom move it (``benchmarks/steps_prior.py``) while each costs a share of
+          a short run. The re-check tries the others, read against the lead, its steps taken
+          at the prior's median (:func:`measure`'s ``anchor``)."""
         due = self.arms[self._queue[0]]
         latest = self._latest_seconds()
         seconds = latest.get(due) or self._estimated(due)
@@ -691,11 +695,8 @@ class Learner:
             _decisions.append({"event": "unbracketed", **record})
             return
         safe = [i for i in self._active if is_safe(self.arms[i])]
-        self._active = [i for i in self._active if i not in safe]
         self._pool = [i for i in self._pool if i not in safe]
-        self._queue = [i for i in self._queue if i not in safe]
-        if self._queue and self._lead in self._active:
-            self._queue.append(self._lead)
+        self._active, self._queue = [i for i in self._active if i == self._lead], []
         _decisions.append({"event": "outpaced", **record, "arms": [self.arms[i] for i in safe]})
 
     def _estimated(self, name: str) -> float | None:
