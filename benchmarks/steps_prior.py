@@ -45,6 +45,8 @@ JUDGED = (
     "heldout-convwide",
     "heldout-digitsadam",
     "heldout-convdigits",
+    "heldout-teachermom",
+    "heldout-convadamdigits",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

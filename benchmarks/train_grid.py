@@ -79,7 +79,8 @@ WORKLOADS = {
     # the rarer re-checks (9710391), which they judged; heldout-convlowmom and heldout-himom
     # only after the unbracketed rounds (2941e9f), which they judged; heldout-digitsdeep and
     # heldout-convwide were defined for the change after those, and with heldout-digitsadam
-    # and heldout-convdigits judge the lead (78808b7) (recipes/heldout-*.yaml).
+    # and heldout-convdigits judged the lead (78808b7); heldout-teachermom and
+    # heldout-convadamdigits judge the lead decided alone (bb796c1) (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -107,6 +108,8 @@ WORKLOADS = {
             ("heldout-convwide", "cnn", "lead"),
             ("heldout-digitsadam", "mlp", "lead"),
             ("heldout-convdigits", "cnn", "lead"),
+            ("heldout-teachermom", "mlp", "lead-alone"),
+            ("heldout-convadamdigits", "cnn", "lead-alone"),
         ]
     },
 }
