@@ -755,15 +755,11 @@ class Learner:
         per_step, seconds, rate, factors, cost, reference = measured
         guard = _fastest_safe(seconds)
         best = pick = best_arm(measured, [self.arms[i] for i in self._active])
-        # A pick must beat the arm it displaces by the margin: the guard at first (the lead
-        # where no safe arm ran), the decided arm at a re-check (a switch costs a
-        # confirmation round). A re-check with no falling safe loss to read the steps against
-        # keeps the decision: the prior alone ranks by seconds a step, which the decision
-        # weighed with more to go on.
-        lead = self.arms[self._lead] if self._lead is not None else None
+        # A pick must beat the arm it displaces by the margin: the guard at first, the
+        # decided arm at a re-check (a switch costs a confirmation round). A re-check with
+        # no falling safe loss to read the steps against keeps the decision: the prior
+        # alone ranks by seconds a step, which the decision weighed with more to go on.
         standing = self.chosen if self.chosen in cost else guard
-        if standing is None and lead in cost:
-            standing = lead
         if standing is not None and cost[best] * self.learning.margin >= cost[standing]:
             pick = standing
         if self.chosen in cost and reference <= 0:
