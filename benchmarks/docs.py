@@ -892,13 +892,16 @@ def e2e_heldout(results: pathlib.Path) -> str:
         for _, rows in cells
     ]
     now = data.get("learner")
+    current = [
+        s for s, (_, rows) in zip(summaries, cells, strict=True) if rows[0].get("learner") == now
+    ]
     summary = table(
         HELDOUT_HEADER,
         summaries,
         caption=f"{_tally(summaries)}; of the learner as it stands (`{now}`), "
-        f"{_tally([s for s in summaries if s[1] == f'`{now}`'])}. *Learner*: the change "
-        "whose learner ran the row's `auto` (the learner before it: "
-        "`benchmarks/results/e2e-before-<change>`). `auto` against the fastest reduction of the same run (`auto` / fastest below "
+        f"{_tally(current)}. *Learner*: the change whose learner ran the row's `auto` (the "
+        "learner before it: `benchmarks/results/e2e-before-<change>`). `auto` against the "
+        "fastest reduction of the same run (`auto` / fastest below "
         f"{TARGET_OVER_FASTEST}× and `auto` / dense 16-bit below {TARGET_OVER_DENSE16:.2f}× "
         "are the targets). *At start*: the "
         "seconds `auto` spent measuring its world, then compiling its arms' programs, "
