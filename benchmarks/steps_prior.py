@@ -47,6 +47,8 @@ JUDGED = (
     "heldout-convdigits",
     "heldout-teachermom",
     "heldout-convadamdigits",
+    "heldout-teacherbatch",
+    "heldout-convteacher",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

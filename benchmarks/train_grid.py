@@ -80,7 +80,8 @@ WORKLOADS = {
     # only after the unbracketed rounds (2941e9f), which they judged; heldout-digitsdeep and
     # heldout-convwide were defined for the change after those, and with heldout-digitsadam
     # and heldout-convdigits judged the lead (78808b7); heldout-teachermom and
-    # heldout-convadamdigits judge the lead decided alone (bb796c1) (recipes/heldout-*.yaml).
+    # heldout-convadamdigits judge the lead decided alone (bb796c1), and heldout-teacherbatch
+    # and heldout-convteacher judge it again on runs ten times as long (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -110,6 +111,8 @@ WORKLOADS = {
             ("heldout-convdigits", "cnn", "lead"),
             ("heldout-teachermom", "mlp", "lead-alone"),
             ("heldout-convadamdigits", "cnn", "lead-alone"),
+            ("heldout-teacherbatch", "mlp", "lead-alone"),
+            ("heldout-convteacher", "cnn", "lead-alone"),
         ]
     },
 }
