@@ -49,6 +49,8 @@ JUDGED = (
     "heldout-convadamdigits",
     "heldout-teacherbatch",
     "heldout-convteacher",
+    "heldout-convbigbatch",
+    "heldout-wideshallow",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

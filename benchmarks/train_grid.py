@@ -80,8 +80,9 @@ WORKLOADS = {
     # only after the unbracketed rounds (2941e9f), which they judged; heldout-digitsdeep and
     # heldout-convwide were defined for the change after those, and with heldout-digitsadam
     # and heldout-convdigits judged the lead (78808b7); heldout-teachermom and
-    # heldout-convadamdigits judge the lead decided alone (bb796c1), and heldout-teacherbatch
-    # and heldout-convteacher judge it again on runs ten times as long (recipes/heldout-*.yaml).
+    # heldout-convadamdigits judge the lead decided alone (bb796c1), as heldout-teacherbatch
+    # and heldout-convteacher do on runs several times as long; heldout-convbigbatch and
+    # heldout-wideshallow judge the windows cut after a cut one (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -113,6 +114,8 @@ WORKLOADS = {
             ("heldout-convadamdigits", "cnn", "lead-alone"),
             ("heldout-teacherbatch", "mlp", "lead-alone"),
             ("heldout-convteacher", "cnn", "lead-alone"),
+            ("heldout-convbigbatch", "cnn", "recut"),
+            ("heldout-wideshallow", "mlp", "recut"),
         ]
     },
 }
