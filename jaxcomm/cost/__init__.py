@@ -47,7 +47,9 @@ Layout
 * :mod:`jaxcomm.cost.probe`: ``jaxcomm probe``'s thorough measurement (:func:`probe_world`:
   more sizes, ``lax.psum``, every kernel, :mod:`jaxcomm.cost.kernels`), on the same
   collectives (:mod:`jaxcomm.cost.timing`) and fits (:mod:`jaxcomm.cost.fit`);
-* :mod:`jaxcomm.cost.learn`: the steps each compressor costs, learned from the run.
+* :mod:`jaxcomm.cost.learn`: the steps each compressor costs, learned from the run: which
+  arm runs when (:mod:`jaxcomm.cost.arms`: which arms are tried, which goes first) and what the
+  trial windows show (:mod:`jaxcomm.cost.windows`).
 
 The package imports neither JAX nor the compiled library (``jaxcomm plan`` imports it in the
 launcher's own process, which never loads JAX); it reads
