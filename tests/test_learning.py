@@ -439,12 +439,25 @@ def test_a_window_is_never_cut_on_noise_nor_a_safe_one_nor_before_stop_after():
     assert learner.window_at(step)[2] == "blockquant"  # safe: never tested
     assert not learner.cut_due(step + 10, 11)
     assert not learner.cut(step + 10, [5.0] * 11)
-    # The window after a cut one is not tested: the cut one ended on a rise, not a level.
-    learner = learn.Learner(["dense", "gtopk", "onebit"], learning)
-    step = _feed(learner, 0, _noisy(1.0, 0.0, 20, 0))
-    step = _feed(learner, step, _noisy(1.0, -0.2, 20, 1))
-    assert learner.windows[-1]["cut"] and learner.window_at(step)[2] == "onebit"
-    assert not learner.cut_due(step + 10, 11)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_rise_that_goes_on_after_a_cut_window_is_cut_again(seed):
+    # gTop-k's loss climbs and its window is cut. One-bit inherits the residual behind the
+    # rise: climbing on from where gTop-k's window ended, it is cut too; holding there or
+    # falling back, it runs its window.
+    learning = learn.Learning(window=20, settle=0, stop_z=3.0, stop_after=4)
+    for onebit, cut in ((-0.2, True), (0.0, False), (0.02, False)):
+        learner = learn.Learner(["dense", "gtopk", "onebit"], learning)
+        step = _feed(learner, 0, _noisy(1.0, 0.0, 20, seed))
+        step = _feed(learner, step, _noisy(1.0, -0.2, 20, seed + 10))
+        rose = learner.windows[-1]
+        assert rose["cut"] and learner.window_at(step)[2] == "onebit"
+        assert learner.cut_due(step + 3, 4)
+        _feed(learner, step, _noisy(rose["end_level"], onebit, 20, seed + 20))
+        window = learner.windows[-1]
+        assert window["arm"] == "onebit" and window["cut"] == cut
+        assert (window["last_step"] - window["first_step"] + 1 < 10) == cut
 
 
 def test_the_warm_up_lasts_as_long_as_warmup_steps_of_the_fastest_arm():

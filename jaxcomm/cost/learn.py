@@ -40,7 +40,9 @@ dense's progress, and re-checks now and then.
   errors: a compressor that sets training back (error feedback starting from a dense run, a
   momentum or Adam state fed a sparse gradient) does so while its window runs, and each
   further step of it is one the run must undo. The window is then read whole, its rise
-  included; an arm whose loss merely falls more slowly runs its full window.
+  included; an arm whose loss merely falls more slowly runs its full window. The window
+  after a cut one is tested against where that one ended: it inherits the residual that
+  set the training back, and a rise that goes on is cut again.
 * A round runs every arm once, the *safe* arms (whose prior says they need dense's steps:
   dense, or a bounded-error quantizer) bracketing the others: the first safe arm opens,
   the others in an order rotated by one each round, then the second safe
@@ -543,8 +545,7 @@ class Learner:
     def cut_due(self, step: int, count: int) -> bool:
         """Whether :meth:`cut` tests the window holding ``step`` after its first ``count``
         steps (their losses are then due): a window of an arm that is not safe, at least
-        ``stop_after`` steps in and before its last, that follows directly a window that was
-        not cut.
+        ``stop_after`` steps in and before its last, that follows directly another window.
 
         Example:
           >>> learner = Learner(["dense", "gtopk"], Learning(window=8, settle=0, stop_after=4))
@@ -556,16 +557,16 @@ class Learner:
             return False
         if count < self.learning.stop_after:
             return False
-        # A window cut short ended on a rise, not at a level to test against.
-        before = self._window_before(span[0])
-        return before is not None and not before["cut"]
+        # After a cut window too: its end level is mid-rise, but the window after it
+        # inherits the residual that caused the rise, and left untested it often rose on.
+        return self._window_before(span[0]) is not None
 
     def cut(self, step: int, losses: Sequence[float]) -> bool:
         """Whether the window holding ``step`` ends early, at ``step``; if so its plan ends
         there and the caller closes it now (:meth:`close`).
 
         Only an arm that is not safe, after ``stop_after`` steps, whose window follows
-        directly one that was not cut (:meth:`cut_due`): it ends when the mean of its
+        directly another (:meth:`cut_due`): it ends when the mean of its
         ``losses`` so far (the window's steps up to ``step``, averaged over the ranks) lies
         above the level at which the window before it ended by more than ``stop_z``
         standard errors of the difference (each side's scatter of batch losses). A
