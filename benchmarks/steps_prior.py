@@ -51,6 +51,8 @@ JUDGED = (
     "heldout-convteacher",
     "heldout-convbigbatch",
     "heldout-wideshallow",
+    "heldout-convadamwd",
+    "heldout-midplain",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

@@ -82,7 +82,8 @@ WORKLOADS = {
     # and heldout-convdigits judged the lead (78808b7); heldout-teachermom and
     # heldout-convadamdigits judge the lead decided alone (bb796c1), as heldout-teacherbatch
     # and heldout-convteacher do on runs several times as long; heldout-convbigbatch and
-    # heldout-wideshallow judge the windows cut after a cut one (recipes/heldout-*.yaml).
+    # heldout-wideshallow judge the windows cut after a cut one, and heldout-convadamwd and
+    # heldout-midplain judge that learner again, unchanged (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -116,6 +117,8 @@ WORKLOADS = {
             ("heldout-convteacher", "cnn", "lead-alone"),
             ("heldout-convbigbatch", "cnn", "recut"),
             ("heldout-wideshallow", "mlp", "recut"),
+            ("heldout-convadamwd", "cnn", "recut"),
+            ("heldout-midplain", "mlp", "recut"),
         ]
     },
 }
