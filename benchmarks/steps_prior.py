@@ -53,6 +53,7 @@ JUDGED = (
     "heldout-wideshallow",
     "heldout-convadamwd",
     "heldout-midplain",
+    "heldout-fourwide",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

@@ -83,7 +83,8 @@ WORKLOADS = {
     # heldout-convadamdigits judge the lead decided alone (bb796c1), as heldout-teacherbatch
     # and heldout-convteacher do on runs several times as long; heldout-convbigbatch and
     # heldout-wideshallow judge the windows cut after a cut one, and heldout-convadamwd and
-    # heldout-midplain judge that learner again, unchanged (recipes/heldout-*.yaml).
+    # heldout-midplain judge that learner again, unchanged, as heldout-fourwide does on runs of
+    # tens of seconds (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -119,6 +120,7 @@ WORKLOADS = {
             ("heldout-wideshallow", "mlp", "recut"),
             ("heldout-convadamwd", "cnn", "recut"),
             ("heldout-midplain", "mlp", "recut"),
+            ("heldout-fourwide", "mlp", "recut"),
         ]
     },
 }
