@@ -132,6 +132,7 @@ __all__ = [
     "decisions",
     "first_arm",
     "is_safe",
+    "leading",
     "measure",
     "propose",
     "predicted_step",
@@ -215,25 +216,28 @@ class Learning:
     stop_z: float = 2.5
     stop_after: int = 4
 
-    def opens_at(self, seconds: float | None = None, fastest: float | None = None) -> int:
+    def opens_at(
+        self, seconds: float | None = None, fastest: float | None = None, led: bool = False
+    ) -> int:
         """Steps after the learner's first step at which its first window opens, the
         warm-up's last window being the first round's opening one. The warm-up lasts as
         many seconds as ``warmup`` steps of the fastest arm, its first arm predicted at
         ``seconds`` a step and the fastest proposed at ``fastest`` (None: ``warmup`` steps):
         on a slow link the safe arm's steps are the dearest of the run. No warm-up (0)
-        where the first arm is :meth:`outpaced` by the fastest: its window opens the run.
+        where a compressor leads the round (``led``, :func:`leading`): its window opens
+        the run.
 
         Example:
           >>> Learning(window=20, warmup=50).opens_at(), Learning(window=20, warmup=10).opens_at()
           (30, 0)
           >>> Learning(window=20, warmup=50).opens_at(0.05, 0.02)  # 20 steps: 10 + a window of 10
           10
-          >>> Learning(window=20, warmup=50).opens_at(0.5, 0.02)  # outpaced: no warm-up
+          >>> Learning(window=20, warmup=200).opens_at(0.5, 0.02, led=True)  # a lead: no warm-up
           0
         """
+        if led:
+            return 0  # the lead's window opens the round (:func:`leading`)
         warm = self.warmup
-        if seconds and fastest and self.outpaced(seconds, fastest):
-            return 0  # the fastest arm's window opens the round (``Learner``'s lead)
         if seconds and fastest:
             warm = round(self.warmup * min(1.0, fastest / seconds))
         return max(0, warm - self.steps_for(seconds, fastest))
@@ -300,6 +304,37 @@ class Learning:
                 f"Learning.stop_z must be > 0 (math.inf: never stop) and stop_after between 2 "
                 f"and window, got stop_z={self.stop_z}, stop_after={self.stop_after}"
             )
+
+
+def leading(
+    arms: Sequence[str],
+    first: int,
+    predicted: Mapping[str, float],
+    learning: Learning,
+    skip: Mapping[str, float] | None = None,
+) -> int | None:
+    """The compressor whose window opens the first round before the safe arm's (the
+    *lead*), or None: of the ``arms`` not ``skip``-ped, the one ``predicted`` cheapest a
+    step, where the safe ``first`` arm is :meth:`Learning.outpaced` by it (dense ruled out:
+    a slow link). The safe window could then only be the round's reference, at the round's
+    highest price; the lead's window measures what the model leaves out (the compute every
+    arm shares) before the safe arm runs at all (:meth:`Learner._leave_out_outpaced`); where
+    the safe arm is left out the lead is decided, and is the reference the others are read
+    against at a re-check. A led learner has no warm-up (:meth:`Learning.opens_at`).
+
+    Example:
+      >>> leading(["dense", "blockquant", "gtopk"], 1, {"blockquant": 0.5, "gtopk": 0.02},
+      ...         Learning(), {"dense": 1.0})
+      2
+      >>> leading(["dense", "blockquant", "gtopk"], 1, {"blockquant": 0.05, "gtopk": 0.02},
+      ...         Learning(), {"dense": 1.0})  # not outpaced: the safe arm opens
+    """
+    skip = skip or {}
+    lossy = [i for i, a in enumerate(arms) if a not in skip and not is_safe(a) and a in predicted]
+    if not lossy or arms[first] not in predicted:
+        return None
+    lead = min(lossy, key=lambda i: (predicted[arms[i]], arms[i]))
+    return lead if learning.outpaced(predicted[arms[first]], predicted[arms[lead]]) else None
 
 
 class Learner:
@@ -370,24 +405,8 @@ class Learner:
             )  # fmt: skip
             return
         self._pool = active  # the arms still in play (:meth:`_prune` drops from it)
-        self._lead = self._leading(first, active)
+        self._lead = leading(self.arms, first, self._predicted, self.learning, skip)
         self._explore(start, self.learning.rounds, active)
-
-    def _leading(self, first: int, active: list[int]) -> int | None:
-        """The compressor whose window opens the first round before the safe arm's, or None:
-        the one the model predicts cheapest, where it predicts the safe ``first`` arm
-        :meth:`Learning.outpaced` by it (dense ruled out: a slow link). The safe window could
-        then only be the round's reference, at the round's highest price; the lead's window
-        measures what the model leaves out (the compute every arm shares) before the safe
-        arm runs at all (:meth:`_leave_out_outpaced`); where the safe arm is left out the lead
-        is decided, and is the reference the others are read against at a re-check."""
-        seconds = self._predicted
-        lossy = [i for i in active if not is_safe(self.arms[i]) and self.arms[i] in seconds]
-        if not lossy or self.arms[first] not in seconds:
-            return None
-        lead = min(lossy, key=lambda i: (seconds[self.arms[i]], self.arms[i]))
-        dear = self.learning.outpaced(seconds[self.arms[first]], seconds[self.arms[lead]])
-        return lead if dear else None
 
     def _explore(self, start: int, rounds: int, active: list[int]) -> None:
         """Plans ``rounds`` rounds of the ``active`` arms from ``start`` (one at a time: the
@@ -418,7 +437,7 @@ class Learner:
 
     def _order(self) -> list[int]:
         """One round's arms: the safe ones bracket the others, which rotate by one a round.
-        Until a safe window has run, the lead (:meth:`_leading`) goes first, and brackets
+        Until a safe window has run, the lead (:func:`leading`) goes first, and brackets
         the others where no safe arm is left (the trend is then fitted against it)."""
         safe = [i for i in self._active if is_safe(self.arms[i])]
         others = [i for i in self._active if i not in safe]

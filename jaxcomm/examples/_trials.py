@@ -83,7 +83,9 @@ class Trials:
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
         first = learn.first_arm(arms, skip)
         predicted = learn.warmup_seconds(arms, skip, sizes, world, profile, options)
-        opens = learning.opens_at(predicted.get(arms[first]), min(predicted.values(), default=None))
+        led = learn.leading(arms, first, predicted, learning, skip) is not None
+        fastest = min(predicted.values(), default=None)
+        opens = learning.opens_at(predicted.get(arms[first]), fastest, led)
         self.learner = learn.Learner(arms, learning, step + opens, first, skip, predicted)
         # Dense's flushing program ran the first step; dense after dense needs no flush.
         keys = [] if "dense" in skip else [(0, False)]
