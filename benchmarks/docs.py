@@ -865,6 +865,16 @@ def window_bounds(results: pathlib.Path) -> dict[tuple[str, str], dict[str, Any]
     return out
 
 
+def _verdict(summary: list[str]) -> str:
+    """A held-out summary's verdict (:func:`heldout_summary`): met, bounded or missed.
+
+    Example:
+      >>> _verdict(["w", "`lead`", "bounded: windows cost ≥ 1 s"])
+      'bounded'
+    """
+    return summary[-1].split(":")[0]
+
+
 def _tally(summaries: list[list[str]]) -> str:
     """How many of the held-out summaries (:func:`heldout_summary`) met the targets, are
     bounded, or missed them.
@@ -873,7 +883,7 @@ def _tally(summaries: list[list[str]]) -> str:
       >>> _tally([["w", "`lead`", "met"], ["v", "`lead`", "bounded: windows cost ≥ 1 s"]])
       '2 rows: 1 met, 1 bounded, 0 missed'
     """
-    verdicts = [s[-1].split(":")[0] for s in summaries]
+    verdicts = [_verdict(s) for s in summaries]
     tally = ", ".join(f"{verdicts.count(v)} {v}" for v in ("met", "bounded", "missed"))
     return f"{len(summaries)} rows: {tally}"
 
@@ -892,7 +902,7 @@ def e2e_heldout(results: pathlib.Path) -> str:
         for _, rows in cells
     ]
     floors = [  # per row whose bound exceeds the allowance: whether auto met the targets
-        s[-1] == "met"
+        _verdict(s) == "met"
         for s, (_, rows) in zip(summaries, cells, strict=True)
         if bounds.get((rows[0]["workload"], rows[0]["network"]), {}).get("bounded")
     ]
@@ -942,7 +952,7 @@ def _seen_again(
     again = []
     for summary, (_, rows) in zip(summaries, cells, strict=True):
         key = (rows[0]["workload"], rows[0]["network"])
-        if summary[-1].startswith("missed") and key in autos and rows[0].get("learner") != now:
+        if _verdict(summary) == "missed" and key in autos and rows[0].get("learner") != now:
             seen = [r for r in rows if r["label"] != "auto-bf16"]
             row = heldout_summary([*seen, autos[key]], bounds.get(key))
             again.append([row[0], f"`{now}`, seen", *row[2:]])
@@ -1323,7 +1333,8 @@ def _window_bounds_table(results: pathlib.Path) -> str:
     costs at least, and the sum against what the targets allow."""
     held_out = e2e_cells(load(results / "e2e", "e2e")["rows"], held_out=True)
     met = {
-        (r[0]["workload"], r[0]["network"]): heldout_summary(r)[-1] == "met" for _, r in held_out
+        (r[0]["workload"], r[0]["network"]): _verdict(heldout_summary(r)) == "met"
+        for _, r in held_out
     }
     rows = []
     for (workload, link), b in sorted(window_bounds(results).items()):
