@@ -281,9 +281,12 @@ def cell_of(
 
 
 def _measure_seconds(result: dict[str, Any]) -> float | None:
-    """The seconds auto spent measuring its world (``jaxcomm.metrics()["auto"]``), if it did."""
-    measured = (result.get("auto") or {}).get("measured") or {}
-    return sum(measured.get("seconds") or []) or None
+    """The seconds auto spent measuring its world (``jaxcomm.metrics()["auto"]``) and timing
+    its arms' steps (a learning auto's ``"timed"`` event), if it did."""
+    auto = result.get("auto") or {}
+    measured = auto.get("measured") or {}
+    timing = [e["seconds"] for e in auto.get("learned") or [] if e["event"] == "timed"]
+    return sum(measured.get("seconds") or []) + sum(timing) or None
 
 
 def _compile_seconds(result: dict[str, Any]) -> float | None:

@@ -336,6 +336,10 @@ def test_the_run_log_says_each_learner_event_once():
         {"event": "pruned", "step": 60, "arms": ["onebit"]},
         {"event": "decision", "step": 60, "choice": "gtopk",
          "seconds_per_dense_step": {"gtopk": 0.0145}},
+        {"event": "timed", "step": 1, "seconds_per_step": {"dense": 0.09, "gtopk": 0.005},
+         "seconds": 0.4},
+        {"event": "decision", "step": 1, "choice": "gtopk", "prior": True, "explores_at": 900,
+         "seconds_per_dense_step": {"dense": 0.09, "gtopk": 0.0142}},
     ]  # fmt: skip
     log = Log()
     print_auto(log, {"auto": {"learned": learned}}, "digits")
@@ -345,4 +349,11 @@ def test_the_run_log_says_each_learner_event_once():
         "5.8 ms: it could not win)"
     )
     assert "step 60 closes the round without blockquant" in log.lines[3]
-    assert log.lines[-1].endswith("-> gtopk (expected s per dense step: gtopk 14.5 ms)")
+    assert log.lines[-3].endswith("-> gtopk (expected s per dense step: gtopk 14.5 ms)")
+    assert log.lines[-2] == (
+        "digits auto: timed each arm's step in 0.4 s before step 1: dense 90 ms, gtopk 5 ms"
+    )
+    assert log.lines[-1].endswith(
+        "-> gtopk (on the prior, expected s per dense step: dense 90 ms, gtopk 14.2 ms; "
+        "trials from step 900)"
+    )

@@ -657,3 +657,46 @@ def test_a_safe_arm_predicted_far_dearer_runs_after_the_cheapest_or_not_at_all(
     else:
         assert arms == ["gtopk", "blockquant", "onebit", "blockquant"]
     assert learner.chosen == "gtopk"
+
+
+def test_with_timed_steps_the_prior_decides_at_once_and_the_trials_wait_until_cheap():
+    # Every arm's step timed at start: gTop-k's 8 ms times the prior's mean steps (2.8) beats
+    # block int8's 30 ms by the margin, so gTop-k runs from the learner's start; before it,
+    # the guard (the fastest safe arm) warms up. No window runs until a round of them costs
+    # a tenth of the run so far; then the windows show gTop-k needing ten times dense's
+    # steps, and the guard takes over.
+    timed = {"dense": 0.05, "blockquant": 0.03, "gtopk": 0.008}
+    learning = learn.Learning(window=10, settle=2)
+    learner = learn.Learner(list(timed), learning, 5, timed=timed)
+    assert learner.chosen == "gtopk"
+    decided = _last("decision")
+    assert decided["prior"] and decided["step"] == 5
+    assert decided["steps_factor"]["gtopk"] == pytest.approx(2.5 * math.exp(0.5**2 / 2), rel=1e-3)
+    assert [learner.arms[learner.arm_at(s)] for s in (0, 4, 5)] == ["blockquant"] * 2 + ["gtopk"]
+    opens = decided["explores_at"]
+    assert opens == learner.priced(5, [0, 1, 2])
+    assert not any(learner.in_window(s) for s in range(opens)) and learner.window_start(opens)
+    # The round's seconds: gTop-k's full window and block int8's half one, opening and
+    # closing (dense, dearer a step than gTop-k's by more than the prior's 95th percentile
+    # of steps, runs none), are a tenth of the run's: 5 warm-up steps of block int8, then
+    # gTop-k's steps.
+    round_s = 10 * 0.008 + 2 * 5 * 0.03
+    assert opens == 5 + math.ceil((round_s / 0.1 - 5 * 0.03) / 0.008)
+    decrease = {"dense": 0.01, "blockquant": 0.01, "gtopk": 0.001}
+    _run_windows(learner, opens, decrease, timed)
+    assert learner.chosen == "blockquant" and not _last("decision").get("prior")
+
+
+@pytest.mark.parametrize("share", [0.05, 0.1, 0.5])
+def test_the_first_round_waits_for_the_run_to_be_long_enough_to_pay_for_it(share):
+    # The round's seconds are at most ``explore_share`` of the run's at its first step.
+    # Dense (20 ms a step) stands: gTop-k's 10 ms times the prior's steps is dearer.
+    timed = {"dense": 0.02, "gtopk": 0.01}
+    learning = learn.Learning(window=10, settle=2, explore_share=share)
+    learner = learn.Learner(list(timed), learning, 0, timed=timed)
+    assert learner.chosen == "dense"
+    opens = _last("decision")["explores_at"]
+    round_s = 2 * 5 * 0.02 + 10 * 0.01  # dense's half windows open and close, gTop-k between
+    assert round_s <= share * opens * 0.02 + 1e-12
+    assert round_s > share * (opens - 1) * 0.02
+    assert learner.window_at(opens)[2] == "dense"

@@ -65,7 +65,9 @@ def test_first_decision_reads_the_measured_link_the_same_on_every_rank(tmp_path)
     decisions = [d for d in result["auto"]["decisions"] if "choice" in d]
     assert decisions and all(d["profile"].startswith("measured at start") for d in decisions)
     assert result["auto"]["measured"]["seconds"]
-    assert [d["event"] for d in result["auto"]["learned"]][:1] == ["arms"]
+    # The learner's start: its arms' programs compiled and timed, then its arms.
+    events = [d["event"] for d in result["auto"]["learned"]]
+    assert events[:3] == ["compiled", "timed", "arms"], events
 
 
 def test_a_profile_from_other_hardware_is_warned_about_in_one_line():
@@ -151,7 +153,7 @@ def test_every_rank_learns_the_same(tmp_path):
         job="digits",
         world={"processes": 2, "devices_per_process": 1},
         jaxcomm={"algorithm": "auto", "profile": str(tmp_path / "slow.json")},
-        train={"steps": 300, "eval_every": 50, "hidden": 256},
+        train={"steps": 3000, "eval_every": 500, "hidden": 256},
     )
     out = tmp_path / "run"
     done = run_cli("launch", str(recipe), "--out", str(out), "-q", cwd=tmp_path, timeout=900)
@@ -163,27 +165,34 @@ def test_every_rank_learns_the_same(tmp_path):
             [
                 ln.split("auto:", 1)[1]
                 for ln in lines
-                if any(f"auto: {word}" in ln for word in ("trials", "step", "compiled"))
+                if any(f"auto: {word}" in ln for word in ("trials", "step", "compiled", "timed"))
             ]
         )
-    # The same windows and decisions, and the same compile seconds: the ranks agree on them,
-    # which makes the faster compiler wait there, not in its first timed step.
+    # The same timed steps, windows and decisions, and the same compile seconds: the ranks
+    # agree on them, which makes the faster compiler wait there, not in its first timed step.
     assert len(logs) == 2 and logs[0] == logs[1]
     compiles = [line for line in logs[0] if line.startswith(" compiled the programs of ")]
-    trials = [line for line in logs[0] if line not in compiles]
-    assert len(compiles) == 1, logs[0]
-    # (A trial cut short, when one is, is logged before the decision, alike on both ranks.)
+    timings = [line for line in logs[0] if line.startswith(" timed each arm's step in ")]
+    trials = [line for line in logs[0] if line not in compiles + timings]
+    assert len(compiles) == 1 and len(timings) == 1, logs[0]
+    # The prior decides at once on the arms' timed steps; the trials open once a round of
+    # them is cheap beside the run so far. (A trial cut short, when one is, is logged before
+    # the decision, alike on both ranks.)
     assert trials[0].startswith(" trials of dense, ")
-    assert any(" -> " in line for line in trials[1:]), trials
+    assert " -> " in trials[1] and "on the prior" in trials[1], trials
     (result,) = out.rglob("digits-mlp-auto.json")
     run = json.loads(result.read_text())
     learned = run["auto"]["learned"]
+    (timed,) = [d for d in learned if d["event"] == "timed"]
+    prior = next(d for d in learned if d["event"] == "decision")
+    assert prior["prior"] and prior["seconds_per_step"] == timed["seconds_per_step"]
     windows = [d for d in learned if d["event"] == "window"]
+    assert windows and windows[0]["first_step"] == prior["explores_at"], learned
     assert len({w["arm"] for w in windows}) >= 2
-    # A decision closes the first exploration's windows (a re-check's windows may follow it
+    # A decision on the windows closes the first round (a re-check's windows may follow it
     # before the run ends, sooner when a trial was cut short).
-    events = [d["event"] for d in learned]
-    assert "decision" in events and events.index("decision") > events.index("window"), events
+    measured = [d for d in learned if d["event"] == "decision" and not d.get("prior")]
+    assert measured and measured[0]["step"] > windows[0]["last_step"], learned
     # Every arm runs its own program: dense's (the first step), then each proposed arm's,
     # compiled before the trials.
     (compiled,) = [d for d in learned if d["event"] == "compiled"]

@@ -7,6 +7,16 @@ compressors the model proposes) in short interleaved windows, weighs what their 
 losses show of each one's steps against a prior, keeps the one of least expected seconds to
 dense's progress, and re-checks now and then.
 
+Where the caller timed every arm's step at start (``timed``: a few steps of each arm's own
+program on a copy of the run's state, outside the training clock), the prior decides at once
+on those seconds, and the first round waits until it costs at most ``explore_share`` of the
+run's seconds so far (:meth:`Learner.priced`): its windows cost seconds whatever they find,
+and the windows' bound (``benchmarks/learn_windows.py``) showed a round dearer than the
+targets allow on runs of a few seconds, where the prior's pick on measured seconds was
+within them more often than the windows' (docs/cost-model.md). A long run still learns: its
+rounds then cost a small share of it, and re-checks follow. Untimed, the learner explores at
+once, as follows.
+
 * The first steps run the first safe arm alone (:func:`first_arm`: dense, or the safe
   compressor where the model predicts dense far slower), as DGC and gTop-k warm up before
   compressing: the model changes fastest there, a window there says least about the rest
@@ -139,6 +149,7 @@ __all__ = [
     "skipped",
     "slope_error",
     "steps_posterior",
+    "timed",
     "warmup_seconds",
     "window_rate",
 ]
@@ -195,6 +206,12 @@ class Learning:
         then undo.
       stop_after: the fewest steps of such a window before it may end early (the mean of
         its losses needs a few batches).
+      explore_share: where every arm's step was timed at start (:class:`Learner`'s
+        ``timed``), the prior decides at once, and the first round of windows opens only
+        once its seconds are at most this share of the run's so far
+        (:meth:`Learner.priced`): a round costs seconds whatever it finds, and on a run a
+        few rounds long it costs more than any pick it could change saves
+        (``benchmarks/learn_windows.py``).
 
     Example:
       >>> Learning(window=10).window
@@ -215,6 +232,7 @@ class Learning:
     dense_over: float = DENSE_OVER
     stop_z: float = 2.5
     stop_after: int = 4
+    explore_share: float = 0.1
 
     def opens_at(
         self, seconds: float | None = None, fastest: float | None = None, led: bool = False
@@ -299,6 +317,8 @@ class Learning:
             raise ValueError(f"Learning.prune must be > 1, got {self.prune}")
         if not self.dense_over >= 1.0:
             raise ValueError(f"Learning.dense_over must be >= 1, got {self.dense_over}")
+        if not 0 < self.explore_share <= 1:
+            raise ValueError(f"Learning.explore_share must be in (0, 1], got {self.explore_share}")
         if not (self.stop_z > 0 and 2 <= self.stop_after <= self.window):
             raise ValueError(
                 f"Learning.stop_z must be > 0 (math.inf: never stop) and stop_after between 2 "
@@ -349,6 +369,11 @@ class Learner:
         out (:func:`skipped`).
       predicted: the model's seconds per step of the arms, which size the first window
         before any is measured (as :meth:`Learning.opens_at` sizes the warm-up).
+      timed: each arm's seconds per step, timed at start on the run's own state (the
+        caller's steps, their results dropped). With every arm not skipped timed, the
+        prior decides at ``start`` (:meth:`_decide_by_prior`) and the first round opens
+        once it is cheap beside the run so far (:meth:`priced`); the arm decided before
+        any window is then named by a ``"decision"`` of ``"prior": True``.
 
     Example:
       >>> learner = Learner(["dense", "gtopk"], Learning(window=4, settle=0, rounds=1))
@@ -373,6 +398,7 @@ class Learner:
         first: int = 0,
         skip: Mapping[str, float] | None = None,
         predicted: Mapping[str, float] | None = None,
+        timed: Mapping[str, float] | None = None,
     ):
         if not arms or len(set(arms)) != len(arms):
             raise ValueError(f"Learner.arms must be distinct names, dense first; got {arms!r}")
@@ -389,6 +415,8 @@ class Learner:
         self._queue: list[int] = []  # the round's arms not planned yet
         self._first = first
         self._predicted = dict(predicted or {})
+        self._timed = dict(timed or {})
+        self._decided_at = start  # the chosen arm runs from here (before: the first)
         self._cut = False  # the open window was cut short (:meth:`cut`)
         self._rounds = 0  # rotates the bracketed arms by one each round
         self._rechecks = 0  # full re-checks planned: each waits twice the one before
@@ -405,8 +433,69 @@ class Learner:
             )  # fmt: skip
             return
         self._pool = active  # the arms still in play (:meth:`_prune` drops from it)
-        self._lead = leading(self.arms, first, self._predicted, self.learning, skip)
+        seconds = {**self._predicted, **self._timed}
+        self._lead = leading(self.arms, first, seconds, self.learning, skip)
+        if all(self.arms[i] in self._timed for i in active):
+            self._decide_by_prior(start, active)
+            return
         self._explore(start, self.learning.rounds, active)
+
+    def _decide_by_prior(self, start: int, active: list[int]) -> None:
+        """Decides at ``start`` on the arms' timed seconds and the prior alone: each
+        compressor's expected steps are the prior's mean, the safe arms' dense's, and a pick
+        must beat the guard by ``margin`` (as :meth:`_decide`); then plans the first round
+        where it is cheap enough (:meth:`priced`)."""
+        names = [self.arms[i] for i in active]
+        seconds = {a: self._timed[a] for a in names}
+        mean = steps_posterior(0.0, 0.0, 0.0, 0.0, self.learning.prior_steps,
+                               self.learning.prior_spread, self.learning.noise)  # fmt: skip
+        factors = {a: 1.0 if is_safe(a) else mean for a in names}
+        cost = {a: seconds[a] * factors[a] for a in names}
+        zero = dict.fromkeys(names, 0.0)
+        measured = Measured(zero, seconds, zero, factors, cost, 0.0)
+        guard = fastest_safe(seconds)
+        pick = best_arm(measured, names)
+        if guard is not None and cost[pick] * self.learning.margin >= cost[guard]:
+            pick = guard
+        if guard is not None:
+            self._first = self.arms.index(guard)
+        self.chosen = pick
+        explores_at = self.priced(start, active)
+        _decisions.append(
+            {"event": "decision", "step": start, "choice": pick, "kept": False, "prior": True,
+             "loss_decrease_per_s": {}, "seconds_per_step": seconds, "steps_factor": factors,
+             "steps_factor_measured": {}, "seconds_per_dense_step": cost,
+             "explores_at": explores_at}
+        )  # fmt: skip
+        self._explore(explores_at, self.learning.rounds, active)
+
+    def priced(self, start: int, active: Sequence[int]) -> int:
+        """The step at which a round of the ``active`` arms costs at most ``explore_share``
+        of the run's seconds so far: the round's seconds are each arm's window
+        (:meth:`Learning.steps_for`) at its timed seconds, the safe arms outpaced by the
+        cheapest compressor left out (:meth:`_leave_out_outpaced`); the run's, the first
+        arm's steps before ``start`` and the decided arm's after it.
+
+        Example:
+          >>> learner = Learner(["dense", "gtopk"], Learning(window=10), 0,
+          ...                   timed={"dense": 0.04, "gtopk": 0.01})
+          >>> learner.chosen  # 0.01 s a step times the prior's 2.8 steps beat dense's 0.04 s
+          'gtopk'
+          >>> learner.priced(0, [0, 1])  # dense 6 steps twice, gTop-k 10: 0.58 s, a tenth of 5.8
+          580
+        """
+        seconds = {self.arms[i]: self._timed[self.arms[i]] for i in active}
+        fastest = min(seconds.values())
+        lossy = [s for a, s in seconds.items() if not is_safe(a)]
+        safe = [a for a in seconds if is_safe(a)
+                and not (lossy and self.learning.outpaced(seconds[a], min(lossy)))]  # fmt: skip
+        runs = [a for a in seconds if not is_safe(a) or a in safe]
+        if safe and lossy:  # the safe arms bracket the others: the opening one runs twice
+            runs.append(min(safe, key=lambda a: (seconds[a], a)))
+        cost = sum(self.learning.steps_for(seconds[a], fastest) * seconds[a] for a in runs)
+        before = start * self._timed.get(self.arms[self._first], fastest)
+        each = seconds.get(self.chosen, fastest)
+        return start + max(0, math.ceil((cost / self.learning.explore_share - before) / each))
 
     def _explore(self, start: int, rounds: int, active: list[int]) -> None:
         """Plans ``rounds`` rounds of the ``active`` arms from ``start`` (one at a time: the
@@ -481,8 +570,9 @@ class Learner:
         self._plan.append((start, start + steps - 1, arm))
 
     def _latest_seconds(self) -> dict[str, float]:
-        """Each arm's seconds per step in its latest window (what plans the next windows)."""
-        return {w["arm"]: w["seconds_per_step"] for w in self.windows}
+        """Each arm's seconds per step in its latest window, or as timed at start (what plans
+        the next windows)."""
+        return {**self._timed, **{w["arm"]: w["seconds_per_step"] for w in self.windows}}
 
     def _rates(self) -> Measured:
         """What this exploration's windows say of each active arm (:func:`measure`). Where
@@ -545,7 +635,9 @@ class Learner:
         span = self._span(step)
         if span is not None:
             return span[2]
-        return self.arms.index(self.chosen) if self.chosen is not None else self._first
+        if self.chosen is not None and step >= self._decided_at:
+            return self.arms.index(self.chosen)
+        return self._first
 
     def in_window(self, step: int) -> bool:
         """Whether ``step`` belongs to a planned window (its loss is then due)."""
@@ -665,7 +757,8 @@ class Learner:
 
         * The round's closing window (``"unbracketed"``): the compressors are read against
           the opening safe window alone (the trend then goes unfitted: a later, slower safe
-          window would only lower the safe decrease, and with it their steps).
+          window would only lower the safe decrease, and with it their steps). A second safe
+          arm that has not run in the round (the guard opened it) leaves play.
         * A window before any safe one ran (after the lead's, :meth:`_order`;
           ``"outpaced"``): its arm's seconds are the model's plus what the lead's window
           measured beyond the model's (:meth:`_estimated`). The safe arms leave the run, and
@@ -685,6 +778,10 @@ class Learner:
         if len(self._queue) == 1:
             self._queue = []
             _decisions.append({"event": "unbracketed", **record})
+            since = {w["arm"] for w in self.windows if w["first_step"] >= self._explored_from}
+            if due not in since:  # a second safe arm, not the opener: out of play
+                self._active = [i for i in self._active if self.arms[i] != due]
+                self._pool = [i for i in self._pool if self.arms[i] != due]
             return
         safe = [i for i in self._active if is_safe(self.arms[i])]
         self._pool = [i for i in self._pool if i not in safe]
@@ -789,6 +886,21 @@ def compiled(step: int, arms: Sequence[str], seconds: float) -> None:
     _decisions.append({"event": "compiled", "step": step, "arms": list(arms), "seconds": seconds})
 
 
+def timed(step: int, seconds: Mapping[str, float], spent: float) -> None:
+    """Records each arm's ``seconds`` a step as timed before ``step`` (on a copy of its
+    arguments, outside the training clock), and the ``spent`` seconds the timing took (an
+    event of :func:`decisions`).
+
+    Example:
+      >>> timed(1, {"dense": 0.02, "gtopk": 0.01}, 0.09)
+      >>> decisions()[-1]["seconds_per_step"]
+      {'dense': 0.02, 'gtopk': 0.01}
+    """
+    _decisions.append(
+        {"event": "timed", "step": step, "seconds_per_step": dict(seconds), "seconds": spent}
+    )
+
+
 def decisions() -> list[dict[str, Any]]:
     """The learners' windows and decisions in this process, in order: ``{"event": "window",
     "arm", "first_step", "last_step", "loss_decrease_per_step", "loss_decrease_per_s",
@@ -797,9 +909,11 @@ def decisions() -> list[dict[str, Any]]:
     and ``{"event": "decision", "step", "choice", "kept", "loss_decrease_per_s",
     "seconds_per_step", "steps_factor", "steps_factor_measured", "seconds_per_dense_step"}``
     (per arm; ``steps_factor``: the expected one the decision used, :func:`steps_posterior`),
-    with ``"pruned"``, ``"skipped"``, ``"unbracketed"`` (a closing safe window left out) and
+    with ``"pruned"``, ``"skipped"``, ``"unbracketed"`` (a closing safe window left out),
     ``"outpaced"`` (the safe arms left out before they ran, :meth:`Learner._leave_out_outpaced`)
-    events between them.
+    and ``"timed"`` (each arm's seconds a step timed at start, :func:`timed`) events between
+    them; a decision taken on the prior and the timed seconds alone has ``"prior": True``
+    and the step its first round opens at (``"explores_at"``).
 
     Example:
       >>> isinstance(decisions(), list)

@@ -102,9 +102,11 @@ class Reduction:
         (``warmup_phase_steps``, an epoch) when ``warmup`` is on, else 0.
       learn: ``auto`` without ``steps_factor`` and with dense allowed: learn what each
         compressor costs in steps from the run (:mod:`jaxcomm.cost.learn`): every candidate
-        is compiled into the step (:mod:`jaxcomm.learning`) and the training loop runs the
-        proposed ones in interleaved windows, then keeps the one whose loss falls fastest per
-        second (dense unless a compressor beats it). The warm-up schedule does not apply.
+        is compiled into the step (:mod:`jaxcomm.learning`) and timed at start; the prior
+        picks on those seconds, and once the run is long enough to pay for them the training
+        loop runs the proposed ones in interleaved windows, then keeps the one whose loss
+        falls fastest per second (dense unless a compressor beats it). The warm-up schedule
+        does not apply.
         False: auto decides once, at trace time, from the model and its prior steps factors.
     """
 
@@ -897,7 +899,7 @@ def _advance(step: Step, run: _Run, batch: Callable[[int], tuple], i: int, logge
         trials.before(i, step.wait)
     run.params, run.state, loss, metric = step(run.params, run.state, *batch(i))
     if trials is not None:
-        trials.after(i, run.params, loss, step.wait)
+        trials.after(i, run.params, loss, step.wait, lambda: (run.params, run.state, *batch(i + 1)))
     progress = getattr(logger, "progress", None)
     if progress is not None:
         progress(i + 1)

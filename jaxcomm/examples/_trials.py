@@ -7,8 +7,9 @@ measures the world, the cost model proposes the arms worth a trial
 (:func:`jaxcomm.cost.learn.propose`), rules out dense's window where it predicts dense far
 slower than a safe compressor (:func:`jaxcomm.cost.learn.skipped`), every proposed arm's
 program compiles (outside the training clock, as the first step's compilation is; the ranks
-then agree on its seconds, so that they open the clock together), and the learner schedules
-the windows. A window's seconds are its training wall clock (its
+then agree on its seconds, so that they open the clock together) and is timed on a copy of
+the next step's arguments (outside the clock too), and the learner decides on those seconds
+and the prior, then schedules the windows. A window's seconds are its training wall clock (its
 evaluations excluded), the largest over the ranks, and its losses the steps' losses averaged
 over the ranks: every rank switches at the same steps to the same arm.
 
@@ -25,9 +26,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxcomm import cost
 from jaxcomm.cost import learn, measure
+
+TIMED_STEPS = 3  # timed steps of each arm's program at start, after an untimed one
 
 
 class Trials:
@@ -63,9 +67,16 @@ class Trials:
         self.clock = 0.0
         self.paused = 0.0
 
-    def _start(self, step: int, params: Any, wait: Callable[[], None]) -> None:
-        """After the compiling step: measures the world (no profile given), proposes the arms
-        and compiles their programs."""
+    def _start(
+        self,
+        step: int,
+        params: Any,
+        wait: Callable[[], None],
+        upcoming: Callable[[], tuple] | None = None,
+    ) -> None:
+        """After the compiling step: measures the world (no profile given), proposes the arms,
+        compiles their programs and times each on ``upcoming()``, the next step's arguments
+        (:meth:`_time`; None: untimed, the learner explores at once)."""
         wait()  # the measurement's collectives must not meet the first step's in flight
         leaves = [int(np.prod(np.shape(x))) for x in jax.tree.leaves(params)]
         sizes = self.reduction.gradient_buckets(leaves)
@@ -82,11 +93,6 @@ class Trials:
         learning = learn.Learning()
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
         first = learn.first_arm(arms, skip)
-        predicted = learn.warmup_seconds(arms, skip, sizes, world, profile, options)
-        led = learn.leading(arms, first, predicted, learning, skip) is not None
-        fastest = min(predicted.values(), default=None)
-        opens = learning.opens_at(predicted.get(arms[first]), fastest, led)
-        self.learner = learn.Learner(arms, learning, step + opens, first, skip, predicted)
         # Dense's flushing program ran the first step; dense after dense needs no flush.
         keys = [] if "dense" in skip else [(0, False)]
         keys += [(self.names.index(a), True) for a in arms[1:] if a not in skip]
@@ -95,10 +101,43 @@ class Trials:
         # its next step's collective, on the training clock (0-3 s on 2 emulated nodes).
         seconds = self.agreed_max(seconds)
         learn.compiled(step, [self.names[k] for k, _ in keys], seconds)
+        timed = {} if upcoming is None else self._time(step, arms, skip, upcoming)
+        predicted = learn.warmup_seconds(arms, skip, sizes, world, profile, options)
+        predicted.update(timed)
+        led = learn.leading(arms, first, predicted, learning, skip) is not None
+        fastest = min(predicted.values(), default=None)
+        opens = learning.opens_at(predicted.get(arms[first]), fastest, led)
+        self.learner = learn.Learner(arms, learning, step + opens, first, skip, predicted, timed)
         untried = [a for name, a in self.arms.items() if name not in arms]
         for arm in untried:  # their choices too, in the decisions (metrics)
             for n in sizes:
                 cost.resolve_auto(arm, n, jax.device_count(), processes, local, element_bytes=wide)
+
+    def _time(
+        self, step: int, arms: list[str], skip: dict[str, float], upcoming: Callable[[], tuple]
+    ) -> dict[str, float]:
+        """Each arm not ``skip``-ped: its program's seconds a step (the largest over the
+        ranks), run from a copy of the next step's arguments (the programs donate what they
+        are given) and its results dropped, outside the training clock as the compilation
+        is. The first step of each waits alone (its buffers' first allocation); the timed
+        ones follow in flight, as the loop dispatches them: waited for one by one they read
+        a dispatch's latency on top of every cheap arm's step. Every rank runs the same
+        programs in the same order (they hold collectives)."""
+        params, state, *batch = upcoming()
+        copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+        began, timed = time.perf_counter(), {}
+        for name in arms:
+            if name in skip:
+                continue
+            program = self.programs.ready[(self.names.index(name), True)]
+            out = jax.block_until_ready(program(*copy((params, state)), *batch))
+            clock = time.perf_counter()
+            for _ in range(TIMED_STEPS):  # dispatched as the loop does, steps in flight
+                out = program(out[0], out[1], *batch)
+            jax.block_until_ready(out)
+            timed[name] = self.agreed_max((time.perf_counter() - clock) / TIMED_STEPS)
+        learn.timed(step, timed, self.agreed_max(time.perf_counter() - began))
+        return timed
 
     def before(self, step: int, wait: Callable[[], None]) -> None:
         """Sets :attr:`program` for ``step``: its arm, and whether dense flushes the
@@ -114,10 +153,19 @@ class Trials:
             self.clock, self.paused = time.perf_counter(), 0.0
             self.losses, self.read_losses = [], []
 
-    def after(self, step: int, params: Any, loss: Any, wait: Callable[[], None]) -> None:
-        """Records ``step``'s loss; closes its window when it is the last."""
+    def after(
+        self,
+        step: int,
+        params: Any,
+        loss: Any,
+        wait: Callable[[], None],
+        upcoming: Callable[[], tuple] | None = None,
+    ) -> None:
+        """Records ``step``'s loss; closes its window when it is the last. After the first
+        step, ``upcoming()`` gives the next step's ``(params, state, *batch)``, on which each
+        arm is timed (:meth:`_time`)."""
         if self.learner is None:
-            self._start(step + 1, params, wait)
+            self._start(step + 1, params, wait, upcoming)
             return
         if not self.learner.in_window(step):
             return

@@ -152,6 +152,10 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
     for d in report.get("learned", []):
         if d["event"] == "arms":
             ctx.print(f"{name} auto: trials of {', '.join(d['arms'])} from step {d['step']}")
+        elif d["event"] == "timed":
+            steps = ", ".join(f"{a} {t * 1e3:.3g} ms" for a, t in d["seconds_per_step"].items())
+            ctx.print(f"{name} auto: timed each arm's step in {d['seconds']:.1f} s before step "
+                      f"{d['step']}: {steps}")  # fmt: skip
         elif d["event"] == "compiled":
             ctx.print(f"{name} auto: compiled the programs of {', '.join(d['arms'])} in "
                       f"{d['seconds']:.1f} s before step {d['step']}")  # fmt: skip
@@ -176,6 +180,8 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
             costs = d.get("seconds_per_dense_step") or {}
             rates = ", ".join(f"{a} {c * 1e3:.3g} ms" for a, c in costs.items())
             why = f"expected s per dense step: {rates}" if rates else "no compressor proposed"
+            if d.get("prior"):
+                why = f"on the prior, {why}; trials from step {d['explores_at']}"
             ctx.print(f"{name} auto: step {d['step']} -> {d['choice']} ({why})")
 
 
