@@ -809,12 +809,8 @@ def heldout_summary(rows: list[dict[str, Any]], bound: dict[str, Any] | None = N
       >>> heldout_summary([row("dense-bf16", 10.0), row("gtopk", 5.0), row("auto-bf16", 5.5)])
       ['w · 1gbit-2x1', '`lead`', 'auto-bf16, 5.5 s', 'gtopk, 5.0 s', '1.10×', 'dense-bf16, 10.0 s', '0.55×', '0.5 s, 2.0 s', 'met']
     """
-    reached = [r for r in rows if r["time_to_target_s"] is not None]
     auto = next((r for r in rows if r["label"] == "auto-bf16"), None)
-    others = [r for r in reached if r is not auto]
-    fastest = min(others, key=lambda r: r["time_to_target_s"], default=None)
-    dense = [r for r in others if r["label"] in ("psum-bf16", "dense-bf16")]
-    dense16 = min(dense, key=lambda r: r["time_to_target_s"], default=None)
+    fastest, dense16 = _bases(rows)
 
     def ratio(base: dict[str, Any] | None) -> float:  # infinite: auto or base did not reach it
         if auto is None or base is None or auto["time_to_target_s"] is None:
@@ -834,26 +830,70 @@ def heldout_summary(rows: list[dict[str, Any]], bound: dict[str, Any] | None = N
         _reach(dense16),
         "–" if over_dense16 == math.inf else f"{over_dense16:.2f}×",
         ", ".join(_num(v, ".1f") + (" s" if v is not None else "") for v in start),
-        "met" if met else window_bound(bound),
+        "met" if met else window_bound(bound, prior_pick_of(rows, fastest, dense16)),
     ]
 
 
-def window_bound(bound: dict[str, Any] | None) -> str:
-    """A missed row's bound by ``benchmarks/learn_windows.py``: the least its windows cost
-    (the cheaper measure) against what the targets allow.
+def prior_pick_of(
+    rows: list[dict[str, Any]],
+    fastest: dict[str, Any] | None,
+    dense16: dict[str, Any] | None,
+) -> tuple[str, float] | None:
+    """The pick of the learner as it stands on the prior alone, given each reduction's
+    measured step (``benchmarks/prior_pick.py``), and its time to target over the fastest
+    reduction's, where that misses the targets (over ``TARGET_OVER_FASTEST`` of the fastest
+    or ``TARGET_OVER_DENSE16`` of the fastest dense 16-bit run); None where it meets them
+    or it cannot be told (the row has no dense 16-bit run).
 
     Example:
-      >>> window_bound({"allowance_s": 0.2, "bounded": True,
-      ...               "measures": {"batch": {"least_cost_s": 0.5}, "probe": {"least_cost_s": 0.4}}})
-      'bounded: windows cost ≥ 0.40 s, 0.20 s allowed'
+      >>> prior_pick_of([], None, None) is None
+      True
+    """
+    if fastest is None or dense16 is None:
+        return None
+    from prior_pick import prior_pick
+    from steps_prior import label
+
+    from jaxcomm.cost.learn import Learning  # the library: only where a row is judged
+
+    labels = {r["label"]: r for r in rows if r["label"] != "auto-bf16"}
+    if "dense-bf16" not in labels:
+        return None
+    pick = label(prior_pick(labels, Learning()))
+    seconds = labels[pick]["time_to_target_s"]
+    seconds = math.inf if seconds is None else seconds
+    over = seconds / fastest["time_to_target_s"]
+    if over <= TARGET_OVER_FASTEST and seconds <= TARGET_OVER_DENSE16 * dense16["time_to_target_s"]:
+        return None
+    return pick, over
+
+
+def window_bound(bound: dict[str, Any] | None, prior: tuple[str, float] | None = None) -> str:
+    """A missed row's bound: bounded where both ways a learner has of choosing fail on it,
+    trial windows (``bound``, ``benchmarks/learn_windows.py``: the least they cost, the
+    cheaper measure, exceeds what the targets allow) and the prior's pick on measured steps
+    (``prior``: :func:`prior_pick_of`, that pick and its time over the fastest's, where it
+    misses); missed otherwise.
+
+    Example:
+      >>> bound = {"allowance_s": 0.2, "bounded": True,
+      ...          "measures": {"batch": {"least_cost_s": 0.5}, "probe": {"least_cost_s": 0.4}}}
+      >>> window_bound(bound, ("blockquant", 1.5))
+      'bounded: windows cost ≥ 0.40 s, 0.20 s allowed; the prior picks blockquant, 1.50×'
+      >>> window_bound(bound)
+      'missed: windows cost ≥ 0.40 s, 0.20 s allowed; the prior picks within them'
       >>> window_bound(None)
       'missed'
     """
     if bound is None:
         return "missed"
     least = min(m["least_cost_s"] for m in bound["measures"].values())
-    verdict = "bounded" if bound["bounded"] else "missed"
-    return f"{verdict}: windows cost ≥ {least:.2f} s, {bound['allowance_s']:.2f} s allowed"
+    verdict = "bounded" if bound["bounded"] and prior is not None else "missed"
+    text = f"{verdict}: windows cost ≥ {least:.2f} s, {bound['allowance_s']:.2f} s allowed"
+    if not bound["bounded"]:
+        return text
+    return text + (f"; the prior picks {prior[0]}, {prior[1]:.2f}×" if prior else
+                   "; the prior picks within them")  # fmt: skip
 
 
 def window_bounds(results: pathlib.Path) -> dict[tuple[str, str], dict[str, Any]]:
@@ -863,6 +903,21 @@ def window_bounds(results: pathlib.Path) -> dict[tuple[str, str], dict[str, Any]
         data = load(results, path.stem)
         out.update({(data["workload"], link): b for link, b in data.get("bounds", {}).items()})
     return out
+
+
+def _bases(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A held-out (workload, link)'s fastest reduction and fastest dense 16-bit run, of
+    those that reached the target (``auto-bf16`` left out)."""
+    others = [r for r in rows if r["label"] != "auto-bf16" and r["time_to_target_s"] is not None]
+    fastest = min(others, key=lambda r: r["time_to_target_s"], default=None)
+    dense = [r for r in others if r["label"] in ("psum-bf16", "dense-bf16")]
+    return fastest, min(dense, key=lambda r: r["time_to_target_s"], default=None)
+
+
+def _prior_misses(rows: list[dict[str, Any]]) -> bool:
+    """Whether the prior's pick on the row's measured steps misses the targets
+    (:func:`prior_pick_of`)."""
+    return prior_pick_of(rows, *_bases(rows)) is not None
 
 
 def _verdict(summary: list[str]) -> str:
@@ -901,10 +956,11 @@ def e2e_heldout(results: pathlib.Path) -> str:
         heldout_summary(rows, bounds.get((rows[0]["workload"], rows[0]["network"])))
         for _, rows in cells
     ]
-    floors = [  # per row whose bound exceeds the allowance: whether auto met the targets
+    floors = [  # per row bounded both ways: whether auto met the targets
         _verdict(s) == "met"
         for s, (_, rows) in zip(summaries, cells, strict=True)
         if bounds.get((rows[0]["workload"], rows[0]["network"]), {}).get("bounded")
+        and _prior_misses(rows)
     ]
     now = data.get("learner")
     current = [
@@ -920,11 +976,15 @@ def e2e_heldout(results: pathlib.Path) -> str:
         f"{TARGET_OVER_FASTEST}× and `auto` / dense 16-bit below {TARGET_OVER_DENSE16:.2f}× "
         "are the targets). *At start*: the "
         "seconds `auto` spent measuring its world, then compiling its arms' programs, "
-        "outside the training clock as every run's first compilation. *Targets*: where missed, "
-        "the least expected cost of one round of trial windows and the pick it makes, against "
-        "what the targets allow (`benchmarks/learn_windows.py`, in `docs/cost-model.md`). That "
-        "cost is a floor for a learner that ranks by windows alone, not for this one: of the "
-        f"{len(floors)} rows whose bound exceeds the allowance, `auto` met {sum(floors)}.",
+        "outside the training clock as every run's first compilation (and timing its arms' "
+        "steps, from the learner `timed`). *Targets*: where missed, bounded where neither way "
+        "a learner has of choosing could meet them: one round of trial windows costs more "
+        "than the targets allow (the least expected cost of the round and the pick it makes, "
+        "`benchmarks/learn_windows.py`, in `docs/cost-model.md`), and the pick of the learner "
+        "as it stands on the prior alone, given each reduction's measured step, misses them "
+        "(`benchmarks/prior_pick.py`: the pick and its time over the fastest's); missed "
+        "otherwise. The bound holds for a learner with this prior; of the "
+        f"{len(floors)} rows bounded both ways, `auto` met {sum(floors)}.",
     )
     parts = [
         table(E2E_HEADER, [e2e_columns(r) for r in rows], caption=f"**{title}**")
@@ -940,10 +1000,10 @@ def _seen_again(
     summaries: list[list[str]],
     bounds: dict[tuple[str, str], dict[str, Any]],
 ) -> list[str]:
-    """The rows an earlier learner missed, with the learner as it stands (``now``) re-run on
-    them (``results/e2e-<now>-checks/e2e.json``, each workload's baselines from the grid):
-    seen by then, they do not judge it, but say whether its changes mended those rows. An
-    empty list where none was re-run."""
+    """Earlier learners' rows re-run by the learner as it stands (``now``,
+    ``results/e2e-<now>-checks/e2e.json``, each workload's baselines from the grid), each
+    under the row as its own learner ran it: seen by then, they do not judge the learner,
+    but say what its change did to those rows. An empty list where none was re-run."""
     path = results / f"e2e-{now}-checks" / "e2e.json"
     if now is None or not path.exists():
         return []
@@ -952,19 +1012,21 @@ def _seen_again(
     again = []
     for summary, (_, rows) in zip(summaries, cells, strict=True):
         key = (rows[0]["workload"], rows[0]["network"])
-        if _verdict(summary) == "missed" and key in autos and rows[0].get("learner") != now:
+        if key in autos and rows[0].get("learner") != now:
             seen = [r for r in rows if r["label"] != "auto-bf16"]
             row = heldout_summary([*seen, autos[key]], bounds.get(key))
-            again.append([row[0], f"`{now}`, seen", *row[2:]])
+            again += [summary, [row[0], f"`{now}`, seen", *row[2:]]]
     if not again:
         return []
     return [
         table(
             HELDOUT_HEADER,
             again,
-            caption=f"The missed rows, re-run by the learner as it stands ({_tally(again)}). "
-            "These workloads had judged an earlier learner, so they do not judge this one; "
-            f"`benchmarks/results/e2e-{now}-checks` holds the runs, made after the baselines.",
+            caption="Earlier rows, each as its learner ran it and then re-run by the learner "
+            f"as it stands (re-run: {_tally(again[1::2])}; as first run: "
+            f"{_tally(again[::2])}). These workloads had judged an earlier learner, so they "
+            f"do not judge this one; `benchmarks/results/e2e-{now}-checks` holds the runs, "
+            "made after the baselines.",
         )
     ]
 
@@ -1371,9 +1433,9 @@ def _window_bounds_table(results: pathlib.Path) -> str:
         f"steps or more). *Allowed*: {(TARGET_OVER_FASTEST - 1) * 100:.0f} % of the fastest run, or "
         f"{(TARGET_OVER_DENSE16 - 1) * 100:.0f} % over the fastest dense 16-bit run where that is less. "
         "*Bounded*: the least cost exceeds it by both measures. The model ranks by windows "
-        "alone: the learner's prior and its guard (the safe arms compared by their seconds) "
-        "spare it windows, so the bound is a floor for a learner that reads windows only, and "
-        "a row can be met where it reads bounded (*`auto` met*: the held-out table's verdict).",
+        "alone, so the bound is a floor for a learner that reads windows only; one that picks "
+        "on its prior spends no windows and is bounded by its pick's run instead, and the "
+        "held-out table's verdict joins both (*`auto` met*: that table's verdict).",
     )
 
 
@@ -1429,6 +1491,27 @@ def steps_prior(results: pathlib.Path) -> str:
         "`recorded`: what the learner that ran chose; `keep the decision`: a re-check that "
         "keeps the pick of the exploration before; noise 0.01 reads the windows at face "
         "value, 1000 leaves the prior alone (`benchmarks/results/steps-prior.json`):",
+    )
+
+
+@section("docs/cost-model.md", "prior-pick")
+def prior_pick(results: pathlib.Path) -> str:
+    """``benchmarks/prior_pick.py``: the learner's pick on the prior alone, given each
+    reduction's measured step, against auto as it ran."""
+    data = load(results, "prior-pick")
+    rows = [
+        [s["rows_of"], f"{s['prior']['met']} of {s['prior']['rows']}",
+         f"{s['auto']['met']} of {s['auto']['rows']}" if s["auto"]["rows"] else "–"]
+        for s in data["summary"]
+    ]  # fmt: skip
+    return table(
+        ["rows", "the prior's pick within the target", "`auto` as it ran"],
+        rows,
+        caption="`python benchmarks/prior_pick.py`: on each row of two emulated nodes, the "
+        "learner given each reduction's seconds a step from its full runs as the timed ones: "
+        "its pick's time to target within "
+        f"{data['met']}× of the fastest reduction's, as if it ran from the first step; beside "
+        "it, `auto` as each row's learner ran it (`benchmarks/results/prior-pick.json`):",
     )
 
 
