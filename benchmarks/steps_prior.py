@@ -54,6 +54,8 @@ JUDGED = (
     "heldout-convadamwd",
     "heldout-midplain",
     "heldout-fourwide",
+    "heldout-fivemom",
+    "heldout-convdigitsmom",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

@@ -84,7 +84,8 @@ WORKLOADS = {
     # and heldout-convteacher do on runs several times as long; heldout-convbigbatch and
     # heldout-wideshallow judge the windows cut after a cut one, and heldout-convadamwd and
     # heldout-midplain judge that learner again, unchanged, as heldout-fourwide does on runs of
-    # tens of seconds (recipes/heldout-*.yaml).
+    # tens of seconds; heldout-fivemom and heldout-convdigitsmom judge the arms timed at start
+    # and the prior's pick until a round is cheap (fb7b37c) (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -121,6 +122,8 @@ WORKLOADS = {
             ("heldout-convadamwd", "cnn", "recut"),
             ("heldout-midplain", "mlp", "recut"),
             ("heldout-fourwide", "mlp", "recut"),
+            ("heldout-fivemom", "mlp", "timed"),
+            ("heldout-convdigitsmom", "cnn", "timed"),
         ]
     },
 }
