@@ -209,9 +209,8 @@ class Learning:
       explore_share: where every arm's step was timed at start (:class:`Learner`'s
         ``timed``), the prior decides at once, and the first round of windows opens only
         once its seconds are at most this share of the run's so far
-        (:meth:`Learner.priced`): a round costs seconds whatever it finds, and on a run a
-        few rounds long it costs more than any pick it could change saves
-        (``benchmarks/learn_windows.py``).
+        (:meth:`Learner.priced`): a round costs seconds whatever it finds, and on runs of
+        seconds it cost more than the targets allow (``benchmarks/learn_windows.py``).
 
     Example:
       >>> Learning(window=10).window
