@@ -140,6 +140,7 @@ __all__ = [
     "best_arm",
     "compiled",
     "decisions",
+    "fastest_safe",
     "first_arm",
     "is_safe",
     "leading",
@@ -442,7 +443,7 @@ class Learner:
     def _decide_by_prior(self, start: int, active: list[int]) -> None:
         """Decides at ``start`` on the arms' timed seconds and the prior alone: each
         compressor's expected steps are the prior's mean, the safe arms' dense's, and a pick
-        must beat the guard by ``margin`` (as :meth:`_decide`); then plans the first round
+        must beat the guard by ``margin`` (:meth:`_choose`); then plans the first round
         where it is cheap enough (:meth:`priced`)."""
         names = [self.arms[i] for i in active]
         seconds = {a: self._timed[a] for a in names}
@@ -451,13 +452,7 @@ class Learner:
         factors = {a: 1.0 if is_safe(a) else mean for a in names}
         cost = {a: seconds[a] * factors[a] for a in names}
         zero = dict.fromkeys(names, 0.0)
-        measured = Measured(zero, seconds, zero, factors, cost, 0.0)
-        guard = fastest_safe(seconds)
-        pick = best_arm(measured, names)
-        if guard is not None and cost[pick] * self.learning.margin >= cost[guard]:
-            pick = guard
-        if guard is not None:
-            self._first = self.arms.index(guard)
+        _, pick = self._choose(Measured(zero, seconds, zero, factors, cost, 0.0), names)
         self.chosen = pick
         explores_at = self.priced(start, active)
         _decisions.append(
@@ -835,26 +830,34 @@ class Learner:
         decided arm's steps ran there)."""
         return next((w for w in reversed(self.windows) if w["last_step"] == first - 1), None)
 
+    def _choose(self, measured: Measured, names: Sequence[str]) -> tuple[str, str]:
+        """The arm of ``names`` of least expected seconds per dense step (:func:`best_arm`)
+        and the pick: that arm where it beats the arm it displaces by ``margin`` (the guard
+        at first, the decided arm at a re-check: a switch costs a confirmation round), else
+        the displaced arm. The guard opens the rounds from then on."""
+        cost = measured.cost
+        guard = fastest_safe(measured.seconds)
+        best = pick = best_arm(measured, names)
+        standing = self.chosen if self.chosen in cost else guard
+        if standing is not None and cost[best] * self.learning.margin >= cost[standing]:
+            pick = standing
+        if guard is not None:
+            self._first = self.arms.index(guard)
+        return best, pick
+
     def _decide(self, step: int) -> None:
         """Takes the arm of least expected seconds per dense step over the windows since the
         last decision (:func:`best_arm`); plans the re-check without the arms its
         measurements prune."""
         measured = self._rates()
         per_step, seconds, rate, factors, cost, reference = measured
-        guard = fastest_safe(seconds)
-        best = pick = best_arm(measured, [self.arms[i] for i in self._active])
-        # A pick must beat the arm it displaces by the margin: the guard at first, the
-        # decided arm at a re-check (a switch costs a confirmation round). A re-check with
-        # no falling safe loss to read the steps against keeps the decision: the prior
-        # alone ranks by seconds a step, which the decision weighed with more to go on.
-        standing = self.chosen if self.chosen in cost else guard
-        if standing is not None and cost[best] * self.learning.margin >= cost[standing]:
-            pick = standing
+        best, pick = self._choose(measured, [self.arms[i] for i in self._active])
+        # A re-check with no falling safe loss to read the steps against keeps the
+        # decision: the prior alone ranks by seconds a step, which the decision weighed
+        # with more to go on.
         if self.chosen in cost and reference <= 0:
             pick = self.chosen
         kept = pick == self.chosen and best != pick
-        if guard is not None:
-            self._first = self.arms.index(guard)
         switched = pick != self.chosen and not is_safe(pick)
         self.chosen = pick
         record = {

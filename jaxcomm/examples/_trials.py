@@ -104,9 +104,9 @@ class Trials:
         timed = {} if upcoming is None else self._time(step, arms, skip, upcoming)
         predicted = learn.warmup_seconds(arms, skip, sizes, world, profile, options)
         predicted.update(timed)
-        safe = [a for a in timed if learn.is_safe(a)]
-        if safe:  # the warm-up runs the safe arm timed fastest (the guard)
-            first = arms.index(min(safe, key=lambda a: (timed[a], a)))
+        guard = learn.fastest_safe(timed)
+        if guard is not None:  # the warm-up runs the safe arm timed fastest
+            first = arms.index(guard)
         led = learn.leading(arms, first, predicted, learning, skip) is not None
         fastest = min(predicted.values(), default=None)
         opens = learning.opens_at(predicted.get(arms[first]), fastest, led)
