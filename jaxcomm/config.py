@@ -161,6 +161,17 @@ SETTINGS: dict[str, Setting] = {
             _number(int, 1, exclusive=False),
         ),
         Setting(
+            "JAXCOMM_HOST_MALLOC",
+            "keep",
+            "keep or system",
+            "Python launcher/jaxcomm_launcher/hostmem.py",
+            "keep: a launched rank's glibc malloc neither maps large buffers anew nor trims "
+            "its heaps, so a step's host buffers are not page-faulted again every step; "
+            "system: glibc's adaptive thresholds (also kept when MALLOC_* or GLIBC_TUNABLES "
+            "tune malloc).",
+            _choice("keep", "system"),
+        ),
+        Setting(
             "JAXCOMM_STATE_DIR",
             "/run/jaxcomm",
             "a directory",

@@ -1,9 +1,9 @@
 """Rank entry point: ``python -m jaxcomm_launcher.worker --spec RUN_DIR/spec.json``.
 
 Every backend starts this module once per rank. It finds its rank and the world size in the
-environment of whichever launch engine started it, sets up JAX (the recipe's platform: CPU
-devices per process, or its GPUs; ``jax.distributed``), calls the job and records how it
-ended.
+environment of whichever launch engine started it, keeps the memory it frees
+(:mod:`jaxcomm_launcher.hostmem`), sets up JAX (the recipe's platform: CPU devices per
+process, or its GPUs; ``jax.distributed``), calls the job and records how it ended.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxcomm import config
+from jaxcomm_launcher.hostmem import keep_freed_memory
 from jaxcomm_launcher.placement import gpu_slots, visible_gpus
 
 # (rank variable, size variable) of each launch engine, first match wins.
@@ -238,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
 def _run(spec: dict[str, Any], run_dir: pathlib.Path, rank: int, size: int) -> None:
     from jaxcomm_launcher.context import JobContext, MetricsLogger
     from jaxcomm_launcher.recipe import LIGHT, JaxcommSettings, Recipe
+
+    keep_freed_memory(os.environ)
 
     # The launcher checked the job's args; a training job's check imports its example, which
     # must wait until JAX is set up for this rank's platform (_setup_jax).

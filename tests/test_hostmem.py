@@ -1,0 +1,72 @@
+"""A launched rank keeps the host memory it frees (jaxcomm_launcher.hostmem)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+from jaxcomm_launcher.hostmem import keep_freed_memory
+
+from jaxcomm.config import ConfigError
+
+# Allocates, fills and frees a buffer larger than any threshold glibc picks by itself (32 MiB
+# on 64-bit), four times, and prints the page faults each round took.
+_ROUNDS = """
+import ctypes, json, os, resource, sys
+from jaxcomm_launcher.hostmem import keep_freed_memory
+
+kept = keep_freed_memory(os.environ)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = (ctypes.c_size_t,)
+libc.free.argtypes = (ctypes.c_void_p,)
+size = 48 << 20
+faults = []
+for _ in range(4):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    buf = libc.malloc(size)
+    ctypes.memset(buf, 1, size)
+    libc.free(buf)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"kept": kept, "faults": faults}))
+"""
+
+
+def _rounds(setting: str) -> dict:
+    env = {**os.environ, "JAXCOMM_HOST_MALLOC": setting, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for name in ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        env.pop(name, None)
+    out = subprocess.run(
+        [sys.executable, "-c", _ROUNDS], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc only")
+def test_a_kept_buffer_is_faulted_in_once():
+    system = _rounds("system")
+    keep = _rounds("keep")
+    pages = (48 << 20) // os.sysconf("SC_PAGE_SIZE")
+    # glibc unmaps the buffer at every free: each round faults every page in again.
+    assert not system["kept"]
+    assert all(f >= pages // 2 for f in system["faults"]), system
+    # Kept: the first round faults the pages in, the others reuse them.
+    assert keep["kept"]
+    assert keep["faults"][0] >= pages // 2, keep
+    assert all(f < pages // 20 for f in keep["faults"][1:]), keep
+
+
+def test_the_users_own_malloc_settings_win():
+    assert not keep_freed_memory({"JAXCOMM_HOST_MALLOC": "system"})
+    assert not keep_freed_memory({"MALLOC_ARENA_MAX": "2"})
+    assert not keep_freed_memory({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"})
+
+
+def test_a_bad_setting_names_itself():
+    with pytest.raises(ConfigError, match="JAXCOMM_HOST_MALLOC"):
+        keep_freed_memory({"JAXCOMM_HOST_MALLOC": "never"})
