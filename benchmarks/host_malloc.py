@@ -62,12 +62,15 @@ class Sampler(threading.Thread):
             self.samples.append((time.monotonic(), _ranks()))
 
     def rates(self) -> list[dict[str, float]]:
-        """Each rank's median faults and kernel share a second over its last 20 samples
-        (training: its start is compilation and measuring)."""
-        by: dict[str, list[tuple[float, int, int]]] = {}
+        """Each rank of the last launch (the cell's; train.py may launch others to measure
+        first): its median faults and kernel share a second over its last 20 samples
+        (training; its start is compilation and measuring)."""
+        last = next((ranks for _, ranks in reversed(self.samples) if ranks), {})
+        by: dict[str, list[tuple[float, int, int]]] = {pid: [] for pid in last}
         for t, ranks in self.samples:
             for pid, (faults, ticks) in ranks.items():
-                by.setdefault(pid, []).append((t, faults, ticks))
+                if pid in by:
+                    by[pid].append((t, faults, ticks))
         out = []
         for series in by.values():
             tail = series[-21:]
@@ -166,6 +169,7 @@ def main() -> None:
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/host-malloc"))
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     tag = f"host-malloc-{args.workload}-{args.network}"
     path = args.out / f"{tag}.json"
     runs = json.loads(path.read_text())["runs"] if path.exists() else []
