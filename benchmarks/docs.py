@@ -1664,6 +1664,33 @@ def env_settings(results: pathlib.Path) -> str:
     return module.markdown_table()
 
 
+@section("docs/DESIGN.md", "host-malloc")
+def host_malloc(results: pathlib.Path) -> str:
+    """``benchmarks/host_malloc.py``: glibc's own malloc thresholds against freed memory kept."""
+
+    def render(data: dict[str, Any], file: str) -> str:
+        rows = [
+            [r["algorithm"], f"`{r['setting']}`", r["runs"], r["faulting"],
+             f"{r['median_step_ms']:.1f}", _seconds(r["median_time_to_target_s"])]
+            for r in data["summary"]
+        ]  # fmt: skip
+        return table(
+            ["reduction", "`JAXCOMM_HOST_MALLOC`", "runs", "with a faulting rank",
+             "median ms a step", "median time to target"],
+            rows,
+            caption=f"`python benchmarks/host_malloc.py --workload {data['workload']} "
+            f"--network {data['network']}`: the two settings run by run, a rank counted as "
+            "faulting above 10,000 page faults a second in training "
+            f"(`benchmarks/results/{file}`):",
+        )  # fmt: skip
+
+    return each(results, "host-malloc-*.json", render)
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f} s"
+
+
 # ---------------------------------------------------------------------------------------------
 
 

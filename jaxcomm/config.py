@@ -165,8 +165,9 @@ SETTINGS: dict[str, Setting] = {
             "keep",
             "keep or system",
             "Python launcher/jaxcomm_launcher/hostmem.py",
-            "keep: a launched rank's glibc malloc neither maps large buffers anew nor trims "
-            "its heaps, so a step's host buffers are not page-faulted again every step; "
+            "keep: a launched rank's glibc malloc uses one arena, neither maps large buffers "
+            "anew nor trims its heap, so a step's host buffers are not page-faulted again "
+            "every step; "
             "system: glibc's adaptive thresholds (also kept when MALLOC_* or GLIBC_TUNABLES "
             "tune malloc).",
             _choice("keep", "system"),

@@ -1,18 +1,20 @@
 """Makes a launched rank keep the host memory it frees, so its step's buffers stay mapped.
 
 XLA on CPU allocates a step's temporary buffers with ``malloc`` and frees them when the step
-ends. glibc's ``malloc`` serves a large request from a fresh ``mmap`` and unmaps it on free
-when the request is above its mmap threshold, and hands the top of a heap back to the system
-when more than its trim threshold is free there. It moves both thresholds as the process frees
-memory, so which of a step's buffers come back unmapped depends on the order of earlier frees
-across XLA's threads. A rank that lands in that state page-faults every page of those
-buffers again on every step, in the kernel, while its peers wait for it in the collective.
+ends. glibc's ``malloc`` hands memory back to the system in three ways: a large request gets
+a fresh ``mmap``, unmapped on free (above its mmap threshold); the top of a heap is trimmed
+when more than its trim threshold is free there; and a thread's arena unmaps a whole heap
+once nothing in it is in use. glibc moves both thresholds as the process frees memory, so
+which of a step's buffers come back unmapped depends on the order of earlier frees across
+XLA's threads. A rank that lands in that state page-faults every page of those buffers again
+on every step, in the kernel, while its peers wait for it in the collective.
 
-:func:`keep_freed_memory` turns both mechanisms off for the rank, the way MPI libraries do
-for their registration caches: no request is served by ``mmap`` (``M_MMAP_MAX`` 0) and no
-heap is trimmed (``M_TRIM_THRESHOLD`` -1). A rank's memory then stays at its peak, which
-training reaches in its first steps anyway. ``JAXCOMM_HOST_MALLOC=system`` or any of
-glibc's own malloc variables in the environment leaves glibc as it is.
+:func:`keep_freed_memory` turns all three off for the rank, the way MPI libraries do for
+their registration caches: one arena for all threads (``M_ARENA_MAX`` 1: the main heap, which
+grows without the 64 MiB bound of a thread's heaps), no request served by ``mmap``
+(``M_MMAP_MAX`` 0) and no trimming (``M_TRIM_THRESHOLD`` -1). A rank's memory then stays at
+its peak, which training reaches in its first steps anyway. ``JAXCOMM_HOST_MALLOC=system`` or
+any of glibc's own malloc variables in the environment leaves glibc as it is.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from jaxcomm import config
 # glibc's <malloc.h> parameter numbers.
 M_TRIM_THRESHOLD = -1
 M_MMAP_MAX = -4
+M_ARENA_MAX = -8
 
 GLIBC_MALLOC_VARIABLES = (
     "MALLOC_MMAP_MAX_",
@@ -50,7 +53,7 @@ def keep_freed_memory(environ: Mapping[str, str]) -> bool:
       environ: the rank's environment (``JAXCOMM_HOST_MALLOC`` and glibc's variables).
 
     Returns:
-      True when both settings took effect; False when the setting says ``system``, the
+      True when all three settings took effect; False when the setting says ``system``, the
       environment tunes malloc itself, or the C library is not glibc.
 
     Raises:
@@ -67,6 +70,6 @@ def keep_freed_memory(environ: Mapping[str, str]) -> bool:
     libc = ctypes.CDLL(None)
     libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     libc.mallopt.restype = ctypes.c_int
-    no_mmap = libc.mallopt(M_MMAP_MAX, 0)
-    no_trim = libc.mallopt(M_TRIM_THRESHOLD, -1)
-    return bool(no_mmap and no_trim)
+    # One arena first: a thread's own arena would keep unmapping heaps it empties.
+    settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
+    return all([bool(libc.mallopt(param, value)) for param, value in settings])
