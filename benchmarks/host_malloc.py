@@ -65,8 +65,9 @@ class Sampler(threading.Thread):
         """Each rank of the last launch (the cell's; train.py may launch others to measure
         first): its median faults and kernel share a second over its last 20 samples
         (training; its start is compilation and measuring)."""
-        last = next((ranks for _, ranks in reversed(self.samples) if ranks), {})
-        by: dict[str, list[tuple[float, int, int]]] = {pid: [] for pid in last}
+        # The last 10 samples with ranks: one rank may exit a sample before the other.
+        recent = [ranks for _, ranks in self.samples if ranks][-10:]
+        by: dict[str, list[tuple[float, int, int]]] = {pid: [] for r in recent for pid in r}
         for t, ranks in self.samples:
             for pid, (faults, ticks) in ranks.items():
                 if pid in by:
