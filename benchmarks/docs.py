@@ -612,6 +612,10 @@ def _num(v: float | None, spec: str) -> str:
     return format(v, spec) if v is not None and v == v and abs(v) != float("inf") else "–"
 
 
+def _seconds(v: float | None) -> str:
+    return _num(v, ".1f") + (" s" if v is not None else "")
+
+
 def e2e_title(row: dict[str, Any]) -> str:
     """The heading of one (workload, network) cell of the end-to-end grid.
 
@@ -832,7 +836,7 @@ def heldout_summary(rows: list[dict[str, Any]], bound: dict[str, Any] | None = N
         "–" if over_fastest == math.inf else f"{over_fastest:.2f}×",
         _reach(dense16),
         "–" if over_dense16 == math.inf else f"{over_dense16:.2f}×",
-        ", ".join(_num(v, ".1f") + (" s" if v is not None else "") for v in start),
+        ", ".join(_seconds(v) for v in start),
         "met" if met else window_bound(bound, prior),
     ]
 
@@ -1685,10 +1689,6 @@ def host_malloc(results: pathlib.Path) -> str:
         )  # fmt: skip
 
     return each(results, "host-malloc-*.json", render)
-
-
-def _seconds(value: float | None) -> str:
-    return "–" if value is None else f"{value:.1f} s"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _bench import write_result_and_plot  # noqa: E402
+from jaxcomm_launcher.procs import descendants  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SETTINGS = ("system", "keep")
@@ -34,10 +35,11 @@ FAULTING = 10_000
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def _ranks() -> dict[str, tuple[int, int]]:
-    """Each running rank's pid: (minor faults, kernel ticks)."""
+def _ranks(root: int) -> dict[str, tuple[int, int]]:
+    """Each running rank below ``root`` (this run's train.py): its pid's (minor faults,
+    kernel ticks)."""
     found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in map(str, descendants(root)):
         try:
             cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
             if b"jaxcomm_launcher.worker" not in cmd:
@@ -52,14 +54,15 @@ def _ranks() -> dict[str, tuple[int, int]]:
 class Sampler(threading.Thread):
     """Samples :func:`_ranks` every second until stopped."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
+        self.root = root
         self.samples: list[tuple[float, dict[str, tuple[int, int]]]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
-            self.samples.append((time.monotonic(), _ranks()))
+            self.samples.append((time.monotonic(), _ranks(self.root)))
 
     def rates(self) -> list[dict[str, float]]:
         """Each rank of the last launch (the cell's; train.py may launch others to measure
@@ -100,12 +103,15 @@ def run_once(args: argparse.Namespace, setting: str, algorithm: str) -> dict[str
     cmd = [sys.executable, str(ROOT / "benchmarks" / "train.py"), "--workloads", args.workload]
     cmd += ["--networks", args.network, "--seeds", "0", "--algorithms", algorithm]
     cmd += ["--winner-seeds", "--out", str(scratch), "--work", str(args.work / "runs")]
-    sampler = Sampler()
-    sampler.start()
     env = {**os.environ, "JAXCOMM_HOST_MALLOC": setting}
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+    train = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, cwd=ROOT)
+    sampler = Sampler(train.pid)
+    sampler.start()
+    code = train.wait()
     sampler.stop.set()
     sampler.join()
+    if code != 0:
+        raise subprocess.CalledProcessError(code, cmd)
     cell = json.loads((cell_dir / f"{algorithm}-s0.json").read_text())
     return {
         "setting": setting,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from jaxcomm_launcher.hostmem import keep_freed_memory
+from jaxcomm_launcher.hostmem import GLIBC_MALLOC_VARIABLES, keep_freed_memory
 
 from jaxcomm.config import ConfigError
 
@@ -46,7 +46,7 @@ print(json.dumps({"kept": kept, "faults": list(faults.values())}))
 
 def _rounds(setting: str) -> dict:
     env = {**os.environ, "JAXCOMM_HOST_MALLOC": setting, "PYTHONPATH": os.pathsep.join(sys.path)}
-    for name in ("MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+    for name in (*GLIBC_MALLOC_VARIABLES, "GLIBC_TUNABLES"):  # else the setting stands aside
         env.pop(name, None)
     out = subprocess.run(
         [sys.executable, "-c", _ROUNDS], env=env, capture_output=True, text=True, timeout=120
