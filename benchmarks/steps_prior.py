@@ -56,6 +56,7 @@ JUDGED = (
     "heldout-fourwide",
     "heldout-fivemom",
     "heldout-convdigitsmom",
+    "heldout-sixlong",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

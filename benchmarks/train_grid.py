@@ -85,7 +85,8 @@ WORKLOADS = {
     # heldout-wideshallow judge the windows cut after a cut one, and heldout-convadamwd and
     # heldout-midplain judge that learner again, unchanged, as heldout-fourwide does on runs of
     # tens of seconds; heldout-fivemom and heldout-convdigitsmom judge the arms timed at start
-    # and the prior's pick until a round is cheap (fb7b37c) (recipes/heldout-*.yaml).
+    # and the prior's pick until a round is cheap (fb7b37c), heldout-sixlong the same learner
+    # on a run of minutes, long enough for its first round to open (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -124,6 +125,7 @@ WORKLOADS = {
             ("heldout-fourwide", "mlp", "recut"),
             ("heldout-fivemom", "mlp", "timed"),
             ("heldout-convdigitsmom", "cnn", "timed"),
+            ("heldout-sixlong", "mlp", "timed"),
         ]
     },
 }
