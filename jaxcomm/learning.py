@@ -65,7 +65,8 @@ def learned_gradients(
         PowerSGD, whose state differs).
       fixed: compile arm ``fixed`` alone, whatever the state's ``arm`` says: the same state,
         without the ``lax.switch``. The examples' loop runs every arm so, one program each
-        (on XLA:CPU a switched step ran 8-45 ms slower than the same reduction alone).
+        (on XLA:CPU a switched step ran slower than the same reduction alone:
+        ``benchmarks/arm_step.py``).
       flush: with ``fixed=0`` (dense), ``False`` passes the residuals on untouched rather
         than sending them with the gradient and zeroing them: for a step that follows a
         dense one, whose residuals are zero, it spares two passes over them.

@@ -32,6 +32,7 @@ SCRIPTS = [
     REPO_ROOT / "benchmarks" / name
     for name in (
         "_bench.py",
+        "arm_step.py",
         "docs.py",
         "learn_windows.py",
         "overlap_job.py",

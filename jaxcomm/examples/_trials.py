@@ -14,8 +14,9 @@ evaluations excluded), the largest over the ranks, and its losses the steps' los
 over the ranks: every rank switches at the same steps to the same arm.
 
 Each arm runs a program of its own (``learned_gradients(..., fixed=arm)``, one state for
-all) rather than one ``lax.switch`` over every arm: on XLA:CPU a switched step ran 25-45 ms
-slower than the same reduction alone, which made the trial windows mis-time the cheap arms.
+all) rather than one ``lax.switch`` over every arm: on XLA:CPU a switched step ran slower than
+the same reduction alone, which made the trial windows mis-time the cheap arms; an arm's own
+program runs at the reduction's own speed (``benchmarks/arm_step.py`` measures the three).
 """
 
 from __future__ import annotations
