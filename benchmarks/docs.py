@@ -1539,7 +1539,9 @@ def steps_prior(results: pathlib.Path) -> str:
         f"`benchmarks/results/e2e*` (not {', '.join(data['judged_left_out'])}), its "
         "pick's full-run time to target over the fastest reduction's (a miss counts 5×); "
         "`recorded`: what the learner that ran chose; `keep the decision`: a re-check that "
-        "keeps the pick of the exploration before; noise 0.01 reads the windows at face "
+        "keeps the pick of the exploration before; `every round's windows so far`: the "
+        "learner's prior read on every exploration's windows of the run, not the last "
+        "one's alone; noise 0.01 reads the windows at face "
         "value, 1000 leaves the prior alone (`benchmarks/results/steps-prior.json`):",
     )
 

@@ -97,11 +97,12 @@ def replayed(results: pathlib.Path) -> Iterator[dict[str, Any]]:
             continue
         times = times_to_target(results / "e2e" / "cells" / workload / link)
         learned = json.loads(path.read_text()).get("auto_learned") or []
-        before = None
+        before, so_far = None, []
         for index, windows, decision in explorations(learned):
+            so_far = so_far + windows
             yield {"cell": str(path.relative_to(results)), "exploration": index,
                    "windows": windows, "recorded": decision["choice"], "times": times,
-                   "before": before}  # fmt: skip
+                   "before": before, "so_far": so_far}  # fmt: skip
             before = windows
 
 
@@ -149,9 +150,12 @@ def score(rows: list[dict[str, Any]], choose: Callable[[dict[str, Any]], str]) -
 
 def rules() -> Iterator[tuple[str, Callable[[dict[str, Any]], str], Learning | None]]:
     """The rules replayed (name, pick, prior): the recorded choice; at a re-check, keeping
-    the pick the learner's prior made on the exploration before; then each prior."""
+    the pick the learner's prior made on the exploration before; reading every exploration's
+    windows of the run so far, not the last one's alone (a long run's rounds add up); then
+    each prior."""
     yield "recorded", lambda r: r["recorded"], None
     yield "keep the decision", lambda r: pick(r["before"] or r["windows"], Learning()), None
+    yield "every round's windows so far", lambda r: pick(r["so_far"], Learning()), None
     yield (
         "no closing safe window that could not win",
         lambda r: pick(unbracketed(r["windows"], Learning()), Learning()),
