@@ -79,6 +79,7 @@ def main() -> None:
     result = {**setup_fields(args), "cpus_per_node": 1, "arm": args.arm, "rounds": args.rounds,
               "steps": args.steps, "wall_s": wall, **summarize(records)}  # fmt: skip
     print(table(result))
+    args.out.mkdir(parents=True, exist_ok=True)
 
     def draw(ax: Any) -> None:
         for r in result["rows"]:

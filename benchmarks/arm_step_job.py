@@ -70,7 +70,8 @@ class _Way:
 
 
 def _ways(a: ArmStepArgs) -> dict[str, _Way]:
-    """The three ways, each after one (compiling) step of its own."""
+    """The three ways, each after one step of its own (alone's compiles it; the others are
+    compiled ahead by :class:`jaxcomm.examples._trials.ArmPrograms`, as the loop's are)."""
     from jaxcomm.examples import digits
     from jaxcomm.learning import set_arm
 
@@ -83,26 +84,26 @@ def _ways(a: ArmStepArgs) -> dict[str, _Way]:
     if trials is None or a.arm not in trials.names:
         raise ValueError(f"args.arm: {a.arm!r} is not an arm of a learning auto ({trials})")
     k = trials.names.index(a.arm)
+    # One step of dense's program, as the loop's first: ArmPrograms records the arguments'
+    # shapes and shardings, which every arm's program is then compiled ahead for.
+    auto.step(*auto.init(), *auto.batch(0))
+    auto.step.wait()  # tracing an arm measures the world (collectives): not beside a step
+    trials.programs.compile([(k, True)])
+    switched = trials.programs.build(None, True)  # no ``fixed``: the lax.switch over every arm
+    switched.compile(*trials.programs.like)
     ways = {}
     for name, trainer, program in (
         ("alone", alone, alone.step),
-        ("arm", auto, trials.programs.build(k, True)),
-        ("switched", auto, trials.programs.build(None, True)),
+        ("arm", auto, trials.programs.ready[(k, True)]),
+        ("switched", auto, switched),
     ):
         params, state = trainer.init()
         if name == "switched":
             state = set_arm(state, k, NamedSharding(trainer.mesh, P()))
-        if name != "alone":  # compiled ahead, as ArmPrograms compiles the arms
-            like = (params, state, *trainer.batch(0))
-            program.compile(*jax.tree.map(_shaped, like))
         way = _Way(trainer, program, params, state)
-        way.run(0, 1)  # compiles
+        way.run(0, 1)  # alone: compiles
         ways[name] = way
     return ways
-
-
-def _shaped(x: jax.Array) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
 
 
 def _sent(totals_before: list[dict], totals_after: list[dict]) -> list[str]:
