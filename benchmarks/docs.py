@@ -774,6 +774,7 @@ def e2e(results: pathlib.Path) -> str:
 # fastest dense 16-bit run's (benchmarks/learn_windows.py and steps_prior.py read them too).
 TARGET_OVER_FASTEST = 1.15
 TARGET_OVER_DENSE16 = 1.10
+DENSE16 = ("psum-bf16", "dense-bf16")  # train_grid.BASELINES_16BIT (no grid import here)
 
 HELDOUT_HEADER = [
     "workload · link",
@@ -933,14 +934,14 @@ def _bases(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str,
     those that reached the target (``auto-bf16`` left out)."""
     others = [r for r in rows if r["label"] != "auto-bf16" and r["time_to_target_s"] is not None]
     fastest = min(others, key=lambda r: r["time_to_target_s"], default=None)
-    dense = [r for r in others if r["label"] in ("psum-bf16", "dense-bf16")]
+    dense = [r for r in others if r["label"] in DENSE16]
     return fastest, min(dense, key=lambda r: r["time_to_target_s"], default=None)
 
 
 def _capped_dense16(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Of a held-out (workload, link) where no dense 16-bit run reached the target, the one
     stopped at the longest cap (None: there is none)."""
-    capped = [r for r in rows if r["label"] in ("psum-bf16", "dense-bf16") and r["capped_at_s"]]
+    capped = [r for r in rows if r["label"] in DENSE16 and r["capped_at_s"]]
     return max(capped, key=lambda r: r["capped_at_s"], default=None)
 
 
