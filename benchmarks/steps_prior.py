@@ -57,6 +57,8 @@ JUDGED = (
     "heldout-fivemom",
     "heldout-convdigitsmom",
     "heldout-sixlong",
+    "heldout-convmidmom",
+    "heldout-fouradam",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

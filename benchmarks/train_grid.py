@@ -86,7 +86,8 @@ WORKLOADS = {
     # heldout-midplain judge that learner again, unchanged, as heldout-fourwide does on runs of
     # tens of seconds; heldout-fivemom and heldout-convdigitsmom judge the arms timed at start
     # and the prior's pick until a round is cheap (fb7b37c), heldout-sixlong the same learner
-    # on a run of minutes, long enough for its first round to open (recipes/heldout-*.yaml).
+    # on a run of minutes, long enough for its first round to open, and heldout-convmidmom and
+    # heldout-fouradam judge that learner again, unchanged (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -126,6 +127,8 @@ WORKLOADS = {
             ("heldout-fivemom", "mlp", "timed"),
             ("heldout-convdigitsmom", "cnn", "timed"),
             ("heldout-sixlong", "mlp", "timed"),
+            ("heldout-convmidmom", "cnn", "timed"),
+            ("heldout-fouradam", "mlp", "timed"),
         ]
     },
 }
