@@ -1032,21 +1032,29 @@ def _seen_again(
     bounds: dict[tuple[str, str], dict[str, Any]],
 ) -> list[str]:
     """Earlier learners' rows re-run by the learner as it stands (``now``,
-    ``results/e2e-<now>-checks/e2e.json``, each workload's baselines from the grid), each
-    under the row as its own learner ran it: seen by then, they do not judge the learner,
-    but say what its change did to those rows. An empty list where none was re-run."""
+    ``results/e2e-<now>-checks/e2e.json``), each under the row as its own learner ran it:
+    seen by then, they do not judge the learner, but say what its change did to those rows.
+    A re-run's baselines are the grid's, or its own where the whole row ran again, back to
+    back (``whole row``). An empty list where none was re-run."""
     path = results / f"e2e-{now}-checks" / "e2e.json"
     if now is None or not path.exists():
         return []
-    autos = {(r["workload"], r["network"]): r for r in json.loads(path.read_text())["rows"]
-             if r["label"] == "auto-bf16"}  # fmt: skip
+    autos: dict[tuple[str, str], dict[str, Any]] = {}
+    own: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in json.loads(path.read_text())["rows"]:
+        key = (r["workload"], r["network"])
+        if r["label"] == "auto-bf16":
+            autos[key] = r
+        else:
+            own.setdefault(key, []).append(r)
     again = []
     for summary, (_, rows) in zip(summaries, cells, strict=True):
         key = (rows[0]["workload"], rows[0]["network"])
         if key in autos and rows[0].get("learner") != now:
-            seen = [r for r in rows if r["label"] != "auto-bf16"]
+            seen = own.get(key) or [r for r in rows if r["label"] != "auto-bf16"]
+            learner = f"`{now}`, seen" + (", whole row" if key in own else "")
             row = heldout_summary([*seen, autos[key]], bounds.get(key))
-            again += [summary, [row[0], f"`{now}`, seen", *row[2:]]]
+            again += [summary, [row[0], learner, *row[2:]]]
     if not again:
         return []
     return [
@@ -1057,7 +1065,7 @@ def _seen_again(
             f"as it stands (re-run: {_tally(again[1::2])}; as first run: "
             f"{_tally(again[::2])}). These workloads had judged an earlier learner, so they "
             f"do not judge this one; `benchmarks/results/e2e-{now}-checks` holds the runs, "
-            "made after the baselines.",
+            "made after the grid's baselines, or with their own (whole row).",
         )
     ]
 
@@ -1542,7 +1550,9 @@ def steps_prior(results: pathlib.Path) -> str:
         "`recorded`: what the learner that ran chose; `keep the decision`: a re-check that "
         "keeps the pick of the exploration before; `every round's windows so far`: the "
         "learner's prior read on every exploration's windows of the run, not the last "
-        "one's alone; noise 0.01 reads the windows at face "
+        "one's alone; `prior 1 + D / steps so far`: the prior a delay of D steps "
+        "(`benchmarks/steps_delay.py`) gives a run as long again as it has gone; noise 0.01 "
+        "reads the windows at face "
         "value, 1000 leaves the prior alone (`benchmarks/results/steps-prior.json`):",
     )
 
@@ -1565,6 +1575,33 @@ def prior_pick(results: pathlib.Path) -> str:
         "its pick's time to target within "
         f"{data['met']}× of the fastest reduction's, as if it ran from the first step; beside "
         "it, `auto` as each row's learner ran it (`benchmarks/results/prior-pick.json`):",
+    )
+
+
+@section("docs/cost-model.md", "steps-delay")
+def steps_delay(results: pathlib.Path) -> str:
+    """``benchmarks/steps_delay.py``: a compressor's extra steps fitted as a factor and as a
+    delay on the workloads the prior's replay reads, scored on those it leaves out."""
+    data = load(results, "steps-delay")
+
+    def scored(e: dict[str, Any]) -> str:
+        return f"{e['median_log_error']:.2f}, {e['within']} of {e['of']}"
+
+    rows = [
+        [f"`{r['arms']}`" if r["arms"] != "all" else "all, one prior", f"{r['factor']:.2f}×",
+         f"{r['delay']:.0f}", scored(r["factor_left_out"]), scored(r["delay_left_out"])]
+        for r in data["summary"]
+    ]  # fmt: skip
+    return table(
+        ["compressor", "factor", "delay (steps)", "factor on the rest", "delay on the rest"],
+        rows,
+        caption="`python benchmarks/steps_delay.py`: each workload's median steps to target "
+        "(both links' seeds) in `benchmarks/results/e2e/cells`; fitted on the workloads the "
+        "prior's replay reads (the factor: the geometric median of a compressor's steps over "
+        "dense's; the delay: the median of its steps beyond dense's), then scored on the "
+        "rest: the median absolute log error of the steps each predicts, and how many land "
+        f"within {data['met']}× (`benchmarks/results/steps-delay.json`, "
+        "`benchmarks/results/steps-delay.png`):",
     )
 
 

@@ -104,7 +104,7 @@ def replayed(results: pathlib.Path) -> Iterator[dict[str, Any]]:
             so_far = so_far + windows
             yield {"cell": str(path.relative_to(results)), "exploration": index,
                    "windows": windows, "recorded": decision["choice"], "times": times,
-                   "before": before, "so_far": so_far}  # fmt: skip
+                   "before": before, "so_far": so_far, "step": decision["step"]}  # fmt: skip
             before = windows
 
 
@@ -150,14 +150,24 @@ def score(rows: list[dict[str, Any]], choose: Callable[[dict[str, Any]], str]) -
     }
 
 
-def rules() -> Iterator[tuple[str, Callable[[dict[str, Any]], str], Learning | None]]:
+def rules(
+    delay: float | None = None,
+) -> Iterator[tuple[str, Callable[[dict[str, Any]], str], Learning | None]]:
     """The rules replayed (name, pick, prior): the recorded choice; at a re-check, keeping
     the pick the learner's prior made on the exploration before; reading every exploration's
-    windows of the run so far, not the last one's alone (a long run's rounds add up); then
-    each prior."""
+    windows of the run so far, not the last one's alone (a long run's rounds add up); where
+    ``delay`` is given (``benchmarks/steps_delay.py``'s fit), a prior that falls as the run
+    goes on, as a delay of that many steps would over a run as long again as the steps so
+    far; then each prior."""
     yield "recorded", lambda r: r["recorded"], None
     yield "keep the decision", lambda r: pick(r["before"] or r["windows"], Learning()), None
     yield "every round's windows so far", lambda r: pick(r["so_far"], Learning()), None
+    if delay is not None:
+        yield (
+            f"prior 1 + {delay:.0f} / steps so far, at most the learner's",
+            lambda r: pick(r["windows"], _delayed(delay, r["step"])),
+            None,
+        )
     yield (
         "no closing safe window that could not win",
         lambda r: pick(unbracketed(r["windows"], Learning()), Learning()),
@@ -172,13 +182,24 @@ def rules() -> Iterator[tuple[str, Callable[[dict[str, Any]], str], Learning | N
         )
 
 
+def _delayed(delay: float, step: int) -> Learning:
+    """The learner's settings with the prior's steps those of a delay of ``delay`` steps over
+    a run as long again as ``step`` (no more than the learner's prior)."""
+    prior = min(Learning().prior_steps, 1.0 + delay / max(step, 1))
+    return dataclasses.replace(Learning(), prior_steps=prior)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=pathlib.Path, default=pathlib.Path("benchmarks/results"))
     args = parser.parse_args()
     rows = list(replayed(args.results))
+    fitted = args.results / "steps-delay.json"
+    delay = None
+    if fitted.exists():  # every compressor at once (benchmarks/steps_delay.py)
+        delay = json.loads(fitted.read_text())["summary"][-1]["delay"]
     table = []
-    for name, choose, learning in rules():
+    for name, choose, learning in rules(delay):
         for which, subset in (("first", [r for r in rows if r["exploration"] == 0]),
                               ("re-check", [r for r in rows if r["exploration"] > 0])):  # fmt: skip
             if name == "keep the decision" and which == "first":

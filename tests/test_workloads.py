@@ -520,3 +520,29 @@ def test_window_bound_is_each_rivals_least_expected_cost_over_window_lengths():
     # Where the fastest dense 16-bit run is close, 10 % over it allows less than 15 % does.
     tight = lw.bound(rows, cells, 9.4, paired)
     assert tight["allowance_s"] == pytest.approx(1.1 * 9.4 - 10.0) and tight["bounded"]
+
+
+def test_steps_delay_fits_a_delay_and_a_factor_and_scores_them_on_the_rest():
+    # benchmarks/steps_delay.py: compressors 100 steps behind dense on every workload. Fitted on
+    # the workloads the prior's replay reads, the delay predicts the rest exactly; the factor,
+    # fitted on runs of 100 to 400 dense steps, overstates a run of 3000 and understates one of
+    # 50. A workload without a dense run adds nothing.
+    sd = _benchmark("steps_delay", "steps_delay.py")
+    steps = {
+        **{f"w{n}": {"dense-bf16": n, "topk_allgather": n + 100} for n in (100, 200, 400)},
+        sd.JUDGED[0]: {"dense-bf16": 3000, "topk_allgather": 3100},
+        sd.JUDGED[1]: {"dense-bf16": 50, "topk_allgather": 150},
+        "no-dense": {"topk_allgather": 500},
+    }
+    entries = list(sd.pairs(steps))
+    assert [(e["workload"], e["judged"]) for e in entries] == sorted(
+        [("w100", False), ("w200", False), ("w400", False), (sd.JUDGED[0], True),
+         (sd.JUDGED[1], True)]
+    )  # fmt: skip
+    factor, delay = sd.fit([e for e in entries if not e["judged"]])
+    assert delay == 100 and factor == pytest.approx(1.5)  # 2.0, 1.5 and 1.25: their median
+    (topk,) = [r for r in sd.score(entries) if r["arms"] == "topk_allgather"]
+    assert topk["delay_left_out"] == {"median_log_error": 0.0, "within": 2, "of": 2}
+    off = sorted([abs(math.log(1.5 * 3000 / 3100)), abs(math.log(1.5 * 50 / 150))])
+    assert topk["factor_left_out"]["median_log_error"] == pytest.approx(sum(off) / 2)
+    assert topk["factor_left_out"]["within"] == 0
