@@ -1582,6 +1582,8 @@ def prior_pick(results: pathlib.Path) -> str:
 def steps_delay(results: pathlib.Path) -> str:
     """``benchmarks/steps_delay.py``: a compressor's extra steps fitted as a factor and as a
     delay on the workloads the prior's replay reads, scored on those it leaves out."""
+    if not (results / "steps-delay.json").exists():
+        return "No `benchmarks/results/steps-delay.json` yet."
     data = load(results, "steps-delay")
 
     def scored(e: dict[str, Any]) -> str:
