@@ -29,10 +29,14 @@ from jaxcomm.cost.arms import is_safe
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from _bench import write_result_and_plot  # noqa: E402
+from prior_pick import ARMS  # noqa: E402
 from steps_prior import JUDGED, MET  # noqa: E402
 
-COMPRESSORS = ("topk_allgather", "gtopk", "onebit", "adaptive")
-"""The arms that are not safe (:func:`~jaxcomm.cost.arms.is_safe`): those the prior weighs."""
+COMPRESSORS = tuple(a for a in ARMS if not is_safe(a))
+"""A learning auto's arms that are not safe (:func:`~jaxcomm.cost.arms.is_safe`): those the
+prior weighs."""
+POOLED = "all"
+""":func:`score`'s row of every compressor at once, as the learner's one prior."""
 
 
 def medians(cells: pathlib.Path) -> dict[str, dict[str, float]]:
@@ -53,7 +57,7 @@ def pairs(steps: dict[str, dict[str, float]]) -> Iterator[dict[str, Any]]:
     for workload, by in sorted(steps.items()):
         n = by.get("dense-bf16", by.get("dense"))
         for arm in COMPRESSORS:
-            if n is not None and arm in by and not is_safe(arm):
+            if n is not None and arm in by:
                 yield {"workload": workload, "arm": arm, "dense_steps": n, "steps": by[arm],
                        "judged": workload in JUDGED}  # fmt: skip
 
@@ -85,13 +89,18 @@ def score(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         factor, delay = fit(read)
         out.append({
-            "arms": arms[0] if len(arms) == 1 else "all", "factor": factor, "delay": delay,
+            "arms": arms[0] if len(arms) == 1 else POOLED, "factor": factor, "delay": delay,
             "factor_read": errors(read, lambda n, f=factor: f * n),
             "delay_read": errors(read, lambda n, d=delay: n + d),
             "factor_left_out": errors(left, lambda n, f=factor: f * n),
             "delay_left_out": errors(left, lambda n, d=delay: n + d),
         })  # fmt: skip
     return out
+
+
+def pooled(summary: list[dict[str, Any]]) -> dict[str, Any]:
+    """The row of :func:`score`'s ``summary`` that fits every compressor at once."""
+    return next(r for r in summary if r["arms"] == POOLED)
 
 
 def main() -> None:
@@ -111,7 +120,7 @@ def main() -> None:
               f"{d['median_log_error']:.2f}, {d['within']}/{d['of']} |")  # fmt: skip
     result = {"met": MET, "judged": list(JUDGED), "summary": rows, "entries": entries}
     write_result_and_plot(
-        args.results, "steps-delay", result, draw(entries, rows[-1]), figsize=(7, 4.5),
+        args.results, "steps-delay", result, draw(entries, pooled(rows)), figsize=(7, 4.5),
         xlabel="dense steps to target", ylabel="compressor's steps / dense's",
         title="Extra steps: a factor or a delay (grid's full runs)", log=True,
     )  # fmt: skip

@@ -196,8 +196,10 @@ def main() -> None:
     rows = list(replayed(args.results))
     fitted = args.results / "steps-delay.json"
     delay = None
-    if fitted.exists():  # every compressor at once (benchmarks/steps_delay.py)
-        delay = json.loads(fitted.read_text())["summary"][-1]["delay"]
+    if fitted.exists():  # every compressor at once (steps_delay imports this module)
+        from steps_delay import pooled
+
+        delay = pooled(json.loads(fitted.read_text())["summary"])["delay"]
     table = []
     for name, choose, learning in rules(delay):
         for which, subset in (("first", [r for r in rows if r["exploration"] == 0]),
