@@ -59,6 +59,8 @@ JUDGED = (
     "heldout-sixlong",
     "heldout-convmidmom",
     "heldout-fouradam",
+    "heldout-convadambatch",
+    "heldout-threelong",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

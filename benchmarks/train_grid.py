@@ -87,7 +87,9 @@ WORKLOADS = {
     # tens of seconds; heldout-fivemom and heldout-convdigitsmom judge the arms timed at start
     # and the prior's pick until a round is cheap (fb7b37c), heldout-sixlong the same learner
     # on a run of minutes, long enough for its first round to open, and heldout-convmidmom and
-    # heldout-fouradam judge that learner again, unchanged (recipes/heldout-*.yaml).
+    # heldout-fouradam judge that learner again, unchanged; heldout-convadambatch and
+    # heldout-threelong, whose recipes give dense's steps, judge the prior that reads them as
+    # a delay over the run (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -129,6 +131,8 @@ WORKLOADS = {
             ("heldout-sixlong", "mlp", "timed"),
             ("heldout-convmidmom", "cnn", "timed"),
             ("heldout-fouradam", "mlp", "timed"),
+            ("heldout-convadambatch", "cnn", "delay"),
+            ("heldout-threelong", "mlp", "delay"),
         ]
     },
 }
