@@ -877,13 +877,16 @@ def prior_pick_of(
         return None
     from prior_pick import prior_pick
     from steps_prior import label
+    from train_grid import WORKLOADS
 
     from jaxcomm.cost.learn import Learning  # the library: only where a row is judged
 
     labels = {r["label"]: r for r in rows if r["label"] != "auto-bf16"}
     if "dense-bf16" not in labels:
         return None
-    pick = label(prior_pick(labels, Learning()))
+    # As the row's auto ran: its prior a delay where the workload's recipe gives dense's steps.
+    dense_steps = WORKLOADS[labels["dense-bf16"]["workload"]].load()["jaxcomm"].get("dense_steps")
+    pick = label(prior_pick(labels, Learning().for_run(dense_steps)))
     seconds = labels[pick]["time_to_target_s"]
     seconds = math.inf if seconds is None else seconds
     over = seconds / fastest["time_to_target_s"]
@@ -1562,19 +1565,21 @@ def prior_pick(results: pathlib.Path) -> str:
     """``benchmarks/prior_pick.py``: the learner's pick on the prior alone, given each
     reduction's measured step, against auto as it ran."""
     data = load(results, "prior-pick")
-    rows = [
-        [s["rows_of"], f"{s['prior']['met']} of {s['prior']['rows']}",
-         f"{s['auto']['met']} of {s['auto']['rows']}" if s["auto"]["rows"] else "–"]
-        for s in data["summary"]
-    ]  # fmt: skip
+
+    def met(tally: dict[str, int]) -> str:
+        return f"{tally['met']} of {tally['rows']}" if tally["rows"] else "–"
+
+    rows = [[s["rows_of"], met(s["prior"]), met(s["given_steps"]), met(s["auto"])]
+            for s in data["summary"]]  # fmt: skip
     return table(
-        ["rows", "the prior's pick within the target", "`auto` as it ran"],
+        ["rows", "the prior's pick within the target", "given dense's steps", "`auto` as it ran"],
         rows,
         caption="`python benchmarks/prior_pick.py`: on each row of two emulated nodes, the "
         "learner given each reduction's seconds a step from its full runs as the timed ones: "
         "its pick's time to target within "
-        f"{data['met']}× of the fastest reduction's, as if it ran from the first step; beside "
-        "it, `auto` as each row's learner ran it (`benchmarks/results/prior-pick.json`):",
+        f"{data['met']}× of the fastest reduction's, as if it ran from the first step; given "
+        "too the row's dense steps (its 16-bit dense run's), its prior a delay over them; "
+        "beside it, `auto` as each row's learner ran it (`benchmarks/results/prior-pick.json`):",
     )
 
 

@@ -6,9 +6,12 @@ script asks what that pick is worth on every row of the end-to-end grid
 (``benchmarks/results/e2e/e2e.json``): the learner is given each reduction's seconds a step
 from its own full runs as the timed seconds, and its pick is scored by that reduction's time
 to target over the fastest reduction's (within ``MET``: the target met). Beside it, on the
-held-out rows, what ``auto`` reached as it ran (each row's learner). A pick that runs from the
-first step is what a learner that never explores would reach; the learner's warm-up and its
-rounds on a long run are left out.
+held-out rows, what ``auto`` reached as it ran (each row's learner). The learner is also
+given the row's dense steps (the 16-bit dense run's steps to target, as a recipe's
+``dense_steps`` gives them), which make its prior a delay over the run
+(:meth:`jaxcomm.cost.learn.Learning.for_run`). A pick that runs from the first step is what a
+learner that never explores would reach; the learner's warm-up and its rounds on a long run
+are left out.
 
 Usage:
   python benchmarks/prior_pick.py
@@ -65,12 +68,16 @@ def judge(rows: list[dict[str, Any]], learning: Learning) -> list[dict[str, Any]
     for workload, link, labels in cells(rows):
         fastest = min(seconds(labels.get(label(a))) for a in ARMS)
         pick = prior_pick(labels, learning)
+        dense_steps = labels["dense-bf16"]["steps"]
+        given = prior_pick(labels, learning.for_run(dense_steps and round(dense_steps)))
         auto = labels.get("auto-bf16")
         held_out = bool(labels["dense-bf16"]["held_out"])
         out.append({
             "workload": workload, "link": link, "held_out": held_out,
             "judged": workload in JUDGED, "pick": label(pick),
             "pick_over_fastest": seconds(labels[label(pick)]) / fastest,
+            "dense_steps": dense_steps, "pick_given_steps": label(given),
+            "given_steps_over_fastest": seconds(labels[label(given)]) / fastest,
             "auto_over_fastest": seconds(auto) / fastest if held_out and auto else None,
             "learner": auto.get("learner") if auto else None,
         })  # fmt: skip
@@ -103,14 +110,18 @@ def main() -> None:
     entries = judge(rows, Learning())
     summary = [
         {"rows_of": name, "prior": tally(part, "pick_over_fastest"),
+         "given_steps": tally(part, "given_steps_over_fastest"),
          "auto": tally(part, "auto_over_fastest")}
         for name, part in subsets(entries)
     ]  # fmt: skip
-    print(f"| rows | prior's pick within {MET}x | auto as it ran within {MET}x |")
-    print("|---|---|---|")
+    print(f"| rows | prior's pick within {MET}x | given dense's steps | auto as it ran |")
+    print("|---|---|---|---|")
     for s in summary:
         auto = f"{s['auto']['met']} of {s['auto']['rows']}" if s["auto"]["rows"] else "-"
-        print(f"| {s['rows_of']} | {s['prior']['met']} of {s['prior']['rows']} | {auto} |")
+        given = f"{s['given_steps']['met']} of {s['given_steps']['rows']}"
+        print(
+            f"| {s['rows_of']} | {s['prior']['met']} of {s['prior']['rows']} | {given} | {auto} |"
+        )
     result = {"met": MET, "learning": Learning().__dict__, "summary": summary, "rows": entries}
     write_result_and_plot(
         args.results, "prior-pick", json.loads(json.dumps(result, default=str)), draw(entries),

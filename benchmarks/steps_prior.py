@@ -186,9 +186,9 @@ def rules(
 
 def _delayed(delay: float, step: int) -> Learning:
     """The learner's settings with the prior's steps those of a delay of ``delay`` steps over
-    a run as long again as ``step`` (no more than the learner's prior)."""
-    prior = min(Learning().prior_steps, 1.0 + delay / max(step, 1))
-    return dataclasses.replace(Learning(), prior_steps=prior)
+    a run as long again as ``step`` (no more than the learner's prior,
+    :meth:`~jaxcomm.cost.learn.Learning.for_run`)."""
+    return Learning(prior_delay=delay).for_run(max(step, 1))
 
 
 def main() -> None:

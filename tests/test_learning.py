@@ -687,6 +687,26 @@ def test_with_timed_steps_the_prior_decides_at_once_and_the_trials_wait_until_ch
     assert learner.chosen == "blockquant" and not _last("decision").get("prior")
 
 
+def test_a_run_that_gives_dense_steps_reads_the_prior_as_a_delay_over_them():
+    # Timed at start, gTop-k's 12 ms a step times the factor prior's mean steps (2.8) loses to
+    # block int8's 20 ms; on a run whose dense training takes 5000 steps the delay prior's
+    # mean (1 + 178 / 5000 times the spread's) makes it the pick. A run too short for the
+    # delay to read as less than the factor keeps the factor.
+    timed = {"dense": 0.05, "blockquant": 0.02, "gtopk": 0.012}
+    learning = learn.Learning(window=10, settle=2)
+    assert learning.for_run(None) is learning
+    assert learning.for_run(50).prior_steps == learning.prior_steps
+    long = learning.for_run(5000)
+    assert long.prior_steps == pytest.approx(1 + learning.prior_delay / 5000)
+    chosen = {}
+    for name, given in (("factor", learning), ("delay", long)):
+        chosen[name] = learn.Learner(list(timed), given, 5, timed=timed).chosen
+        assert _last("arms")["prior_steps"] == given.prior_steps  # in the metrics
+    assert chosen == {"factor": "blockquant", "delay": "gtopk"}
+    with pytest.raises(ValueError, match="dense_steps"):
+        learning.for_run(0)
+
+
 @pytest.mark.parametrize("share", [0.05, 0.1, 0.5])
 def test_the_first_round_waits_for_the_run_to_be_long_enough_to_pay_for_it(share):
     # The round's seconds are at most ``explore_share`` of the run's at its first step.

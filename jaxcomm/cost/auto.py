@@ -65,7 +65,8 @@ class Auto:
       dense_steps: steps dense training needs to reach the target. With
         ``steps_factor_no_warmup`` it lets auto decide a density schedule's warm-up
         (:func:`warmup_pays`): the warm-up's dense-ish first phases cost seconds per step, and
-        dropping it costs steps. None: a schedule is always followed.
+        dropping it costs steps. None: a schedule is always followed. A learning auto reads
+        it as the run's length (:meth:`jaxcomm.cost.learn.Learning.for_run`).
       steps_factor_no_warmup: like ``steps_factor``, for training without the warm-up (the
         sparse choices at their final density from the first step).
 

@@ -74,7 +74,8 @@ once, as follows.
   dense step: its seconds per step times its expected steps factor, 1 for the guard and,
   for the others, the posterior mean given its windows' decrease against the safe arms'
   (:func:`steps_posterior`): a log-normal prior (``prior_steps``, one number for every
-  compressor) weighed against windows whose errors are taken ``noise`` times their slopes'.
+  compressor; where the run gives dense's steps, a delay over them, :meth:`Learning.for_run`)
+  weighed against windows whose errors are taken ``noise`` times their slopes'.
   Short windows read a decrease that errs by more than what separates the arms, and the
   runs' first decisions chose better on the prior than on the windows read at face value
   (docs/cost-model.md); clean windows still override it. A pick must beat the arm it
@@ -119,6 +120,7 @@ from .arms import (
 )
 from .windows import (
     NOISE,
+    PRIOR_DELAY,
     PRIOR_SPREAD,
     PRIOR_STEPS,
     Measured,
@@ -190,6 +192,10 @@ class Learning:
         (``benchmarks/results/e2e*``), where the registry's per-algorithm factors, measured on
         digits-small, chose worse than one shared prior.
       prior_spread: the prior's standard deviation in log steps (0.5: a factor of 1.65).
+      prior_delay: a compressor's extra steps as a delay, what :meth:`for_run` makes of the
+        run's length: in the grid's full runs they looked more like a delay than a factor
+        (``benchmarks/steps_delay.py``: what error feedback holds back reaches the model
+        late), so a factor fitted on runs of hundreds of steps overstates them on longer ones.
       noise: how much the scatter of a window's decrease exceeds its slope's own standard
         error (the loss trend, the residual an arm inherits, the switch); windows are
         weighed against the prior with their errors times this (fitted with
@@ -227,6 +233,7 @@ class Learning:
     margin: float = 1.1
     prior_steps: float = PRIOR_STEPS
     prior_spread: float = PRIOR_SPREAD
+    prior_delay: float = PRIOR_DELAY
     noise: float = NOISE
     prune: float = 3.0
     dense_over: float = DENSE_OVER
@@ -259,6 +266,23 @@ class Learning:
         if seconds and fastest:
             warm = round(self.warmup * min(1.0, fastest / seconds))
         return max(0, warm - self.steps_for(seconds, fastest))
+
+    def for_run(self, dense_steps: int | None) -> Learning:
+        """These settings for a run whose dense training needs about ``dense_steps`` to reach
+        its target (what its schedule is set for; None: unknown, unchanged): the prior's
+        steps factor becomes a delay of ``prior_delay`` steps over that run, no more than
+        ``prior_steps`` (a run too short to read as a delay keeps the factor).
+
+        Example:
+          >>> [Learning().for_run(n).prior_steps for n in (None, 100, 2000)]
+          [2.5, 2.5, 1.089]
+        """
+        if dense_steps is None:
+            return self
+        if not (isinstance(dense_steps, int) and dense_steps >= 1):
+            raise ValueError(f"dense_steps must be an int >= 1 or None, got {dense_steps!r}")
+        prior = min(self.prior_steps, 1.0 + self.prior_delay / dense_steps)
+        return dataclasses.replace(self, prior_steps=prior)
 
     def most_steps(self) -> float:
         """The steps factor (over dense's) that the prior puts 95 % of compressors under.
@@ -307,10 +331,12 @@ class Learning:
             raise ValueError("Learning.recheck_every and confirm must be >= 1, warmup >= 0")
         if not (math.isfinite(self.margin) and self.margin >= 1.0):
             raise ValueError(f"Learning.margin must be finite and >= 1, got {self.margin}")
-        if not (self.prior_steps >= 1.0 and self.prior_spread > 0 and 0 < self.noise < math.inf):
+        if not (self.prior_steps >= 1.0 and self.prior_spread > 0 and 0 < self.noise < math.inf
+                and self.prior_delay >= 0):  # fmt: skip
             raise ValueError(
-                f"Learning.prior_steps must be >= 1, prior_spread > 0 and noise finite > 0, got "
-                f"prior_steps={self.prior_steps}, prior_spread={self.prior_spread}, "
+                f"Learning.prior_steps must be >= 1, prior_spread > 0, prior_delay >= 0 and "
+                f"noise finite > 0, got prior_steps={self.prior_steps}, "
+                f"prior_spread={self.prior_spread}, prior_delay={self.prior_delay}, "
                 f"noise={self.noise}"
             )
         if not self.prune > 1.0:
@@ -421,7 +447,8 @@ class Learner:
         self._rounds = 0  # rotates the bracketed arms by one each round
         self._rechecks = 0  # full re-checks planned: each waits twice the one before
         self._lead: int | None = None  # the compressor opening in the safe arm's place
-        _decisions.append({"event": "arms", "step": start, "arms": list(self.arms)})
+        _decisions.append({"event": "arms", "step": start, "arms": list(self.arms),
+                           "prior_steps": self.learning.prior_steps})  # fmt: skip
         if skip:
             _decisions.append({"event": "skipped", "step": start, "predicted_s": skip})
         active = [i for i, a in enumerate(self.arms) if a not in skip]

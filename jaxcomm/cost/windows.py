@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOISE",
+    "PRIOR_DELAY",
     "PRIOR_SPREAD",
     "PRIOR_STEPS",
     "Measured",
@@ -46,6 +47,10 @@ SAFE = "safe"  # the class of the safe arms' windows in the fit (:func:`is_safe`
 PRIOR_STEPS = 2.5
 PRIOR_SPREAD = 0.5
 NOISE = 4.0
+# The prior of a compressor's extra steps as a delay: the median steps beyond dense's that the
+# compressors needed to reach the target on the workloads the prior's replay reads (every
+# compressor at once, benchmarks/steps_delay.py, 2026-11-29; Learning.for_run reads it).
+PRIOR_DELAY = 178.0
 
 
 def _line(losses: Sequence[float], settle: int) -> tuple[float, float]:

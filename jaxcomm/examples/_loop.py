@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxcomm import algorithms, checkpoints, cost, learning
 from jaxcomm import optax as jc_optax
-from jaxcomm.cost import measure
+from jaxcomm.cost import learn, measure
 from jaxcomm.examples import _trials
 
 AXIS = "dp"
@@ -79,7 +79,8 @@ class Reduction:
         ``auto``'s settings (:data:`AUTO_SETTINGS`), the fields of :class:`jaxcomm.cost.Auto`
         as documented there, added to this class from it (the last fields); None: Auto's
         default. With ``warmup``, ``dense_steps`` and ``steps_factor_no_warmup`` let auto
-        decide whether the warm-up pays.
+        decide whether the warm-up pays; a learning auto reads ``dense_steps`` as its run's
+        length (:meth:`learn_settings`).
       diloco_every: > 0: train with DiLoCo (:func:`jaxcomm.optax.diloco`): the optimizer
         runs this many local steps on every rank, then ``algorithm`` (``dense``, in
         ``grad_dtype`` on the wire, or a compressed one, with error feedback) averages the
@@ -254,6 +255,17 @@ class Reduction:
             and not self.diloco_every
             and "dense" in (self.allowed or cost.DEFAULT_ALLOWED)
         )
+
+    def learn_settings(self) -> learn.Learning:
+        """A learning ``auto``'s settings: the learner's defaults, its prior on a compressor's
+        extra steps a delay over ``dense_steps`` where given
+        (:meth:`jaxcomm.cost.learn.Learning.for_run`).
+
+        Example:
+          >>> [Reduction("auto", dense_steps=n).learn_settings().prior_steps for n in (None, 2000)]
+          [2.5, 1.089]
+        """
+        return learn.Learning().for_run(self.dense_steps)
 
     def auto_arms(self, options: cost.Options) -> dict[str, cost.Auto]:
         """The compressors a learning ``auto`` compiles, each as auto between dense and it

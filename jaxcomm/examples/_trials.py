@@ -91,7 +91,7 @@ class Trials:
         wide = 2 if self.reduction.grad_dtype == "bfloat16" else 4
         options = dataclasses.replace(self.options, element_bytes=wide)
         arms = learn.propose(sizes, world, profile, ["dense", *self.arms], options)
-        learning = learn.Learning()
+        learning = self.reduction.learn_settings()
         skip = learn.skipped(arms, sizes, world, profile, options, learning.dense_over)
         first = learn.first_arm(arms, skip)
         # Dense's flushing program ran the first step; dense after dense needs no flush.

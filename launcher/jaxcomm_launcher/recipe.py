@@ -287,7 +287,8 @@ class JaxcommSettings(_Strict):
     )
     dense_steps: int | None = _auto_setting(
         "steps dense training needs to reach the target; with steps_factor_no_warmup, auto "
-        "decides whether the sparse warm-up pays",
+        "decides whether the sparse warm-up pays; a learning auto reads them as the run's "
+        "length",
         ge=1,
     )
     steps_factor_no_warmup: StepsFactors | None = _auto_setting(
