@@ -61,6 +61,7 @@ JUDGED = (
     "heldout-fouradam",
     "heldout-convadambatch",
     "heldout-threelong",
+    "heldout-twoadamlong",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

@@ -87,9 +87,9 @@ WORKLOADS = {
     # tens of seconds; heldout-fivemom and heldout-convdigitsmom judge the arms timed at start
     # and the prior's pick until a round is cheap (fb7b37c), heldout-sixlong the same learner
     # on a run of minutes, long enough for its first round to open, and heldout-convmidmom and
-    # heldout-fouradam judge that learner again, unchanged; heldout-convadambatch and
-    # heldout-threelong, whose recipes give dense's steps, judge the prior that reads them as
-    # a delay over the run (recipes/heldout-*.yaml).
+    # heldout-fouradam judge that learner again, unchanged; heldout-convadambatch,
+    # heldout-threelong and heldout-twoadamlong, whose recipes give dense's steps, judge the
+    # prior that reads them as a delay over the run (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -133,6 +133,7 @@ WORKLOADS = {
             ("heldout-fouradam", "mlp", "timed"),
             ("heldout-convadambatch", "cnn", "delay"),
             ("heldout-threelong", "mlp", "delay"),
+            ("heldout-twoadamlong", "mlp", "delay"),
         ]
     },
 }
