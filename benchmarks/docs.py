@@ -877,15 +877,14 @@ def prior_pick_of(
         return None
     from prior_pick import prior_pick
     from steps_prior import label
-    from train_grid import WORKLOADS
 
     from jaxcomm.cost.learn import Learning  # the library: only where a row is judged
 
     labels = {r["label"]: r for r in rows if r["label"] != "auto-bf16"}
     if "dense-bf16" not in labels:
         return None
-    # As the row's auto ran: its prior a delay where the workload's recipe gives dense's steps.
-    dense_steps = WORKLOADS[labels["dense-bf16"]["workload"]].load()["jaxcomm"].get("dense_steps")
+    # As the row's auto ran: its prior a delay where its recipe gave dense's steps.
+    dense_steps = next((r["dense_steps"] for r in rows if r.get("dense_steps")), None)
     pick = label(prior_pick(labels, Learning().for_run(dense_steps)))
     seconds = labels[pick]["time_to_target_s"]
     seconds = math.inf if seconds is None else seconds
@@ -1034,43 +1033,63 @@ def _seen_again(
     summaries: list[list[str]],
     bounds: dict[tuple[str, str], dict[str, Any]],
 ) -> list[str]:
-    """Earlier learners' rows re-run by the learner as it stands (``now``,
-    ``results/e2e-<now>-checks/e2e.json``), each under the row as its own learner ran it:
-    seen by then, they do not judge the learner, but say what its change did to those rows.
-    A re-run's baselines are the grid's, or its own where the whole row ran again, back to
-    back (``whole row``). An empty list where none was re-run."""
-    path = results / f"e2e-{now}-checks" / "e2e.json"
-    if now is None or not path.exists():
-        return []
-    autos: dict[tuple[str, str], dict[str, Any]] = {}
-    own: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in json.loads(path.read_text())["rows"]:
-        key = (r["workload"], r["network"])
-        if r["label"] == "auto-bf16":
-            autos[key] = r
-        else:
-            own.setdefault(key, []).append(r)
-    again = []
+    """Earlier learners' rows re-run by a later learner, up to the one as it stands (``now``;
+    ``results/e2e-<learner>-checks/e2e.json``, the latest re-run of each row), each under the
+    row as its own learner ran it: seen by then, they do not judge the learner, but say what
+    its change did to those rows. A re-run's baselines are the grid's, or its own where the
+    whole row ran again, back to back (``whole row``). An empty list where none was re-run."""
+    rechecks = _rechecks(results, now)
+    again, by = [], []
     for summary, (_, rows) in zip(summaries, cells, strict=True):
         key = (rows[0]["workload"], rows[0]["network"])
-        if key in autos and rows[0].get("learner") != now:
-            seen = own.get(key) or [r for r in rows if r["label"] != "auto-bf16"]
-            learner = f"`{now}`, seen" + (", whole row" if key in own else "")
-            row = heldout_summary([*seen, autos[key]], bounds.get(key))
-            again += [summary, [row[0], learner, *row[2:]]]
+        latest = [(name, autos, own) for name, autos, own in rechecks
+                  if key in autos and rows[0].get("learner") not in (now, name)]  # fmt: skip
+        if not latest:
+            continue
+        name, autos, own = latest[-1]
+        seen = own.get(key) or [r for r in rows if r["label"] != "auto-bf16"]
+        learner = f"`{name}`, seen" + (", whole row" if key in own else "")
+        row = heldout_summary([*seen, autos[key]], bounds.get(key))
+        again += [summary, [row[0], learner, *row[2:]]]
+        by.append(name)
     if not again:
         return []
+    names = ", ".join(f"`{n}`" for n in dict.fromkeys(by))
     return [
         table(
             HELDOUT_HEADER,
             again,
-            caption="Earlier rows, each as its learner ran it and then re-run by the learner "
-            f"as it stands (re-run: {_tally(again[1::2])}; as first run: "
-            f"{_tally(again[::2])}). These workloads had judged an earlier learner, so they "
-            f"do not judge this one; `benchmarks/results/e2e-{now}-checks` holds the runs, "
-            "made after the grid's baselines, or with their own (whole row).",
+            caption="Earlier rows, each as its learner ran it and then re-run by a later one "
+            f"({names}; re-run: {_tally(again[1::2])}; as first run: {_tally(again[::2])}). "
+            "These workloads had judged an earlier learner, so they do not judge the later "
+            "one; `benchmarks/results/e2e-<learner>-checks` holds the runs, made after the "
+            "grid's baselines, or with their own (whole row).",
         )
     ]
+
+
+def _rechecks(results: pathlib.Path, now: str | None) -> list[tuple[str, dict, dict]]:
+    """Each learner up to ``now``, in the order the held-out workloads judged them
+    (``train_grid.WORKLOADS``), that re-ran seen rows (``results/e2e-<it>-checks``): its
+    name, its auto rows and its own baselines' rows, by (workload, network)."""
+    from train_grid import WORKLOADS
+
+    order = list(dict.fromkeys(w.learner for w in WORKLOADS.values() if w.held_out))
+    out = []
+    for learner in order[: order.index(now) + 1] if now in order else []:
+        path = results / f"e2e-{learner}-checks" / "e2e.json"
+        if not path.exists():
+            continue
+        autos: dict[tuple[str, str], dict[str, Any]] = {}
+        own: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in json.loads(path.read_text())["rows"]:
+            key = (r["workload"], r["network"])
+            if r["label"] == "auto-bf16":
+                autos[key] = r
+            else:
+                own.setdefault(key, []).append(r)
+        out.append((learner, autos, own))
+    return out
 
 
 @section("docs/e2e.md", "diloco-sites-inner")

@@ -93,6 +93,8 @@ def _summary_row(workload: str, net: str, label: str, runs: list[dict[str, Any]]
         "oversubscribed": first.get("oversubscribed"),
         "held_out": WORKLOADS[workload].held_out if workload in WORKLOADS else False,
         "learner": WORKLOADS[workload].learner if workload in WORKLOADS else "",
+        # What a learning auto read as the run's length (the recipe's, or a --set of it).
+        "dense_steps": ((first.get("recipe") or {}).get("jaxcomm") or {}).get("dense_steps"),
         "measure_s": _median([r.get("auto_measure_s") for r in runs]),
         "compile_s": _median([r.get("auto_compile_s") for r in runs]),
         # The compute step its runs were predicted with.
