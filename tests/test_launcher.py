@@ -329,7 +329,7 @@ def test_the_run_log_says_each_learner_event_once():
 
     ruled = {"step": 21, "arm": "blockquant", "seconds_per_step": 0.048, "cheapest": 0.0058}
     learned = [
-        {"event": "arms", "step": 1, "arms": ["dense", "blockquant", "gtopk"]},
+        {"event": "arms", "step": 1, "arms": ["dense", "blockquant", "gtopk"], "prior_steps": 1.3},
         {"event": "skipped", "step": 1, "predicted_s": {"dense": 0.09}},
         {"event": "outpaced", **ruled, "arms": ["blockquant"]},
         {"event": "unbracketed", **ruled, "step": 60},
@@ -344,6 +344,7 @@ def test_the_run_log_says_each_learner_event_once():
     log = Log()
     print_auto(log, {"auto": {"learned": learned}}, "digits")
     assert len(log.lines) == len(learned)
+    assert log.lines[0].endswith("from step 1, a compressor's prior 1.3x dense's steps")
     assert log.lines[2] == (
         "digits auto: step 21 runs no more trials without blockquant (48 ms a step against "
         "5.8 ms: it could not win)"

@@ -151,9 +151,9 @@ def print_auto(ctx: JobContext, result: dict[str, Any], name: str) -> None:
                   f"{measured['summary']}")  # fmt: skip
     for d in report.get("learned", []):
         if d["event"] == "arms":
-            prior = f", a compressor's prior {d['prior_steps']:.3g}x dense's steps"
-            ctx.print(f"{name} auto: trials of {', '.join(d['arms'])} from step {d['step']}"
-                      f"{prior if 'prior_steps' in d else ''}")  # fmt: skip
+            prior = d.get("prior_steps")
+            prior = f", a compressor's prior {prior:.3g}x dense's steps" if prior else ""
+            ctx.print(f"{name} auto: trials of {', '.join(d['arms'])} from step {d['step']}{prior}")
         elif d["event"] == "timed":
             steps = ", ".join(f"{a} {t * 1e3:.3g} ms" for a, t in d["seconds_per_step"].items())
             ctx.print(f"{name} auto: timed each arm's step in {d['seconds']:.1f} s before step "
