@@ -1597,7 +1597,8 @@ def prior_pick(results: pathlib.Path) -> str:
         "learner given each reduction's seconds a step from its full runs as the timed ones: "
         "its pick's time to target within "
         f"{data['met']}× of the fastest reduction's, as if it ran from the first step; given "
-        "too the row's dense steps (its 16-bit dense run's), its prior a delay over them; "
+        "too the row's dense steps (its recipe's, else its 16-bit dense run's), its prior a "
+        "delay over them; "
         "beside it, `auto` as each row's learner ran it (`benchmarks/results/prior-pick.json`):",
     )
 

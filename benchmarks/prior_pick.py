@@ -7,8 +7,8 @@ script asks what that pick is worth on every row of the end-to-end grid
 from its own full runs as the timed seconds, and its pick is scored by that reduction's time
 to target over the fastest reduction's (within ``MET``: the target met). Beside it, on the
 held-out rows, what ``auto`` reached as it ran (each row's learner). The learner is also
-given the row's dense steps (the 16-bit dense run's steps to target, as a recipe's
-``dense_steps`` gives them), which make its prior a delay over the run
+given the row's dense steps (its recipe's ``dense_steps``, else the 16-bit dense run's steps
+to target), which make its prior a delay over the run
 (:meth:`jaxcomm.cost.learn.Learning.for_run`). A pick that runs from the first step is what a
 learner that never explores would reach; the learner's warm-up and its rounds on a long run
 are left out.
@@ -68,7 +68,8 @@ def judge(rows: list[dict[str, Any]], learning: Learning) -> list[dict[str, Any]
     for workload, link, labels in cells(rows):
         fastest = min(seconds(labels.get(label(a))) for a in ARMS)
         pick = prior_pick(labels, learning)
-        dense_steps = labels["dense-bf16"]["steps"]
+        # The recipe's dense_steps where it gives them (what its auto read), else dense's own.
+        dense_steps = labels["dense-bf16"].get("dense_steps") or labels["dense-bf16"]["steps"]
         given = prior_pick(labels, learning.for_run(dense_steps and round(dense_steps)))
         auto = labels.get("auto-bf16")
         held_out = bool(labels["dense-bf16"]["held_out"])
