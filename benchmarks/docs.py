@@ -883,8 +883,9 @@ def prior_pick_of(
     labels = {r["label"]: r for r in rows if r["label"] != "auto-bf16"}
     if "dense-bf16" not in labels:
         return None
-    # As the row's auto ran: its prior a delay where its recipe gave dense's steps.
-    dense_steps = next((r["dense_steps"] for r in rows if r.get("dense_steps")), None)
+    # As the row's auto ran: its prior a delay where its cells were given dense's steps.
+    auto = next((r for r in rows if r["label"] == "auto-bf16"), {})
+    dense_steps = auto.get("dense_steps")
     pick = label(prior_pick(labels, Learning().for_run(dense_steps)))
     seconds = labels[pick]["time_to_target_s"]
     seconds = math.inf if seconds is None else seconds

@@ -91,6 +91,16 @@ def tally(entries: list[dict[str, Any]], key: str) -> dict[str, int]:
     return {"rows": len(ratios), "met": sum(r <= MET for r in ratios)}
 
 
+def shown(counted: dict[str, int]) -> str:
+    """A :func:`tally` as the table shows it ("-" where no row had the ratio).
+
+    Example:
+      >>> shown({"rows": 4, "met": 3}), shown({"rows": 0, "met": 0})
+      ('3 of 4', '-')
+    """
+    return f"{counted['met']} of {counted['rows']}" if counted["rows"] else "-"
+
+
 def subsets(entries: list[dict[str, Any]]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """The rows summarized: the grid's own, the held-out ones the prior's replay reads, those
     it leaves out (the latest learners' judges), and every held-out row."""
@@ -118,11 +128,8 @@ def main() -> None:
     print(f"| rows | prior's pick within {MET}x | given dense's steps | auto as it ran |")
     print("|---|---|---|---|")
     for s in summary:
-        auto = f"{s['auto']['met']} of {s['auto']['rows']}" if s["auto"]["rows"] else "-"
-        given = f"{s['given_steps']['met']} of {s['given_steps']['rows']}"
-        print(
-            f"| {s['rows_of']} | {s['prior']['met']} of {s['prior']['rows']} | {given} | {auto} |"
-        )
+        met = [shown(s[key]) for key in ("prior", "given_steps", "auto")]
+        print(f"| {s['rows_of']} | {' | '.join(met)} |")
     result = {"met": MET, "learning": Learning().__dict__, "summary": summary, "rows": entries}
     write_result_and_plot(
         args.results, "prior-pick", json.loads(json.dumps(result, default=str)), draw(entries),
