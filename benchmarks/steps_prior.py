@@ -62,6 +62,8 @@ JUDGED = (
     "heldout-convadambatch",
     "heldout-threelong",
     "heldout-twoadamlong",
+    "heldout-threeadamwd",
+    "heldout-convlong",
 )
 """Never read here: the held-out workloads that judged the learner's latest changes."""
 MET = TARGET_OVER_FASTEST  # a pick within this of the fastest reduction meets the target

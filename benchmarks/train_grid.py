@@ -89,7 +89,8 @@ WORKLOADS = {
     # on a run of minutes, long enough for its first round to open, and heldout-convmidmom and
     # heldout-fouradam judge that learner again, unchanged; heldout-convadambatch,
     # heldout-threelong and heldout-twoadamlong, whose recipes give dense's steps, judge the
-    # prior that reads them as a delay over the run (recipes/heldout-*.yaml).
+    # prior that reads them as a delay over the run, and heldout-threeadamwd and
+    # heldout-convlong judge that learner again, unchanged (recipes/heldout-*.yaml).
     **{
         name: _held_out(name, model, learner)
         for name, model, learner in [
@@ -134,6 +135,8 @@ WORKLOADS = {
             ("heldout-convadambatch", "cnn", "delay"),
             ("heldout-threelong", "mlp", "delay"),
             ("heldout-twoadamlong", "mlp", "delay"),
+            ("heldout-threeadamwd", "mlp", "delay"),
+            ("heldout-convlong", "cnn", "delay"),
         ]
     },
 }
