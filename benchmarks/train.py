@@ -213,8 +213,8 @@ def auto_factors(
 ) -> tuple[dict | None, dict[str, Any]]:
     """An auto cell's measured steps factors (None: none measured) and what it decides the
     warm-up from (empty: it follows the schedule)."""
-    if label not in AUTO_LABELS or WORKLOADS[workload].held_out:
-        return None, {}  # a held-out workload's auto is given nothing measured on it
+    if label not in AUTO_LABELS or WORKLOADS[workload].held_out or args.untuned:
+        return None, {}  # a held-out workload's (or untuned) auto is given nothing measured
     half = VARIANTS[label].get("grad_dtype") == "bfloat16"
     warmup = VARIANTS[label].get("args", {}).get("warmup", True)
     world = (args.out, workload, args.nodes, seed, half)
@@ -326,6 +326,7 @@ def run_cell(
         compute_s,
         factors,
         args.devices,
+        args.untuned,
     )
     recipe["sweep"][0].update(warmup_choice)
     prediction = predict_step(
@@ -480,6 +481,12 @@ def main() -> None:
         nargs="*",
         default=[],
         help="recipe fields for every cell, dotted.key=value (e.g. train.steps=100)",
+    )
+    parser.add_argument(
+        "--untuned",
+        action="store_true",
+        help="give auto cells nothing measured beforehand (no profile, compute step or steps "
+        "factors), as a held-out workload's: a new user's auto on a grid workload",
     )
     parser.add_argument("--compute-steps", type=int, default=20)
     max_age = "hours after which a workload's compute step is measured again before a run"

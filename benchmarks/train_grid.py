@@ -345,25 +345,32 @@ def cell_recipe(
     compute_s: float | None = None,
     steps_factor: dict[str, float] | None = None,
     devices: int = 1,
+    untuned: bool = False,
 ) -> dict[str, Any]:
     """The recipe of one cell: the workload's recipe with one sweep entry, the cell's world,
-    seed and time cap (and, for ``auto``, the world's measured profile, the workload's
-    measured compute step, which its extra steps would pay again, and the steps each
-    algorithm needed on this workload, ``train_predict.measured_steps_factor``).
+    seed and time cap (and, for ``auto`` on a workload that is not held out, unless
+    ``untuned``, the world's measured profile, the workload's measured compute step, which
+    its extra steps would pay again, and the steps each algorithm needed on this workload,
+    ``train_predict.measured_steps_factor``).
 
     Example:
       >>> r = cell_recipe("digits-small", "host", 2, "gtopk", 0, 60.0, None, [])
       >>> r["sweep"], r["train"]["time_cap_s"], r["world"]["processes"]
       ([{'algorithm': 'gtopk'}], 60.0, 2)
+      >>> given = ("bytes-lm", "100mbit", 2, "auto-bf16", 0, None, pathlib.Path("p.json"), [])
+      >>> sorted(cell_recipe(*given, 0.1, {"gtopk": 2.0})["sweep"][0])
+      ['algorithm', 'compute_seconds', 'grad_dtype', 'profile', 'steps_factor']
+      >>> sorted(cell_recipe(*given, 0.1, {"gtopk": 2.0}, untuned=True)["sweep"][0])
+      ['algorithm', 'grad_dtype']
     """
     recipe = WORKLOADS[workload].load()
     recipe["name"] = f"{workload}-{network}-{label}-s{seed}"
     entry = dict(VARIANTS[label])
     # A variant's example arguments (not jaxcomm settings) go to the recipe's args.
     recipe["args"] = {**recipe.get("args", {}), **entry.pop("args", {})}
-    # A held-out workload's auto is given nothing measured beforehand: it measures its world
-    # and learns the steps from the run.
-    tuned = label in AUTO_LABELS and not WORKLOADS[workload].held_out
+    # A held-out workload's auto (or an untuned one, as a new user's) is given nothing
+    # measured beforehand: it measures its world and learns the steps from the run.
+    tuned = label in AUTO_LABELS and not (WORKLOADS[workload].held_out or untuned)
     if tuned and profile is not None:
         entry["profile"] = str(profile)
     if tuned and compute_s is not None:
