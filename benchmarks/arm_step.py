@@ -4,7 +4,8 @@ Runs ``benchmarks/arm_step_job.py`` on 2 faithful emulated nodes (one core each)
 model (by default heldout-fivemom's 5x640 MLP) trained with one compressor three ways in
 turns (``alone``: its own step; ``arm``: the learner's program of that arm over the shared
 state; ``switched``: one ``lax.switch`` program over every arm), ``--rounds`` rounds of
-``--steps`` steps each. Prints the median milliseconds a step of each way and its ratio to
+``--steps`` steps each, after ``--steps`` of ``alone`` before the learning auto is built
+(``first``: as in a cell of its own). Prints the median milliseconds a step of each way and its ratio to
 ``alone``, and writes ``benchmarks/results/arm-step-<tag>.json`` and a PNG of every round.
 
 Usage (root, for the emulated links):
@@ -47,9 +48,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     rows = []
     for way in WAYS:
         seconds = [r["step_s"] for r in times if r["way"] == way]
-        rows.append({"way": way, "step_s": seconds, "median_s": statistics.median(seconds),
-                     "sent": sent.get(way, [])})  # fmt: skip
-    alone = rows[0]["median_s"]
+        if seconds:  # (results from before the way ``first``: none)
+            rows.append({"way": way, "step_s": seconds, "median_s": statistics.median(seconds),
+                         "sent": sent.get(way, [])})  # fmt: skip
+    alone = next(r["median_s"] for r in rows if r["way"] == "alone")
     for row in rows:
         row["over_alone"] = row["median_s"] / alone
     return {"rows": rows}

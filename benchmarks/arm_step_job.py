@@ -5,7 +5,9 @@ reduction ("arm") over one shared state (:mod:`jaxcomm.learning`). This job trai
 model three ways with the same compressor, in turns, on the same batches:
 
 * ``alone``: the reduction's own step, as its end-to-end cells run it
-  (``DigitsConfig(algorithm=arm)``);
+  (``DigitsConfig(algorithm=arm)``); its first ``steps`` steps (way ``first``) run before the
+  learning auto is built, as in a cell of its own: the auto's start (measuring the world,
+  compiling every arm) is then not yet in the process;
 * ``arm``: the arm's own program, as the examples' loop runs it
   (``learned_gradients(..., fixed=arm)`` over the shared state, compiled ahead by
   :class:`jaxcomm.examples._trials.ArmPrograms`);
@@ -34,7 +36,7 @@ from jaxcomm_launcher.context import JobContext
 from jaxcomm_launcher.jobs.args import JobArgs
 from pydantic import Field
 
-WAYS = ("alone", "arm", "switched")
+WAYS = ("first", "alone", "arm", "switched")
 
 
 class ArmStepArgs(JobArgs):
@@ -69,15 +71,29 @@ class _Way:
         return (time.perf_counter() - start) / steps
 
 
-def _ways(a: ArmStepArgs) -> dict[str, _Way]:
-    """The three ways, each after one step of its own (alone's compiles it; the others are
+def _base(a: ArmStepArgs) -> dict[str, Any]:
+    """The digits model's settings every way shares."""
+    model = {k: getattr(a, k) for k in ("hidden", "layers", "data", "batch_size", "momentum")}
+    return dict(model, learning_rate=a.learning_rate, proportion=64, warmup=False, seed=0)
+
+
+def _alone(a: ArmStepArgs) -> _Way:
+    """The reduction's own step, after one step (which compiles it)."""
+    from jaxcomm.examples import digits
+
+    trainer = digits.build(digits.DigitsConfig(algorithm=a.arm, **_base(a)))
+    way = _Way(trainer, trainer.step, *trainer.init())
+    way.run(0, 1)
+    return way
+
+
+def _learned(a: ArmStepArgs) -> dict[str, _Way]:
+    """The arm's two ways in a learning auto, each after one step of its own (their programs
     compiled ahead by :class:`jaxcomm.examples._trials.ArmPrograms`, as the loop's are)."""
     from jaxcomm.examples import digits
     from jaxcomm.learning import set_arm
 
-    model = {k: getattr(a, k) for k in ("hidden", "layers", "data", "batch_size", "momentum")}
-    base = dict(model, learning_rate=a.learning_rate, proportion=64, warmup=False, seed=0)
-    alone = digits.build(digits.DigitsConfig(algorithm=a.arm, **base))
+    base = _base(a)
     # The learning auto of the held-out cells (auto-bf16): dense on a 16-bit wire, no profile.
     auto = digits.build(digits.DigitsConfig(algorithm="auto", grad_dtype="bfloat16", **base))
     trials = auto.step.trials
@@ -92,16 +108,12 @@ def _ways(a: ArmStepArgs) -> dict[str, _Way]:
     switched = trials.programs.build(None, True)  # no ``fixed``: the lax.switch over every arm
     switched.compile(*trials.programs.like)
     ways = {}
-    for name, trainer, program in (
-        ("alone", alone, alone.step),
-        ("arm", auto, trials.programs.ready[(k, True)]),
-        ("switched", auto, switched),
-    ):
-        params, state = trainer.init()
+    for name, program in (("arm", trials.programs.ready[(k, True)]), ("switched", switched)):
+        params, state = auto.init()
         if name == "switched":
-            state = set_arm(state, k, NamedSharding(trainer.mesh, P()))
-        way = _Way(trainer, program, params, state)
-        way.run(0, 1)  # alone: compiles
+            state = set_arm(state, k, NamedSharding(auto.mesh, P()))
+        way = _Way(auto, program, params, state)
+        way.run(0, 1)
         ways[name] = way
     return ways
 
@@ -128,8 +140,11 @@ def run(ctx: JobContext) -> None:
     import jaxcomm
 
     a = ArmStepArgs.model_validate(ctx.args)  # a module:function job: the model checks them
-    ways = _ways(a)
-    first = 1
+    alone = _alone(a)
+    seconds = alone.run(1, a.steps)  # before the learning auto exists in the process
+    ctx.metrics.log(1, force=True, kind="time", way="first", round=0, step_s=seconds)
+    ways = {"alone": alone, **_learned(a)}
+    first = 1 + a.steps
     for r in range(a.rounds):
         times = {}
         for name, way in ways.items():
