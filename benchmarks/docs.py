@@ -1073,11 +1073,10 @@ def _rechecks(results: pathlib.Path, now: str | None) -> list[tuple[str, dict, d
     """Each learner up to ``now``, in the order the held-out workloads judged them
     (``train_grid.WORKLOADS``), that re-ran seen rows (``results/e2e-<it>-checks``): its
     name, its auto rows and its own baselines' rows, by (workload, network)."""
-    from train_grid import WORKLOADS
+    from train_grid import LEARNERS
 
-    order = list(dict.fromkeys(w.learner for w in WORKLOADS.values() if w.held_out))
     out = []
-    for learner in order[: order.index(now) + 1] if now in order else []:
+    for learner in LEARNERS[: LEARNERS.index(now) + 1] if now in LEARNERS else []:
         path = results / f"e2e-{learner}-checks" / "e2e.json"
         if not path.exists():
             continue

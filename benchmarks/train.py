@@ -72,7 +72,6 @@ import yaml
 from _bench import jaxcomm_cli
 from jaxcomm_launcher.recipe import apply_overrides, parse_set
 from train_grid import (
-    AUTO_LABELS,
     BASELINES_16BIT,
     DEFAULT_ALGORITHMS,
     DEFAULT_CAPS,
@@ -86,6 +85,7 @@ from train_grid import (
     cell_recipe,
     compute_path,
     network_dir,
+    tuned,
     utc_epoch,
     utc_now,
     write_json,
@@ -213,8 +213,8 @@ def auto_factors(
 ) -> tuple[dict | None, dict[str, Any]]:
     """An auto cell's measured steps factors (None: none measured) and what it decides the
     warm-up from (empty: it follows the schedule)."""
-    if label not in AUTO_LABELS or WORKLOADS[workload].held_out or args.untuned:
-        return None, {}  # a held-out workload's (or untuned) auto is given nothing measured
+    if not tuned(workload, label, args.untuned):
+        return None, {}
     half = VARIANTS[label].get("grad_dtype") == "bfloat16"
     warmup = VARIANTS[label].get("args", {}).get("warmup", True)
     world = (args.out, workload, args.nodes, seed, half)

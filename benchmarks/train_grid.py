@@ -143,6 +143,8 @@ WORKLOADS = {
 
 LEARNER = next(w.learner for w in reversed(WORKLOADS.values()) if w.held_out)
 """The learner as it stands: the change the latest held-out workloads judged."""
+LEARNERS = tuple(dict.fromkeys(w.learner for w in WORKLOADS.values() if w.held_out))
+"""Every learner the held-out workloads judged, in the order they judged them."""
 
 # The algorithm registry (jaxcomm/algorithms/, light: no JAX): a new algorithm joins the
 # grid with nothing edited here.
@@ -333,6 +335,20 @@ def backend(network: str, nodes: int, devices: int = 1) -> dict[str, Any] | str:
     }
 
 
+def tuned(workload: str, label: str, untuned: bool = False) -> bool:
+    """Whether the cell is an ``auto`` given what was measured beforehand (the world's profile,
+    the compute step, each algorithm's steps): not on a held-out workload, nor ``untuned`` (a
+    new user's auto), which measure their world and learn the steps from the run.
+
+    Example:
+      >>> tuned("bytes-lm", "auto-bf16"), tuned("bytes-lm", "auto-bf16", untuned=True)
+      (True, False)
+      >>> tuned("heldout-mlp", "auto-bf16"), tuned("bytes-lm", "gtopk")
+      (False, False)
+    """
+    return label in AUTO_LABELS and not (WORKLOADS[workload].held_out or untuned)
+
+
 def cell_recipe(
     workload: str,
     network: str,
@@ -368,14 +384,12 @@ def cell_recipe(
     entry = dict(VARIANTS[label])
     # A variant's example arguments (not jaxcomm settings) go to the recipe's args.
     recipe["args"] = {**recipe.get("args", {}), **entry.pop("args", {})}
-    # A held-out workload's auto (or an untuned one, as a new user's) is given nothing
-    # measured beforehand: it measures its world and learns the steps from the run.
-    tuned = label in AUTO_LABELS and not (WORKLOADS[workload].held_out or untuned)
-    if tuned and profile is not None:
+    given = tuned(workload, label, untuned)
+    if given and profile is not None:
         entry["profile"] = str(profile)
-    if tuned and compute_s is not None:
+    if given and compute_s is not None:
         entry["compute_seconds"] = compute_s
-    if tuned and steps_factor:
+    if given and steps_factor:
         entry["steps_factor"] = dict(steps_factor)
     recipe["sweep"] = [entry]
     recipe["world"] = {"processes": nodes, "devices_per_process": devices}
